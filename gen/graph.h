@@ -1,0 +1,212 @@
+/*
+ * gen/graph.h: the traced expression graph of a spec.
+ *
+ * A graph holds the nodes of mask_mod and score_mod, hash-consed (building a
+ * node that already exists returns the existing id), the runtime arguments a
+ * spec declared (param() scalars and buffer() arrays) in declaration order,
+ * and the two roots. Node ids are dense, non-negative ints; an operand always
+ * has a smaller id than its user, so id order is a topological order.
+ *
+ * Builders return a node id >= 0, or -1 with a message kept in the graph
+ * (fjg_graph_error). The Lua layer prefixes that message with chunk:line.
+ */
+#ifndef FJG_GRAPH_H
+#define FJG_GRAPH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flexjit.h"
+
+typedef enum { FJG_BOOL = 0, FJG_I32 = 1, FJG_F32 = 2 } fjg_type;
+
+/* Inputs of mask_mod(b, h, q_idx, kv_idx) and score_mod(score, b, h, q, kv). */
+typedef enum {
+  FJG_IN_SCORE = 0, /* f32; only in score_mod */
+  FJG_IN_B = 1,
+  FJG_IN_H = 2, /* query head */
+  FJG_IN_Q = 3,
+  FJG_IN_KV = 4,
+  FJG_NUM_INPUTS = 5
+} fjg_input;
+
+/* Size symbols, known at launch. */
+typedef enum {
+  FJG_SZ_B = 0,
+  FJG_SZ_HQ = 1,
+  FJG_SZ_HKV = 2,
+  FJG_SZ_LQ = 3,
+  FJG_SZ_LK = 4,
+  FJG_NUM_SIZES = 5
+} fjg_size;
+
+/*
+ * Ops. X(name, text, arity). Semantics (the CPU evaluator and the CUDA
+ * emitter agree on them):
+ *  - ADD SUB MUL NEG MIN MAX: i32 when both operands are i32 (wrapping),
+ *    else f32.
+ *  - DIV: always f32 (Lua's "/").
+ *  - IDIV: floor division (Lua's "//"); i32 x i32 -> i32, x // 0 = 0;
+ *    otherwise floor(a / b) in f32.
+ *  - MOD: floored modulo (Lua's "%", result has the sign of b); i32 -> i32,
+ *    x % 0 = 0; otherwise a - floor(a / b) * b in f32.
+ *  - LT LE GT GE EQ NE: numeric comparison -> bool.
+ *  - AND OR XOR NOT: on bools only.
+ *  - WHERE(c, a, b): c bool; a, b of one type after promotion.
+ *  - EXP EXP2 LOG LOG2 SQRT TANH: f32 -> f32 (i32 operands promoted).
+ *  - ABS FLOOR CEIL: keep the operand type.
+ *  - TO_F32: i32 -> f32 (inserted by promotion).
+ *  - LOAD(buffer, index): element of a buffer argument at an i32 index; an
+ *    index outside [0, length) reads 0.
+ */
+#define FJG_OP_MAP(X)    \
+  X(CONST, "const", 0)   \
+  X(INPUT, "input", 0)   \
+  X(SIZE, "size", 0)     \
+  X(PARAM, "param", 0)   \
+  X(LOAD, "load", 1)     \
+  X(NEG, "neg", 1)       \
+  X(NOT, "not", 1)       \
+  X(ABS, "abs", 1)       \
+  X(EXP, "exp", 1)       \
+  X(EXP2, "exp2", 1)     \
+  X(LOG, "log", 1)       \
+  X(LOG2, "log2", 1)     \
+  X(SQRT, "sqrt", 1)     \
+  X(TANH, "tanh", 1)     \
+  X(FLOOR, "floor", 1)   \
+  X(CEIL, "ceil", 1)     \
+  X(TO_F32, "to_f32", 1) \
+  X(ADD, "add", 2)       \
+  X(SUB, "sub", 2)       \
+  X(MUL, "mul", 2)       \
+  X(DIV, "div", 2)       \
+  X(IDIV, "idiv", 2)     \
+  X(MOD, "mod", 2)       \
+  X(MIN, "min", 2)       \
+  X(MAX, "max", 2)       \
+  X(LT, "lt", 2)         \
+  X(LE, "le", 2)         \
+  X(GT, "gt", 2)         \
+  X(GE, "ge", 2)         \
+  X(EQ, "eq", 2)         \
+  X(NE, "ne", 2)         \
+  X(AND, "and", 2)       \
+  X(OR, "or", 2)         \
+  X(XOR, "xor", 2)       \
+  X(WHERE, "where", 3)
+
+typedef enum {
+#define FJG_OP_ENUM_(name, text, arity) FJG_OP_##name,
+  FJG_OP_MAP(FJG_OP_ENUM_)
+#undef FJG_OP_ENUM_
+  FJG_NUM_OPS
+} fjg_op;
+
+const char *fjg_op_name(fjg_op op);
+int fjg_op_arity(fjg_op op);
+const char *fjg_type_name(fjg_type type); /* "bool", "i32", "f32" */
+
+typedef struct fjg_node {
+  uint8_t op;   /* fjg_op */
+  uint8_t type; /* fjg_type of the result */
+  /* Operands (node ids) for ops of arity >= 1; for INPUT the fjg_input, for
+   * SIZE the fjg_size, for PARAM and LOAD (in `arg`) the argument index. */
+  int32_t a, b, c;
+  int32_t arg;
+  union {
+    int32_t i; /* CONST i32, and CONST bool (0 or 1) */
+    float f;   /* CONST f32 */
+  } imm;
+} fjg_node;
+
+/* A declared runtime argument. */
+typedef struct fjg_arg {
+  char name[64];
+  fj_arg_kind kind;
+  fjg_type type; /* scalar type, or element type of a buffer (i32 or f32) */
+} fjg_arg;
+
+typedef struct fjg_graph fjg_graph;
+
+fjg_graph *fjg_graph_create(void);
+void fjg_graph_destroy(fjg_graph *g);
+
+/* Message of the last failed builder call (borrowed; valid until the next). */
+const char *fjg_graph_error(const fjg_graph *g);
+
+int fjg_num_nodes(const fjg_graph *g);
+const fjg_node *fjg_node_at(const fjg_graph *g, int id);
+
+int fjg_num_args(const fjg_graph *g);
+const fjg_arg *fjg_arg_at(const fjg_graph *g, int index);
+/* Index of the argument named `name`, or -1. */
+int fjg_find_arg(const fjg_graph *g, const char *name);
+
+/* Builders. Constants are folded: an op whose operands are all constants
+ * yields a constant. */
+int fjg_const_bool(fjg_graph *g, int value);
+int fjg_const_i32(fjg_graph *g, int32_t value);
+int fjg_const_f32(fjg_graph *g, float value);
+int fjg_input_node(fjg_graph *g, fjg_input which);
+int fjg_size_node(fjg_graph *g, fjg_size which);
+/* Declares a scalar param (i32 or f32) and returns its node. Declaring the
+ * same name again with the same type returns the same node; with another
+ * type, or the name of a buffer, fails. */
+int fjg_param(fjg_graph *g, const char *name, fjg_type type);
+/* Declares a buffer argument (element type i32 or f32); returns its argument
+ * index (not a node). Same redeclaration rules as fjg_param. */
+int fjg_buffer(fjg_graph *g, const char *name, fjg_type elem);
+int fjg_load(fjg_graph *g, int buffer_arg, int index_node);
+int fjg_unary(fjg_graph *g, fjg_op op, int a);
+int fjg_binary(fjg_graph *g, fjg_op op, int a, int b);
+int fjg_where(fjg_graph *g, int cond, int a, int b);
+
+/* Roots: -1 when the spec has no mask_mod / score_mod. The mask root must be
+ * bool; the score root is converted to f32. */
+int fjg_set_mask_root(fjg_graph *g, int node);
+int fjg_set_score_root(fjg_graph *g, int node);
+int fjg_mask_root(const fjg_graph *g);
+int fjg_score_root(const fjg_graph *g);
+
+/* Which inputs a root depends on, as a bit set (1 << fjg_input). */
+unsigned fjg_input_deps(const fjg_graph *g, int root);
+
+/* Growable byte buffer used by serialization and emission. */
+typedef struct fjg_buf {
+  char *data;
+  size_t len, cap;
+  int failed; /* set when an allocation failed; later appends are ignored */
+} fjg_buf;
+
+void fjg_buf_init(fjg_buf *b);
+void fjg_buf_free(fjg_buf *b);
+void fjg_buf_append(fjg_buf *b, const void *data, size_t len);
+void fjg_buf_printf(fjg_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Canonical bytes of the graph: only nodes reachable from the roots, in a
+ * deterministic post-order, plus the declared arguments (name, kind, type) in
+ * declaration order. Two specs that trace to the same function give the same
+ * bytes whatever their spacing or local names. */
+fj_status fjg_serialize(const fjg_graph *g, fjg_buf *out);
+
+/* ---- CPU evaluator ---- */
+
+typedef struct fjg_env {
+  int32_t sizes[FJG_NUM_SIZES];
+  /* Indexed by argument index: */
+  const int32_t *param_i32; /* value of i32 params */
+  const float *param_f32;   /* value of f32 params */
+  const void *const *buffer_data; /* host pointer of buffers (int32 or float) */
+  const int64_t *buffer_len;      /* element count of buffers */
+} fjg_env;
+
+/* Evaluates the mask (1 when no mask_mod) and the score_mod (score itself
+ * when none). f32 values are computed in double here: the reference. */
+int fjg_eval_mask(const fjg_graph *g, const fjg_env *env, int b, int h, int q,
+                  int kv);
+double fjg_eval_score(const fjg_graph *g, const fjg_env *env, double score,
+                      int b, int h, int q, int kv);
+
+#endif /* FJG_GRAPH_H */

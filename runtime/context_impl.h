@@ -1,0 +1,58 @@
+/*
+ * runtime/context_impl.h: the layout of fj_context and fj_spec, private to
+ * runtime/ (other modules use runtime/context.h).
+ */
+#ifndef FJR_CONTEXT_IMPL_H
+#define FJR_CONTEXT_IMPL_H
+
+#include <cuda.h>
+
+#include "cache/key.h"
+#include "cache/store.h"
+#include "gen/config.h"
+#include "runtime/context.h"
+
+/* A kernel resident in this process: compiled or loaded, bound to a spec. */
+typedef struct fjr_kernel {
+  int head_dim;
+  fj_dtype dtype;
+  fjg_config cfg;
+  fjc_key key;
+  CUmodule module; /* NULL until first launched */
+  CUfunction fn;
+  void *cubin; /* owned until loaded */
+  size_t cubin_size;
+  struct fjr_kernel *next;
+} fjr_kernel;
+
+struct fj_context {
+  fj_context_options opts; /* cache_dir and arch live below */
+  char *cache_dir;
+  char *arch_opt;
+  char err[8192];
+  fjc_store *store;
+  int store_opened;
+  const fjr_driver *drv;
+  CUdevice cudev;
+  CUcontext cuctx;
+  char device_arch[16];
+  int max_smem_optin;
+};
+
+struct fj_spec {
+  fj_context *ctx;
+  fjg_graph *graph;
+  char *name;
+  char *source;
+  size_t source_len;
+  char *chunkname;
+  fjr_kernel *kernels; /* the in-process table of this spec */
+};
+
+void fjr_clear_error(fj_context *ctx);
+fj_status fjr_cu_fail(fj_context *ctx, const char *call, CUresult r);
+fj_status fjr_context_store(fj_context *ctx, fjc_store **store);
+void fjr_kernels_release(fj_context *ctx);
+void fjr_spec_kernels_release(fj_spec *spec);
+
+#endif /* FJR_CONTEXT_IMPL_H */

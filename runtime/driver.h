@@ -1,0 +1,70 @@
+/*
+ * runtime/driver.h: the CUDA driver API, loaded at run time.
+ *
+ * libcuda.so.1 is dlopened once per process (pthread_once) and every entry
+ * point is resolved through cuGetProcAddress; the table is immutable after
+ * that, so it is safe to share between threads and contexts. There is no
+ * link-time dependency on the driver: on a machine without one,
+ * fjr_driver_load fails with FJ_ENODRIVER and a message, nothing crashes.
+ * Field names are the driver's (cuda.h's macros map cuMemAlloc to
+ * cuMemAlloc_v2 and so on consistently, so include cuda.h everywhere).
+ */
+#ifndef FJR_DRIVER_H
+#define FJR_DRIVER_H
+
+#include <stddef.h>
+
+#include <cuda.h>
+
+#include "flexjit.h"
+
+typedef struct fjr_driver {
+  int version; /* cuDriverGetVersion */
+  CUresult (*cuInit)(unsigned int);
+  CUresult (*cuDriverGetVersion)(int *);
+  CUresult (*cuGetErrorName)(CUresult, const char **);
+  CUresult (*cuGetErrorString)(CUresult, const char **);
+  CUresult (*cuDeviceGetCount)(int *);
+  CUresult (*cuDeviceGet)(CUdevice *, int);
+  CUresult (*cuDeviceGetName)(char *, int, CUdevice);
+  CUresult (*cuDeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*cuCtxGetCurrent)(CUcontext *);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxSynchronize)(void);
+  CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+  CUresult (*cuModuleUnload)(CUmodule);
+  CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+  CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+  CUresult (*cuFuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, unsigned, unsigned, CUstream,
+                             void **, void **);
+  CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+  CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+  CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+  CUresult (*cuMemsetD32)(CUdeviceptr, unsigned int, size_t);
+  CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+  CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+  CUresult (*cuStreamDestroy)(CUstream);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuEventCreate)(CUevent *, unsigned int);
+  CUresult (*cuEventDestroy)(CUevent);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);
+} fjr_driver;
+
+/* Loads the driver once per process. On failure returns FJ_ENODRIVER (no
+ * libcuda.so.1, or cuInit failed: no device) and writes why into err. */
+fj_status fjr_driver_load(const fjr_driver **out, char *err, size_t errlen);
+
+/* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for a CUresult (static or
+ * driver-owned strings, never NULL). */
+void fjr_driver_error_text(const fjr_driver *drv, CUresult r, char *buf,
+                           size_t len);
+
+#endif /* FJR_DRIVER_H */

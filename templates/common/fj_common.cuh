@@ -1,0 +1,58 @@
+// templates/common/fj_common.cuh: types and helpers shared by every kernel.
+//
+// The generator (gen/emit_cuda.c) assembles one translation unit, in order:
+//   1. #defines of the kernel configuration (C decides, templates obey):
+//        FJ_HEAD_DIM       64 | 128
+//        FJ_DTYPE_BF16 1   or   FJ_DTYPE_F16 1
+//        FJ_BLOCK_M, FJ_BLOCK_N, FJ_NUM_WARPS, FJ_NUM_STAGES
+//        FJ_HAS_MASK       0 | 1   (0: every in-range pair is allowed)
+//        FJ_HAS_SCORE_MOD  0 | 1   (0: score is q.k * scale)
+//   2. this file
+//   3. the generated prologue:
+//        struct fj_user_params { long long fj_reserved_; <args...> };
+//        __device__ bool  fj_mask(const fj_user_params&, const fj_sizes&,
+//                                 int b, int h, int q, int kv);
+//        __device__ float fj_score_mod(const fj_user_params&, const fj_sizes&,
+//                                      float score, int b, int h, int q, int kv);
+//        __device__ int   fj_tile_class(const fj_user_params&, const fj_sizes&,
+//                                       int b, int h, int q0, int q1,
+//                                       int kv0, int kv1);
+//      fj_tile_class gets inclusive index ranges and returns FJ_TILE_EMPTY
+//      when the mask is false for every pair of the tile, FJ_TILE_FULL when it
+//      is true for every pair, FJ_TILE_PARTIAL otherwise (always sound; it
+//      does not know about Lq/Lk bounds, which the kernel handles itself).
+//      h is the query head; b the batch index.
+//   4. common/fj_fwd_params.cuh, then the architecture template (sm80/fwd.cuh).
+#pragma once
+
+typedef unsigned short fj_u16;
+
+struct fj_sizes {
+  int B, Hq, Hkv, Lq, Lk;
+};
+
+enum { FJ_TILE_EMPTY = 0, FJ_TILE_PARTIAL = 1, FJ_TILE_FULL = 2 };
+
+// Lua's floor division and floored modulo on i32 (x // 0 and x % 0 are 0).
+__device__ __forceinline__ int fj_idiv_i32(int a, int b) {
+  if (b == 0) return 0;
+  int q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+  return q;
+}
+__device__ __forceinline__ int fj_mod_i32(int a, int b) {
+  if (b == 0) return 0;
+  int r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+__device__ __forceinline__ float fj_idiv_f32(float a, float b) { return floorf(a / b); }
+__device__ __forceinline__ float fj_mod_f32(float a, float b) { return a - floorf(a / b) * b; }
+
+// Buffer reads: an index outside [0, len) reads 0.
+__device__ __forceinline__ int fj_load_i32(const int *p, long long len, int i) {
+  return (i >= 0 && i < len) ? __ldg(p + i) : 0;
+}
+__device__ __forceinline__ float fj_load_f32(const float *p, long long len, int i) {
+  return (i >= 0 && i < len) ? __ldg(p + i) : 0.0f;
+}

@@ -1,0 +1,27 @@
+// templates/common/fj_fwd_params.cuh: the forward kernel's one parameter.
+//
+// The host mirror is runtime/launch_params.h (struct fjr_fwd_params_fixed):
+// every field up to `user` must match it member for member. The kernel is
+//   extern "C" __global__ void fj_attention_fwd(const __grid_constant__ fj_fwd_params p)
+// launched on grid (ceil(Lq / FJ_BLOCK_M), Hq, B) with FJ_NUM_WARPS * 32 threads
+// and the dynamic shared memory gen/config.c computes.
+#pragma once
+
+struct fj_fwd_params {
+  const void *q;
+  const void *k;
+  const void *v;
+  void *o;
+  float *lse;  // may be null
+  // Strides in elements for batch, head and sequence; the head dim is contiguous.
+  long long q_sb, q_sh, q_ss;
+  long long k_sb, k_sh, k_ss;
+  long long v_sb, v_sh, v_ss;
+  long long o_sb, o_sh, o_ss;
+  long long lse_sb, lse_sh;  // lse's sequence stride is 1
+  fj_sizes sz;
+  int kv_group;      // Hq / Hkv
+  float scale;       // multiplies q.k
+  float scale_log2;  // scale * log2(e)
+  fj_user_params user;
+};
