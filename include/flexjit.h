@@ -87,9 +87,14 @@ typedef struct fj_context_options {
   const char *cache_dir;
   /* CUDA device ordinal used for launches. Default 0. */
   int device;
-  /* Target override ("sm_80", "sm_90a", ...). NULL: from the device. Naming
-   * sm_80 on a newer GPU forces the sm80 template. */
+  /* Compile target override ("sm_80", "sm_90a", ...). NULL: the device's
+   * (sm_90a on Hopper). A cubin runs only on GPUs of its target's major
+   * architecture, so set this only to compile for another machine. */
   const char *arch;
+  /* Largest size of the disk cache in bytes; least recently used entries are
+   * evicted after each store, never one this process uses. 0: no limit
+   * beyond $FLEXJIT_CACHE_MAX_BYTES, if set. */
+  uint64_t cache_max_bytes;
   fj_log_fn log;
   void *log_user;
 } fj_context_options;
@@ -101,6 +106,14 @@ void fj_context_options_init(fj_context_options *opts);
  * launch, NVRTC on first compile. `opts` may be NULL. */
 fj_status fj_context_create(const fj_context_options *opts, fj_context **out);
 void fj_context_destroy(fj_context *ctx);
+
+/* Mounts a kernel pack (a .fjpack file written by `flexjit precompile`)
+ * read-only. Packs are searched, in mount order, before the disk cache. When
+ * NVRTC is unavailable a kernel is matched by everything but the compiler
+ * version; a kernel in no pack and no cache then fails with an error naming
+ * its readable name and key. The file stays mapped until the context is
+ * destroyed. */
+fj_status fj_context_mount_pack(fj_context *ctx, const char *path);
 
 /* Message of the last failure on this context (borrowed; valid until the next
  * call on ctx). "" when the last call succeeded. */

@@ -47,6 +47,7 @@ void fj_context_destroy(fj_context *ctx) {
   if (!ctx) return;
   fjr_kernels_release(ctx);
   if (ctx->store) fjc_store_close(ctx->store);
+  for (int i = 0; i < ctx->num_packs; i++) fjc_pack_close(ctx->packs[i]);
   if (ctx->cuctx && ctx->drv) ctx->drv->cuDevicePrimaryCtxRelease(ctx->cudev);
   free(ctx->cache_dir);
   free(ctx->arch_opt);
@@ -162,9 +163,26 @@ fj_status fjr_context_store(fj_context *ctx, fjc_store **store) {
       /* No disk cache: keep going in memory only. */
       ctx->store = NULL;
       fjr_log(ctx, FJ_LOG_WARN, "kernel cache disabled: %s", err);
+    } else if (ctx->opts.cache_max_bytes > 0) {
+      fjc_store_set_max_bytes(ctx->store, ctx->opts.cache_max_bytes);
     }
   }
   *store = ctx->store;
+  return FJ_OK;
+}
+
+fj_status fj_context_mount_pack(fj_context *ctx, const char *path) {
+  if (!ctx) return FJ_EINVAL;
+  fjr_clear_error(ctx);
+  if (!path) return fjr_fail(ctx, FJ_EINVAL, "pack path is NULL");
+  if (ctx->num_packs == (int)(sizeof(ctx->packs) / sizeof(ctx->packs[0])))
+    return fjr_fail(ctx, FJ_EUNSUPPORTED, "too many packs mounted (16)");
+  char err[1024] = "";
+  fjc_pack *pack = NULL;
+  fj_status st = fjc_pack_open(path, &pack, err, sizeof(err));
+  if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
+  fjc_pack_set_log(pack, ctx->opts.log, ctx->opts.log_user);
+  ctx->packs[ctx->num_packs++] = pack;
   return FJ_OK;
 }
 

@@ -8,6 +8,7 @@
 #include <cuda.h>
 
 #include "cache/key.h"
+#include "cache/pack.h"
 #include "cache/store.h"
 #include "gen/config.h"
 #include "runtime/context.h"
@@ -17,7 +18,8 @@ typedef struct fjr_kernel {
   int head_dim;
   fj_dtype dtype;
   fjg_config cfg;
-  fjc_key key;
+  fjc_key source_key; /* everything but the NVRTC version */
+  fjc_key key;        /* source key + NVRTC version */
   CUmodule module; /* NULL until first launched */
   CUfunction fn;
   void *cubin; /* owned until loaded */
@@ -32,6 +34,8 @@ struct fj_context {
   char err[8192];
   fjc_store *store;
   int store_opened;
+  fjc_pack *packs[16];
+  int num_packs;
   const fjr_driver *drv;
   CUdevice cudev;
   CUcontext cuctx;

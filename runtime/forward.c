@@ -49,10 +49,15 @@ static void kernel_name(const fj_spec *spec, const fjg_config *cfg, char *buf,
            dtype_name(cfg->dtype), cfg->arch);
 }
 
-/* The cache key: every ingredient that shapes the cubin. */
-static fj_status forward_key(fj_context *ctx, const fj_spec *spec,
-                             const fjg_config *cfg, const char *nvrtc_version,
-                             fjc_key *key) {
+/* The cache keys. The source key covers every ingredient that shapes the
+ * cubin except the compiler: key schema, library version, canonical graph,
+ * template bytes, configuration, target and compile options. The full key
+ * adds the NVRTC version; a deployment without NVRTC looks kernels up in a
+ * pack by source key. */
+static fj_status forward_keys(fj_context *ctx, const fj_spec *spec,
+                              const fjg_config *cfg,
+                              const char *nvrtc_version, fjc_key *source_key,
+                              fjc_key *key) {
   fjg_buf graph;
   fjg_buf_init(&graph);
   fj_status st = fjg_serialize(spec->graph, &graph);
@@ -81,12 +86,16 @@ static fj_status forward_key(fj_context *ctx, const fj_spec *spec,
   fjc_key_add_int(&b, "block_n", cfg->block_n);
   fjc_key_add_int(&b, "num_warps", cfg->num_warps);
   fjc_key_add_int(&b, "num_stages", cfg->num_stages);
+  fjc_key_add_int(&b, "threads", cfg->threads);
   fjc_key_add_int(&b, "smem_bytes", cfg->smem_bytes);
   fjc_key_add_str(&b, "arch", cfg->arch);
-  fjc_key_add_str(&b, "nvrtc", nvrtc_version);
   int nopt = 0;
   const char *const *opts = fjr_nvrtc_base_options(&nopt);
   for (int i = 0; i < nopt; i++) fjc_key_add_str(&b, "option", opts[i]);
+  fjc_key_finish(&b, source_key);
+  fjc_key_begin(&b);
+  fjc_key_add(&b, "source_key", source_key->bytes, sizeof(source_key->bytes));
+  fjc_key_add_str(&b, "nvrtc", nvrtc_version);
   fjc_key_finish(&b, key);
   fjg_buf_free(&graph);
   fjg_buf_free(&templates);
@@ -126,10 +135,15 @@ static void dump_source(fj_context *ctx, const char *name, const fjc_key *key,
 }
 
 static fj_status meta_json(const fj_spec *spec, const char *name,
-                           const fjg_config *cfg, double ms, fjg_buf *out) {
+                           const fjr_kernel *k, const char *nvrtc_version,
+                           double ms, fjg_buf *out) {
+  const fjg_config *cfg = &k->cfg;
   fjg_buf_init(out);
+  fjg_buf_printf(out, "{\"key\": \"%s\", \"source_key\": \"%s\", "
+                 "\"nvrtc\": \"%s\", ", k->key.hex, k->source_key.hex,
+                 nvrtc_version);
   fjg_buf_printf(out,
-                 "{\"name\": \"%s\", \"spec\": \"%s\", \"head_dim\": %d, "
+                 "\"name\": \"%s\", \"spec\": \"%s\", \"head_dim\": %d, "
                  "\"dtype\": \"%s\", \"arch\": \"%s\", \"block_m\": %d, "
                  "\"block_n\": %d, \"num_warps\": %d, \"compile_ms\": %.1f, "
                  "\"source\": \"",
@@ -148,6 +162,27 @@ static fj_status meta_json(const fj_spec *spec, const char *name,
   }
   fjg_buf_append(out, "\"}\n", 4);
   return out->failed ? FJ_ENOMEM : FJ_OK;
+}
+
+/* Looks the kernel up in the mounted packs: by full key, or by source key
+ * when NVRTC is unavailable (any compiler's build of the same source). The
+ * cubin is copied so that kernels own their bytes whatever their origin. */
+static fj_status find_in_packs(fj_context *ctx, fjr_kernel *k, int nvrtc_ok,
+                               char *path, size_t path_len) {
+  for (int i = 0; i < ctx->num_packs; i++) {
+    const void *data = NULL;
+    size_t size = 0;
+    if (fjc_pack_find(ctx->packs[i], k->cfg.arch, nvrtc_ok ? &k->key : NULL,
+                      &k->source_key, &data, &size, NULL) != FJ_OK)
+      continue;
+    k->cubin = malloc(size);
+    if (!k->cubin) return FJ_ENOMEM;
+    memcpy(k->cubin, data, size);
+    k->cubin_size = size;
+    snprintf(path, path_len, "%s", fjc_pack_path(ctx->packs[i]));
+    return FJ_OK;
+  }
+  return FJ_ENOTFOUND;
 }
 
 /* Finds the kernel in the spec's table, else in the disk cache, else
@@ -201,7 +236,8 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     snprintf(nvrtc_version, sizeof(nvrtc_version), "%d.%d", nv_major,
              nv_minor);
 
-  st = forward_key(ctx, spec, &k->cfg, nvrtc_version, &k->key);
+  st = forward_keys(ctx, spec, &k->cfg, nvrtc_version, &k->source_key,
+                    &k->key);
   if (st != FJ_OK) {
     free(k);
     return st;
@@ -219,6 +255,10 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   fjg_buf meta = {0};
   char *log = NULL;
 
+  if (find_in_packs(ctx, k, nvst == FJ_OK, path, sizeof(path)) == FJ_OK) {
+    from_cache = 1;
+    goto done;
+  }
   if (store &&
       fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin, &k->cubin_size,
                     path, sizeof(path)) == FJ_OK) {
@@ -227,9 +267,9 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   }
   if (nvst != FJ_OK) {
     st = fjr_fail(ctx, FJ_ENONVRTC,
-                  "kernel %s (key %s) is not cached and NVRTC is not "
-                  "available: %s",
-                  name, k->key.hex, nverr);
+                  "kernel %s (key %s, source key %s) is in no mounted pack "
+                  "or cache and NVRTC is not available: %s",
+                  name, k->key.hex, k->source_key.hex, nverr);
     goto fail;
   }
   if (store) {
@@ -258,7 +298,7 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   }
   fjr_log(ctx, FJ_LOG_INFO, "compiled %s in %.1f ms", name, compile_ms);
   path[0] = '\0';
-  if (store && meta_json(spec, name, &k->cfg, compile_ms, &meta) == FJ_OK) {
+  if (store && meta_json(spec, name, k, nvrtc_version, compile_ms, &meta) == FJ_OK) {
     if (fjc_store_put(store, k->cfg.arch, &k->key, k->cubin, k->cubin_size,
                       meta.data, path, sizeof(path)) != FJ_OK)
       path[0] = '\0'; /* in memory only; the store warned */
@@ -338,8 +378,8 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
   int major = 0, minor = 0;
   if (fjr_nvrtc_version(&major, &minor, err, sizeof(err)) == FJ_OK)
     snprintf(nvrtc_version, sizeof(nvrtc_version), "%d.%d", major, minor);
-  fjc_key key;
-  st = forward_key(ctx, spec, &cfg, nvrtc_version, &key);
+  fjc_key source_key, key;
+  st = forward_keys(ctx, spec, &cfg, nvrtc_version, &source_key, &key);
   if (st != FJ_OK) return st;
   fjg_buf src;
   st = emit_source(ctx, spec, &cfg, &key, &src);

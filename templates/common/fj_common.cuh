@@ -36,12 +36,13 @@ enum { FJ_TILE_EMPTY = 0, FJ_TILE_PARTIAL = 1, FJ_TILE_FULL = 2 };
 // Lua's floor division and floored modulo on i32 (x // 0 and x % 0 are 0).
 __device__ __forceinline__ int fj_idiv_i32(int a, int b) {
   if (b == 0) return 0;
+  if (b == -1) return (int)(0u - (unsigned)a);  // INT32_MIN // -1 wraps
   int q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
   return q;
 }
 __device__ __forceinline__ int fj_mod_i32(int a, int b) {
-  if (b == 0) return 0;
+  if (b == 0 || b == -1) return 0;
   int r = a % b;
   if (r != 0 && ((r < 0) != (b < 0))) r += b;
   return r;

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: run the GPU tests, the demo and the side-by-side
+# benchmark from a build made elsewhere and carried along (build/), writing logs
+# to $OUT. Usage: bash bench/device_run.sh [tests|bench|all] [compare.py args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}; shift || true
+OUT=${OUT:-/tmp/flexjit-out}; mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/build/lib:${LD_LIBRARY_PATH:-}"
+export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  ( for t in build/gpu_test_*; do echo "== $t"; "$t"; echo "exit $?"; done ) 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 60
+  build/flexjit demo 2>&1 | tee "$OUT/demo.log" | tail -n 30
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 bench/compare.py "$@" 2>&1 | tee "$OUT/compare.log" | tail -n 40
+fi

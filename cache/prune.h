@@ -1,0 +1,45 @@
+/*
+ * cache/prune.h: keeping a store under a size limit by evicting the least
+ * recently used entries.
+ *
+ * An entry's age is the mtime of its .cubin, which fjc_store_get sets on
+ * every hit and fjc_store_put on publication. Its size is its .cubin plus
+ * its .json. Eviction deletes .cubin, .json and .lock, oldest first, until
+ * the total is at most the limit, and never:
+ *  - a key in the caller's in-use list (kernels a process holds), nor
+ *  - an entry whose compile lock another process holds right now (it is
+ *    being rebuilt; the lock is tried without waiting).
+ * So a prune may end above the limit; the report says so.
+ */
+#ifndef FJC_PRUNE_H
+#define FJC_PRUNE_H
+
+#include <stdint.h>
+
+#include "cache/store.h"
+
+typedef struct fjc_prune_report {
+  int entries;            /* entries before pruning */
+  int removed;            /* entries evicted */
+  int kept_in_use;        /* entries that would have gone but were in use */
+  uint64_t bytes_before;  /* .cubin + .json bytes before */
+  uint64_t bytes_removed;
+  uint64_t bytes_after;   /* may exceed the limit when entries were in use */
+} fjc_prune_report;
+
+/* Evicts least recently used entries of every release under the store's
+ * root until at most max_bytes remain (0 evicts every entry not in use).
+ * in_use_keys: n_in_use lowercase or uppercase hex keys that must stay (may
+ * be NULL when n_in_use is 0). report may be NULL. FJ_OK also when nothing
+ * needed removing; FJ_ENOMEM, FJ_EIO (root unreadable: the store's last
+ * error says why). A disabled store prunes nothing. */
+fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
+                          const char *const *in_use_keys, int n_in_use,
+                          fjc_prune_report *report);
+
+/* Parses a byte count: digits with an optional K, M, G or T suffix (powers
+ * of 1024; "KB", "MiB" and lowercase are accepted too). Returns 0, or -1 for
+ * anything else (empty, negative, overflow, junk after the number). */
+int fjc_parse_size(const char *text, uint64_t *out);
+
+#endif /* FJC_PRUNE_H */

@@ -1,0 +1,721 @@
+/*
+ * cache/store.c: the on-disk cubin store (see store.h for the layout and the
+ * entry format).
+ */
+#include "cache/store.h"
+
+#include "cache/prune.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define ENTRY_MAGIC "FJCUBIN1"
+#define ENTRY_FORMAT 1u
+#define ENTRY_HEADER_SIZE 48u
+/* Cubins are megabytes; anything near this is corruption, not a kernel. */
+#define ENTRY_MAX_PAYLOAD ((uint64_t)1 << 31)
+#define STORE_PATH_MAX 4096
+
+typedef enum {
+  FAULT_NONE = 0,
+  FAULT_ENOSPC, /* partial write, then ENOSPC */
+  FAULT_EACCES, /* file creation fails with EACCES */
+  FAULT_EROFS,  /* file creation fails with EROFS */
+} store_fault;
+
+struct fjc_store {
+  char *root; /* NULL: disabled */
+  fj_log_fn log;
+  void *log_user;
+  int write_warned; /* the first write failure is a warning, later ones not */
+  store_fault fault;
+  uint64_t max_bytes; /* 0: no size limit */
+  char **in_use;      /* hex keys served by this store: never pruned */
+  int n_in_use, cap_in_use;
+  char last_error[1024];
+};
+
+typedef struct entry_header {
+  uint64_t payload_len;
+  uint64_t checksum;
+  uint8_t key[16];
+} entry_header;
+
+/* ---- small helpers ---------------------------------------------------- */
+
+void fjc_store_log(const fjc_store *s, fj_log_level level, const char *fmt,
+                   ...) {
+  char msg[1200];
+  va_list ap;
+  if (!s || !s->log)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  s->log(s->log_user, level, msg);
+}
+
+void fjc_store_set_error(fjc_store *s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->last_error, sizeof s->last_error, fmt, ap);
+  va_end(ap);
+}
+
+static void put_path(char *out, size_t n, const char *path) {
+  if (out && n)
+    snprintf(out, n, "%s", path ? path : "");
+}
+
+static void put_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_le32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+static uint64_t get_le64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+/* The arch becomes a path component, so only a plain name is accepted. */
+int fjc_arch_is_valid(const char *arch) {
+  size_t n = arch ? strlen(arch) : 0;
+  if (n == 0 || n > 31)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = arch[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '_'))
+      return 0;
+  }
+  return 1;
+}
+
+/* "<root>/<libver>/<arch>/<aa>" */
+static int entry_dir(const fjc_store *s, const char *arch, const fjc_key *key,
+                     char *buf, size_t n) {
+  int len = snprintf(buf, n, "%s/%s/%s/%.2s", s->root, FJ_VERSION_STRING,
+                     arch, key->hex);
+  return len < 0 || (size_t)len >= n ? -1 : 0;
+}
+
+/* "<dir>/<keyhex><ext>" */
+static int entry_file(const fjc_store *s, const char *arch, const fjc_key *key,
+                      const char *ext, char *buf, size_t n) {
+  char dir[STORE_PATH_MAX];
+  if (entry_dir(s, arch, key, dir, sizeof dir))
+    return -1;
+  int len = snprintf(buf, n, "%s/%s%s", dir, key->hex, ext);
+  return len < 0 || (size_t)len >= n ? -1 : 0;
+}
+
+static store_fault fault_from_env(void) {
+  const char *f = getenv("FLEXJIT_CACHE_FAULT");
+  if (!f)
+    return FAULT_NONE;
+  if (strcmp(f, "enospc") == 0)
+    return FAULT_ENOSPC;
+  if (strcmp(f, "eacces") == 0)
+    return FAULT_EACCES;
+  if (strcmp(f, "erofs") == 0)
+    return FAULT_EROFS;
+  return FAULT_NONE;
+}
+
+/* Creation failures injected by FLEXJIT_CACHE_FAULT; 0 when none. */
+static int injected_create_errno(const fjc_store *s) {
+  if (s->fault == FAULT_EACCES)
+    return EACCES;
+  if (s->fault == FAULT_EROFS)
+    return EROFS;
+  return 0;
+}
+
+/* mkdir -p: creates each missing component; an existing directory is fine.
+ * Returns 0 or -1 with errno set. */
+static int make_dirs(const char *path) {
+  char buf[STORE_PATH_MAX];
+  struct stat st;
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof buf) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] != '/' && buf[i] != '\0')
+      continue;
+    char saved = buf[i];
+    buf[i] = '\0';
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return -1;
+    buf[i] = saved;
+  }
+  if (stat(path, &st) != 0)
+    return -1;
+  if (!S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    return -1;
+  }
+  return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len) {
+  unsigned char *p = buf;
+  while (len > 0) {
+    ssize_t r = read(fd, p, len);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    len -= (size_t)r;
+  }
+  return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+  const unsigned char *p = buf;
+  while (len > 0) {
+    ssize_t w = write(fd, p, len);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0)
+      return -1;
+    if (w == 0) {
+      errno = ENOSPC;
+      return -1;
+    }
+    p += w;
+    len -= (size_t)w;
+  }
+  return 0;
+}
+
+/* ---- open / close ----------------------------------------------------- */
+
+/* The default root: a pointer into the environment or into buf; NULL for a
+ * disabled store (FLEXJIT_CACHE_DIR="", or no home: then *why says so). */
+static const char *default_root(char *buf, size_t n, const char **why) {
+  const char *env = getenv("FLEXJIT_CACHE_DIR");
+  if (env)
+    return env[0] ? env : NULL;
+  env = getenv("XDG_CACHE_HOME");
+  if (env && env[0] == '/') {
+    snprintf(buf, n, "%s/flexjit", env);
+    return buf;
+  }
+  env = getenv("HOME");
+  if (env && env[0]) {
+    snprintf(buf, n, "%s/.cache/flexjit", env);
+    return buf;
+  }
+  *why = "neither FLEXJIT_CACHE_DIR, XDG_CACHE_HOME nor HOME is set";
+  return NULL;
+}
+
+/* FLEXJIT_CACHE_MAX_BYTES: a bad value is a warning, not a failure, so a
+ * typo in the environment never stops an application. */
+static void max_bytes_from_env(fjc_store *s) {
+  const char *env = getenv("FLEXJIT_CACHE_MAX_BYTES");
+  uint64_t v = 0;
+  if (!env || !env[0])
+    return;
+  if (fjc_parse_size(env, &v) != 0) {
+    fjc_store_log(s, FJ_LOG_WARN,
+                  "ignoring FLEXJIT_CACHE_MAX_BYTES='%s': expected a byte "
+                  "count such as 500000000, 500M or 2G",
+                  env);
+    return;
+  }
+  s->max_bytes = v;
+}
+
+fj_status fjc_store_open(const char *root, fj_log_fn log, void *log_user,
+                         fjc_store **out, char *err, size_t errlen) {
+  char buf[STORE_PATH_MAX];
+  const char *why = NULL, *chosen;
+  fjc_store *s = NULL;
+  fj_status st = FJ_ENOMEM;
+  char scratch[8];
+
+  if (!err || !errlen) {
+    err = scratch;
+    errlen = sizeof scratch;
+  }
+  err[0] = '\0';
+  if (!out) {
+    snprintf(err, errlen, "fjc_store_open: out is NULL");
+    return FJ_EINVAL;
+  }
+  *out = NULL;
+  chosen = root ? (root[0] ? root : NULL) : default_root(buf, sizeof buf, &why);
+  /* Room for "/<libver>/<arch>/<aa>/<key>.cubin" and a temp suffix. */
+  if (chosen && strlen(chosen) >= STORE_PATH_MAX - 128) {
+    st = FJ_EINVAL;
+    snprintf(err, errlen, "cache directory path is too long");
+    goto fail;
+  }
+  s = calloc(1, sizeof *s);
+  if (!s || (chosen && !(s->root = strdup(chosen)))) {
+    snprintf(err, errlen, "out of memory opening the kernel cache");
+    goto fail;
+  }
+  /* "dir/" and "dir" name one store; keep printed paths clean. */
+  size_t len = s->root ? strlen(s->root) : 0;
+  while (len > 1 && s->root[len - 1] == '/')
+    s->root[--len] = '\0';
+  s->log = log;
+  s->log_user = log_user;
+  s->fault = fault_from_env();
+  max_bytes_from_env(s);
+  if (why)
+    fjc_store_log(s, FJ_LOG_WARN,
+              "kernel cache disabled: %s; kernels are kept in memory only",
+              why);
+  *out = s;
+  return FJ_OK;
+fail:
+  fjc_store_close(s);
+  return st;
+}
+
+void fjc_store_close(fjc_store *store) {
+  if (!store)
+    return;
+  for (int i = 0; i < store->n_in_use; i++)
+    free(store->in_use[i]);
+  free(store->in_use);
+  free(store->root);
+  free(store);
+}
+
+void fjc_store_set_max_bytes(fjc_store *store, uint64_t max_bytes) {
+  if (store)
+    store->max_bytes = max_bytes;
+}
+
+uint64_t fjc_store_max_bytes(const fjc_store *store) {
+  return store ? store->max_bytes : 0;
+}
+
+const char *const *fjc_store_in_use(const fjc_store *store, int *n) {
+  *n = store ? store->n_in_use : 0;
+  return store ? (const char *const *)store->in_use : NULL;
+}
+
+fj_status fjc_store_mark_in_use(fjc_store *store, const fjc_key *key) {
+  if (!store || !key)
+    return FJ_EINVAL;
+  for (int i = 0; i < store->n_in_use; i++)
+    if (strcmp(store->in_use[i], key->hex) == 0)
+      return FJ_OK;
+  if (store->n_in_use == store->cap_in_use) {
+    int cap = store->cap_in_use ? 2 * store->cap_in_use : 16;
+    char **grown = realloc(store->in_use, (size_t)cap * sizeof *grown);
+    if (!grown)
+      return FJ_ENOMEM;
+    store->in_use = grown;
+    store->cap_in_use = cap;
+  }
+  if (!(store->in_use[store->n_in_use] = strdup(key->hex)))
+    return FJ_ENOMEM;
+  store->n_in_use++;
+  return FJ_OK;
+}
+
+int fjc_store_enabled(const fjc_store *store) {
+  return store && store->root != NULL;
+}
+
+const char *fjc_store_root(const fjc_store *store) {
+  return store && store->root ? store->root : "";
+}
+
+const char *fjc_store_last_error(const fjc_store *store) {
+  return store ? store->last_error : "";
+}
+
+/* ---- get -------------------------------------------------------------- */
+
+/* Checks a header against the file and the key; NULL when it is sound, else
+ * why it is not. */
+static const char *parse_header(const unsigned char *raw, off_t file_size,
+                                const fjc_key *key, entry_header *h) {
+  if (memcmp(raw, ENTRY_MAGIC, 8) != 0)
+    return "bad magic";
+  if (get_le32(raw + 8) != ENTRY_FORMAT)
+    return "unknown format version";
+  if (get_le32(raw + 12) != ENTRY_HEADER_SIZE)
+    return "bad header size";
+  h->payload_len = get_le64(raw + 16);
+  h->checksum = get_le64(raw + 24);
+  memcpy(h->key, raw + 32, 16);
+  if (h->payload_len == 0 || h->payload_len > ENTRY_MAX_PAYLOAD)
+    return "implausible payload length";
+  if ((uint64_t)file_size - ENTRY_HEADER_SIZE != h->payload_len)
+    return (uint64_t)file_size - ENTRY_HEADER_SIZE < h->payload_len
+               ? "truncated"
+               : "trailing bytes after the payload";
+  if (memcmp(h->key, key->bytes, 16) != 0)
+    return "entry belongs to another key";
+  return NULL;
+}
+
+/* Reads and verifies an open entry. NULL and *data on success, else why the
+ * entry is corrupt. */
+static const char *read_entry(int fd, const fjc_key *key, void **data,
+                              size_t *size) {
+  unsigned char raw[ENTRY_HEADER_SIZE];
+  entry_header h;
+  struct stat st;
+  const char *why;
+  if (fstat(fd, &st) != 0)
+    return "cannot stat";
+  if (st.st_size < (off_t)ENTRY_HEADER_SIZE)
+    return "truncated header";
+  if (read_all(fd, raw, sizeof raw))
+    return "cannot read header";
+  why = parse_header(raw, st.st_size, key, &h);
+  if (why)
+    return why;
+  unsigned char *payload = malloc((size_t)h.payload_len);
+  if (!payload)
+    return "out of memory";
+  if (read_all(fd, payload, (size_t)h.payload_len)) {
+    free(payload);
+    return "cannot read payload";
+  }
+  if (XXH3_64bits(payload, (size_t)h.payload_len) != h.checksum) {
+    free(payload);
+    return "checksum mismatch";
+  }
+  *data = payload;
+  *size = (size_t)h.payload_len;
+  return NULL;
+}
+
+fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
+                        void **data, size_t *size, char *path_out,
+                        size_t path_len) {
+  char path[STORE_PATH_MAX];
+  const char *why;
+  int fd = -1;
+  fj_status st = FJ_ENOTFOUND;
+
+  put_path(path_out, path_len, "");
+  if (!store || !key || !data || !size || !fjc_arch_is_valid(arch)) {
+    if (store)
+      fjc_store_set_error(store, "fjc_store_get: invalid argument (arch '%s')",
+                arch ? arch : "(null)");
+    return FJ_EINVAL;
+  }
+  *data = NULL;
+  *size = 0;
+  if (!store->root)
+    return FJ_ENOTFOUND;
+  if (entry_file(store, arch, key, ".cubin", path, sizeof path)) {
+    fjc_store_set_error(store, "cache path too long under %s", store->root);
+    return FJ_ENOTFOUND;
+  }
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    /* A missing entry is the normal miss; anything else is worth a note. */
+    fjc_store_set_error(store, "%s: %s", path, strerror(errno));
+    if (errno != ENOENT && errno != ENOTDIR)
+      fjc_store_log(store, FJ_LOG_WARN, "cannot read cache entry %s: %s", path,
+                strerror(errno));
+    goto fail;
+  }
+  why = read_entry(fd, key, data, size);
+  if (why) {
+    fjc_store_set_error(store, "cache entry %s is corrupt (%s)", path, why);
+    fjc_store_log(store, FJ_LOG_WARN,
+              "ignoring corrupt cache entry %s (%s); it will be recompiled",
+              path, why);
+    goto fail;
+  }
+  /* The mtime is the entry's LRU age; a read-only cache simply keeps its
+   * old age. */
+  futimens(fd, NULL);
+  fjc_store_mark_in_use(store, key);
+  put_path(path_out, path_len, path);
+  st = FJ_OK;
+fail:
+  if (fd >= 0)
+    close(fd);
+  return st;
+}
+
+const char *fjc_entry_check_file(const char *path, const fjc_key *key,
+                                 uint8_t key_out[16], int *foreign) {
+  unsigned char raw[ENTRY_HEADER_SIZE];
+  fjc_key named;
+  const char *why = NULL;
+  void *data = NULL;
+  size_t size = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  *foreign = 0;
+  if (fd < 0)
+    return "cannot open";
+  if (read_all(fd, raw, sizeof raw) != 0) {
+    why = "truncated header";
+    goto done;
+  }
+  /* Another release's format: not ours to call corrupt. */
+  if (memcmp(raw, ENTRY_MAGIC, 8) == 0 && get_le32(raw + 8) != ENTRY_FORMAT) {
+    *foreign = 1;
+    why = "written in another entry format version";
+    goto done;
+  }
+  /* Without an expected key, check against the key the header names. */
+  memcpy(named.bytes, raw + 32, 16);
+  if (lseek(fd, 0, SEEK_SET) != 0) {
+    why = "cannot seek";
+    goto done;
+  }
+  why = read_entry(fd, key ? key : &named, &data, &size);
+  if (!why && key_out)
+    memcpy(key_out, named.bytes, 16);
+done:
+  close(fd);
+  free(data);
+  return why;
+}
+
+/* ---- put -------------------------------------------------------------- */
+
+/* Writes the temp file's content, honouring the ENOSPC fault injection: half
+ * of the bytes land, then the write "fails". */
+static int write_parts(const fjc_store *s, int fd, const void *a, size_t na,
+                       const void *b, size_t nb) {
+  if (s->fault == FAULT_ENOSPC) {
+    size_t half = (na + nb) / 2;
+    if (write_all(fd, a, half < na ? half : na))
+      return -1;
+    errno = ENOSPC;
+    return -1;
+  }
+  if (write_all(fd, a, na))
+    return -1;
+  return nb ? write_all(fd, b, nb) : 0;
+}
+
+/* Publishes a + b as `final` via a temp file in `dir` + fsync + rename. On
+ * failure the temp file is gone, *what names the failing step ("write") and
+ * errno says why. */
+static int publish_file(const fjc_store *s, const char *dir, const char *final,
+                        const void *a, size_t na, const void *b, size_t nb,
+                        const char **what) {
+  char tmp[STORE_PATH_MAX];
+  int fd = -1, saved;
+  snprintf(tmp, sizeof tmp, "%s/.tmp.XXXXXX", dir);
+  *what = "create a temp file for";
+  fd = mkstemp(tmp);
+  if (fd < 0)
+    return -1;
+  /* mkstemp makes 0600; entries may be shared read-only (deployments). */
+  fchmod(fd, 0644);
+  *what = "write";
+  if (write_parts(s, fd, a, na, b, nb))
+    goto fail;
+  *what = "fsync";
+  if (fsync(fd) != 0)
+    goto fail;
+  *what = "close";
+  if (close(fd) != 0) {
+    fd = -1;
+    goto fail;
+  }
+  fd = -1;
+  *what = "rename a temp file onto";
+  if (rename(tmp, final) != 0)
+    goto fail;
+  return 0;
+fail:
+  saved = errno;
+  if (fd >= 0)
+    close(fd);
+  unlink(tmp);
+  errno = saved;
+  return -1;
+}
+
+/* Makes the rename durable; best effort, a crash only costs a recompile. */
+static void sync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
+/* Records a write failure: a warning the first time, debug afterwards. */
+static fj_status write_failed(fjc_store *s, const char *what, const char *path,
+                              int err) {
+  fjc_store_set_error(s, "cannot %s %s: %s", what, path, strerror(err));
+  fjc_store_log(s, s->write_warned ? FJ_LOG_DEBUG : FJ_LOG_WARN,
+            "kernel cache: %s; kernels are kept in memory only",
+            s->last_error);
+  s->write_warned = 1;
+  return FJ_ECACHE;
+}
+
+static void encode_header(unsigned char *raw, const fjc_key *key,
+                          const void *data, size_t size) {
+  memcpy(raw, ENTRY_MAGIC, 8);
+  put_le32(raw + 8, ENTRY_FORMAT);
+  put_le32(raw + 12, ENTRY_HEADER_SIZE);
+  put_le64(raw + 16, (uint64_t)size);
+  put_le64(raw + 24, XXH3_64bits(data, size));
+  memcpy(raw + 32, key->bytes, 16);
+}
+
+static void put_sidecar(fjc_store *s, const char *arch, const fjc_key *key,
+                        const char *dir, const char *meta_json) {
+  char path[STORE_PATH_MAX];
+  const char *what;
+  if (entry_file(s, arch, key, ".json", path, sizeof path))
+    return;
+  if (publish_file(s, dir, path, meta_json, strlen(meta_json), NULL, 0,
+                   &what))
+    fjc_store_log(s, FJ_LOG_DEBUG, "kernel cache: cannot %s %s: %s", what, path,
+              strerror(errno));
+}
+
+/* Keeps the store under its size limit; the entry just put is in use, so
+ * it stays. Failures only cost disk space: logged, never returned. */
+static void prune_after_put(fjc_store *s) {
+  fjc_prune_report rep;
+  int n = 0;
+  const char *const *keys = fjc_store_in_use(s, &n);
+  if (fjc_store_prune(s, s->max_bytes, keys, n, &rep) != FJ_OK) {
+    fjc_store_log(s, FJ_LOG_DEBUG, "kernel cache: pruning failed: %s",
+                  s->last_error);
+    return;
+  }
+  if (rep.removed)
+    fjc_store_log(s, FJ_LOG_INFO,
+                  "kernel cache: evicted %d least recently used entries "
+                  "(%llu bytes) to stay under %llu bytes",
+                  rep.removed, (unsigned long long)rep.bytes_removed,
+                  (unsigned long long)s->max_bytes);
+}
+
+fj_status fjc_store_put(fjc_store *store, const char *arch, const fjc_key *key,
+                        const void *data, size_t size, const char *meta_json,
+                        char *path_out, size_t path_len) {
+  char dir[STORE_PATH_MAX], path[STORE_PATH_MAX];
+  unsigned char raw[ENTRY_HEADER_SIZE];
+  const char *what;
+
+  put_path(path_out, path_len, "");
+  if (!store || !key || !data || size == 0 || size > ENTRY_MAX_PAYLOAD ||
+      !fjc_arch_is_valid(arch)) {
+    if (store)
+      fjc_store_set_error(store, "fjc_store_put: invalid argument (arch '%s', %zu bytes)",
+                arch ? arch : "(null)", size);
+    return FJ_EINVAL;
+  }
+  if (!store->root)
+    return FJ_OK;
+  if (entry_dir(store, arch, key, dir, sizeof dir) ||
+      entry_file(store, arch, key, ".cubin", path, sizeof path))
+    return write_failed(store, "build a path under", store->root,
+                        ENAMETOOLONG);
+  if (injected_create_errno(store))
+    return write_failed(store, "create", dir, injected_create_errno(store));
+  if (make_dirs(dir))
+    return write_failed(store, "create", dir, errno);
+  encode_header(raw, key, data, size);
+  if (publish_file(store, dir, path, raw, sizeof raw, data, size, &what))
+    return write_failed(store, what, path, errno);
+  if (meta_json)
+    put_sidecar(store, arch, key, dir, meta_json);
+  sync_dir(dir);
+  put_path(path_out, path_len, path);
+  fjc_store_mark_in_use(store, key);
+  if (store->max_bytes)
+    prune_after_put(store);
+  return FJ_OK;
+}
+
+/* ---- locking ---------------------------------------------------------- */
+
+static int open_lock_file(const char *path) {
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  /* flock works on a read-only descriptor too (an existing lock file in a
+   * directory we cannot write). */
+  if (fd < 0)
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+  return fd;
+}
+
+fj_status fjc_store_lock(fjc_store *store, const char *arch,
+                         const fjc_key *key, int *lock_fd) {
+  char dir[STORE_PATH_MAX], path[STORE_PATH_MAX];
+  int fd;
+  if (!lock_fd)
+    return FJ_EINVAL;
+  *lock_fd = -1;
+  if (!store || !key || !fjc_arch_is_valid(arch)) {
+    if (store)
+      fjc_store_set_error(store, "fjc_store_lock: invalid argument");
+    return FJ_EINVAL;
+  }
+  if (!store->root || injected_create_errno(store))
+    return FJ_OK;
+  if (entry_dir(store, arch, key, dir, sizeof dir) ||
+      entry_file(store, arch, key, ".lock", path, sizeof path) ||
+      make_dirs(dir))
+    return FJ_OK;
+  fd = open_lock_file(path);
+  if (fd < 0) {
+    fjc_store_log(store, FJ_LOG_DEBUG, "kernel cache: no lock %s: %s", path,
+              strerror(errno));
+    return FJ_OK;
+  }
+  while (flock(fd, LOCK_EX) != 0) {
+    if (errno == EINTR)
+      continue;
+    fjc_store_log(store, FJ_LOG_DEBUG, "kernel cache: flock %s: %s", path,
+              strerror(errno));
+    close(fd);
+    return FJ_OK;
+  }
+  *lock_fd = fd;
+  return FJ_OK;
+}
+
+void fjc_store_unlock(int lock_fd) {
+  if (lock_fd < 0)
+    return;
+  flock(lock_fd, LOCK_UN);
+  close(lock_fd);
+}

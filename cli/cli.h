@@ -1,0 +1,84 @@
+/*
+ * cli/cli.h: what the files of the `flexjit` command share.
+ *
+ * Exit statuses: 0 success; 1 failure (a spec or runtime error, or --check
+ * FAIL); 2 usage error or no GPU where one is needed.
+ */
+#ifndef FJ_CLI_H
+#define FJ_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli/npy.h"
+#include "flexjit.h"
+
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+#define CLI_MAX_VALUES 32
+
+/* Prints "flexjit: <msg>" (or "flexjit CMD: <msg>") to stderr. */
+void cli_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Strict number parsing: the whole string must be a number in range. */
+int cli_parse_int(const char *s, long lo, long hi, long *out);
+int cli_parse_float(const char *s, double *out);
+
+/* Option matching: "--name VALUE" or "--name=VALUE". Returns 1 and sets
+ * *value (advancing *i past a separate value) when argv[*i] is --name; -1
+ * when it is --name without a value; 0 otherwise. */
+int cli_opt_value(int argc, char **argv, int *i, const char *name,
+                  const char **value);
+int cli_is_help(const char *arg);
+/* "bf16" / "fp16" (also "bfloat16", "f16", "float16"). */
+int cli_parse_dtype(const char *s, fj_dtype *out);
+
+/* Splits "NAME=VALUE" into name (copied, at most namelen) and value. */
+int cli_split_assign(const char *s, char *name, size_t namelen,
+                     const char **value);
+
+/* A runtime value for a spec, before it is checked against the spec. */
+typedef struct cli_value {
+  char name[64];
+  const char *text;  /* --param: the value as typed */
+  npy_array buffer;  /* --buffer: host data (owned) */
+  int is_buffer;
+} cli_value;
+
+/* What `run` does; filled from argv or by `demo`. */
+typedef struct run_config {
+  const char *spec_path;
+  const char *cache_dir; /* NULL: default */
+  const char *arch;      /* NULL: the device's */
+  int B, Hq, Hkv, Lq, Lk, D;
+  fj_dtype dtype;
+  int bshd; /* layout: 0 BHSD, 1 BSHD */
+  double scale; /* 0: 1/sqrt(D) */
+  cli_value values[CLI_MAX_VALUES];
+  int num_values;
+  const char *inputs_dir, *dump_dir;
+  int check, bench, iters, warmup;
+  uint64_t seed;
+  int quiet; /* demo: fewer lines */
+} run_config;
+
+/* Defaults: B 1, D 128, bf16, BHSD, 20 iterations after 5 warmups. */
+void cli_run_config_init(run_config *c);
+
+/* Executes a run. Returns an exit status. */
+int cli_run(const run_config *cfg);
+void cli_values_free(cli_value *v, int n);
+
+int cmd_compile(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+
+/* Compiles (or finds cached) the forward kernel of one spec for one target
+ * and prints a summary; used by `compile` and `demo`. Returns an exit
+ * status; *from_cache and *ms say what happened. */
+int cli_compile_one(fj_context *ctx, const fj_spec *spec, const char *path,
+                    const fj_kernel_options *opts, int verbose,
+                    int *from_cache, double *ms);
+
+#endif /* FJ_CLI_H */

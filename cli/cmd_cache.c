@@ -1,0 +1,499 @@
+/*
+ * cli/cmd_cache.c: `flexjit cache ls | stats | verify | prune | clear`:
+ * inspecting and maintaining a kernel cache directory (and listing or
+ * checking a .fjpack).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/inspect.h"
+#include "cache/pack.h"
+#include "cache/prune.h"
+#include "cache/store.h"
+#include "cli/commands.h"
+#include "flexjit.h"
+
+enum { CC_OK = 0, CC_FAIL = 1, CC_USAGE = 2 };
+
+static const char cache_usage[] =
+    "usage: flexjit cache ACTION [--dir DIR] [options]\n"
+    "\n"
+    "Inspects and maintains the kernel cache.\n"
+    "\n"
+    "actions:\n"
+    "  ls                 list entries, most recently used first\n"
+    "  stats              entry counts and sizes per release and target\n"
+    "  verify [--remove]  re-check every entry (magic, length, key,\n"
+    "                     checksum); --remove deletes bad ones\n"
+    "  prune --max-bytes N  evict least recently used entries until at most\n"
+    "                     N bytes remain (N may end in K, M, G, T)\n"
+    "  clear              delete every entry\n"
+    "\n"
+    "options:\n"
+    "  --dir DIR          the cache root (default: $FLEXJIT_CACHE_DIR, else\n"
+    "                     $XDG_CACHE_HOME/flexjit, else ~/.cache/flexjit)\n"
+    "  --pack FILE        ls and verify: a .fjpack instead of a directory\n"
+    "  --help, -h         this text (also after an action)\n";
+
+static const char *const action_help[][2] = {
+    {"ls", "usage: flexjit cache ls [--dir DIR | --pack FILE.fjpack]\n"
+           "\n"
+           "Lists entries, most recently used first: last use, target, size,\n"
+           "release, key and readable kernel name.\n"},
+    {"stats", "usage: flexjit cache stats [--dir DIR]\n"
+              "\n"
+              "Prints the number and size of entries per release and target,\n"
+              "the oldest and newest use, and the size limit in effect\n"
+              "(FLEXJIT_CACHE_MAX_BYTES).\n"},
+    {"verify",
+     "usage: flexjit cache verify [--dir DIR | --pack FILE.fjpack] "
+     "[--remove]\n"
+     "\n"
+     "Re-reads every entry and checks its magic, format, length, key and\n"
+     "checksum; prints each bad one. With --remove, deletes bad entries and\n"
+     "temp files left by crashed writers. Exit status 1 when bad entries\n"
+     "remain.\n"},
+    {"prune", "usage: flexjit cache prune --max-bytes N [--dir DIR]\n"
+              "\n"
+              "Evicts least recently used entries until at most N bytes\n"
+              "(.cubin + .json) remain. N is a byte count, optionally with a\n"
+              "K, M, G or T suffix (powers of 1024). Entries another process\n"
+              "is compiling right now are kept.\n"},
+    {"clear", "usage: flexjit cache clear [--dir DIR]\n"
+              "\n"
+              "Deletes every entry of every release under the cache root.\n"
+              "Only files the cache created are touched.\n"},
+};
+
+typedef struct cc_opts {
+  const char *action, *dir, *pack, *max_bytes;
+  int remove;
+} cc_opts;
+
+static void cc_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void cc_error(const char *fmt, ...) {
+  va_list ap;
+  fputs("flexjit cache: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+static int opt_value(int argc, char **argv, int *i, const char *name,
+                     const char **value) {
+  size_t n = strlen(name);
+  if (strncmp(argv[*i], name, n) != 0)
+    return 0;
+  if (argv[*i][n] == '=') {
+    *value = argv[*i] + n + 1;
+    return 1;
+  }
+  if (argv[*i][n] != '\0')
+    return 0;
+  if (*i + 1 >= argc)
+    return -1;
+  *value = argv[++*i];
+  return 1;
+}
+
+static int print_help(const char *action) {
+  for (size_t i = 0; i < sizeof action_help / sizeof *action_help; i++)
+    if (action && !strcmp(action, action_help[i][0])) {
+      fputs(action_help[i][1], stdout);
+      return CC_OK;
+    }
+  fputs(cache_usage, stdout);
+  return CC_OK;
+}
+
+static int known_action(const char *a) {
+  for (size_t i = 0; i < sizeof action_help / sizeof *action_help; i++)
+    if (!strcmp(a, action_help[i][0]))
+      return 1;
+  return 0;
+}
+
+/* Returns -1 to go on, else an exit status. */
+static int parse_args(int argc, char **argv, cc_opts *o) {
+  memset(o, 0, sizeof *o);
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = NULL;
+    int m;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+      return print_help(o->action);
+    if ((m = opt_value(argc, argv, &i, "--dir", &v)) != 0) {
+      if (m < 0)
+        goto missing;
+      o->dir = v;
+    } else if ((m = opt_value(argc, argv, &i, "--pack", &v)) != 0) {
+      if (m < 0)
+        goto missing;
+      o->pack = v;
+    } else if ((m = opt_value(argc, argv, &i, "--max-bytes", &v)) != 0) {
+      if (m < 0)
+        goto missing;
+      o->max_bytes = v;
+    } else if (!strcmp(a, "--remove")) {
+      o->remove = 1;
+    } else if (a[0] == '-') {
+      cc_error("unknown option '%s' (see --help)", a);
+      return CC_USAGE;
+    } else if (!o->action && known_action(a)) {
+      o->action = a;
+    } else {
+      cc_error("unexpected '%s': the action is one of ls, stats, verify, "
+               "prune, clear (see --help)",
+               a);
+      return CC_USAGE;
+    }
+    continue;
+  missing:
+    cc_error("%s needs a value", a);
+    return CC_USAGE;
+  }
+  if (!o->action) {
+    fputs(cache_usage, stderr);
+    return CC_USAGE;
+  }
+  return -1;
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static const char *human_bytes(uint64_t n, char *buf, size_t len) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, len, "%llu B", (unsigned long long)n);
+  else
+    snprintf(buf, len, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+static const char *local_time(time_t t, char *buf, size_t len) {
+  struct tm tm;
+  if (!localtime_r(&t, &tm) || !strftime(buf, len, "%Y-%m-%d %H:%M", &tm))
+    snprintf(buf, len, "?");
+  return buf;
+}
+
+static fjc_store *open_store(const cc_opts *o) {
+  fjc_store *s = NULL;
+  char err[1024];
+  if (fjc_store_open(o->dir, NULL, NULL, &s, err, sizeof err) != FJ_OK) {
+    cc_error("%s", err);
+    return NULL;
+  }
+  if (!fjc_store_enabled(s)) {
+    cc_error("the kernel cache is disabled (FLEXJIT_CACHE_DIR is empty, or "
+             "no HOME); give --dir DIR");
+    fjc_store_close(s);
+    return NULL;
+  }
+  return s;
+}
+
+/* Every entry of the store, collected for sorting. */
+typedef struct entry_list {
+  fjc_entry_info *v;
+  char **paths;
+  int n, cap, failed;
+} entry_list;
+
+static int collect(void *user, const fjc_entry_info *e) {
+  entry_list *l = user;
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 64;
+    fjc_entry_info *v = realloc(l->v, (size_t)cap * sizeof *v);
+    if (v)
+      l->v = v;
+    char **p = realloc(l->paths, (size_t)cap * sizeof *p);
+    if (p)
+      l->paths = p;
+    if (!v || !p) {
+      l->failed = 1;
+      return 1;
+    }
+    l->cap = cap;
+  }
+  l->v[l->n] = *e;
+  if (!(l->paths[l->n] = strdup(e->path))) {
+    l->failed = 1;
+    return 1;
+  }
+  l->v[l->n].path = l->paths[l->n];
+  l->n++;
+  return 0;
+}
+
+static void free_list(entry_list *l) {
+  for (int i = 0; i < l->n; i++)
+    free(l->paths[i]);
+  free(l->paths);
+  free(l->v);
+}
+
+static int newest_first(const void *pa, const void *pb) {
+  const fjc_entry_info *a = pa, *b = pb;
+  if (a->mtime.tv_sec != b->mtime.tv_sec)
+    return a->mtime.tv_sec > b->mtime.tv_sec ? -1 : 1;
+  if (a->mtime.tv_nsec != b->mtime.tv_nsec)
+    return a->mtime.tv_nsec > b->mtime.tv_nsec ? -1 : 1;
+  return strcmp(a->key.hex, b->key.hex);
+}
+
+static int load_list(fjc_store *s, entry_list *l) {
+  memset(l, 0, sizeof *l);
+  if (fjc_store_list(s, collect, l) != FJ_OK) {
+    cc_error("%s", fjc_store_last_error(s));
+    return -1;
+  }
+  if (l->failed) {
+    cc_error("out of memory listing %s", fjc_store_root(s));
+    return -1;
+  }
+  if (l->n > 1)
+    qsort(l->v, (size_t)l->n, sizeof *l->v, newest_first);
+  return 0;
+}
+
+/* ---- actions ------------------------------------------------------------ */
+
+static int pack_ls(const char *path) {
+  fjc_pack *p = NULL;
+  fjc_pack_entry e;
+  char err[1024], size[32];
+  if (fjc_pack_open(path, &p, err, sizeof err) != FJ_OK) {
+    cc_error("%s", err);
+    return CC_FAIL;
+  }
+  for (int i = 0; i < fjc_pack_count(p); i++) {
+    fjc_pack_entry_at(p, i, &e);
+    printf("%-7s %10s  nvrtc %-5s %s  %s\n", e.arch,
+           human_bytes(e.size, size, sizeof size), e.nvrtc, e.full_key.hex,
+           e.name);
+  }
+  printf("%d entries in %s\n", fjc_pack_count(p), path);
+  fjc_pack_close(p);
+  return CC_OK;
+}
+
+static int cmd_ls(const cc_opts *o) {
+  entry_list l;
+  char when[32], size[32];
+  if (o->pack)
+    return pack_ls(o->pack);
+  fjc_store *s = open_store(o);
+  if (!s)
+    return CC_FAIL;
+  int rc = load_list(s, &l) ? CC_FAIL : CC_OK;
+  for (int i = 0; rc == CC_OK && i < l.n; i++) {
+    const fjc_entry_info *e = &l.v[i];
+    printf("%s  %-7s %10s  %-7s %s  %s\n",
+           local_time(e->mtime.tv_sec, when, sizeof when), e->arch,
+           human_bytes(e->cubin_bytes + e->meta_bytes, size, sizeof size),
+           e->libver, e->key.hex, e->name[0] ? e->name : "(no metadata)");
+  }
+  free_list(&l);
+  fjc_store_close(s);
+  return rc;
+}
+
+/* One row of the stats table: a (release, arch) pair. */
+typedef struct group {
+  char libver[32], arch[32];
+  int entries;
+  uint64_t bytes;
+} group;
+
+static group *group_of(group *g, int *n, const fjc_entry_info *e) {
+  for (int i = 0; i < *n; i++)
+    if (!strcmp(g[i].libver, e->libver) && !strcmp(g[i].arch, e->arch))
+      return &g[i];
+  group *x = &g[(*n)++];
+  memset(x, 0, sizeof *x);
+  snprintf(x->libver, sizeof x->libver, "%s", e->libver);
+  snprintf(x->arch, sizeof x->arch, "%s", e->arch);
+  return x;
+}
+
+static void print_limit(void) {
+  const char *env = getenv("FLEXJIT_CACHE_MAX_BYTES");
+  uint64_t v;
+  char size[32];
+  if (env && env[0] && fjc_parse_size(env, &v) == 0)
+    printf("size limit: %s (FLEXJIT_CACHE_MAX_BYTES)\n",
+           human_bytes(v, size, sizeof size));
+  else
+    printf("size limit: none (set FLEXJIT_CACHE_MAX_BYTES or the context "
+           "option)\n");
+}
+
+static int cmd_stats(const cc_opts *o) {
+  entry_list l;
+  char size[32], when[32];
+  uint64_t total = 0;
+  fjc_store *s = open_store(o);
+  if (!s)
+    return CC_FAIL;
+  if (load_list(s, &l)) {
+    free_list(&l);
+    fjc_store_close(s);
+    return CC_FAIL;
+  }
+  group *g = calloc((size_t)(l.n ? l.n : 1), sizeof *g);
+  int ng = 0;
+  for (int i = 0; g && i < l.n; i++) {
+    group *x = group_of(g, &ng, &l.v[i]);
+    x->entries++;
+    x->bytes += l.v[i].cubin_bytes + l.v[i].meta_bytes;
+    total += l.v[i].cubin_bytes + l.v[i].meta_bytes;
+  }
+  printf("cache: %s\n", fjc_store_root(s));
+  printf("entries: %d, %s\n", l.n, human_bytes(total, size, sizeof size));
+  for (int i = 0; i < ng; i++)
+    printf("  release %-8s %-7s %5d entries  %10s%s\n", g[i].libver,
+           g[i].arch, g[i].entries, human_bytes(g[i].bytes, size, sizeof size),
+           strcmp(g[i].libver, FJ_VERSION_STRING) ? "  (other release)" : "");
+  if (l.n) {
+    printf("newest use: %s\n",
+           local_time(l.v[0].mtime.tv_sec, when, sizeof when));
+    printf("oldest use: %s\n",
+           local_time(l.v[l.n - 1].mtime.tv_sec, when, sizeof when));
+  }
+  print_limit();
+  free(g);
+  free_list(&l);
+  fjc_store_close(s);
+  return CC_OK;
+}
+
+static int pack_verify(const char *path) {
+  fjc_pack *p = NULL;
+  fjc_pack_entry e;
+  char err[1024];
+  int bad = 0;
+  if (fjc_pack_open(path, &p, err, sizeof err) != FJ_OK) {
+    cc_error("%s", err);
+    return CC_FAIL;
+  }
+  for (int i = 0; i < fjc_pack_count(p); i++) {
+    const char *why = fjc_pack_check_blob(p, i);
+    if (!why)
+      continue;
+    fjc_pack_entry_at(p, i, &e);
+    printf("bad: %s (%s, key %s): %s\n", e.name, e.arch, e.full_key.hex, why);
+    bad++;
+  }
+  printf("checked %d entries of %s: %d bad\n", fjc_pack_count(p), path, bad);
+  fjc_pack_close(p);
+  return bad ? CC_FAIL : CC_OK;
+}
+
+static void print_bad(void *user, const char *path, const char *why) {
+  (void)user;
+  printf("bad: %s: %s\n", path, why);
+}
+
+static int cmd_verify(const cc_opts *o) {
+  fjc_verify_report r;
+  if (o->pack)
+    return pack_verify(o->pack);
+  fjc_store *s = open_store(o);
+  if (!s)
+    return CC_FAIL;
+  if (fjc_store_verify(s, o->remove, print_bad, NULL, &r) != FJ_OK) {
+    cc_error("%s", fjc_store_last_error(s));
+    fjc_store_close(s);
+    return CC_FAIL;
+  }
+  printf("checked %d entries in %s: %d bad", r.checked, fjc_store_root(s),
+         r.bad);
+  if (o->remove)
+    printf(", %d removed, %d stale temp files removed", r.removed,
+           r.stale_temps);
+  if (r.foreign)
+    printf(", %d of another entry format left alone", r.foreign);
+  printf("\n");
+  if (r.bad > r.removed && !o->remove)
+    printf("run `flexjit cache verify --remove` to delete them (they would "
+           "be recompiled anyway)\n");
+  fjc_store_close(s);
+  return r.bad > r.removed ? CC_FAIL : CC_OK;
+}
+
+static int cmd_prune(const cc_opts *o) {
+  fjc_prune_report r;
+  uint64_t max;
+  char a[32], b[32], c[32];
+  if (!o->max_bytes) {
+    cc_error("prune needs --max-bytes N (see flexjit cache prune --help)");
+    return CC_USAGE;
+  }
+  if (fjc_parse_size(o->max_bytes, &max) != 0) {
+    cc_error("--max-bytes: '%s' is not a size (e.g. 500000000, 500M, 2G)",
+             o->max_bytes);
+    return CC_USAGE;
+  }
+  fjc_store *s = open_store(o);
+  if (!s)
+    return CC_FAIL;
+  if (fjc_store_prune(s, max, NULL, 0, &r) != FJ_OK) {
+    cc_error("%s", fjc_store_last_error(s));
+    fjc_store_close(s);
+    return CC_FAIL;
+  }
+  printf("removed %d of %d entries (%s); %s remain (limit %s)\n", r.removed,
+         r.entries, human_bytes(r.bytes_removed, a, sizeof a),
+         human_bytes(r.bytes_after, b, sizeof b),
+         human_bytes(max, c, sizeof c));
+  fjc_store_close(s);
+  return CC_OK;
+}
+
+static int cmd_clear(const cc_opts *o) {
+  int removed = 0;
+  uint64_t bytes = 0;
+  char size[32];
+  fjc_store *s = open_store(o);
+  if (!s)
+    return CC_FAIL;
+  if (fjc_store_clear(s, &removed, &bytes) != FJ_OK) {
+    cc_error("%s", fjc_store_last_error(s));
+    fjc_store_close(s);
+    return CC_FAIL;
+  }
+  printf("removed %d entries (%s) from %s\n", removed,
+         human_bytes(bytes, size, sizeof size), fjc_store_root(s));
+  fjc_store_close(s);
+  return CC_OK;
+}
+
+int fj_cli_cache(int argc, char **argv) {
+  cc_opts o;
+  int rc = parse_args(argc, argv, &o);
+  if (rc >= 0)
+    return rc;
+  if (o.pack && strcmp(o.action, "ls") && strcmp(o.action, "verify")) {
+    cc_error("--pack works with ls and verify only");
+    return CC_USAGE;
+  }
+  if (!strcmp(o.action, "ls"))
+    return cmd_ls(&o);
+  if (!strcmp(o.action, "stats"))
+    return cmd_stats(&o);
+  if (!strcmp(o.action, "verify"))
+    return cmd_verify(&o);
+  if (!strcmp(o.action, "prune"))
+    return cmd_prune(&o);
+  return cmd_clear(&o);
+}

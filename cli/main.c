@@ -1,0 +1,112 @@
+/*
+ * cli/main.c: the `flexjit` command: dispatch to subcommands, --help,
+ * --version, and the small parsing helpers every subcommand uses.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char top_usage[] =
+    "usage: flexjit SUBCOMMAND [options]\n"
+    "\n"
+    "JIT-compiled FlashAttention kernels for attention variants written as\n"
+    "small Lua functions (FlexAttention-style mask_mod and score_mod).\n"
+    "\n"
+    "subcommands:\n"
+    "  compile SPEC.lua   compile (or find cached) the forward kernel of a spec\n"
+    "  run SPEC.lua       run the forward kernel on random or given inputs,\n"
+    "                     optionally --check it against a float64 reference\n"
+    "                     and --bench it\n"
+    "  demo               with a GPU: run the causal and document examples with\n"
+    "                     --check --bench; without one: compile and cache every\n"
+    "                     example spec for sm_80 and sm_90a\n"
+    "\n"
+    "options:\n"
+    "  --help, -h         this text (also after each subcommand)\n"
+    "  --version          print the version\n"
+    "\n"
+    "environment: FLEXJIT_CACHE_DIR (kernel cache root), FLEXJIT_NVRTC (NVRTC\n"
+    "library to load), FLEXJIT_DUMP_DIR (write compiled CUDA source there).\n";
+
+void cli_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, cmd ? "flexjit %s: " : "flexjit: ", cmd);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+int cli_parse_int(const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 0);
+  if (!*s || *end || errno || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+int cli_parse_float(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (!*s || *end || errno || !isfinite(v)) return -1;
+  *out = v;
+  return 0;
+}
+
+int cli_opt_value(int argc, char **argv, int *i, const char *name,
+                  const char **value) {
+  const char *a = argv[*i];
+  size_t n = strlen(name);
+  if (strncmp(a, name, n) != 0) return 0;
+  if (a[n] == '=') {
+    *value = a + n + 1;
+    return 1;
+  }
+  if (a[n] != '\0') return 0;
+  if (*i + 1 >= argc) return -1;
+  *value = argv[++*i];
+  return 1;
+}
+
+int cli_is_help(const char *arg) {
+  return !strcmp(arg, "--help") || !strcmp(arg, "-h");
+}
+
+int cli_split_assign(const char *s, char *name, size_t namelen,
+                     const char **value) {
+  const char *eq = strchr(s, '=');
+  if (!eq || eq == s || (size_t)(eq - s) >= namelen) return -1;
+  memcpy(name, s, (size_t)(eq - s));
+  name[eq - s] = '\0';
+  *value = eq + 1;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(top_usage, stderr);
+    return CLI_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (cli_is_help(cmd)) {
+    fputs(top_usage, stdout);
+    return CLI_OK;
+  }
+  if (!strcmp(cmd, "--version")) {
+    printf("flexjit %s\n", fj_version_string());
+    return CLI_OK;
+  }
+  if (!strcmp(cmd, "compile")) return cmd_compile(argc - 1, argv + 1);
+  if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+  if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
+  cli_error(NULL, "unknown subcommand '%s' (compile, run, demo; see --help)",
+            cmd);
+  return CLI_USAGE;
+}

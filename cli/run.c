@@ -1,0 +1,635 @@
+/*
+ * cli/run.c: executes a run_config on the GPU: binds the spec's runtime
+ * values, makes inputs, launches fj_attention_forward on NaN-poisoned
+ * outputs, and optionally checks against the CPU reference, dumps tensors
+ * and benchmarks with CUDA events.
+ *
+ * Device memory, copies and events go through the driver table of
+ * runtime/driver.h (fjr_context_device), so the command has no link-time
+ * dependency on libcuda either.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "gen/reference.h"
+#include "runtime/context.h"
+
+/* Absolute error floors of the check (see fjg_ref_check): small against
+ * the low-precision error of O (~1e-3..1e-2), and a few float32 ulps of a
+ * typical LSE (~10) times the accumulation length. */
+#define CHECK_FLOOR_O 1e-3
+#define CHECK_FLOOR_LSE 1e-3
+
+typedef struct dev_tensor {
+  CUdeviceptr ptr;
+  size_t bytes;
+  int64_t shape[4], strides[4];
+  DLTensor t;
+} dev_tensor;
+
+typedef struct run_state {
+  const run_config *c;
+  fj_context *ctx;
+  fj_spec *spec;
+  const fjg_graph *g;
+  const fjr_driver *drv;
+  /* Runtime values, indexed by the spec's argument index. */
+  int nargs;
+  fj_arg args[CLI_MAX_VALUES];
+  int32_t pi[CLI_MAX_VALUES];
+  float pf[CLI_MAX_VALUES];
+  const void *bdata[CLI_MAX_VALUES];
+  int64_t blen[CLI_MAX_VALUES];
+  float *bconv[CLI_MAX_VALUES]; /* float64 buffers converted (owned) */
+  dev_tensor bufs[CLI_MAX_VALUES];
+  fjg_env env;
+  /* Host tensors in BHSD order, holding the values the kernel sees. */
+  float *q, *k, *v, *o, *lse;
+  size_t nq, nk, nl;
+  dev_tensor dq, dk, dv, dout, dlse;
+  float scale;
+} run_state;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cu_ok(run_state *s, CUresult r, const char *what) {
+  char text[256];
+  if (r == CUDA_SUCCESS) return 1;
+  fjr_driver_error_text(s->drv, r, text, sizeof text);
+  cli_error("run", "%s failed: %s", what, text);
+  return 0;
+}
+
+/* ---- runtime values ---- */
+
+static const cli_value *find_value(const run_config *c, const char *name) {
+  for (int i = 0; i < c->num_values; i++)
+    if (!strcmp(c->values[i].name, name)) return &c->values[i];
+  return NULL;
+}
+
+static int bind_param(run_state *s, int a, const fjg_arg *decl,
+                      const cli_value *v) {
+  long i;
+  double f;
+  if (v->is_buffer) {
+    cli_error("run", "'%s' is a param of the spec: pass --param %s=VALUE",
+              decl->name, decl->name);
+    return CLI_USAGE;
+  }
+  if (decl->kind == FJ_ARG_I32) {
+    if (cli_parse_int(v->text, INT32_MIN, INT32_MAX, &i) != 0) {
+      cli_error("run", "--param %s: '%s' is not an i32", decl->name, v->text);
+      return CLI_USAGE;
+    }
+    s->pi[a] = (int32_t)i;
+    s->args[a].i32 = (int32_t)i;
+  } else {
+    if (cli_parse_float(v->text, &f) != 0) {
+      cli_error("run", "--param %s: '%s' is not an f32", decl->name, v->text);
+      return CLI_USAGE;
+    }
+    s->pf[a] = (float)f;
+    s->args[a].f32 = (float)f;
+  }
+  return -1;
+}
+
+static int bind_buffer(run_state *s, int a, const fjg_arg *decl,
+                       const cli_value *v) {
+  const npy_array *b = &v->buffer;
+  if (!v->is_buffer) {
+    cli_error("run", "'%s' is a buffer of the spec: pass --buffer %s=FILE.npy",
+              decl->name, decl->name);
+    return CLI_USAGE;
+  }
+  if (b->ndim != 1) {
+    cli_error("run", "--buffer %s: %s must be 1-D (it has %d dimensions)",
+              decl->name, v->text, b->ndim);
+    return CLI_USAGE;
+  }
+  s->bdata[a] = b->data;
+  if (decl->type == FJG_I32 && b->dtype != NPY_I32) {
+    cli_error("run", "--buffer %s: the spec declares i32 but %s holds '%s'",
+              decl->name, v->text, npy_dtype_descr(b->dtype));
+    return CLI_USAGE;
+  }
+  if (decl->type == FJG_F32 && b->dtype == NPY_I32) {
+    cli_error("run", "--buffer %s: the spec declares f32 but %s holds '<i4'",
+              decl->name, v->text);
+    return CLI_USAGE;
+  }
+  if (decl->type == FJG_F32 && b->dtype == NPY_F64) {
+    if (!(s->bconv[a] = npy_to_f32(b))) return CLI_FAIL;
+    s->bdata[a] = s->bconv[a];
+  }
+  s->blen[a] = (int64_t)b->count;
+  return -1;
+}
+
+/* Matches --param/--buffer values with what the spec declares; every
+ * declared value must be given and every given value declared. */
+static int bind_values(run_state *s) {
+  const run_config *c = s->c;
+  s->nargs = fj_spec_num_args(s->spec);
+  if (s->nargs > CLI_MAX_VALUES) {
+    cli_error("run", "spec declares more than %d values", CLI_MAX_VALUES);
+    return CLI_FAIL;
+  }
+  for (int a = 0; a < s->nargs; a++) {
+    const fjg_arg *decl = fjg_arg_at(s->g, a);
+    const cli_value *v = find_value(c, decl->name);
+    int buf = decl->kind == FJ_ARG_BUFFER, rc;
+    if (!v) {
+      cli_error("run",
+                "spec '%s' declares %s '%s' (%s): pass %s %s=%s",
+                fj_spec_name(s->spec), buf ? "buffer" : "param", decl->name,
+                fjg_type_name(decl->type), buf ? "--buffer" : "--param",
+                decl->name, buf ? "FILE.npy" : "VALUE");
+      return CLI_USAGE;
+    }
+    s->args[a].name = decl->name;
+    rc = buf ? bind_buffer(s, a, decl, v) : bind_param(s, a, decl, v);
+    if (rc >= 0) return rc;
+  }
+  for (int i = 0; i < c->num_values; i++)
+    if (fjg_find_arg(s->g, c->values[i].name) < 0) {
+      cli_error("run", "spec '%s' declares no param or buffer named '%s'",
+                fj_spec_name(s->spec), c->values[i].name);
+      return CLI_USAGE;
+    }
+  s->env.param_i32 = s->pi;
+  s->env.param_f32 = s->pf;
+  s->env.buffer_data = s->bdata;
+  s->env.buffer_len = s->blen;
+  return -1;
+}
+
+/* ---- host inputs ---- */
+
+static uint64_t splitmix(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Standard normal values (Box-Muller), rounded to the kernel's dtype. */
+static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt) {
+  for (size_t i = 0; i < n; i += 2) {
+    double u = ((splitmix(st) >> 11) + 0.5) * 0x1p-53;
+    double v = ((splitmix(st) >> 11) + 0.5) * 0x1p-53;
+    double r = sqrt(-2.0 * log(u));
+    x[i] = fjg_round_to_dtype((float)(r * cos(6.283185307179586 * v)), dt);
+    if (i + 1 < n)
+      x[i + 1] = fjg_round_to_dtype((float)(r * sin(6.283185307179586 * v)),
+                                    dt);
+  }
+}
+
+static int read_input(run_state *s, const char *name, int H, int L,
+                      float **out) {
+  const run_config *c = s->c;
+  char path[4096], err[512];
+  npy_array a;
+  snprintf(path, sizeof path, "%s/%s.npy", c->inputs_dir, name);
+  if (npy_read(path, &a, err, sizeof err) != 0) {
+    cli_error("run", "--inputs: %s", err);
+    return CLI_FAIL;
+  }
+  int64_t want[4] = {c->B, H, L, c->D};
+  int ok = a.ndim == 4;
+  for (int i = 0; ok && i < 4; i++) ok = a.shape[i] == want[i];
+  if (!ok) {
+    cli_error("run", "--inputs: %s must have shape [%d, %d, %d, %d]", path,
+              c->B, H, L, c->D);
+    npy_free(&a);
+    return CLI_USAGE;
+  }
+  size_t n = a.count;
+  *out = npy_to_f32(&a);
+  npy_free(&a);
+  if (!*out) return CLI_FAIL;
+  for (size_t i = 0; i < n; i++)
+    (*out)[i] = fjg_round_to_dtype((*out)[i], c->dtype);
+  return -1;
+}
+
+static int make_inputs(run_state *s) {
+  const run_config *c = s->c;
+  s->nq = (size_t)c->B * c->Hq * c->Lq * c->D;
+  s->nk = (size_t)c->B * c->Hkv * c->Lk * c->D;
+  s->nl = (size_t)c->B * c->Hq * c->Lq;
+  if (c->inputs_dir) {
+    int rc;
+    if ((rc = read_input(s, "q", c->Hq, c->Lq, &s->q)) >= 0 ||
+        (rc = read_input(s, "k", c->Hkv, c->Lk, &s->k)) >= 0 ||
+        (rc = read_input(s, "v", c->Hkv, c->Lk, &s->v)) >= 0)
+      return rc;
+    return -1;
+  }
+  uint64_t st = c->seed * 0x2545f4914f6cdd1dull + 1;
+  s->q = malloc(sizeof(float) * s->nq);
+  s->k = malloc(sizeof(float) * s->nk);
+  s->v = malloc(sizeof(float) * s->nk);
+  if (!s->q || !s->k || !s->v) {
+    cli_error("run", "out of host memory for the inputs");
+    return CLI_FAIL;
+  }
+  fill_normal(s->q, s->nq, &st, c->dtype);
+  fill_normal(s->k, s->nk, &st, c->dtype);
+  fill_normal(s->v, s->nk, &st, c->dtype);
+  return -1;
+}
+
+/* ---- device tensors ---- */
+
+/* Element offset of row (b, h, i) in the device layout. */
+static size_t dev_row(int bshd, int H, int L, int D, int b, int h, int i) {
+  return bshd ? (((size_t)b * L + i) * H + h) * D
+              : (((size_t)b * H + h) * L + i) * D;
+}
+
+static void describe(dev_tensor *t, int ndim, DLDataType dt, int device) {
+  t->t.data = (void *)(uintptr_t)t->ptr;
+  t->t.device.device_type = kDLCUDA;
+  t->t.device.device_id = device;
+  t->t.ndim = ndim;
+  t->t.dtype = dt;
+  t->t.shape = t->shape;
+  t->t.strides = t->strides;
+  t->t.byte_offset = 0;
+}
+
+static int dev_alloc(run_state *s, dev_tensor *t, size_t bytes) {
+  t->bytes = (bytes + 3) & ~(size_t)3; /* whole words, for cuMemsetD32 */
+  return cu_ok(s, s->drv->cuMemAlloc(&t->ptr, t->bytes ? t->bytes : 4),
+               "cuMemAlloc");
+}
+
+/* A [B, H, L, D] 16-bit tensor in the configured layout. */
+static int dev_qkvo(run_state *s, dev_tensor *t, int H, int L) {
+  const run_config *c = s->c;
+  int64_t B = c->B, D = c->D;
+  int64_t shape[4] = {B, H, L, D};
+  int64_t bhsd[4] = {H * L * D, L * D, D, 1};
+  int64_t bshd[4] = {L * H * D, D, H * D, 1};
+  DLDataType dt = {c->dtype == FJ_DTYPE_F16 ? kDLFloat : kDLBfloat, 16, 1};
+  memcpy(t->shape, shape, sizeof shape);
+  memcpy(t->strides, c->bshd ? bshd : bhsd, sizeof bhsd);
+  if (!dev_alloc(s, t, (size_t)(B * H * L * D) * 2)) return 0;
+  describe(t, 4, dt, 0);
+  return 1;
+}
+
+static uint16_t to_bits(float x, fj_dtype dt) {
+  return dt == FJ_DTYPE_F16 ? fjg_f32_to_f16(x) : fjg_f32_to_bf16(x);
+}
+
+static float from_bits(uint16_t x, fj_dtype dt) {
+  return dt == FJ_DTYPE_F16 ? fjg_f16_to_f32(x) : fjg_bf16_to_f32(x);
+}
+
+static int upload(run_state *s, dev_tensor *t, const float *x, int H, int L) {
+  const run_config *c = s->c;
+  uint16_t *h = malloc(t->bytes);
+  if (!h) return 0;
+  for (int b = 0; b < c->B; b++)
+    for (int hh = 0; hh < H; hh++)
+      for (int i = 0; i < L; i++) {
+        const float *src = x + dev_row(0, H, L, c->D, b, hh, i);
+        uint16_t *dst = h + dev_row(c->bshd, H, L, c->D, b, hh, i);
+        for (int d = 0; d < c->D; d++) dst[d] = to_bits(src[d], c->dtype);
+      }
+  int ok = cu_ok(s, s->drv->cuMemcpyHtoD(t->ptr, h, t->bytes), "cuMemcpyHtoD");
+  free(h);
+  return ok;
+}
+
+static int upload_buffers(run_state *s) {
+  for (int a = 0; a < s->nargs; a++) {
+    const fjg_arg *decl = fjg_arg_at(s->g, a);
+    dev_tensor *t = &s->bufs[a];
+    if (decl->kind != FJ_ARG_BUFFER) continue;
+    DLDataType dt = {decl->type == FJG_I32 ? kDLInt : kDLFloat, 32, 1};
+    t->shape[0] = s->blen[a] > 0 ? s->blen[a] : 1;
+    t->strides[0] = 1;
+    if (!dev_alloc(s, t, (size_t)t->shape[0] * 4)) return 0;
+    if (s->blen[a] > 0 &&
+        !cu_ok(s, s->drv->cuMemcpyHtoD(t->ptr, s->bdata[a], s->blen[a] * 4),
+               "cuMemcpyHtoD"))
+      return 0;
+    describe(t, 1, dt, 0);
+    s->args[a].buffer = &t->t;
+  }
+  return 1;
+}
+
+static int setup_device(run_state *s) {
+  const run_config *c = s->c;
+  if (!dev_qkvo(s, &s->dq, c->Hq, c->Lq) || !dev_qkvo(s, &s->dk, c->Hkv, c->Lk) ||
+      !dev_qkvo(s, &s->dv, c->Hkv, c->Lk) || !dev_qkvo(s, &s->dout, c->Hq, c->Lq))
+    return 0;
+  int64_t lshape[3] = {c->B, c->Hq, c->Lq};
+  int64_t lstr[3] = {(int64_t)c->Hq * c->Lq, c->Lq, 1};
+  memcpy(s->dlse.shape, lshape, sizeof lshape);
+  memcpy(s->dlse.strides, lstr, sizeof lstr);
+  if (!dev_alloc(s, &s->dlse, s->nl * 4)) return 0;
+  describe(&s->dlse, 3, (DLDataType){kDLFloat, 32, 1}, 0);
+  return upload(s, &s->dq, s->q, c->Hq, c->Lq) &&
+         upload(s, &s->dk, s->k, c->Hkv, c->Lk) &&
+         upload(s, &s->dv, s->v, c->Hkv, c->Lk) && upload_buffers(s);
+}
+
+static void free_device(run_state *s) {
+  dev_tensor *all[] = {&s->dq, &s->dk, &s->dv, &s->dout, &s->dlse};
+  if (!s->drv) return;
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (all[i]->ptr) s->drv->cuMemFree(all[i]->ptr);
+  for (int a = 0; a < CLI_MAX_VALUES; a++)
+    if (s->bufs[a].ptr) s->drv->cuMemFree(s->bufs[a].ptr);
+}
+
+/* ---- launching ---- */
+
+/* NaN in every output element, so an element the kernel never writes
+ * cannot pass the check. */
+static int poison(run_state *s) {
+  unsigned nan16 = s->c->dtype == FJ_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+  return cu_ok(s, s->drv->cuMemsetD32(s->dout.ptr, nan16 | nan16 << 16,
+                                      s->dout.bytes / 4),
+               "cuMemsetD32") &&
+         cu_ok(s, s->drv->cuMemsetD32(s->dlse.ptr, 0x7fc00000u,
+                                      s->dlse.bytes / 4),
+               "cuMemsetD32");
+}
+
+static int launch(run_state *s) {
+  fj_forward_args a;
+  memset(&a, 0, sizeof a);
+  a.q = &s->dq.t, a.k = &s->dk.t, a.v = &s->dv.t;
+  a.o = &s->dout.t, a.lse = &s->dlse.t;
+  a.scale = (float)s->c->scale;
+  a.args = s->args, a.num_args = s->nargs;
+  a.stream = NULL;
+  if (fj_attention_forward(s->ctx, s->spec, &a) != FJ_OK) {
+    cli_error("run", "%s", fj_context_last_error(s->ctx));
+    return 0;
+  }
+  return 1;
+}
+
+static int download(run_state *s) {
+  const run_config *c = s->c;
+  uint16_t *h = malloc(s->dout.bytes);
+  s->o = malloc(sizeof(float) * s->nq);
+  s->lse = malloc(sizeof(float) * (s->nl ? s->nl : 1));
+  int ok = h && s->o && s->lse &&
+           cu_ok(s, s->drv->cuMemcpyDtoH(h, s->dout.ptr, s->dout.bytes),
+                 "cuMemcpyDtoH") &&
+           cu_ok(s, s->drv->cuMemcpyDtoH(s->lse, s->dlse.ptr, s->nl * 4),
+                 "cuMemcpyDtoH");
+  for (int b = 0; ok && b < c->B; b++)
+    for (int hh = 0; hh < c->Hq; hh++)
+      for (int i = 0; i < c->Lq; i++) {
+        const uint16_t *src = h + dev_row(c->bshd, c->Hq, c->Lq, c->D, b, hh, i);
+        float *dst = s->o + dev_row(0, c->Hq, c->Lq, c->D, b, hh, i);
+        for (int d = 0; d < c->D; d++) dst[d] = from_bits(src[d], c->dtype);
+      }
+  free(h);
+  return ok;
+}
+
+/* Compiles up front so the output says whether NVRTC ran. */
+static int report_kernel(run_state *s) {
+  fj_kernel_options ko = {s->c->D, s->c->dtype, NULL};
+  fj_kernel_info info;
+  if (fj_compile_forward(s->ctx, s->spec, &ko, &info) != FJ_OK) {
+    cli_error("run", "%s", fj_context_last_error(s->ctx));
+    return 0;
+  }
+  if (s->c->quiet) return 1;
+  printf("kernel  %s [%s] %s\n", info.name, info.key,
+         info.from_cache ? "from cache" : "compiled");
+  if (!info.from_cache) printf("        NVRTC %.1f ms\n", info.compile_ms);
+  return 1;
+}
+
+/* ---- check, dump, bench ---- */
+
+static fjg_ref_problem ref_problem(const run_state *s) {
+  const run_config *c = s->c;
+  fjg_ref_problem p = {c->B,  c->Hq, c->Hkv, c->Lq,    c->Lk,
+                       c->D,  s->scale, s->g, &s->env, 0, 0};
+  return p;
+}
+
+static double *to_double(const float *x, size_t n) {
+  double *d = malloc(sizeof(double) * (n ? n : 1));
+  if (d)
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+  return d;
+}
+
+static void print_check(const run_state *s, const char *what,
+                        const fjg_check_report *r, const double *ref,
+                        const float *out) {
+  const char *dt = s->c->dtype == FJ_DTYPE_F16 ? "fp16" : "bf16";
+  printf("check %-4s max err %.3e (%s emulation %.3e, tolerance %.3e)  "
+         "rel L2 %.3e (emulation %.3e)  %s\n",
+         what, r->max_err, dt, r->max_err_lowp, r->tolerance, r->rel_l2,
+         r->rel_l2_lowp, r->pass ? "PASS" : "FAIL");
+  if (r->pass) return;
+  if (r->nonfinite)
+    printf("      %zu NaN/Inf values where the reference is finite\n",
+           r->nonfinite);
+  if (r->inf_mismatch)
+    printf("      %zu rows not -inf where the reference is -inf\n",
+           r->inf_mismatch);
+  if (r->zero_mismatch)
+    printf("      %zu values of fully masked rows are not 0\n",
+           r->zero_mismatch);
+  if (r->max_err > r->tolerance)
+    printf("      worst at flat index %zu: got %.6g, reference %.6g\n",
+           r->worst, out[r->worst], ref[r->worst]);
+}
+
+static int check(run_state *s, int *pass) {
+  fjg_ref_problem p = ref_problem(s);
+  double *q = to_double(s->q, s->nq), *k = to_double(s->k, s->nk);
+  double *v = to_double(s->v, s->nk);
+  double *ro = malloc(sizeof(double) * s->nq);
+  double *rl = malloc(sizeof(double) * (s->nl ? s->nl : 1));
+  float *lo = malloc(sizeof(float) * s->nq);
+  float *ll = malloc(sizeof(float) * (s->nl ? s->nl : 1));
+  int ok = 0;
+  double t0 = now_s();
+  fjg_check_report ro_rep, rl_rep;
+  if (!q || !k || !v || !ro || !rl || !lo || !ll) {
+    cli_error("run", "out of host memory for the reference");
+    goto fail;
+  }
+  if (fjg_reference_dense(&p, q, k, v, ro, rl) != FJ_OK ||
+      fjg_reference_lowp(&p, s->c->dtype, q, k, v, lo, ll) != FJ_OK) {
+    cli_error("run", "the CPU reference failed (out of memory?)");
+    goto fail;
+  }
+  int po = fjg_ref_check(ro, lo, s->o, s->nq, CHECK_FLOOR_O, &ro_rep);
+  int pl = fjg_ref_check(rl, ll, s->lse, s->nl, CHECK_FLOOR_LSE, &rl_rep);
+  print_check(s, "o", &ro_rep, ro, s->o);
+  print_check(s, "lse", &rl_rep, rl, s->lse);
+  *pass = po && pl;
+  printf("check: %s (reference %.1f s on the CPU)\n", *pass ? "PASS" : "FAIL",
+         now_s() - t0);
+  ok = 1;
+fail:
+  free(q), free(k), free(v), free(ro), free(rl), free(lo), free(ll);
+  return ok;
+}
+
+static int dump_one(const char *dir, const char *name, const float *x,
+                    int ndim, const int64_t *shape) {
+  char path[4096], err[512];
+  snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+  if (npy_write(path, NPY_F32, x, ndim, shape, err, sizeof err) == 0) return 1;
+  cli_error("run", "--dump: %s", err);
+  return 0;
+}
+
+static int dump(run_state *s) {
+  const run_config *c = s->c;
+  const char *dir = c->dump_dir;
+  int64_t qs[4] = {c->B, c->Hq, c->Lq, c->D}, ks[4] = {c->B, c->Hkv, c->Lk, c->D};
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    cli_error("run", "--dump: cannot create %s: %s", dir, strerror(errno));
+    return 0;
+  }
+  return dump_one(dir, "q", s->q, 4, qs) && dump_one(dir, "k", s->k, 4, ks) &&
+         dump_one(dir, "v", s->v, 4, ks) && dump_one(dir, "o", s->o, 4, qs) &&
+         dump_one(dir, "lse", s->lse, 3, qs);
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+static int time_launches(run_state *s, float *ms) {
+  const fjr_driver *d = s->drv;
+  CUevent e0 = NULL, e1 = NULL;
+  int ok = cu_ok(s, d->cuEventCreate(&e0, CU_EVENT_DEFAULT), "cuEventCreate") &&
+           cu_ok(s, d->cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate");
+  for (int i = 0; ok && i < s->c->warmup; i++) ok = poison(s) && launch(s);
+  for (int i = 0; ok && i < s->c->iters; i++) {
+    ok = poison(s) && cu_ok(s, d->cuEventRecord(e0, NULL), "cuEventRecord") &&
+         launch(s) && cu_ok(s, d->cuEventRecord(e1, NULL), "cuEventRecord") &&
+         cu_ok(s, d->cuEventSynchronize(e1), "cuEventSynchronize") &&
+         cu_ok(s, d->cuEventElapsedTime(&ms[i], e0, e1), "cuEventElapsedTime");
+  }
+  if (e0) d->cuEventDestroy(e0);
+  if (e1) d->cuEventDestroy(e1);
+  return ok;
+}
+
+/* FLOPs = 4 * D * (allowed (b, h, q, kv) quadruples); tiles that interval
+ * analysis proves full or empty are counted without evaluating the mask. */
+static int bench(run_state *s) {
+  const run_config *c = s->c;
+  int n = c->iters;
+  float *ms = calloc((size_t)n, sizeof(float));
+  if (!ms || !time_launches(s, ms)) {
+    free(ms);
+    return 0;
+  }
+  qsort(ms, (size_t)n, sizeof(float), cmp_float);
+  double med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  fjg_ref_problem p = ref_problem(s);
+  int64_t pairs = fjg_reference_count_allowed(&p);
+  double all = (double)c->B * c->Hq * c->Lq * c->Lk;
+  double tflops = 4.0 * c->D * (double)pairs / (med * 1e-3) / 1e12;
+  printf("bench: %.4f ms median of %d launches (min %.4f ms, max %.4f ms), "
+         "%.1f TFLOP/s, %.2f%% of pairs allowed\n",
+         med, n, ms[0], ms[n - 1], tflops, 100.0 * (double)pairs / all);
+  free(ms);
+  return 1;
+}
+
+/* ---- the run ---- */
+
+static int open_spec(run_state *s) {
+  const run_config *c = s->c;
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = c->cache_dir;
+  o.arch = c->arch;
+  if (fj_context_create(&o, &s->ctx) != FJ_OK) {
+    cli_error("run", "cannot create a context");
+    return CLI_FAIL;
+  }
+  if (fj_spec_load_file(s->ctx, c->spec_path, &s->spec) != FJ_OK) {
+    cli_error("run", "%s", fj_context_last_error(s->ctx));
+    return CLI_FAIL;
+  }
+  s->g = fjr_spec_graph(s->spec);
+  return -1;
+}
+
+static void print_header(const run_state *s) {
+  const run_config *c = s->c;
+  if (c->quiet) return;
+  printf("run     %s (%s): B=%d Hq=%d Hkv=%d Lq=%d Lk=%d D=%d %s %s\n",
+         fj_spec_name(s->spec), c->spec_path, c->B, c->Hq, c->Hkv, c->Lq,
+         c->Lk, c->D, c->dtype == FJ_DTYPE_F16 ? "fp16" : "bf16",
+         c->bshd ? "bshd" : "bhsd");
+}
+
+static int run_on_device(run_state *s) {
+  const run_config *c = s->c;
+  int pass = 1;
+  if (!setup_device(s) || !report_kernel(s) || !poison(s) || !launch(s) ||
+      !cu_ok(s, s->drv->cuCtxSynchronize(), "the kernel"))
+    return CLI_FAIL;
+  if (c->check || c->dump_dir) {
+    if (!download(s)) return CLI_FAIL;
+    if (!c->quiet) printf("launch  ok\n");
+  }
+  if (c->check && !check(s, &pass)) return CLI_FAIL;
+  if (c->dump_dir && !dump(s)) return CLI_FAIL;
+  if (c->bench && !bench(s)) return CLI_FAIL;
+  return pass ? CLI_OK : CLI_FAIL;
+}
+
+int cli_run(const run_config *c) {
+  run_state s;
+  int rc;
+  memset(&s, 0, sizeof s);
+  s.c = c;
+  s.scale = c->scale != 0 ? (float)c->scale : 1.0f / sqrtf((float)c->D);
+  if ((rc = open_spec(&s)) >= 0 || (rc = bind_values(&s)) >= 0) goto done;
+  if (fjr_context_device(s.ctx, &s.drv) != FJ_OK) {
+    cli_error("run", "no GPU: %s", fj_context_last_error(s.ctx));
+    s.drv = NULL;
+    rc = CLI_USAGE;
+    goto done;
+  }
+  print_header(&s);
+  if ((rc = make_inputs(&s)) >= 0) goto done;
+  rc = run_on_device(&s);
+done:
+  free_device(&s);
+  for (int a = 0; a < CLI_MAX_VALUES; a++) free(s.bconv[a]);
+  free(s.q), free(s.k), free(s.v), free(s.o), free(s.lse);
+  fj_spec_destroy(s.spec);
+  fj_context_destroy(s.ctx);
+  return rc;
+}

@@ -1,0 +1,217 @@
+/*
+ * cli/run_args.c: `flexjit run SPEC.lua [options]`: the command line, turned
+ * into a run_config for cli_run (cli/run.c).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char run_usage[] =
+    "usage: flexjit run SPEC.lua --heads H --q-len Lq [options]\n"
+    "\n"
+    "Runs the forward kernel of SPEC.lua on the GPU. q, k and v are random\n"
+    "normal values (or read from --inputs); o and lse are poisoned with NaN\n"
+    "before every launch.\n"
+    "\n"
+    "sizes:\n"
+    "  --batch B           batch size (default 1)\n"
+    "  --heads H           query heads\n"
+    "  --kv-heads Hkv      key/value heads, dividing H (default H; GQA/MQA)\n"
+    "  --q-len Lq          query length\n"
+    "  --kv-len Lk         key/value length (default Lq)\n"
+    "  --head-dim D        64 or 128 (default 128)\n"
+    "  --dtype T           bf16 or fp16 (default bf16)\n"
+    "  --layout L          bhsd (default) or bshd (a strided [B, S, H, D] view)\n"
+    "  --scale S           softmax scale (default 1/sqrt(D))\n"
+    "runtime values the spec declares:\n"
+    "  --param NAME=VALUE  a param(NAME, \"i32\"|\"f32\") value\n"
+    "  --buffer NAME=FILE.npy\n"
+    "                      a buffer(NAME, dtype): 1-D int32 or float32 .npy\n"
+    "tensors:\n"
+    "  --inputs DIR        read DIR/q.npy, k.npy, v.npy (float32, [B, H, L, D])\n"
+    "  --dump DIR          write q, k, v, o, lse to DIR as float32 .npy\n"
+    "  --seed N            random seed (default 0)\n"
+    "what to do:\n"
+    "  --check             compare with a float64 CPU reference; the kernel\n"
+    "                      passes when its error is at most 2x that of the\n"
+    "                      same computation in the input dtype, plus a floor\n"
+    "                      (exit status 1 on FAIL). The reference runs on\n"
+    "                      the CPU (all cores): keep B*H*Lq*Lk moderate\n"
+    "  --bench             time launches with CUDA events: --warmup launches,\n"
+    "                      then the median of --iters; TFLOP/s counts\n"
+    "                      4*D*(allowed (b, h, q, kv) pairs)\n"
+    "  --iters N           timed launches (default 20)\n"
+    "  --warmup N          untimed launches first (default 5)\n"
+    "other:\n"
+    "  --arch ARCH         compile for ARCH instead of the GPU's own target\n"
+    "  --cache-dir DIR     kernel cache root\n"
+    "  --help              this text\n"
+    "\n"
+    "Exit status: 0 ok, 1 failure or --check FAIL, 2 usage error or no GPU.\n";
+
+void cli_values_free(cli_value *v, int n) {
+  for (int i = 0; i < n; i++) npy_free(&v[i].buffer);
+}
+
+/* --param NAME=VALUE or --buffer NAME=FILE.npy (read now). */
+static int add_value(run_config *c, const char *text, int is_buffer) {
+  const char *opt = is_buffer ? "--buffer" : "--param", *val;
+  char err[512];
+  if (c->num_values == CLI_MAX_VALUES) {
+    cli_error("run", "too many --param/--buffer values (at most %d)",
+              CLI_MAX_VALUES);
+    return CLI_USAGE;
+  }
+  cli_value *v = &c->values[c->num_values];
+  memset(v, 0, sizeof *v);
+  if (cli_split_assign(text, v->name, sizeof v->name, &val) != 0) {
+    cli_error("run", "%s '%s': expected NAME=%s", opt, text,
+              is_buffer ? "FILE.npy" : "VALUE");
+    return CLI_USAGE;
+  }
+  for (int i = 0; i < c->num_values; i++)
+    if (!strcmp(c->values[i].name, v->name)) {
+      cli_error("run", "'%s' given twice", v->name);
+      return CLI_USAGE;
+    }
+  v->text = val;
+  v->is_buffer = is_buffer;
+  if (is_buffer && npy_read(val, &v->buffer, err, sizeof err) != 0) {
+    cli_error("run", "--buffer %s: %s", v->name, err);
+    return CLI_FAIL;
+  }
+  c->num_values++;
+  return -1;
+}
+
+static int int_opt(const char *name, const char *v, long lo, long hi,
+                   int *out) {
+  long x;
+  if (cli_parse_int(v, lo, hi, &x) != 0) {
+    cli_error("run", "%s: '%s' is not an integer in [%ld, %ld]", name, v, lo,
+              hi);
+    return CLI_USAGE;
+  }
+  *out = (int)x;
+  return -1;
+}
+
+/* One option that takes a value; -1 to go on, else an exit status. */
+static int value_opt(run_config *c, const char *name, const char *v) {
+  const long big = 1L << 30;
+  if (!strcmp(name, "--batch")) return int_opt(name, v, 1, 65535, &c->B);
+  if (!strcmp(name, "--heads")) return int_opt(name, v, 1, 65535, &c->Hq);
+  if (!strcmp(name, "--kv-heads")) return int_opt(name, v, 1, 65535, &c->Hkv);
+  if (!strcmp(name, "--q-len")) return int_opt(name, v, 1, big, &c->Lq);
+  if (!strcmp(name, "--kv-len")) return int_opt(name, v, 1, big, &c->Lk);
+  if (!strcmp(name, "--head-dim")) return int_opt(name, v, 1, 4096, &c->D);
+  if (!strcmp(name, "--iters")) return int_opt(name, v, 1, 100000, &c->iters);
+  if (!strcmp(name, "--warmup"))
+    return int_opt(name, v, 0, 100000, &c->warmup);
+  if (!strcmp(name, "--seed")) {
+    int s = 0;
+    int rc = int_opt(name, v, 0, 0x7fffffff, &s);
+    c->seed = (uint64_t)s;
+    return rc;
+  }
+  if (!strcmp(name, "--scale")) {
+    if (cli_parse_float(v, &c->scale) == 0 && c->scale > 0) return -1;
+    cli_error("run", "--scale: '%s' is not a positive number", v);
+    return CLI_USAGE;
+  }
+  if (!strcmp(name, "--dtype")) {
+    if (cli_parse_dtype(v, &c->dtype) == 0) return -1;
+    cli_error("run", "--dtype: '%s' is not bf16 or fp16", v);
+    return CLI_USAGE;
+  }
+  if (!strcmp(name, "--layout")) {
+    if (!strcmp(v, "bhsd") || !strcmp(v, "bshd")) {
+      c->bshd = !strcmp(v, "bshd");
+      return -1;
+    }
+    cli_error("run", "--layout: '%s' is not bhsd or bshd", v);
+    return CLI_USAGE;
+  }
+  if (!strcmp(name, "--param")) return add_value(c, v, 0);
+  if (!strcmp(name, "--buffer")) return add_value(c, v, 1);
+  if (!strcmp(name, "--inputs")) c->inputs_dir = v;
+  if (!strcmp(name, "--dump")) c->dump_dir = v;
+  if (!strcmp(name, "--arch")) c->arch = v;
+  if (!strcmp(name, "--cache-dir")) c->cache_dir = v;
+  return -1;
+}
+
+static const char *const value_opts[] = {
+    "--batch", "--heads",  "--kv-heads", "--q-len",  "--kv-len",
+    "--head-dim", "--dtype", "--layout", "--scale",  "--param",
+    "--buffer", "--inputs", "--dump",     "--iters",  "--warmup",
+    "--seed",  "--arch",   "--cache-dir", NULL};
+
+/* -1 to go on, else an exit status. */
+static int parse_one(int argc, char **argv, int *i, run_config *c) {
+  const char *a = argv[*i], *v;
+  if (cli_is_help(a)) {
+    fputs(run_usage, stdout);
+    return CLI_OK;
+  }
+  if (!strcmp(a, "--check")) return c->check = 1, -1;
+  if (!strcmp(a, "--bench")) return c->bench = 1, -1;
+  for (int k = 0; value_opts[k]; k++) {
+    int m = cli_opt_value(argc, argv, i, value_opts[k], &v);
+    if (m < 0) {
+      cli_error("run", "%s needs a value", a);
+      return CLI_USAGE;
+    }
+    if (m > 0) return value_opt(c, value_opts[k], v);
+  }
+  if (a[0] == '-' && a[1]) {
+    cli_error("run", "unknown option '%s' (see --help)", a);
+    return CLI_USAGE;
+  }
+  if (c->spec_path) {
+    cli_error("run", "more than one spec given ('%s', '%s')", c->spec_path, a);
+    return CLI_USAGE;
+  }
+  c->spec_path = a;
+  return -1;
+}
+
+static int check_config(run_config *c) {
+  if (!c->spec_path) {
+    cli_error("run", "no spec given (usage: flexjit run SPEC.lua ...)");
+    return CLI_USAGE;
+  }
+  if (!c->Hq || !c->Lq) {
+    cli_error("run", "--heads and --q-len are required (see --help)");
+    return CLI_USAGE;
+  }
+  if (!c->Hkv) c->Hkv = c->Hq;
+  if (!c->Lk) c->Lk = c->Lq;
+  if (c->Hq % c->Hkv != 0) {
+    cli_error("run", "--heads %d is not a multiple of --kv-heads %d", c->Hq,
+              c->Hkv);
+    return CLI_USAGE;
+  }
+  return -1;
+}
+
+void cli_run_config_init(run_config *c) {
+  memset(c, 0, sizeof *c);
+  c->B = 1;
+  c->D = 128;
+  c->dtype = FJ_DTYPE_BF16;
+  c->iters = 20;
+  c->warmup = 5;
+}
+
+int cmd_run(int argc, char **argv) {
+  run_config c;
+  int rc = -1;
+  cli_run_config_init(&c);
+  for (int i = 1; i < argc && rc < 0; i++) rc = parse_one(argc, argv, &i, &c);
+  if (rc < 0) rc = check_config(&c);
+  if (rc < 0) rc = cli_run(&c);
+  cli_values_free(c.values, c.num_values);
+  return rc;
+}

@@ -1,0 +1,22 @@
+-- examples/manifest.lua: what `flexjit precompile` builds for a deployment.
+--
+--   flexjit precompile examples/manifest.lua --out kernels.fjpack -j 2
+--   flexjit precompile examples/manifest.lua --out /opt/app/flexjit-cache
+--
+-- Every combination of the lists below becomes one kernel (here 3 specs x
+-- 2 head dims x 2 dtypes x 2 targets x 1 pass = 24). Spec paths are relative
+-- to this file. The manifest runs in the same sandbox as specs, so it may
+-- compute its lists, but it cannot read files or the environment.
+return {
+  specs = {
+    "causal.lua",
+    "sliding_window.lua",
+    "document.lua",
+  },
+  head_dims = {64, 128},
+  dtypes = {"bf16", "fp16"},
+  -- Exact targets: a cubin runs only on its major architecture, and sm_90a
+  -- (Hopper with wgmma/TMA) is not sm_90.
+  archs = {"sm_80", "sm_90a"},
+  passes = {"forward"},
+}

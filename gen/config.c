@@ -1,0 +1,106 @@
+/*
+ * gen/config.c: tile sizes per architecture and head dim.
+ *
+ * Measured on an H200 (sm_90) against PyTorch SDPA's flash backend (FA2,
+ * mma.sync as well): 4 warps of 32 query rows each, with K/V double
+ * buffered, is the fastest spill-free shape; 8 warps of 16 rows re-read each
+ * K/V fragment from shared memory twice as often, and 3 stages cost the
+ * second CTA per SM. D=128 uses 64-row kv tiles (the template computes them as
+ * two 32-column softmax steps to stay under 255 registers); D=64 can afford
+ * 128-row tiles. Consumer parts (sm_86, sm_89, sm_120) have about 100 KiB of
+ * shared memory per SM, so they get shapes that fit two CTAs (untuned).
+ */
+#include "gen/config.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static fj_status fail(char *err, size_t errlen, fj_status st, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return st;
+}
+
+/* "sm_" digits [one letter]; returns the number or -1. */
+static int parse_arch(const char *arch) {
+  if (strncmp(arch, "sm_", 3) != 0) return -1;
+  const char *p = arch + 3;
+  int n = 0, digits = 0;
+  while (*p >= '0' && *p <= '9') {
+    n = n * 10 + (*p++ - '0');
+    if (++digits > 3) return -1;
+  }
+  if (digits < 2) return -1;
+  if (*p >= 'a' && *p <= 'z') p++; /* sm_90a, sm_100f ... */
+  return *p ? -1 : n;
+}
+
+/* Largest dynamic shared memory one block may opt in to, by architecture. */
+static int max_smem_per_block(int sm) {
+  switch (sm) {
+  case 80:
+  case 87:
+    return 163 * 1024;
+  case 86:
+  case 89:
+  case 120:
+  case 121:
+    return 99 * 1024;
+  default:
+    return 227 * 1024; /* sm_90, sm_100, sm_103, sm_110 ... */
+  }
+}
+
+static int small_smem(int sm) { return max_smem_per_block(sm) < 128 * 1024; }
+
+fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
+                            fjg_config *out, char *err, size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  if (!out) return fail(err, errlen, FJ_EINVAL, "no output configuration");
+  memset(out, 0, sizeof *out);
+  if (head_dim != 64 && head_dim != 128)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "head dim %d is not supported (supported: 64, 128)", head_dim);
+  if (dtype != FJ_DTYPE_BF16 && dtype != FJ_DTYPE_F16)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "dtype %d is not supported (supported: bf16, f16)", (int)dtype);
+  if (!arch) return fail(err, errlen, FJ_EINVAL, "no target architecture given");
+  int sm = parse_arch(arch);
+  if (sm < 0 || strlen(arch) >= sizeof out->arch)
+    return fail(err, errlen, FJ_EINVAL,
+                "invalid architecture '%s' (expected sm_XY, e.g. sm_80 or sm_90a)",
+                arch);
+  if (sm < 80)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "architecture %s is not supported: flexjit needs sm_80 or newer "
+                "(bf16 mma.sync, cp.async)", arch);
+
+  out->head_dim = head_dim;
+  out->dtype = dtype;
+  snprintf(out->arch, sizeof out->arch, "%s", arch);
+  out->sm = sm;
+  out->template_name = "sm80";
+  out->num_warps = 4;
+  out->num_stages = 2;
+  if (head_dim == 128) {
+    out->block_m = small_smem(sm) ? 64 : 128;
+    out->block_n = small_smem(sm) ? 32 : 64;
+  } else {
+    out->block_m = 128;
+    out->block_n = small_smem(sm) ? 64 : 128;
+  }
+  out->threads = out->num_warps * 32;
+  /* Q tile plus num_stages K and V tiles, 2-byte elements. */
+  out->smem_bytes =
+      (out->block_m + 2 * out->num_stages * out->block_n) * head_dim * 2;
+  if (out->smem_bytes > max_smem_per_block(sm))
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "configuration needs %d bytes of shared memory, more than %s allows",
+                out->smem_bytes, arch);
+  return FJ_OK;
+}

@@ -1,0 +1,47 @@
+/*
+ * gen/config.h: kernel configuration, the decisions C makes for a template.
+ *
+ * A configuration is chosen from the head dim, the dtype and the target
+ * architecture only (never from the spec), so every kernel of one
+ * (head_dim, dtype, arch) shares it. The emitter writes it as the FJ_* macros
+ * that templates/<template_name>/fwd.cuh lists at its top; the runtime
+ * launches with grid (ceil(Lq / block_m), Hq, B), `threads` threads and
+ * `smem_bytes` of dynamic shared memory.
+ */
+#ifndef FJG_CONFIG_H
+#define FJG_CONFIG_H
+
+#include <stddef.h>
+
+#include "flexjit.h"
+
+typedef struct fjg_config {
+  int head_dim;   /* FJ_HEAD_DIM: 64 or 128 */
+  fj_dtype dtype; /* FJ_DTYPE_BF16 or FJ_DTYPE_F16 */
+  char arch[16];  /* target as given, e.g. "sm_90a" (NVRTC --gpu-architecture) */
+  int sm;         /* its number: 80, 86, 89, 90, 100, 120 ... */
+  int block_m;    /* FJ_BLOCK_M: query rows per CTA (grid.x = ceil(Lq / block_m)) */
+  int block_n;    /* FJ_BLOCK_N: kv rows per shared-memory tile */
+  int num_warps;  /* FJ_NUM_WARPS */
+  int num_stages; /* FJ_NUM_STAGES: K/V tiles in shared memory (>= 2) */
+  int threads;    /* num_warps * 32: the launch's block size */
+  /* Dynamic shared memory of one CTA, exactly what the template uses:
+   * (block_m + 2 * num_stages * block_n) * head_dim * 2 bytes. Above 48 KiB
+   * the launcher must raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. */
+  int smem_bytes;
+  /* Template folder under templates/ ("sm80"); a static string. */
+  const char *template_name;
+} fjg_config;
+
+/*
+ * Chooses the configuration for head_dim (64 or 128), dtype and arch
+ * ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", ...: "sm_", a
+ * number >= 80 and an optional one-letter suffix). Every arch uses the sm80
+ * template for now. On failure returns FJ_EINVAL (bad argument) or
+ * FJ_EUNSUPPORTED (valid but not supported) and writes a message to err
+ * (may be NULL; truncated to errlen). Thread-safe; no allocation.
+ */
+fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
+                            fjg_config *out, char *err, size_t errlen);
+
+#endif /* FJG_CONFIG_H */

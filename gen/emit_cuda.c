@@ -1,0 +1,518 @@
+/*
+ * gen/emit_cuda.c: the CUDA emitter (see emit_cuda.h).
+ *
+ * Every expression follows the evaluator's semantics (gen/eval.c): i32
+ * add/sub/mul/neg/abs go through unsigned so they wrap without undefined
+ * behaviour, // and % use the Lua-semantics helpers of fj_common.cuh, float
+ * constants are written as hex literals so they round-trip exactly, and the
+ * math functions are the accurate ones (expf, not __expf).
+ */
+#include "gen/emit_cuda.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gen/config.h"
+#include "gen/interval.h"
+#include "gen/templates.h"
+
+/* ---- user params layout ---- */
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* Offset of each argument's first member; returns the struct size. */
+static size_t layout(const fjg_graph *g, int want, size_t *offset) {
+  size_t at = 8; /* long long fj_reserved_ */
+  for (int i = 0; i < fjg_num_args(g); i++) {
+    int buffer = fjg_arg_at(g, i)->kind == FJ_ARG_BUFFER;
+    at = align_up(at, buffer ? 8 : 4);
+    if (i == want) *offset = at;
+    at += buffer ? 16 : 4; /* pointer + long long, or one scalar */
+  }
+  return align_up(at, 8);
+}
+
+size_t fjg_user_params_size(const fjg_graph *g) {
+  size_t unused = 0;
+  return layout(g, -1, &unused);
+}
+
+size_t fjg_user_params_offset(const fjg_graph *g, int arg) {
+  size_t offset = 0;
+  layout(g, arg, &offset);
+  return offset;
+}
+
+void fjg_user_params_pack(const fjg_graph *g, const int32_t *i32_by_arg,
+                          const float *f32_by_arg, const uint64_t *ptr_by_arg,
+                          const int64_t *len_by_arg, void *dst) {
+  unsigned char *p = dst;
+  memset(p, 0, fjg_user_params_size(g));
+  for (int i = 0; i < fjg_num_args(g); i++) {
+    size_t at = fjg_user_params_offset(g, i);
+    switch (fjg_arg_at(g, i)->kind) {
+    case FJ_ARG_I32: memcpy(p + at, &i32_by_arg[i], 4); break;
+    case FJ_ARG_F32: memcpy(p + at, &f32_by_arg[i], 4); break;
+    case FJ_ARG_BUFFER:
+      memcpy(p + at, &ptr_by_arg[i], 8);
+      memcpy(p + at + 8, &len_by_arg[i], 8);
+      break;
+    }
+  }
+}
+
+/* ---- expressions ---- */
+
+static const char *ctype(int type) {
+  return type == FJG_BOOL ? "bool" : type == FJG_I32 ? "int" : "float";
+}
+
+static int is_leaf(const fjg_node *n) { return n->op <= FJG_OP_PARAM; }
+
+/* Exact float literal: hex for finite values, bit pattern otherwise. */
+static void put_float(fjg_buf *out, float f) {
+  if (!isfinite(f)) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    fjg_buf_printf(out, "__int_as_float(0x%08x)", bits);
+    return;
+  }
+  if (signbit(f))
+    fjg_buf_printf(out, "(%af /* %.9g */)", (double)f, (double)f);
+  else
+    fjg_buf_printf(out, "%af /* %.9g */", (double)f, (double)f);
+}
+
+static void put_int(fjg_buf *out, int32_t v) {
+  if (v == INT32_MIN)
+    fjg_buf_printf(out, "(-2147483647 - 1)");
+  else if (v < 0)
+    fjg_buf_printf(out, "(%d)", (int)v);
+  else
+    fjg_buf_printf(out, "%d", (int)v);
+}
+
+static const char *const input_names[] = {"score", "b", "h", "q", "kv"};
+static const char *const size_names[] = {"z.B", "z.Hq", "z.Hkv", "z.Lq",
+                                         "z.Lk"};
+
+/* A leaf as an expression: a literal, an input, a size or a param. */
+static void put_leaf(fjg_buf *out, const fjg_graph *g, const fjg_node *n) {
+  switch (n->op) {
+  case FJG_OP_CONST:
+    if (n->type == FJG_BOOL)
+      fjg_buf_printf(out, "%s", n->imm.i ? "true" : "false");
+    else if (n->type == FJG_I32)
+      put_int(out, n->imm.i);
+    else
+      put_float(out, n->imm.f);
+    break;
+  case FJG_OP_INPUT: fjg_buf_printf(out, "%s", input_names[n->arg]); break;
+  case FJG_OP_SIZE: fjg_buf_printf(out, "%s", size_names[n->arg]); break;
+  default: fjg_buf_printf(out, "u.a_%s", fjg_arg_at(g, n->arg)->name); break;
+  }
+}
+
+typedef struct emitter {
+  const fjg_graph *g;
+  fjg_buf *out;
+  int32_t *slot; /* node id -> temporary number, -1 when none */
+} emitter;
+
+static void put_operand(emitter *e, int id) {
+  const fjg_node *n = fjg_node_at(e->g, id);
+  if (is_leaf(n))
+    put_leaf(e->out, e->g, n);
+  else
+    fjg_buf_printf(e->out, "t%d", (int)e->slot[id]);
+}
+
+static const char *math_fn(fjg_op op) {
+  switch (op) {
+  case FJG_OP_EXP: return "expf";
+  case FJG_OP_EXP2: return "exp2f";
+  case FJG_OP_LOG: return "logf";
+  case FJG_OP_LOG2: return "log2f";
+  case FJG_OP_SQRT: return "sqrtf";
+  case FJG_OP_TANH: return "tanhf";
+  case FJG_OP_FLOOR: return "floorf";
+  case FJG_OP_CEIL: return "ceilf";
+  case FJG_OP_ABS: return "fabsf";
+  default: return NULL;
+  }
+}
+
+static const char *infix(fjg_op op) {
+  switch (op) {
+  case FJG_OP_ADD: return "+";
+  case FJG_OP_SUB: return "-";
+  case FJG_OP_MUL: return "*";
+  case FJG_OP_DIV: return "/";
+  case FJG_OP_LT: return "<";
+  case FJG_OP_LE: return "<=";
+  case FJG_OP_GT: return ">";
+  case FJG_OP_GE: return ">=";
+  case FJG_OP_EQ: return "==";
+  case FJG_OP_NE: return "!=";
+  case FJG_OP_AND: return "&&";
+  case FJG_OP_OR: return "||";
+  case FJG_OP_XOR: return "!=";
+  default: return NULL;
+  }
+}
+
+static void put_unary(emitter *e, const fjg_node *n) {
+  fjg_buf *out = e->out;
+  fjg_op op = (fjg_op)n->op;
+  int i32 = n->type == FJG_I32;
+  if (op == FJG_OP_NOT) {
+    fjg_buf_printf(out, "!");
+    put_operand(e, n->a);
+  } else if (op == FJG_OP_TO_F32) {
+    fjg_buf_printf(out, "(float)");
+    put_operand(e, n->a);
+  } else if (op == FJG_OP_NEG && i32) {
+    fjg_buf_printf(out, "(int)(0u - (unsigned)");
+    put_operand(e, n->a);
+    fjg_buf_printf(out, ")");
+  } else if (op == FJG_OP_NEG) {
+    fjg_buf_printf(out, "-");
+    put_operand(e, n->a);
+  } else if (op == FJG_OP_ABS && i32) {
+    put_operand(e, n->a);
+    fjg_buf_printf(out, " < 0 ? (int)(0u - (unsigned)");
+    put_operand(e, n->a);
+    fjg_buf_printf(out, ") : ");
+    put_operand(e, n->a);
+  } else if (i32) { /* floor, ceil of an integer */
+    put_operand(e, n->a);
+  } else {
+    fjg_buf_printf(out, "%s(", math_fn(op));
+    put_operand(e, n->a);
+    fjg_buf_printf(out, ")");
+  }
+}
+
+static void put_call2(emitter *e, const char *fn, const fjg_node *n) {
+  fjg_buf_printf(e->out, "%s(", fn);
+  put_operand(e, n->a);
+  fjg_buf_printf(e->out, ", ");
+  put_operand(e, n->b);
+  fjg_buf_printf(e->out, ")");
+}
+
+static void put_binary(emitter *e, const fjg_node *n) {
+  fjg_buf *out = e->out;
+  fjg_op op = (fjg_op)n->op;
+  int i32 = n->type == FJG_I32;
+  if (i32 && (op == FJG_OP_ADD || op == FJG_OP_SUB || op == FJG_OP_MUL)) {
+    fjg_buf_printf(out, "(int)((unsigned)");
+    put_operand(e, n->a);
+    fjg_buf_printf(out, " %s (unsigned)", infix(op));
+    put_operand(e, n->b);
+    fjg_buf_printf(out, ")");
+  } else if (op == FJG_OP_IDIV) {
+    put_call2(e, i32 ? "fj_idiv_i32" : "fj_idiv_f32", n);
+  } else if (op == FJG_OP_MOD) {
+    put_call2(e, i32 ? "fj_mod_i32" : "fj_mod_f32", n);
+  } else if ((op == FJG_OP_MIN || op == FJG_OP_MAX) && !i32) {
+    put_call2(e, op == FJG_OP_MIN ? "fminf" : "fmaxf", n);
+  } else if (op == FJG_OP_MIN || op == FJG_OP_MAX) {
+    put_operand(e, n->a);
+    fjg_buf_printf(out, op == FJG_OP_MIN ? " < " : " > ");
+    put_operand(e, n->b);
+    fjg_buf_printf(out, " ? ");
+    put_operand(e, n->a);
+    fjg_buf_printf(out, " : ");
+    put_operand(e, n->b);
+  } else {
+    put_operand(e, n->a);
+    fjg_buf_printf(out, " %s ", infix(op));
+    put_operand(e, n->b);
+  }
+}
+
+static void put_expr(emitter *e, const fjg_node *n) {
+  fjg_buf *out = e->out;
+  if (n->op == FJG_OP_LOAD) {
+    const char *name = fjg_arg_at(e->g, n->arg)->name;
+    fjg_buf_printf(out, "fj_load_%s(u.a_%s, u.n_%s, ",
+                   n->type == FJG_I32 ? "i32" : "f32", name, name);
+    put_operand(e, n->a);
+    fjg_buf_printf(out, ")");
+  } else if (n->op == FJG_OP_WHERE) {
+    put_operand(e, n->a);
+    fjg_buf_printf(out, " ? ");
+    put_operand(e, n->b);
+    fjg_buf_printf(out, " : ");
+    put_operand(e, n->c);
+  } else if (fjg_op_arity((fjg_op)n->op) == 1) {
+    put_unary(e, n);
+  } else {
+    put_binary(e, n);
+  }
+}
+
+/* The body of fj_mask (which == 0) or fj_score_mod (1): one statement per
+ * reachable non-leaf node, then the return. */
+static void put_body(emitter *e, int which, const char *absent) {
+  int root = which == 0 ? fjg_mask_root(e->g) : fjg_score_root(e->g);
+  if (root < 0) {
+    fjg_buf_printf(e->out, "  return %s;\n", absent);
+    return;
+  }
+  int count, next = 0;
+  const int32_t *list = fjg_reachable(e->g, which, &count);
+  for (int k = 0; k < count; k++) {
+    const fjg_node *n = fjg_node_at(e->g, list[k]);
+    if (is_leaf(n)) continue;
+    e->slot[list[k]] = next;
+    fjg_buf_printf(e->out, "  const %s t%d = ", ctype(n->type), next++);
+    put_expr(e, n);
+    fjg_buf_printf(e->out, ";\n");
+  }
+  fjg_buf_printf(e->out, "  return ");
+  put_operand(e, root);
+  fjg_buf_printf(e->out, ";\n");
+}
+
+/* ---- tile classifier ---- */
+
+static const char *iv_rule(fjg_op op) {
+  switch (op) {
+  case FJG_OP_NEG: return "neg";
+  case FJG_OP_ABS: return "abs";
+  case FJG_OP_ADD: return "add";
+  case FJG_OP_SUB: return "sub";
+  case FJG_OP_MUL: return "mul";
+  case FJG_OP_IDIV: return "idiv";
+  case FJG_OP_MOD: return "mod";
+  case FJG_OP_MIN: return "min";
+  case FJG_OP_MAX: return "max";
+  case FJG_OP_LT: return "lt";
+  case FJG_OP_LE: return "le";
+  case FJG_OP_GT: return "gt";
+  case FJG_OP_GE: return "ge";
+  case FJG_OP_EQ: return "eq";
+  case FJG_OP_NE: return "ne";
+  case FJG_OP_NOT: return "not";
+  case FJG_OP_AND: return "and";
+  case FJG_OP_OR: return "or";
+  case FJG_OP_XOR: return "xor";
+  default: return NULL;
+  }
+}
+
+/* The interval of a leaf, as node_iv/leaf_iv in interval.c computes it. */
+static void put_iv_leaf(emitter *e, const fjg_node *n) {
+  fjg_buf *out = e->out;
+  if (n->op == FJG_OP_LOAD) {
+    fjg_buf_printf(out, "fj_iv_full()");
+  } else if (n->op == FJG_OP_INPUT && n->arg == FJG_IN_Q) {
+    fjg_buf_printf(out, "fj_iv_make(q0, q1)");
+  } else if (n->op == FJG_OP_INPUT && n->arg == FJG_IN_KV) {
+    fjg_buf_printf(out, "fj_iv_make(kv0, kv1)");
+  } else {
+    fjg_buf_printf(out, "fj_iv_make(");
+    put_leaf(out, e->g, n);
+    fjg_buf_printf(out, ", ");
+    put_leaf(out, e->g, n);
+    fjg_buf_printf(out, ")");
+  }
+}
+
+static void put_iv_args(emitter *e, const fjg_node *n) {
+  int arity = fjg_op_arity((fjg_op)n->op);
+  int ops[3] = {n->a, n->b, n->c};
+  for (int i = 0; i < arity; i++)
+    fjg_buf_printf(e->out, "%sv%d", i ? ", " : "", (int)e->slot[ops[i]]);
+}
+
+/* The interval of a non-f32 node, as node_iv in interval.c computes it. */
+static void put_iv_expr(emitter *e, const fjg_node *n) {
+  fjg_buf *out = e->out;
+  const char *rule = iv_rule((fjg_op)n->op);
+  if (n->op <= FJG_OP_LOAD) {
+    put_iv_leaf(e, n);
+  } else if (n->op == FJG_OP_WHERE) {
+    fjg_buf_printf(out, "fj_iv_where(");
+    put_iv_args(e, n);
+    fjg_buf_printf(out, ")");
+  } else if (n->type == FJG_I32 && (n->op == FJG_OP_FLOOR ||
+                                    n->op == FJG_OP_CEIL)) {
+    fjg_buf_printf(out, "v%d", (int)e->slot[n->a]);
+  } else if (!rule) {
+    fjg_buf_printf(out, n->type == FJG_I32 ? "fj_iv_full()"
+                                           : "fj_iv_unknown_bool()");
+  } else if (n->type == FJG_BOOL &&
+             fjg_node_at(e->g, n->a)->type == FJG_F32) {
+    fjg_buf_printf(out, "fj_iv_unknown_bool()");
+  } else {
+    fjg_buf_printf(out, "fj_iv_%s(", rule);
+    put_iv_args(e, n);
+    fjg_buf_printf(out, ")");
+  }
+}
+
+static void put_tile_class_body(emitter *e) {
+  int root = fjg_mask_root(e->g);
+  if (root < 0) {
+    fjg_buf_printf(e->out, "  return FJ_TILE_FULL;\n");
+    return;
+  }
+  int count, next = 0;
+  const int32_t *list = fjg_reachable(e->g, 0, &count);
+  for (int k = 0; k < count; k++) {
+    const fjg_node *n = fjg_node_at(e->g, list[k]);
+    if (n->type == FJG_F32) continue; /* unknown; no rule reads it */
+    e->slot[list[k]] = next;
+    fjg_buf_printf(e->out, "  const fj_iv v%d = ", next++);
+    put_iv_expr(e, n);
+    fjg_buf_printf(e->out, ";\n");
+  }
+  fjg_buf_printf(e->out, "  return fj_iv_tile_class(v%d);\n",
+                 (int)e->slot[root]);
+}
+
+/* ---- prologue ---- */
+
+/* Copies the spec source into a block comment; "*" "/" cannot end it. */
+static void put_source_comment(fjg_buf *out, const char *src) {
+  if (!src) return;
+  fjg_buf_printf(out, "/* Spec source:\n");
+  for (const char *p = src; *p; p++) {
+    if (p[0] == '*' && p[1] == '/')
+      fjg_buf_append(out, "*\\", 2);
+    else
+      fjg_buf_append(out, p, 1);
+  }
+  if (*src && src[strlen(src) - 1] != '\n') fjg_buf_append(out, "\n", 1);
+  fjg_buf_printf(out, "*/\n\n");
+}
+
+static void put_indent(fjg_buf *out, int depth) {
+  for (int i = 0; i < depth; i++) fjg_buf_append(out, "  ", 2);
+}
+
+/* The interval rules arrive as one line (they are stringified C); lay them
+ * out one statement per line, indented by brace depth. */
+static void put_reflowed(fjg_buf *out, const char *src) {
+  int depth = 0, parens = 0, line_start = 1;
+  for (const char *p = src; *p; p++) {
+    if (line_start && *p == ' ') continue;
+    if (*p == '}') depth--;
+    if (line_start) put_indent(out, depth);
+    line_start = 0;
+    fjg_buf_append(out, p, 1);
+    if (*p == '(') parens++;
+    if (*p == ')') parens--;
+    if (*p == '{') depth++;
+    if (*p == '}' && p[1] == ';') fjg_buf_append(out, ++p, 1);
+    if (*p == '{' || *p == '}' || (*p == ';' && parens == 0)) {
+      fjg_buf_append(out, "\n", 1);
+      line_start = 1;
+    }
+  }
+}
+
+static void put_params_struct(fjg_buf *out, const fjg_graph *g) {
+  fjg_buf_printf(out, "struct fj_user_params {\n  long long fj_reserved_;\n");
+  for (int i = 0; i < fjg_num_args(g); i++) {
+    const fjg_arg *arg = fjg_arg_at(g, i);
+    if (arg->kind == FJ_ARG_BUFFER)
+      fjg_buf_printf(out, "  const %s *a_%s;\n  long long n_%s;\n",
+                     ctype(arg->type), arg->name, arg->name);
+    else
+      fjg_buf_printf(out, "  %s a_%s;\n", ctype(arg->type), arg->name);
+  }
+  fjg_buf_printf(out, "};\n\n");
+}
+
+fj_status fjg_emit_prologue(const fjg_graph *g, const char *spec_source,
+                            fjg_buf *out) {
+  size_t n = (size_t)fjg_num_nodes(g) + 1;
+  emitter e = {g, out, malloc(n * sizeof(int32_t))};
+  if (!e.slot) return FJ_ENOMEM;
+  for (size_t i = 0; i < n; i++) e.slot[i] = -1;
+
+  fjg_buf_printf(out, "// ---- generated prologue (gen/emit_cuda.c) ----\n");
+  put_source_comment(out, spec_source);
+  put_params_struct(out, g);
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, "
+      "const fj_sizes &z,\n    int b, int h, int q, int kv) {\n");
+  put_body(&e, 0, "true");
+  fjg_buf_printf(out, "}\n\n"
+      "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,"
+      "\n    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n");
+  put_body(&e, 1, "score");
+  fjg_buf_printf(out, "}\n\n");
+  /* Without a mask every tile is full and the rules would be dead code. */
+  if (fjg_mask_root(g) >= 0) {
+    fjg_buf_printf(out,
+        "// Interval rules shared with gen/interval.c (fj_tile_class below).\n"
+        "#define FJ_IV_FN static __device__ __forceinline__\n");
+    put_reflowed(out, fjg_interval_rules_source());
+    fjg_buf_printf(out, "\n");
+  }
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,"
+      "\n    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, "
+      "int kv1) {\n");
+  put_tile_class_body(&e);
+  fjg_buf_printf(out, "}\n// ---- end of generated prologue ----\n");
+  free(e.slot);
+  return out->failed ? FJ_ENOMEM : FJ_OK;
+}
+
+/* ---- translation unit ---- */
+
+static fj_status put_template(fjg_buf *out, const char *name) {
+  size_t len;
+  const char *text = fjg_template_text(name, &len);
+  if (!text) return FJ_ENOTFOUND;
+  fjg_buf_printf(out, "\n// ---- template %s ----\n", name);
+  fjg_buf_append(out, text, len);
+  if (len && text[len - 1] != '\n') fjg_buf_append(out, "\n", 1);
+  return FJ_OK;
+}
+
+static void put_config_defines(fjg_buf *out, const fjg_graph *g,
+                               const fjg_config *cfg) {
+  fjg_buf_printf(out, "#define FJ_HEAD_DIM %d\n", cfg->head_dim);
+  fjg_buf_printf(out, "#define %s 1\n", cfg->dtype == FJ_DTYPE_F16
+                                            ? "FJ_DTYPE_F16"
+                                            : "FJ_DTYPE_BF16");
+  fjg_buf_printf(out, "#define FJ_BLOCK_M %d\n", cfg->block_m);
+  fjg_buf_printf(out, "#define FJ_BLOCK_N %d\n", cfg->block_n);
+  fjg_buf_printf(out, "#define FJ_NUM_WARPS %d\n", cfg->num_warps);
+  fjg_buf_printf(out, "#define FJ_NUM_STAGES %d\n", cfg->num_stages);
+  fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n", fjg_mask_root(g) >= 0);
+  fjg_buf_printf(out, "#define FJ_HAS_SCORE_MOD %d\n",
+                 fjg_score_root(g) >= 0);
+}
+
+fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,
+                              const fjg_config *cfg, const char *key_hex,
+                              fjg_buf *out) {
+  if (!cfg || !cfg->template_name) return FJ_EINVAL;
+  char arch_template[160];
+  int n = snprintf(arch_template, sizeof arch_template, "%s/fwd.cuh",
+                   cfg->template_name);
+  if (n < 0 || (size_t)n >= sizeof arch_template) return FJ_EINVAL;
+  if (!fjg_template_text(arch_template, NULL)) return FJ_ENOTFOUND;
+
+  fjg_buf_printf(out, "// flexjit %s forward kernel, key %s\n"
+                      "// Generated; do not edit.\n",
+                 FJ_VERSION_STRING, key_hex ? key_hex : "(none)");
+  put_config_defines(out, g, cfg);
+  fj_status st = put_template(out, "common/fj_common.cuh");
+  if (st != FJ_OK) return st;
+  fjg_buf_printf(out, "\n");
+  if ((st = fjg_emit_prologue(g, spec_source, out)) != FJ_OK) return st;
+  if ((st = put_template(out, "common/fj_fwd_params.cuh")) != FJ_OK) return st;
+  if ((st = put_template(out, arch_template)) != FJ_OK) return st;
+  return out->failed ? FJ_ENOMEM : FJ_OK;
+}

@@ -1,0 +1,62 @@
+/*
+ * gen/interval.h: tile classification by interval analysis, and the scalar
+ * semantics it shares with the CPU evaluator and constant folding.
+ *
+ * A tile is the set of pairs (q, kv) with q in [q0, q1] and kv in [kv0, kv1]
+ * (inclusive) for one batch index b and query head h. Every i32 node gets a
+ * range [lo, hi] that contains each value the node takes on the tile; a
+ * result that could leave the int32 range (where the arithmetic wraps) is
+ * widened to the full range. A bool node is a range inside [0, 1]: lo == 0
+ * means "can be false", hi == 1 means "can be true". f32 values and buffer
+ * loads are unknown. The analysis is sound: EMPTY and FULL are only claimed
+ * when they hold for every pair of the tile.
+ *
+ * The per-op rules are written once (FJG_IV_RULES below) in the common subset
+ * of C and CUDA C++: interval.c compiles them as static C functions and the
+ * CUDA emitter pastes their text into the prologue, so the CPU classifier and
+ * the kernel's fj_tile_class cannot disagree.
+ */
+#ifndef FJG_INTERVAL_H
+#define FJG_INTERVAL_H
+
+#include "gen/graph.h"
+
+enum { FJG_TILE_EMPTY = 0, FJG_TILE_PARTIAL = 1, FJG_TILE_FULL = 2 };
+
+/* Classifies the mask on a tile: FJG_TILE_EMPTY (never true), FJG_TILE_FULL
+ * (never false) or FJG_TILE_PARTIAL. No mask root -> FULL. Never fails: when
+ * it cannot allocate it answers PARTIAL, which is always sound. */
+int fjg_tile_class_cpu(const fjg_graph *g, const fjg_env *env, int b, int h,
+                       int q0, int q1, int kv0, int kv1);
+
+/* 1 when the mask reads no buffer (LOAD), so tiles can be classified from
+ * indices, sizes and params alone (inside the kernel). 1 when no mask. */
+int fjg_mask_is_index_only(const fjg_graph *g);
+
+/* The interval rules as CUDA source (static text; the same code interval.c
+ * compiles), for the emitter to paste into the prologue. */
+const char *fjg_interval_rules_source(void);
+
+/* ---- internals shared inside gen/ ---- */
+
+/* A value of the evaluator: bools and i32 in `i`, f32 (computed in double)
+ * in `f`. */
+typedef union fjg_value {
+  int32_t i;
+  double f;
+} fjg_value;
+
+/* Applies a non-leaf, non-LOAD op with the evaluator's semantics. `type` is
+ * the node's result type and `operand_type` the (common, promoted) type of
+ * its numeric operands (the branch type for WHERE). Defined in eval.c; used
+ * by the evaluator and by constant folding in graph.c. */
+fjg_value fjg_apply_op(fjg_op op, fjg_type type, fjg_type operand_type,
+                       fjg_value a, fjg_value b, fjg_value c);
+
+/* Ids of the nodes reachable from the mask root (which == 0) or the score
+ * root (which == 1), ascending (so operands come first). *count is 0 when
+ * the root is absent. Borrowed; valid until the root is set again. Defined
+ * in graph.c. */
+const int32_t *fjg_reachable(const fjg_graph *g, int which, int *count);
+
+#endif /* FJG_INTERVAL_H */

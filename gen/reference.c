@@ -1,0 +1,526 @@
+/*
+ * gen/reference.c: CPU reference attention (float64 dense and streaming, the
+ * low-precision emulation), the 16-bit rounding helpers and the comparison
+ * rule. See gen/reference.h.
+ *
+ * Work is split into items of a few query rows of one (b, h) and handed to a
+ * small pool of pthreads through an atomic counter, so the reference of a
+ * 2x16x1337x1337 problem takes seconds, not minutes.
+ */
+#include "gen/reference.h"
+
+#include "gen/interval.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_THREADS 64
+#define ROWS_PER_ITEM 16
+#define COUNT_TILE 64
+
+typedef enum { KIND_DENSE, KIND_STREAMING, KIND_LOWP, KIND_COUNT } job_kind;
+
+typedef struct ref_job {
+  job_kind kind;
+  int B, Hq, Hkv, Lq, Lk, D, group;
+  double scale;
+  const fjg_graph *g;
+  int has_mask, has_score;
+  fjg_env env;
+  int block_m, block_n;
+  fj_dtype dtype;
+  int fp32_rowsum;
+  const double *q, *k, *v; /* float64 inputs */
+  const float *qf, *kf, *vf; /* rounded inputs for the lowp kind */
+  double *o, *lse;
+  float *of, *lsef;
+  int rows_per_item, items_per_bh;
+  long num_items;
+  atomic_long next;
+  atomic_int failed;
+  atomic_llong count; /* KIND_COUNT result */
+  int count_bh;       /* KIND_COUNT: 1 when the mask depends on b or h */
+} ref_job;
+
+/* Per-thread scratch, sized for the largest kind. */
+typedef struct ref_scratch {
+  double *s;  /* scores: Lk (dense) or block_m * block_n (streaming) */
+  double *m, *l, *u; /* streaming state: block_m, block_m, block_m * D */
+  float *sf, *accf;  /* lowp: Lk scores, D accumulators */
+} ref_scratch;
+
+/* ---- 16-bit formats ---- */
+
+static uint32_t f32_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+static float bits_f32(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+uint16_t fjg_f32_to_bf16(float x) {
+  uint32_t u = f32_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  /* Adding 0x7fff plus the lowest kept bit rounds half to even; a carry
+   * into the exponent is the correct result (up to inf). */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+float fjg_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t fjg_f32_to_f16(float x) {
+  uint32_t u = f32_bits(x);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t ax = u & 0x7fffffffu;
+  if (ax >= 0x7f800000u) /* inf or NaN */
+    return (uint16_t)(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (ax >= 0x477ff000u) /* >= 65520 rounds (half to even) to inf */
+    return (uint16_t)(sign | 0x7c00u);
+  if (ax < 0x38800000u) {
+    /* Below 2^-14: a subnormal, in units of 2^-24. Scaling by 2^24 is exact
+     * and nearbyintf rounds half to even; 0x400 encodes 2^-14 correctly. */
+    float a = bits_f32(ax) * 16777216.0f;
+    return (uint16_t)(sign | (uint16_t)nearbyintf(a));
+  }
+  uint32_t e = (ax >> 23) - 127 + 15;
+  uint32_t mant = ax & 0x7fffffu;
+  uint32_t h = (e << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* carry is ok */
+  return (uint16_t)(sign | h);
+}
+
+float fjg_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (e == 0) { /* zero or subnormal: mant * 2^-24 is exact in float */
+    float v = (float)mant * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (e == 31) return bits_f32(sign | 0x7f800000u | (mant << 13));
+  return bits_f32(sign | ((e - 15 + 127) << 23) | (mant << 13));
+}
+
+float fjg_round_to_dtype(float x, fj_dtype dtype) {
+  if (dtype == FJ_DTYPE_F16) return fjg_f16_to_f32(fjg_f32_to_f16(x));
+  return fjg_bf16_to_f32(fjg_f32_to_bf16(x));
+}
+
+/* ---- rows ---- */
+
+static int allowed(const ref_job *j, int b, int h, int qi, int kj) {
+  return !j->has_mask || fjg_eval_mask(j->g, &j->env, b, h, qi, kj);
+}
+
+static double modded(const ref_job *j, double s, int b, int h, int qi,
+                     int kj) {
+  return j->has_score ? fjg_eval_score(j->g, &j->env, s, b, h, qi, kj) : s;
+}
+
+static size_t q_off(const ref_job *j, int b, int h, int i) {
+  return (((size_t)b * j->Hq + h) * j->Lq + i) * j->D;
+}
+
+static size_t kv_off(const ref_job *j, int b, int h) {
+  return ((size_t)b * j->Hkv + h / j->group) * j->Lk * j->D;
+}
+
+static size_t lse_off(const ref_job *j, int b, int h, int i) {
+  return ((size_t)b * j->Hq + h) * j->Lq + i;
+}
+
+static double dot_d(const double *a, const double *b, int n) {
+  double s = 0;
+  for (int d = 0; d < n; d++) s += a[d] * b[d];
+  return s;
+}
+
+/* Scores of one row (-inf where masked out); returns their maximum. */
+static double row_scores(const ref_job *j, int b, int h, int i, double *s) {
+  const double *qr = j->q + q_off(j, b, h, i);
+  const double *kb = j->k + kv_off(j, b, h);
+  double m = -INFINITY;
+  for (int c = 0; c < j->Lk; c++) {
+    s[c] = -INFINITY;
+    if (!allowed(j, b, h, i, c)) continue;
+    s[c] = modded(j, j->scale * dot_d(qr, kb + (size_t)c * j->D, j->D), b, h,
+                  i, c);
+    if (s[c] > m) m = s[c];
+  }
+  return m;
+}
+
+static void dense_row(const ref_job *j, int b, int h, int i, ref_scratch *t) {
+  double *o = j->o + q_off(j, b, h, i);
+  const double *vb = j->v + kv_off(j, b, h);
+  double m = row_scores(j, b, h, i, t->s);
+  memset(o, 0, sizeof(double) * j->D);
+  if (m == -INFINITY) {
+    j->lse[lse_off(j, b, h, i)] = -INFINITY;
+    return;
+  }
+  double sum = 0;
+  for (int c = 0; c < j->Lk; c++) {
+    if (t->s[c] == -INFINITY) continue;
+    double p = exp(t->s[c] - m);
+    const double *vr = vb + (size_t)c * j->D;
+    sum += p;
+    for (int d = 0; d < j->D; d++) o[d] += p * vr[d];
+  }
+  for (int d = 0; d < j->D; d++) o[d] /= sum;
+  j->lse[lse_off(j, b, h, i)] = m + log(sum);
+}
+
+/* Folds one kv tile into the (m, l, u) state of one query row, guarding the
+ * empty state: a tile that leaves the maximum at -inf changes nothing. */
+static void stream_update(const ref_job *j, const double *s, int n,
+                          const double *vt, double *m, double *l, double *u) {
+  double tmax = -INFINITY;
+  for (int c = 0; c < n; c++)
+    if (s[c] > tmax) tmax = s[c];
+  double new_m = tmax > *m ? tmax : *m;
+  if (new_m == -INFINITY) return;
+  double alpha = exp(*m - new_m); /* exp(-inf) = 0 for the empty state */
+  *l *= alpha;
+  for (int d = 0; d < j->D; d++) u[d] *= alpha;
+  for (int c = 0; c < n; c++) {
+    if (s[c] == -INFINITY) continue;
+    double p = exp(s[c] - new_m);
+    *l += p;
+    for (int d = 0; d < j->D; d++) u[d] += p * vt[(size_t)c * j->D + d];
+  }
+  *m = new_m;
+}
+
+static void stream_tile_scores(const ref_job *j, int b, int h, int i,
+                               int j0, int n, double *s) {
+  const double *qr = j->q + q_off(j, b, h, i);
+  const double *kb = j->k + kv_off(j, b, h);
+  for (int c = 0; c < n; c++) {
+    int kj = j0 + c;
+    s[c] = -INFINITY;
+    if (!allowed(j, b, h, i, kj)) continue;
+    s[c] = modded(j, j->scale * dot_d(qr, kb + (size_t)kj * j->D, j->D), b,
+                  h, i, kj);
+  }
+}
+
+static void stream_finish(const ref_job *j, int b, int h, int i, double m,
+                          double l, const double *u) {
+  double *o = j->o + q_off(j, b, h, i);
+  if (l > 0) {
+    for (int d = 0; d < j->D; d++) o[d] = u[d] / l;
+    j->lse[lse_off(j, b, h, i)] = m + log(l);
+  } else {
+    memset(o, 0, sizeof(double) * j->D);
+    j->lse[lse_off(j, b, h, i)] = -INFINITY;
+  }
+}
+
+/* One block of block_m query rows, streamed over kv tiles of block_n. */
+static void stream_block(const ref_job *j, int b, int h, int i0, int rows,
+                         ref_scratch *t) {
+  const double *vb = j->v + kv_off(j, b, h);
+  for (int r = 0; r < rows; r++) {
+    t->m[r] = -INFINITY;
+    t->l[r] = 0;
+    memset(t->u + (size_t)r * j->D, 0, sizeof(double) * j->D);
+  }
+  for (int j0 = 0; j0 < j->Lk; j0 += j->block_n) {
+    int n = j->Lk - j0 < j->block_n ? j->Lk - j0 : j->block_n;
+    for (int r = 0; r < rows; r++) {
+      double *s = t->s + (size_t)r * j->block_n;
+      stream_tile_scores(j, b, h, i0 + r, j0, n, s);
+      stream_update(j, s, n, vb + (size_t)j0 * j->D, &t->m[r], &t->l[r],
+                    t->u + (size_t)r * j->D);
+    }
+  }
+  for (int r = 0; r < rows; r++)
+    stream_finish(j, b, h, i0 + r, t->m[r], t->l[r], t->u + (size_t)r * j->D);
+}
+
+/* The kernel's arithmetic: float32 scores from rounded inputs, float32
+ * softmax, P rounded to the input dtype for PV (and for the row sum unless
+ * fp32_rowsum), float32 accumulation, O rounded to the input dtype. */
+static void lowp_row(const ref_job *j, int b, int h, int i, ref_scratch *t) {
+  const float *qr = j->qf + q_off(j, b, h, i);
+  const float *kb = j->kf + kv_off(j, b, h);
+  const float *vb = j->vf + kv_off(j, b, h);
+  float *s = t->sf, m = -INFINITY, scale = (float)j->scale;
+  for (int c = 0; c < j->Lk; c++) {
+    s[c] = -INFINITY;
+    if (!allowed(j, b, h, i, c)) continue;
+    const float *kr = kb + (size_t)c * j->D;
+    float acc = 0;
+    for (int d = 0; d < j->D; d++) acc += qr[d] * kr[d];
+    s[c] = (float)modded(j, (double)(acc * scale), b, h, i, c);
+    if (s[c] > m) m = s[c];
+  }
+  float *o = j->of + q_off(j, b, h, i);
+  memset(t->accf, 0, sizeof(float) * j->D);
+  float l = 0;
+  for (int c = 0; m != -INFINITY && c < j->Lk; c++) {
+    if (s[c] == -INFINITY) continue;
+    float p = expf(s[c] - m);
+    float pr = fjg_round_to_dtype(p, j->dtype);
+    const float *vr = vb + (size_t)c * j->D;
+    l += j->fp32_rowsum ? p : pr;
+    for (int d = 0; d < j->D; d++) t->accf[d] += pr * vr[d];
+  }
+  /* O is stored in the input dtype, as the kernel stores it. */
+  for (int d = 0; d < j->D; d++)
+    o[d] = l > 0 ? fjg_round_to_dtype(t->accf[d] / l, j->dtype) : 0.0f;
+  j->lsef[lse_off(j, b, h, i)] = l > 0 ? m + logf(l) : -INFINITY;
+}
+
+/* Allowed pairs of query rows [i0, i1): tiles that interval analysis proves
+ * full or empty are counted without evaluating the mask, so index-only masks
+ * over 16k x 16k cost a few thousand classifications, not 268M evaluations. */
+static long long count_rows(const ref_job *j, int b, int h, int i0, int i1) {
+  long long n = 0;
+  for (int c0 = 0; c0 < j->Lk; c0 += COUNT_TILE) {
+    int c1 = c0 + COUNT_TILE < j->Lk ? c0 + COUNT_TILE : j->Lk;
+    int cls = fjg_tile_class_cpu(j->g, &j->env, b, h, i0, i1 - 1, c0, c1 - 1);
+    if (cls == FJG_TILE_FULL) n += (long long)(i1 - i0) * (c1 - c0);
+    if (cls != FJG_TILE_PARTIAL) continue;
+    for (int i = i0; i < i1; i++)
+      for (int c = c0; c < c1; c++) n += allowed(j, b, h, i, c) ? 1 : 0;
+  }
+  return n;
+}
+
+/* ---- the pool ---- */
+
+static void run_item(ref_job *j, long item, ref_scratch *t) {
+  long bh = item / j->items_per_bh;
+  int b = (int)(bh / j->Hq), h = (int)(bh % j->Hq);
+  int i0 = (int)(item % j->items_per_bh) * j->rows_per_item;
+  int i1 = i0 + j->rows_per_item < j->Lq ? i0 + j->rows_per_item : j->Lq;
+  if (j->kind == KIND_STREAMING) {
+    stream_block(j, b, h, i0, i1 - i0, t);
+  } else if (j->kind == KIND_COUNT) {
+    atomic_fetch_add(&j->count, count_rows(j, b, h, i0, i1));
+  } else {
+    for (int i = i0; i < i1; i++) {
+      if (j->kind == KIND_DENSE)
+        dense_row(j, b, h, i, t);
+      else
+        lowp_row(j, b, h, i, t);
+    }
+  }
+}
+
+static void scratch_free(ref_scratch *t) {
+  free(t->s);
+  free(t->m);
+  free(t->l);
+  free(t->u);
+  free(t->sf);
+  free(t->accf);
+}
+
+static int scratch_alloc(const ref_job *j, ref_scratch *t) {
+  size_t ns = (size_t)(j->Lk > 0 ? j->Lk : 1);
+  size_t bm = (size_t)j->block_m, d = (size_t)j->D;
+  memset(t, 0, sizeof *t);
+  if (j->kind == KIND_STREAMING) ns = bm * (size_t)j->block_n;
+  t->s = malloc(sizeof(double) * ns);
+  t->m = malloc(sizeof(double) * bm);
+  t->l = malloc(sizeof(double) * bm);
+  t->u = malloc(sizeof(double) * bm * d);
+  t->sf = malloc(sizeof(float) * ns);
+  t->accf = malloc(sizeof(float) * d);
+  if (t->s && t->m && t->l && t->u && t->sf && t->accf) return 0;
+  scratch_free(t);
+  return -1;
+}
+
+static void *worker(void *arg) {
+  ref_job *j = arg;
+  ref_scratch t;
+  if (scratch_alloc(j, &t) != 0) {
+    atomic_store(&j->failed, 1);
+    return NULL;
+  }
+  for (;;) {
+    long item = atomic_fetch_add(&j->next, 1);
+    if (item >= j->num_items) break;
+    run_item(j, item, &t);
+  }
+  scratch_free(&t);
+  return NULL;
+}
+
+static int thread_count(const fjg_ref_problem *p, long items) {
+  long n = p->threads > 0 ? p->threads : sysconf(_SC_NPROCESSORS_ONLN);
+  if (n < 2) n = 2;
+  if (n > MAX_THREADS) n = MAX_THREADS;
+  if (n > items) n = items;
+  return n < 1 ? 1 : (int)n;
+}
+
+/* Runs every item; the calling thread works too, so a pthread_create
+ * failure only costs speed. */
+static fj_status run_pool(const fjg_ref_problem *p, ref_job *j) {
+  pthread_t tid[MAX_THREADS];
+  int n = thread_count(p, j->num_items), started = 0;
+  for (int t = 1; t < n; t++) {
+    if (pthread_create(&tid[started], NULL, worker, j) != 0) break;
+    started++;
+  }
+  worker(j);
+  for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+  return atomic_load(&j->failed) ? FJ_ENOMEM : FJ_OK;
+}
+
+static int problem_valid(const fjg_ref_problem *p) {
+  return p && p->B > 0 && p->Hq > 0 && p->Hkv > 0 && p->Lq >= 0 &&
+         p->Lk >= 0 && p->D > 0 && p->Hq % p->Hkv == 0;
+}
+
+static void job_init(ref_job *j, const fjg_ref_problem *p, job_kind kind,
+                     int rows_per_item) {
+  memset(j, 0, sizeof *j);
+  j->kind = kind;
+  j->B = p->B, j->Hq = p->Hq, j->Hkv = p->Hkv;
+  j->Lq = p->Lq, j->Lk = p->Lk, j->D = p->D;
+  j->group = p->Hq / p->Hkv;
+  j->scale = p->scale != 0 ? p->scale : 1.0 / sqrt((double)p->D);
+  j->g = p->g;
+  j->has_mask = p->g && fjg_mask_root(p->g) >= 0;
+  j->has_score = p->g && fjg_score_root(p->g) >= 0;
+  if (p->env) j->env = *p->env;
+  j->env.sizes[FJG_SZ_B] = p->B;
+  j->env.sizes[FJG_SZ_HQ] = p->Hq;
+  j->env.sizes[FJG_SZ_HKV] = p->Hkv;
+  j->env.sizes[FJG_SZ_LQ] = p->Lq;
+  j->env.sizes[FJG_SZ_LK] = p->Lk;
+  j->block_m = rows_per_item;
+  j->block_n = 1;
+  j->rows_per_item = rows_per_item;
+  j->items_per_bh = (p->Lq + rows_per_item - 1) / rows_per_item;
+  j->num_items = (long)p->B * p->Hq * j->items_per_bh;
+  atomic_init(&j->next, 0);
+  atomic_init(&j->failed, 0);
+  atomic_init(&j->count, 0);
+}
+
+fj_status fjg_reference_dense(const fjg_ref_problem *p, const double *q,
+                              const double *k, const double *v, double *o,
+                              double *lse) {
+  ref_job j;
+  if (!problem_valid(p) || !q || !k || !v || !o || !lse) return FJ_EINVAL;
+  job_init(&j, p, KIND_DENSE, ROWS_PER_ITEM);
+  j.q = q, j.k = k, j.v = v, j.o = o, j.lse = lse;
+  return run_pool(p, &j);
+}
+
+fj_status fjg_reference_streaming(const fjg_ref_problem *p, int block_m,
+                                  int block_n, const double *q,
+                                  const double *k, const double *v, double *o,
+                                  double *lse) {
+  ref_job j;
+  if (!problem_valid(p) || block_m < 1 || block_n < 1 || !q || !k || !v ||
+      !o || !lse)
+    return FJ_EINVAL;
+  job_init(&j, p, KIND_STREAMING, block_m);
+  j.block_n = block_n;
+  j.q = q, j.k = k, j.v = v, j.o = o, j.lse = lse;
+  return run_pool(p, &j);
+}
+
+static float *rounded_copy(const double *x, size_t n, fj_dtype dtype) {
+  float *r = malloc(sizeof(float) * (n ? n : 1));
+  if (!r) return NULL;
+  for (size_t i = 0; i < n; i++) r[i] = fjg_round_to_dtype((float)x[i], dtype);
+  return r;
+}
+
+fj_status fjg_reference_lowp(const fjg_ref_problem *p, fj_dtype dtype,
+                             const double *q, const double *k,
+                             const double *v, float *o, float *lse) {
+  ref_job j;
+  fj_status st = FJ_ENOMEM;
+  float *qf = NULL, *kf = NULL, *vf = NULL;
+  if (!problem_valid(p) || !q || !k || !v || !o || !lse) return FJ_EINVAL;
+  if (dtype != FJ_DTYPE_BF16 && dtype != FJ_DTYPE_F16) return FJ_EINVAL;
+  size_t nq = (size_t)p->B * p->Hq * p->Lq * p->D;
+  size_t nk = (size_t)p->B * p->Hkv * p->Lk * p->D;
+  qf = rounded_copy(q, nq, dtype);
+  kf = rounded_copy(k, nk, dtype);
+  vf = rounded_copy(v, nk, dtype);
+  if (!qf || !kf || !vf) goto fail;
+  job_init(&j, p, KIND_LOWP, ROWS_PER_ITEM);
+  j.dtype = dtype;
+  j.fp32_rowsum = p->lowp_fp32_rowsum;
+  j.qf = qf, j.kf = kf, j.vf = vf, j.of = o, j.lsef = lse;
+  st = run_pool(p, &j);
+fail:
+  free(qf);
+  free(kf);
+  free(vf);
+  return st;
+}
+
+int64_t fjg_reference_count_allowed(const fjg_ref_problem *p) {
+  ref_job j;
+  if (!problem_valid(p)) return -1;
+  int64_t all = (int64_t)p->B * p->Hq * p->Lq * p->Lk;
+  if (!p->g || fjg_mask_root(p->g) < 0) return all;
+  unsigned deps = fjg_input_deps(p->g, fjg_mask_root(p->g));
+  int per_bh = (deps & ((1u << FJG_IN_B) | (1u << FJG_IN_H))) != 0;
+  fjg_ref_problem one = *p;
+  if (!per_bh) one.B = 1, one.Hq = 1, one.Hkv = 1; /* same count each (b,h) */
+  job_init(&j, &one, KIND_COUNT, COUNT_TILE);
+  /* Sizes stay those of the real problem: masks may read them. */
+  j.env.sizes[FJG_SZ_B] = p->B;
+  j.env.sizes[FJG_SZ_HQ] = p->Hq;
+  j.env.sizes[FJG_SZ_HKV] = p->Hkv;
+  if (run_pool(&one, &j) != FJ_OK) return -1;
+  int64_t n = (int64_t)atomic_load(&j.count);
+  return per_bh ? n : n * p->B * p->Hq;
+}
+
+/* ---- the comparison rule ---- */
+
+int fjg_ref_check(const double *ref, const float *lowp, const float *out,
+                  size_t n, double floor, fjg_check_report *rep) {
+  fjg_check_report r;
+  double e2 = 0, e2l = 0, r2 = 0;
+  memset(&r, 0, sizeof r);
+  r.n = n;
+  for (size_t i = 0; i < n; i++) {
+    double x = ref[i], y = out[i], z = lowp[i];
+    if (x == -INFINITY) {
+      if (y != -INFINITY) r.inf_mismatch++;
+      continue;
+    }
+    if (!isfinite(x) || !isfinite(y)) { /* NaN never passes */
+      r.nonfinite++;
+      continue;
+    }
+    if (x == 0 && z == 0 && y != 0) r.zero_mismatch++;
+    double e = fabs(y - x), el = isfinite(z) ? fabs(z - x) : 0;
+    if (e > r.max_err) r.max_err = e, r.worst = i;
+    if (el > r.max_err_lowp) r.max_err_lowp = el;
+    e2 += e * e, e2l += el * el, r2 += x * x;
+  }
+  r.tolerance = 2 * r.max_err_lowp + floor;
+  r.rel_l2 = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+  r.rel_l2_lowp = r2 > 0 ? sqrt(e2l / r2) : sqrt(e2l);
+  r.pass = r.max_err <= r.tolerance && r.nonfinite == 0 &&
+           r.inf_mismatch == 0 && r.zero_mismatch == 0;
+  if (rep) *rep = r;
+  return r.pass;
+}

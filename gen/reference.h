@@ -1,0 +1,105 @@
+/*
+ * gen/reference.h: CPU reference attention computed from a spec's graph.
+ *
+ * Three computations of the same forward attention, used by tests, the CLI's
+ * `run --check` and the GPU tests:
+ *  - fjg_reference_dense: float64, one row at a time (scores, mask,
+ *    score_mod, max, exp, sum, PV). The ground truth.
+ *  - fjg_reference_streaming: float64, the tiled online-softmax recurrence
+ *    with the (m, l, u) state, for checking the recurrence itself.
+ *  - fjg_reference_lowp: the same computation in the kernel's precision:
+ *    inputs rounded to bf16/fp16, scores and softmax in float32, P rounded
+ *    to the input dtype before PV (and, by default, before the row sum),
+ *    float32 accumulation, O rounded to the input dtype (LSE stays float32).
+ *    Its error against float64 sets the tolerance of fjg_ref_check.
+ *
+ * Layouts are contiguous: q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D],
+ * o [B, Hq, Lq, D], lse [B, Hq, Lq]. Query head h reads KV head
+ * h / (Hq / Hkv). A fully masked row (or one whose every score_mod value is
+ * -inf) gives o = 0 and lse = -inf.
+ *
+ * All functions are thread-safe (the graph and env are only read) and spread
+ * rows over several threads themselves.
+ */
+#ifndef FJG_REFERENCE_H
+#define FJG_REFERENCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flexjit.h"
+#include "gen/graph.h"
+
+typedef struct fjg_ref_problem {
+  int B, Hq, Hkv, Lq, Lk, D;
+  double scale;       /* 0: 1/sqrt(D) */
+  const fjg_graph *g; /* NULL: full attention, no score_mod */
+  /* Runtime arguments (params, buffers on the host). NULL when the spec has
+   * none. Its sizes[] are ignored: they are filled from the problem. */
+  const fjg_env *env;
+  int threads; /* 0: one per online CPU */
+  /* fjg_reference_lowp only. 0 (default): the softmax row sum adds P as
+   * rounded for PV, as the kernels do by default (FJK_SUM_ROUNDED_P=1: the
+   * weights then sum to exactly 1). 1: it adds P in float32 before
+   * rounding (kernels built with FJK_SUM_ROUNDED_P=0). */
+  int lowp_fp32_rowsum;
+} fjg_ref_problem;
+
+/* Float64 reference. o and lse must not be NULL. FJ_EINVAL on bad sizes,
+ * FJ_ENOMEM when scratch memory or threads cannot be had. */
+fj_status fjg_reference_dense(const fjg_ref_problem *p, const double *q,
+                              const double *k, const double *v, double *o,
+                              double *lse);
+
+/* Float64 tiled online softmax with block_m query rows and block_n keys per
+ * tile; agrees with the dense reference to rounding (~1e-13). */
+fj_status fjg_reference_streaming(const fjg_ref_problem *p, int block_m,
+                                  int block_n, const double *q,
+                                  const double *k, const double *v, double *o,
+                                  double *lse);
+
+/* The computation in the kernel's input dtype (see the top of this file). */
+fj_status fjg_reference_lowp(const fjg_ref_problem *p, fj_dtype dtype,
+                             const double *q, const double *k,
+                             const double *v, float *o, float *lse);
+
+/* Number of (b, h, q, kv) quadruples the mask allows (B*Hq*Lq*Lk when the
+ * graph has no mask). Evaluates each (q, kv) pair once per (b, h) only when
+ * the mask depends on b or h. -1 on failure. */
+int64_t fjg_reference_count_allowed(const fjg_ref_problem *p);
+
+/* Round-to-nearest-even conversions between float32 and the 16-bit formats
+ * (NaN stays NaN, overflow gives inf, fp16 subnormals are kept). */
+uint16_t fjg_f32_to_bf16(float x);
+float fjg_bf16_to_f32(uint16_t h);
+uint16_t fjg_f32_to_f16(float x);
+float fjg_f16_to_f32(uint16_t h);
+/* x rounded to the nearest value representable in dtype. */
+float fjg_round_to_dtype(float x, fj_dtype dtype);
+
+/* The comparison rule of DESIGN.md. */
+typedef struct fjg_check_report {
+  size_t n;
+  double max_err;      /* max |out - ref| over finite reference values */
+  double max_err_lowp; /* max |lowp - ref| over the same */
+  double tolerance;    /* 2 * max_err_lowp + floor */
+  double rel_l2;       /* ||out - ref|| / ||ref|| */
+  double rel_l2_lowp;  /* ||lowp - ref|| / ||ref|| */
+  size_t worst;        /* index of max_err */
+  size_t nonfinite;    /* out NaN/Inf where the reference is finite */
+  size_t inf_mismatch; /* reference -inf but out is not exactly -inf */
+  size_t zero_mismatch; /* reference and lowp exactly 0 (a fully masked
+                           row's output) but out is not exactly 0 */
+  int pass;
+} fjg_check_report;
+
+/* Passes (returns 1, else 0) when max|out - ref| <= 2 * max|lowp - ref| +
+ * floor and none of the exact conditions fail: NaN never passes, a -inf
+ * reference must be matched by exactly -inf (LSE of a fully masked row), and
+ * where ref and lowp are both exactly 0 (the output of a fully masked row;
+ * random inputs never give an exact 0 otherwise) out must be exactly 0.
+ * `rep` may be NULL. */
+int fjg_ref_check(const double *ref, const float *lowp, const float *out,
+                  size_t n, double floor, fjg_check_report *rep);
+
+#endif /* FJG_REFERENCE_H */

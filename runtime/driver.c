@@ -1,0 +1,219 @@
+/*
+ * runtime/driver.c: loads libcuda.so.1 at run time (see driver.h).
+ *
+ * Only cuGetProcAddress is looked up with dlsym; every other entry point is
+ * asked of the driver with an explicit ABI version, so we get the same
+ * variant (cuMemAlloc_v2, ...) that cuda.h's macros name in our struct.
+ */
+#include "runtime/driver.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ABI the entry points are requested with: the CUDA 12.0 variants. Every
+ * field of fjr_driver has had its current signature since 12.0 at the latest,
+ * and a 12.x or newer driver serves them. */
+#define FJR_DRIVER_ABI 12000
+
+typedef CUresult (*fjr_getproc_v2_fn)(const char *, void **, int, cuuint64_t,
+                                      CUdriverProcAddressQueryResult *);
+typedef CUresult (*fjr_getproc_v1_fn)(const char *, void **, int, cuuint64_t);
+
+/* How the driver is asked for an entry point: one of the two signatures. */
+typedef struct fjr_getproc {
+  fjr_getproc_v2_fn v2;
+  fjr_getproc_v1_fn v1;
+} fjr_getproc;
+
+/* The one process-wide state: written once under pthread_once, immutable
+ * afterwards, so readers need no lock. */
+typedef struct fjr_driver_state {
+  fjr_driver drv;
+  fj_status status;
+  char err[512];
+} fjr_driver_state;
+
+static fjr_driver_state driver_state;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+
+static const char *library_name(void) {
+  const char *env = getenv("FLEXJIT_LIBCUDA");
+  return (env && env[0]) ? env : "libcuda.so.1";
+}
+
+static CUresult getproc_call(const fjr_getproc *gp, const char *symbol,
+                             void **pfn) {
+  *pfn = NULL;
+  if (gp->v2) {
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
+    CUresult r = gp->v2(symbol, pfn, FJR_DRIVER_ABI,
+                        CU_GET_PROC_ADDRESS_DEFAULT, &found);
+    if (r == CUDA_SUCCESS && found != CU_GET_PROC_ADDRESS_SUCCESS)
+      r = CUDA_ERROR_NOT_FOUND;
+    return r;
+  }
+  return gp->v1(symbol, pfn, FJR_DRIVER_ABI, CU_GET_PROC_ADDRESS_DEFAULT);
+}
+
+/* Resolves one field; on failure writes which entry point was missing. */
+static int resolve_one(const fjr_getproc *gp, const char *symbol, void **slot,
+                       const char *lib, char *err, size_t errlen) {
+  CUresult r = getproc_call(gp, symbol, slot);
+  if (r == CUDA_SUCCESS && *slot)
+    return 0;
+  snprintf(err, errlen,
+           "%s: cuGetProcAddress(\"%s\", %d) failed (CUresult %d); the "
+           "driver is too old for flexjit (needs CUDA 12.0 or newer)",
+           lib, symbol, FJR_DRIVER_ABI, (int)r);
+  *slot = NULL;
+  return -1;
+}
+
+/* The string is taken before macro expansion ("cuMemAlloc"), the field name
+ * after it (cuMemAlloc_v2 via cuda.h), which is what the driver expects. */
+#define FJR_RESOLVE(field)                                                    \
+  do {                                                                        \
+    if (resolve_one(gp, #field, (void **)&drv->field, lib, err, errlen))      \
+      return -1;                                                              \
+  } while (0)
+
+static int resolve_all(const fjr_getproc *gp, fjr_driver *drv, const char *lib,
+                       char *err, size_t errlen) {
+  FJR_RESOLVE(cuInit);
+  FJR_RESOLVE(cuDriverGetVersion);
+  FJR_RESOLVE(cuGetErrorName);
+  FJR_RESOLVE(cuGetErrorString);
+  FJR_RESOLVE(cuDeviceGetCount);
+  FJR_RESOLVE(cuDeviceGet);
+  FJR_RESOLVE(cuDeviceGetName);
+  FJR_RESOLVE(cuDeviceGetAttribute);
+  FJR_RESOLVE(cuDevicePrimaryCtxRetain);
+  FJR_RESOLVE(cuDevicePrimaryCtxRelease);
+  FJR_RESOLVE(cuCtxGetCurrent);
+  FJR_RESOLVE(cuCtxSetCurrent);
+  FJR_RESOLVE(cuCtxSynchronize);
+  FJR_RESOLVE(cuModuleLoadData);
+  FJR_RESOLVE(cuModuleUnload);
+  FJR_RESOLVE(cuModuleGetFunction);
+  FJR_RESOLVE(cuFuncSetAttribute);
+  FJR_RESOLVE(cuFuncGetAttribute);
+  FJR_RESOLVE(cuLaunchKernel);
+  FJR_RESOLVE(cuMemAlloc);
+  FJR_RESOLVE(cuMemFree);
+  FJR_RESOLVE(cuMemcpyHtoD);
+  FJR_RESOLVE(cuMemcpyDtoH);
+  FJR_RESOLVE(cuMemsetD8);
+  FJR_RESOLVE(cuMemsetD32);
+  FJR_RESOLVE(cuPointerGetAttribute);
+  FJR_RESOLVE(cuStreamCreate);
+  FJR_RESOLVE(cuStreamDestroy);
+  FJR_RESOLVE(cuStreamSynchronize);
+  FJR_RESOLVE(cuEventCreate);
+  FJR_RESOLVE(cuEventDestroy);
+  FJR_RESOLVE(cuEventRecord);
+  FJR_RESOLVE(cuEventSynchronize);
+  FJR_RESOLVE(cuEventElapsedTime);
+  return 0;
+}
+
+#undef FJR_RESOLVE
+
+static int find_getproc(void *handle, fjr_getproc *gp, const char *lib,
+                        char *err, size_t errlen) {
+  /* dlsym returns void*; going through memcpy keeps -Wpedantic quiet about
+   * object-to-function pointer conversion. */
+  void *sym = dlsym(handle, "cuGetProcAddress_v2");
+  memset(gp, 0, sizeof *gp);
+  if (sym) {
+    memcpy(&gp->v2, &sym, sizeof sym);
+    return 0;
+  }
+  sym = dlsym(handle, "cuGetProcAddress");
+  if (sym) {
+    memcpy(&gp->v1, &sym, sizeof sym);
+    return 0;
+  }
+  snprintf(err, errlen,
+           "%s has no cuGetProcAddress: the driver is too old for flexjit "
+           "(needs CUDA 12.0 or newer)",
+           lib);
+  return -1;
+}
+
+static int init_driver(fjr_driver *drv, char *err, size_t errlen) {
+  CUresult r = drv->cuInit(0);
+  if (r == CUDA_SUCCESS)
+    r = drv->cuDriverGetVersion(&drv->version);
+  if (r == CUDA_SUCCESS)
+    return 0;
+  char text[256];
+  fjr_driver_error_text(drv, r, text, sizeof text);
+  snprintf(err, errlen, "cuInit failed: %s", text);
+  return -1;
+}
+
+static void load_driver_once(void) {
+  fjr_driver_state *st = &driver_state;
+  const char *lib = library_name();
+  fjr_getproc gp;
+  void *handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    const char *why = dlerror();
+    snprintf(st->err, sizeof st->err, "%s not found: %s", lib,
+             why ? why : "dlopen failed");
+    goto fail;
+  }
+  if (find_getproc(handle, &gp, lib, st->err, sizeof st->err))
+    goto fail;
+  if (resolve_all(&gp, &st->drv, lib, st->err, sizeof st->err))
+    goto fail;
+  if (init_driver(&st->drv, st->err, sizeof st->err))
+    goto fail;
+  /* The handle stays open for the life of the process: the table points
+   * into it. */
+  st->status = FJ_OK;
+  return;
+fail:
+  memset(&st->drv, 0, sizeof st->drv);
+  if (handle)
+    dlclose(handle);
+  st->status = FJ_ENODRIVER;
+}
+
+fj_status fjr_driver_load(const fjr_driver **out, char *err, size_t errlen) {
+  pthread_once(&driver_once, load_driver_once);
+  if (driver_state.status != FJ_OK) {
+    if (out)
+      *out = NULL;
+    if (err && errlen)
+      snprintf(err, errlen, "%s", driver_state.err);
+    return driver_state.status;
+  }
+  if (out)
+    *out = &driver_state.drv;
+  if (err && errlen)
+    err[0] = '\0';
+  return FJ_OK;
+}
+
+void fjr_driver_error_text(const fjr_driver *drv, CUresult r, char *buf,
+                           size_t len) {
+  const char *name = NULL, *desc = NULL;
+  if (!buf || !len)
+    return;
+  if (drv && drv->cuGetErrorName &&
+      drv->cuGetErrorName(r, &name) != CUDA_SUCCESS)
+    name = NULL;
+  if (drv && drv->cuGetErrorString &&
+      drv->cuGetErrorString(r, &desc) != CUDA_SUCCESS)
+    desc = NULL;
+  if (name && desc)
+    snprintf(buf, len, "%s: %s", name, desc);
+  else if (name)
+    snprintf(buf, len, "%s (CUresult %d)", name, (int)r);
+  else
+    snprintf(buf, len, "CUresult %d", (int)r);
+}

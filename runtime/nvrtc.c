@@ -1,0 +1,360 @@
+/*
+ * runtime/nvrtc.c: NVRTC loaded lazily with dlopen (see nvrtc.h).
+ *
+ * nvrtc.h is included for its types only; every call goes through the table,
+ * so the library has no link-time dependency on libnvrtc.
+ */
+#include "runtime/nvrtc.h"
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nvrtc.h>
+
+typedef struct fjr_nvrtc {
+  const char *(*GetErrorString)(nvrtcResult);
+  nvrtcResult (*Version)(int *, int *);
+  nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *,
+                               int, const char *const *,
+                               const char *const *);
+  nvrtcResult (*DestroyProgram)(nvrtcProgram *);
+  nvrtcResult (*CompileProgram)(nvrtcProgram, int, const char *const *);
+  nvrtcResult (*GetProgramLogSize)(nvrtcProgram, size_t *);
+  nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
+  nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
+  nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
+} fjr_nvrtc;
+
+/* The one process-wide state of this module: written once under
+ * pthread_once, immutable afterwards. */
+typedef struct fjr_nvrtc_state {
+  fjr_nvrtc fn;
+  int major, minor;
+  fj_status status;
+  char err[768];
+} fjr_nvrtc_state;
+
+static fjr_nvrtc_state nvrtc_state;
+static pthread_once_t nvrtc_once = PTHREAD_ONCE_INIT;
+
+static const char *const default_candidates[] = {
+    "libnvrtc.so.13",
+    "libnvrtc.so.12",
+    "libnvrtc.so",
+    "/usr/local/cuda/lib64/libnvrtc.so.13",
+};
+
+/* Minimal on purpose: every option here changes the cubin, and all of them
+ * go into the cache key. */
+static const char *const base_options[] = {
+    "-std=c++17",
+    "-default-device",
+};
+
+const char *const *fjr_nvrtc_base_options(int *n) {
+  if (n)
+    *n = (int)(sizeof base_options / sizeof base_options[0]);
+  return base_options;
+}
+
+/* Tries the candidates in order; *lib receives the name that loaded. On
+ * failure writes the names tried and the first loader error (the most
+ * telling one) into err. */
+static void *open_library(const char **lib, char *err, size_t errlen) {
+  const char *env = getenv("FLEXJIT_NVRTC");
+  if (env && env[0]) {
+    void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    *lib = env;
+    if (!h) {
+      const char *why = dlerror();
+      snprintf(err, errlen, "FLEXJIT_NVRTC=%s does not load: %s", env,
+               why ? why : "dlopen failed");
+    }
+    return h;
+  }
+  char first_error[384] = "";
+  size_t n = sizeof default_candidates / sizeof default_candidates[0];
+  for (size_t i = 0; i < n; i++) {
+    void *h = dlopen(default_candidates[i], RTLD_NOW | RTLD_LOCAL);
+    *lib = default_candidates[i];
+    if (h)
+      return h;
+    const char *why = dlerror();
+    if (!first_error[0])
+      snprintf(first_error, sizeof first_error, "%s",
+               why ? why : "dlopen failed");
+  }
+  snprintf(err, errlen,
+           "NVRTC not found (tried libnvrtc.so.13, libnvrtc.so.12, "
+           "libnvrtc.so, /usr/local/cuda/lib64/libnvrtc.so.13): %s; set "
+           "FLEXJIT_NVRTC to its path",
+           first_error);
+  return NULL;
+}
+
+static int resolve_symbol(void *h, const char *lib, const char *name,
+                          void *slot, char *err, size_t errlen) {
+  void *sym = dlsym(h, name);
+  if (!sym) {
+    snprintf(err, errlen, "%s lacks %s: not NVRTC, or too old", lib, name);
+    return -1;
+  }
+  /* Function pointers are copied bytewise from dlsym's void *. */
+  memcpy(slot, &sym, sizeof sym);
+  return 0;
+}
+
+#define FJR_NVRTC_SYM(field)                                                  \
+  do {                                                                        \
+    if (resolve_symbol(h, lib, "nvrtc" #field, &fn->field, err,           \
+                       errlen))           \
+      return -1;                                                              \
+  } while (0)
+
+static int resolve_all(void *h, const char *lib, fjr_nvrtc *fn, char *err,
+                       size_t errlen) {
+  FJR_NVRTC_SYM(GetErrorString);
+  FJR_NVRTC_SYM(Version);
+  FJR_NVRTC_SYM(CreateProgram);
+  FJR_NVRTC_SYM(DestroyProgram);
+  FJR_NVRTC_SYM(CompileProgram);
+  FJR_NVRTC_SYM(GetProgramLogSize);
+  FJR_NVRTC_SYM(GetProgramLog);
+  FJR_NVRTC_SYM(GetCUBINSize);
+  FJR_NVRTC_SYM(GetCUBIN);
+  return 0;
+}
+
+#undef FJR_NVRTC_SYM
+
+static void load_nvrtc_once(void) {
+  fjr_nvrtc_state *st = &nvrtc_state;
+  const char *lib = NULL;
+  void *h = open_library(&lib, st->err, sizeof st->err);
+  if (!h)
+    goto fail;
+  if (resolve_all(h, lib, &st->fn, st->err, sizeof st->err))
+    goto fail;
+  nvrtcResult r = st->fn.Version(&st->major, &st->minor);
+  if (r != NVRTC_SUCCESS) {
+    snprintf(st->err, sizeof st->err, "nvrtcVersion failed: %s",
+             st->fn.GetErrorString(r));
+    goto fail;
+  }
+  /* The handle stays open for the life of the process: the table points
+   * into it. */
+  st->status = FJ_OK;
+  return;
+fail:
+  memset(&st->fn, 0, sizeof st->fn);
+  if (h)
+    dlclose(h);
+  st->status = FJ_ENONVRTC;
+}
+
+static fj_status load_nvrtc(const fjr_nvrtc **fn, char *err, size_t errlen) {
+  pthread_once(&nvrtc_once, load_nvrtc_once);
+  if (nvrtc_state.status != FJ_OK) {
+    if (err && errlen)
+      snprintf(err, errlen, "%s", nvrtc_state.err);
+    return nvrtc_state.status;
+  }
+  *fn = &nvrtc_state.fn;
+  return FJ_OK;
+}
+
+fj_status fjr_nvrtc_version(int *major, int *minor, char *err, size_t errlen) {
+  const fjr_nvrtc *fn;
+  fj_status st = load_nvrtc(&fn, err, errlen);
+  if (st != FJ_OK)
+    return st;
+  if (major)
+    *major = nvrtc_state.major;
+  if (minor)
+    *minor = nvrtc_state.minor;
+  if (err && errlen)
+    err[0] = '\0';
+  return FJ_OK;
+}
+
+/* "sm_80", "sm_90a", "sm_100f": a real target, so NVRTC emits a cubin. */
+static int is_real_arch(const char *arch) {
+  if (strncmp(arch, "sm_", 3) != 0 || !isdigit((unsigned char)arch[3]))
+    return 0;
+  const char *p = arch + 3;
+  while (isdigit((unsigned char)*p))
+    p++;
+  while (isalpha((unsigned char)*p))
+    p++;
+  return *p == '\0' && (size_t)(p - arch) < 16;
+}
+
+/* Copies NVRTC's log into a malloc'd string; NULL when empty or on OOM. */
+static char *fetch_log(const fjr_nvrtc *fn, nvrtcProgram prog) {
+  size_t size = 0;
+  if (fn->GetProgramLogSize(prog, &size) != NVRTC_SUCCESS || size <= 1)
+    return NULL;
+  char *text = malloc(size);
+  if (!text)
+    return NULL;
+  if (fn->GetProgramLog(prog, text) != NVRTC_SUCCESS) {
+    free(text);
+    return NULL;
+  }
+  text[size - 1] = '\0';
+  return text;
+}
+
+/* The first log line that mentions "error", for a one-line summary. */
+static void first_error_line(const char *log, char *out, size_t n) {
+  out[0] = '\0';
+  if (!log)
+    return;
+  const char *hit = strstr(log, "error");
+  if (!hit)
+    return;
+  const char *start = hit;
+  while (start > log && start[-1] != '\n')
+    start--;
+  size_t len = strcspn(start, "\n");
+  snprintf(out, n, "%.*s", (int)len, start);
+}
+
+static fj_status compile_failure(const char *name, const char *arch,
+                                 nvrtcResult r, const fjr_nvrtc *fn,
+                                 const char *log, char *err, size_t errlen) {
+  char line[256];
+  first_error_line(log, line, sizeof line);
+  snprintf(err, errlen, "NVRTC failed to compile %s for %s: %s%s%s", name,
+           arch, fn->GetErrorString(r), line[0] ? ": " : "", line);
+  return FJ_ECOMPILE;
+}
+
+/* Reads the cubin out of a compiled program. */
+static fj_status take_cubin(const fjr_nvrtc *fn, nvrtcProgram prog,
+                            const char *name, const char *arch, void **cubin,
+                            size_t *cubin_size, char *err, size_t errlen) {
+  size_t size = 0;
+  nvrtcResult r = fn->GetCUBINSize(prog, &size);
+  if (r != NVRTC_SUCCESS || size == 0) {
+    snprintf(err, errlen,
+             "NVRTC produced no cubin for %s (%s): only PTX was generated; "
+             "the target must be a real sm_XX architecture",
+             name, arch);
+    return FJ_ECOMPILE;
+  }
+  char *bytes = malloc(size);
+  if (!bytes) {
+    snprintf(err, errlen, "out of memory for a %zu-byte cubin", size);
+    return FJ_ENOMEM;
+  }
+  r = fn->GetCUBIN(prog, bytes);
+  if (r != NVRTC_SUCCESS) {
+    free(bytes);
+    snprintf(err, errlen, "nvrtcGetCUBIN failed for %s: %s", name,
+             fn->GetErrorString(r));
+    return FJ_ECOMPILE;
+  }
+  *cubin = bytes;
+  *cubin_size = size;
+  return FJ_OK;
+}
+
+/* "--gpu-architecture=<arch>" followed by the caller's options. */
+static const char **build_options(const char *arch_opt,
+                                  const char *const *extra, int n_extra) {
+  const char **opts = malloc(sizeof *opts * (size_t)(n_extra + 1));
+  if (!opts)
+    return NULL;
+  opts[0] = arch_opt;
+  for (int i = 0; i < n_extra; i++)
+    opts[i + 1] = extra[i];
+  return opts;
+}
+
+static fj_status check_compile_args(const char *source, const char *arch,
+                                    const char *const *extra_opts, int n_extra,
+                                    void **cubin, size_t *cubin_size,
+                                    char *err, size_t errlen) {
+  if (!source || !arch || !cubin || !cubin_size || n_extra < 0 ||
+      (n_extra > 0 && !extra_opts)) {
+    snprintf(err, errlen, "fjr_nvrtc_compile: invalid argument");
+    return FJ_EINVAL;
+  }
+  if (!is_real_arch(arch)) {
+    snprintf(err, errlen,
+             "'%s' is not a real GPU architecture: NVRTC only emits a cubin "
+             "for sm_XX targets (\"sm_80\", \"sm_90a\")",
+             arch);
+    return FJ_EINVAL;
+  }
+  return FJ_OK;
+}
+
+fj_status fjr_nvrtc_compile(const char *source, const char *name,
+                            const char *arch, const char *const *extra_opts,
+                            int n_extra, void **cubin, size_t *cubin_size,
+                            char **log, char *err, size_t errlen) {
+  char scratch[8];
+  const fjr_nvrtc *fn = NULL;
+  nvrtcProgram prog = NULL;
+  const char **opts = NULL;
+  char *log_text = NULL;
+  char arch_opt[48];
+  nvrtcResult r;
+  fj_status st;
+
+  if (!err || !errlen) {
+    err = scratch;
+    errlen = sizeof scratch;
+  }
+  err[0] = '\0';
+  if (log)
+    *log = NULL;
+  if (!name)
+    name = "kernel.cu";
+  st = check_compile_args(source, arch, extra_opts, n_extra, cubin, cubin_size,
+                          err, errlen);
+  if (st != FJ_OK)
+    goto fail;
+  *cubin = NULL;
+  *cubin_size = 0;
+  st = load_nvrtc(&fn, err, errlen);
+  if (st != FJ_OK)
+    goto fail;
+  snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
+  opts = build_options(arch_opt, extra_opts, n_extra);
+  if (!opts) {
+    st = FJ_ENOMEM;
+    snprintf(err, errlen, "out of memory building NVRTC options");
+    goto fail;
+  }
+  r = fn->CreateProgram(&prog, source, name, 0, NULL, NULL);
+  if (r != NVRTC_SUCCESS) {
+    prog = NULL;
+    st = r == NVRTC_ERROR_OUT_OF_MEMORY ? FJ_ENOMEM : FJ_ECOMPILE;
+    snprintf(err, errlen, "nvrtcCreateProgram failed for %s: %s", name,
+             fn->GetErrorString(r));
+    goto fail;
+  }
+  r = fn->CompileProgram(prog, n_extra + 1, opts);
+  log_text = fetch_log(fn, prog);
+  if (r != NVRTC_SUCCESS) {
+    st = compile_failure(name, arch, r, fn, log_text, err, errlen);
+    goto fail;
+  }
+  st = take_cubin(fn, prog, name, arch, cubin, cubin_size, err, errlen);
+fail:
+  if (prog)
+    fn->DestroyProgram(&prog);
+  free(opts);
+  if (log)
+    *log = log_text;
+  else
+    free(log_text);
+  return st;
+}

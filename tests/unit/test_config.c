@@ -1,0 +1,150 @@
+/* tests/unit/test_config.c: gen/config.c (kernel configuration choice). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gen/config.h"
+
+static void expect_ok(int d, fj_dtype dt, const char *arch, fjg_config *c) {
+  char err[256] = "untouched";
+  fj_status st = fjg_config_choose(d, dt, arch, c, err, sizeof err);
+  if (st != FJ_OK) fail_msg("%d %s: %d %s", d, arch, st, err);
+  assert_string_equal(err, "");
+}
+
+static void test_h100_class(void **state) {
+  (void)state;
+  fjg_config c;
+  expect_ok(128, FJ_DTYPE_BF16, "sm_90a", &c);
+  assert_int_equal(c.head_dim, 128);
+  assert_int_equal(c.dtype, FJ_DTYPE_BF16);
+  assert_string_equal(c.arch, "sm_90a");
+  assert_int_equal(c.sm, 90);
+  assert_int_equal(c.block_m, 128);
+  assert_int_equal(c.block_n, 64);
+  assert_int_equal(c.num_warps, 4);
+  assert_int_equal(c.num_stages, 2);
+  assert_int_equal(c.threads, 128);
+  assert_int_equal(c.smem_bytes, 98304);
+  assert_string_equal(c.template_name, "sm80");
+
+  expect_ok(64, FJ_DTYPE_F16, "sm_80", &c);
+  assert_int_equal(c.sm, 80);
+  assert_int_equal(c.block_m, 128);
+  assert_int_equal(c.block_n, 128);
+  assert_int_equal(c.smem_bytes, 81920);
+  assert_string_equal(c.template_name, "sm80");
+}
+
+static void test_arch_parsing(void **state) {
+  (void)state;
+  static const struct {
+    const char *arch;
+    int sm;
+  } ok[] = {{"sm_80", 80}, {"sm_86", 86},   {"sm_89", 89},     {"sm_90", 90},
+            {"sm_90a", 90}, {"sm_100a", 100}, {"sm_120", 120}, {"sm_100f", 100}};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    fjg_config c;
+    expect_ok(128, FJ_DTYPE_BF16, ok[i].arch, &c);
+    assert_int_equal(c.sm, ok[i].sm);
+    assert_string_equal(c.arch, ok[i].arch);
+  }
+  static const char *bad[] = {"",      "sm80",   "sm_",     "sm_9",  "sm_9x",
+                              "sm_90ab", "sm_1000", "compute_90", "SM_90", " sm_90",
+                              "sm_90 ", "sm_-90", "sm_90a_"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    fjg_config c;
+    char err[256] = "";
+    assert_int_equal(fjg_config_choose(128, FJ_DTYPE_BF16, bad[i], &c, err, sizeof err),
+                     FJ_EINVAL);
+    assert_non_null(strstr(err, "invalid architecture"));
+  }
+}
+
+static void test_old_arch_rejected(void **state) {
+  (void)state;
+  fjg_config c;
+  char err[256] = "";
+  assert_int_equal(fjg_config_choose(64, FJ_DTYPE_F16, "sm_75", &c, err, sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_non_null(strstr(err, "sm_75"));
+  assert_non_null(strstr(err, "sm_80 or newer"));
+  assert_int_equal(fjg_config_choose(64, FJ_DTYPE_F16, "sm_70", &c, NULL, 0),
+                   FJ_EUNSUPPORTED);
+}
+
+static void test_head_dim_and_dtype(void **state) {
+  (void)state;
+  static const int bad[] = {0, 32, 96, 127, 256, -64};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    fjg_config c;
+    char err[256] = "";
+    assert_int_equal(fjg_config_choose(bad[i], FJ_DTYPE_BF16, "sm_90", &c, err, sizeof err),
+                     FJ_EUNSUPPORTED);
+    assert_non_null(strstr(err, "supported: 64, 128"));
+  }
+  fjg_config c;
+  char err[256] = "";
+  assert_int_equal(fjg_config_choose(64, (fj_dtype)7, "sm_90", &c, err, sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_non_null(strstr(err, "dtype"));
+}
+
+static void test_null_arguments(void **state) {
+  (void)state;
+  fjg_config c;
+  char err[8];
+  assert_int_equal(fjg_config_choose(64, FJ_DTYPE_BF16, "sm_90", NULL, err, sizeof err),
+                   FJ_EINVAL);
+  assert_int_equal(fjg_config_choose(64, FJ_DTYPE_BF16, NULL, &c, NULL, 0), FJ_EINVAL);
+  /* A short error buffer is truncated, never overrun. */
+  assert_int_equal(fjg_config_choose(96, FJ_DTYPE_BF16, "sm_90", &c, err, sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_int_equal(strlen(err), sizeof err - 1);
+}
+
+/* Invariants the template relies on, for every supported combination. */
+static void test_template_contract(void **state) {
+  (void)state;
+  static const char *archs[] = {"sm_80", "sm_86", "sm_87", "sm_89", "sm_90",
+                                "sm_90a", "sm_100a", "sm_120"};
+  static const int dims[] = {64, 128};
+  static const fj_dtype dts[] = {FJ_DTYPE_BF16, FJ_DTYPE_F16};
+  for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++)
+    for (size_t d = 0; d < 2; d++)
+      for (size_t t = 0; t < 2; t++) {
+        fjg_config c;
+        expect_ok(dims[d], dts[t], archs[a], &c);
+        int rows_per_warp = c.block_m / c.num_warps;
+        assert_true(rows_per_warp == 16 || rows_per_warp == 32);
+        assert_int_equal(c.block_m % c.num_warps, 0);
+        assert_int_equal(c.block_n % 16, 0);
+        assert_true(c.num_stages >= 2);
+        assert_int_equal(c.threads, c.num_warps * 32);
+        /* Rows a load pass covers must be a multiple of 8 (swizzle). */
+        int load_rows = c.threads / (c.head_dim / 8);
+        assert_int_equal(load_rows % 8, 0);
+        assert_int_equal(c.block_m % load_rows, 0);
+        assert_int_equal(c.block_n % load_rows, 0);
+        assert_int_equal(c.smem_bytes,
+                         (c.block_m + 2 * c.num_stages * c.block_n) * c.head_dim * 2);
+        /* Within the architecture's per-block opt-in limit. */
+        int limit = (c.sm == 86 || c.sm == 89 || c.sm == 120) ? 99 * 1024
+                    : c.sm == 80 || c.sm == 87                ? 163 * 1024
+                                                              : 227 * 1024;
+        assert_true(c.smem_bytes <= limit);
+      }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_h100_class),        cmocka_unit_test(test_arch_parsing),
+      cmocka_unit_test(test_old_arch_rejected), cmocka_unit_test(test_head_dim_and_dtype),
+      cmocka_unit_test(test_null_arguments),    cmocka_unit_test(test_template_contract),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,488 @@
+/* tests/unit/test_emit_cuda.c: the CUDA emitter (gen/emit_cuda.c).
+ *
+ * Besides layout and assembly checks, the emitted prologue is compiled for
+ * the HOST with g++ (CUDA qualifiers defined away) and run: fj_mask,
+ * fj_score_mod and fj_tile_class must agree with the CPU evaluator and
+ * fjg_tile_class_cpu on random inputs. That checks the emitted expressions
+ * and the shared interval rules without a GPU. */
+#include <dlfcn.h>
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <nvrtc.h>
+
+#include "gen/config.h"
+#include "gen/emit_cuda.h"
+#include "gen/graph.h"
+#include "gen/interval.h"
+#include "gen/templates.h"
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint32_t rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (uint32_t)(rng_state >> 16);
+}
+static int range(int lo, int hi) { return lo + (int)(rnd() % (uint32_t)(hi - lo + 1)); }
+
+/* ---- user params layout ---- */
+
+/* What the emitted struct is for args (w i32, doc buffer i32, cap f32,
+ * x i32, bias buffer f32), written by hand. */
+struct mirror {
+  long long reserved;
+  int a_w;
+  const int *a_doc;
+  long long n_doc;
+  float a_cap;
+  int a_x;
+  const float *a_bias;
+  long long n_bias;
+};
+
+static fjg_graph *five_args(void) {
+  fjg_graph *g = fjg_graph_create();
+  fjg_param(g, "w", FJG_I32);
+  fjg_buffer(g, "doc", FJG_I32);
+  fjg_param(g, "cap", FJG_F32);
+  fjg_param(g, "x", FJG_I32);
+  fjg_buffer(g, "bias", FJG_F32);
+  return g;
+}
+
+static void test_user_params_layout(void **state) {
+  (void)state;
+  fjg_graph *g = five_args();
+  assert_int_equal(fjg_user_params_size(g), sizeof(struct mirror));
+  assert_int_equal(fjg_user_params_offset(g, 0), offsetof(struct mirror, a_w));
+  assert_int_equal(fjg_user_params_offset(g, 1), offsetof(struct mirror, a_doc));
+  assert_int_equal(fjg_user_params_offset(g, 2), offsetof(struct mirror, a_cap));
+  assert_int_equal(fjg_user_params_offset(g, 3), offsetof(struct mirror, a_x));
+  assert_int_equal(fjg_user_params_offset(g, 4), offsetof(struct mirror, a_bias));
+  int32_t i32s[5] = {7, 0, 0, -3, 0};
+  float f32s[5] = {0, 0, 2.5f, 0, 0};
+  uint64_t ptrs[5] = {0, 0x1000, 0, 0, 0x2000};
+  int64_t lens[5] = {0, 11, 0, 0, 22};
+  struct mirror m;
+  memset(&m, 0xff, sizeof m);
+  fjg_user_params_pack(g, i32s, f32s, ptrs, lens, &m);
+  assert_int_equal(m.reserved, 0);
+  assert_int_equal(m.a_w, 7);
+  assert_int_equal((uintptr_t)m.a_doc, 0x1000);
+  assert_int_equal(m.n_doc, 11);
+  assert_true(m.a_cap == 2.5f);
+  assert_int_equal(m.a_x, -3);
+  assert_int_equal((uintptr_t)m.a_bias, 0x2000);
+  assert_int_equal(m.n_bias, 22);
+  fjg_graph_destroy(g);
+
+  fjg_graph *e = fjg_graph_create();
+  assert_int_equal(fjg_user_params_size(e), 8);
+  fjg_graph_destroy(e);
+}
+
+/* ---- the forward translation unit ---- */
+
+static fjg_config sm80_config(void) {
+  fjg_config c;
+  memset(&c, 0, sizeof c);
+  c.head_dim = 128;
+  c.dtype = FJ_DTYPE_BF16;
+  snprintf(c.arch, sizeof c.arch, "sm_80");
+  c.sm = 80;
+  c.block_m = 128;
+  c.block_n = 64;
+  c.num_warps = 4;
+  c.num_stages = 2;
+  c.threads = 128;
+  c.template_name = "sm80";
+  return c;
+}
+
+static fjg_graph *window_graph(void) {
+  fjg_graph *g = fjg_graph_create();
+  int w = fjg_param(g, "window", FJG_I32);
+  int q = fjg_input_node(g, FJG_IN_Q), kv = fjg_input_node(g, FJG_IN_KV);
+  int m = fjg_binary(g, FJG_OP_AND, fjg_binary(g, FJG_OP_GE, q, kv),
+                     fjg_binary(g, FJG_OP_LT, fjg_binary(g, FJG_OP_SUB, q, kv), w));
+  fjg_set_mask_root(g, m);
+  return g;
+}
+
+static const char *after(const char *hay, const char *needle, const char *from) {
+  const char *p = strstr(from, needle);
+  if (!p) fail_msg("'%s' missing or out of order in the translation unit", needle);
+  (void)hay;
+  return p;
+}
+
+static void test_forward_tu_layout(void **state) {
+  (void)state;
+  fjg_graph *g = window_graph();
+  fjg_config c = sm80_config();
+  fjg_buf b;
+  fjg_buf_init(&b);
+  assert_int_equal(fjg_emit_forward_tu(g, "-- spec\n", &c, "0123abcd", &b), FJ_OK);
+  const char *s = b.data, *p = s;
+  p = after(s, "key 0123abcd", p);
+  p = after(s, "#define FJ_HEAD_DIM 128\n", p);
+  p = after(s, "#define FJ_DTYPE_BF16 1\n", p);
+  p = after(s, "#define FJ_BLOCK_M 128\n", p);
+  p = after(s, "#define FJ_BLOCK_N 64\n", p);
+  p = after(s, "#define FJ_NUM_WARPS 4\n", p);
+  p = after(s, "#define FJ_NUM_STAGES 2\n", p);
+  p = after(s, "#define FJ_HAS_MASK 1\n", p);
+  p = after(s, "#define FJ_HAS_SCORE_MOD 0\n", p);
+  p = after(s, "template common/fj_common.cuh", p);
+  p = after(s, "generated prologue", p);
+  p = after(s, "int a_window;", p);
+  p = after(s, "template common/fj_fwd_params.cuh", p);
+  p = after(s, "template sm80/fwd.cuh", p);
+  assert_null(strstr(s, "#define FJ_DTYPE_F16"));
+  fjg_buf_free(&b);
+
+  c.dtype = FJ_DTYPE_F16;
+  fjg_buf_init(&b);
+  assert_int_equal(fjg_emit_forward_tu(g, NULL, &c, "k", &b), FJ_OK);
+  assert_non_null(strstr(b.data, "#define FJ_DTYPE_F16 1\n"));
+  fjg_buf_free(&b);
+
+  c.template_name = "sm999";
+  fjg_buf_init(&b);
+  assert_int_equal(fjg_emit_forward_tu(g, NULL, &c, "k", &b), FJ_ENOTFOUND);
+  fjg_buf_free(&b);
+  assert_int_equal(fjg_emit_forward_tu(g, NULL, NULL, "k", &b), FJ_EINVAL);
+  fjg_graph_destroy(g);
+
+  /* The template table has what the TU needs, and covers it in the hash. */
+  assert_non_null(fjg_template_text("common/fj_common.cuh", NULL));
+  assert_null(fjg_template_text("nope.cuh", NULL));
+  assert_true(fjg_template_count_get() >= 2);
+  fjg_buf all;
+  fjg_buf_init(&all);
+  fjg_templates_append_all(&all);
+  size_t len;
+  const char *common = fjg_template_text("common/fj_common.cuh", &len);
+  assert_true(all.len > len);
+  assert_non_null(memmem(all.data, all.len, common, len));
+  fjg_buf_free(&all);
+}
+
+/* The whole forward TU through NVRTC, for sm_80: generator and kernel
+ * template together. */
+static void test_forward_tu_compiles_with_nvrtc(void **state) {
+  (void)state;
+  fjg_graph *g = window_graph();
+  fjg_config c = sm80_config();
+  fjg_buf b;
+  fjg_buf_init(&b);
+  assert_int_equal(fjg_emit_forward_tu(g, "-- window\n", &c, "test", &b), FJ_OK);
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, b.data, "fwd.cu", 0, NULL, NULL),
+                   NVRTC_SUCCESS);
+  /* The options the runtime compiles with. */
+  const char *opts[] = {"--gpu-architecture=sm_80", "-std=c++17",
+                        "-default-device"};
+  nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
+  if (r != NVRTC_SUCCESS) {
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    char *log = calloc(1, n + 1);
+    nvrtcGetProgramLog(prog, log);
+    fail_msg("NVRTC failed on the forward TU: %s\n%.4000s", nvrtcGetErrorString(r), log);
+  }
+  nvrtcDestroyProgram(&prog);
+  fjg_buf_free(&b);
+  fjg_graph_destroy(g);
+}
+
+/* ---- host execution of the emitted prologue ---- */
+
+typedef struct nodes {
+  int q, kv, b, h, lq, lk, hq, w, p, fp, doc, fbuf;
+} nodes;
+
+static nodes leaves(fjg_graph *g) {
+  nodes n;
+  n.q = fjg_input_node(g, FJG_IN_Q);
+  n.kv = fjg_input_node(g, FJG_IN_KV);
+  n.b = fjg_input_node(g, FJG_IN_B);
+  n.h = fjg_input_node(g, FJG_IN_H);
+  n.lq = fjg_size_node(g, FJG_SZ_LQ);
+  n.lk = fjg_size_node(g, FJG_SZ_LK);
+  n.hq = fjg_size_node(g, FJG_SZ_HQ);
+  n.w = fjg_param(g, "w", FJG_I32);
+  n.doc = fjg_buffer(g, "doc", FJG_I32);
+  n.p = fjg_param(g, "p", FJG_I32);
+  n.fp = fjg_param(g, "fp", FJG_F32);
+  n.fbuf = fjg_buffer(g, "fbuf", FJG_F32);
+  return n;
+}
+
+static int bin(fjg_graph *g, fjg_op op, int a, int b) {
+  int r = fjg_binary(g, op, a, b);
+  if (r < 0) fail_msg("%s", fjg_graph_error(g));
+  return r;
+}
+
+static int rand_i32(fjg_graph *g, const nodes *n, int depth);
+
+static int rand_bool(fjg_graph *g, const nodes *n, int depth) {
+  static const fjg_op cmps[] = {FJG_OP_LT, FJG_OP_LE, FJG_OP_GT,
+                                FJG_OP_GE, FJG_OP_EQ, FJG_OP_NE};
+  static const fjg_op logic[] = {FJG_OP_AND, FJG_OP_OR, FJG_OP_XOR};
+  int pick = depth <= 0 ? 0 : range(0, 9);
+  if (pick <= 4)
+    return bin(g, cmps[range(0, 5)], rand_i32(g, n, depth - 1), rand_i32(g, n, depth - 1));
+  if (pick <= 7)
+    return bin(g, logic[range(0, 2)], rand_bool(g, n, depth - 1), rand_bool(g, n, depth - 1));
+  if (pick == 8) return fjg_unary(g, FJG_OP_NOT, rand_bool(g, n, depth - 1));
+  return bin(g, FJG_OP_LT, bin(g, FJG_OP_DIV, rand_i32(g, n, depth - 1), n->fp),
+             fjg_const_f32(g, 2.5f));
+}
+
+static int rand_i32(fjg_graph *g, const nodes *n, int depth) {
+  static const fjg_op ops[] = {FJG_OP_ADD, FJG_OP_SUB, FJG_OP_MUL, FJG_OP_MIN,
+                               FJG_OP_MAX, FJG_OP_IDIV, FJG_OP_MOD};
+  int pick = depth <= 0 ? range(0, 2) : range(0, 11);
+  if (pick <= 2) {
+    int leaves_[] = {n->q, n->kv, n->b, n->h, n->lq, n->lk, n->w, n->p};
+    int r = range(0, 10);
+    if (r < 8) return leaves_[r];
+    if (r == 8) return fjg_load(g, n->doc, n->q);
+    return fjg_const_i32(g, range(-70, 70));
+  }
+  if (pick <= 8)
+    return bin(g, ops[range(0, 6)], rand_i32(g, n, depth - 1), rand_i32(g, n, depth - 1));
+  if (pick == 9)
+    return fjg_unary(g, range(0, 1) ? FJG_OP_NEG : FJG_OP_ABS, rand_i32(g, n, depth - 1));
+  return fjg_where(g, rand_bool(g, n, depth - 1), rand_i32(g, n, depth - 1),
+                   rand_i32(g, n, depth - 1));
+}
+
+static int rand_f32(fjg_graph *g, const nodes *n, int depth) {
+  static const fjg_op un[] = {FJG_OP_EXP, FJG_OP_TANH, FJG_OP_ABS, FJG_OP_NEG,
+                              FJG_OP_FLOOR, FJG_OP_CEIL, FJG_OP_SQRT};
+  static const fjg_op ops[] = {FJG_OP_ADD, FJG_OP_SUB, FJG_OP_MUL, FJG_OP_DIV,
+                               FJG_OP_MIN, FJG_OP_MAX, FJG_OP_IDIV, FJG_OP_MOD};
+  int pick = depth <= 0 ? range(0, 3) : range(0, 9);
+  switch (pick) {
+  case 0: return fjg_input_node(g, FJG_IN_SCORE);
+  case 1: return fjg_const_f32(g, (float)range(-900, 900) / 64.0f);
+  case 2: return bin(g, FJG_OP_MUL, n->fp, fjg_load(g, n->fbuf, n->kv));
+  case 3: return fjg_unary(g, FJG_OP_TO_F32, rand_i32(g, n, 0));
+  case 4: case 5:
+    return fjg_unary(g, un[range(0, 6)],
+                     bin(g, FJG_OP_MUL, rand_f32(g, n, depth - 1), fjg_const_f32(g, 0.125f)));
+  case 6:
+    return fjg_where(g, rand_bool(g, n, depth - 1), rand_f32(g, n, depth - 1),
+                     rand_f32(g, n, depth - 1));
+  default:
+    return bin(g, ops[range(0, 7)], rand_f32(g, n, depth - 1),
+               bin(g, FJG_OP_ADD, rand_f32(g, n, depth - 1), fjg_const_f32(g, 1.5f)));
+  }
+}
+
+static int k32(fjg_graph *g, int v) { return fjg_const_i32(g, v); }
+
+/* One mask per interval rule, shaped so tiles are often decided: a wrong
+ * rule in either the C or the emitted classifier changes classes. */
+static int rule_mask(fjg_graph *g, const nodes *n, int i) {
+  int q = n->q, kv = n->kv, d = bin(g, FJG_OP_SUB, n->q, n->kv);
+  switch (i) {
+  case 2: return bin(g, FJG_OP_LT, bin(g, FJG_OP_ADD, q, kv), bin(g, FJG_OP_MUL, n->w, k32(g, 4)));
+  case 3: return bin(g, FJG_OP_GE, d, n->p);
+  case 4: return bin(g, FJG_OP_LT, bin(g, FJG_OP_MUL, q, kv), bin(g, FJG_OP_MUL, n->p, k32(g, 50)));
+  case 5: return bin(g, FJG_OP_LT, bin(g, FJG_OP_MIN, q, kv), n->p);
+  case 6: return bin(g, FJG_OP_GT, bin(g, FJG_OP_MAX, q, kv), n->p);
+  case 7: return bin(g, FJG_OP_EQ, bin(g, FJG_OP_IDIV, q, k32(g, 16)), bin(g, FJG_OP_IDIV, kv, k32(g, 16)));
+  case 8: return bin(g, FJG_OP_LT, bin(g, FJG_OP_MOD, d, k32(g, 9)), k32(g, 4));
+  case 9: return bin(g, FJG_OP_GT, fjg_unary(g, FJG_OP_NEG, q), fjg_unary(g, FJG_OP_NEG, kv));
+  case 10: return bin(g, FJG_OP_LE, fjg_unary(g, FJG_OP_ABS, d), n->w);
+  case 11: return fjg_where(g, bin(g, FJG_OP_LT, q, n->p), bin(g, FJG_OP_GE, q, kv),
+                            bin(g, FJG_OP_LT, kv, n->w));
+  case 12: return bin(g, FJG_OP_XOR, bin(g, FJG_OP_GE, q, kv), bin(g, FJG_OP_LT, kv, n->p));
+  default:
+    return bin(g, FJG_OP_OR, bin(g, FJG_OP_NE, bin(g, FJG_OP_IDIV, q, k32(g, -5)),
+                                 bin(g, FJG_OP_IDIV, kv, k32(g, -5))),
+               bin(g, FJG_OP_EQ, bin(g, FJG_OP_MOD, q, k32(g, -6)), k32(g, 0)));
+  }
+}
+
+enum { NUM_GRAPHS = 40, FIRST_RANDOM = 14 };
+
+static fjg_graph *make_graph(int i) {
+  fjg_graph *g = fjg_graph_create();
+  nodes n = leaves(g);
+  if (i == 0) { /* causal + sliding window + alibi-like score */
+    int d = bin(g, FJG_OP_SUB, n.q, n.kv);
+    fjg_set_mask_root(g, bin(g, FJG_OP_AND, bin(g, FJG_OP_GE, n.q, n.kv),
+                             bin(g, FJG_OP_LT, d, n.w)));
+    int slope = fjg_unary(g, FJG_OP_EXP2, bin(g, FJG_OP_DIV,
+        bin(g, FJG_OP_MUL, fjg_const_i32(g, -8), bin(g, FJG_OP_ADD, n.h, fjg_const_i32(g, 1))), n.hq));
+    fjg_set_score_root(g, bin(g, FJG_OP_SUB, fjg_input_node(g, FJG_IN_SCORE),
+                              bin(g, FJG_OP_MUL, slope, d)));
+    return g;
+  }
+  if (i == 1) { /* document + softcap with exact odd constants */
+    fjg_set_mask_root(g, bin(g, FJG_OP_EQ, fjg_load(g, n.doc, n.q), fjg_load(g, n.doc, n.kv)));
+    int s = fjg_input_node(g, FJG_IN_SCORE);
+    int t = fjg_unary(g, FJG_OP_TANH, bin(g, FJG_OP_DIV, s, fjg_const_f32(g, 30.0f)));
+    int r = bin(g, FJG_OP_MUL, t, fjg_const_f32(g, 30.0f));
+    r = bin(g, FJG_OP_ADD, r, fjg_const_f32(g, 1.0f / 3.0f));
+    r = bin(g, FJG_OP_ADD, r, fjg_const_f32(g, FLT_MIN / 4)); /* subnormal */
+    r = bin(g, FJG_OP_MUL, r, fjg_const_f32(g, -0.0f));
+    r = bin(g, FJG_OP_MIN, r, fjg_const_f32(g, FLT_MAX));
+    r = bin(g, FJG_OP_MAX, r, fjg_const_f32(g, -INFINITY));
+    fjg_set_score_root(g, r);
+    return g;
+  }
+  if (i < FIRST_RANDOM) {
+    fjg_set_mask_root(g, rule_mask(g, &n, i));
+    return g;
+  }
+  fjg_set_mask_root(g, rand_bool(g, &n, range(1, 4)));
+  fjg_set_score_root(g, i % 3 ? rand_f32(g, &n, range(1, 4)) : rand_i32(g, &n, 3));
+  return g;
+}
+
+typedef int (*mask_fn)(const void *, const int *, int, int, int, int);
+typedef float (*score_fn)(const void *, const int *, float, int, int, int, int);
+typedef int (*tile_fn)(const void *, const int *, int, int, int, int, int, int);
+
+static const char *const host_prelude =
+    "#include <math.h>\n#include <string.h>\n"
+    "#define __device__\n#define __forceinline__ inline\n"
+    "static inline int __ldg(const int *p) { return *p; }\n"
+    "static inline float __ldg(const float *p) { return *p; }\n"
+    "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n";
+
+/* Writes one C++ file holding every graph's prologue in its own namespace,
+ * with extern "C" entry points, and builds it into a shared object. */
+static void *build_host_library(fjg_graph **graphs, const char *dir) {
+  fjg_buf src;
+  fjg_buf_init(&src);
+  fjg_buf_printf(&src, "%s", host_prelude);
+  size_t len;
+  const char *common = fjg_template_text("common/fj_common.cuh", &len);
+  fjg_buf_append(&src, common, len);
+  for (int i = 0; i < NUM_GRAPHS; i++) {
+    fjg_buf_printf(&src, "namespace g%d {\n", i);
+    assert_int_equal(fjg_emit_prologue(graphs[i], "-- */ tricky\n", &src), FJ_OK);
+    fjg_buf_printf(&src,
+        "}\nextern \"C\" int mask_%d(const void *u, const int *z, int b, int h, int q, int kv) {\n"
+        "  return g%d::fj_mask(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q, kv);\n}\n"
+        "extern \"C\" float score_%d(const void *u, const int *z, float s, int b, int h, int q, int kv) {\n"
+        "  return g%d::fj_score_mod(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, s, b, h, q, kv);\n}\n"
+        "extern \"C\" int tile_%d(const void *u, const int *z, int b, int h, int q0, int q1, int k0, int k1) {\n"
+        "  return g%d::fj_tile_class(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q0, q1, k0, k1);\n}\n",
+        i, i, i, i, i, i, i, i, i);
+  }
+  char cpp[512], so[512], cmd[1600];
+  snprintf(cpp, sizeof cpp, "%s/emitted_host.cpp", dir);
+  snprintf(so, sizeof so, "%s/emitted_host.so", dir);
+  FILE *f = fopen(cpp, "wb");
+  assert_non_null(f);
+  fwrite(src.data, 1, src.len, f);
+  fclose(f);
+  fjg_buf_free(&src);
+  snprintf(cmd, sizeof cmd, "g++ -std=c++17 -O1 -fPIC -shared -w -o %s %s", so, cpp);
+  if (system(cmd) != 0) fail_msg("host compile failed: %s", cmd);
+  void *lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) fail_msg("dlopen: %s", dlerror());
+  return lib;
+}
+
+static void *sym(void *lib, const char *kind, int i) {
+  char name[32];
+  snprintf(name, sizeof name, "%s_%d", kind, i);
+  void *p = dlsym(lib, name);
+  assert_non_null(p);
+  return p;
+}
+
+static int same_float(double want, float got) {
+  if (isnan(want)) return isnan(got);
+  if (isinf(want) || isinf(got)) return want == got || fabs(want) > 1e37;
+  return fabs(want - got) <= 1e-4 * fmax(1.0, fabs(want));
+}
+
+static void check_graph(void *lib, int i, fjg_graph *g) {
+  mask_fn mask = (mask_fn)sym(lib, "mask", i);
+  score_fn score = (score_fn)sym(lib, "score", i);
+  tile_fn tile = (tile_fn)sym(lib, "tile", i);
+  int32_t docs[32];
+  float fvals[32];
+  for (int j = 0; j < 32; j++) docs[j] = range(0, 2), fvals[j] = (float)range(-64, 64) / 8.0f;
+  int32_t i32s[8] = {0};
+  float f32s[8] = {0};
+  uint64_t ptrs[8] = {0};
+  int64_t lens[8] = {0};
+  i32s[0] = range(1, 64);     /* w */
+  i32s[2] = range(-10, 100);  /* p */
+  f32s[3] = (float)range(1, 40) / 4.0f; /* fp */
+  ptrs[1] = (uint64_t)(uintptr_t)docs, lens[1] = 32;
+  ptrs[4] = (uint64_t)(uintptr_t)fvals, lens[4] = 32;
+  unsigned char params[256];
+  assert_true(fjg_user_params_size(g) <= sizeof params);
+  fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
+  const void *data[8] = {0, docs, 0, 0, fvals};
+  fjg_env env = {{2, 8, 2, range(1, 200), range(1, 200)}, i32s, f32s, data, lens};
+  for (int t = 0; t < 300; t++) {
+    int b = range(0, 1), h = range(0, 7), q = range(-5, 200), kv = range(-5, 200);
+    int want = fjg_eval_mask(g, &env, b, h, q, kv);
+    int got = mask(params, env.sizes, b, h, q, kv);
+    if (want != got)
+      fail_msg("graph %d: mask(b=%d h=%d q=%d kv=%d) cpu %d emitted %d", i, b, h, q, kv, want, got);
+    float s = (float)range(-400, 400) / 16.0f;
+    double ws = fjg_eval_score(g, &env, s, b, h, q, kv);
+    float gs = score(params, env.sizes, s, b, h, q, kv);
+    if (!same_float(ws, gs))
+      fail_msg("graph %d: score(%g, b=%d h=%d q=%d kv=%d) cpu %.9g emitted %.9g", i, s, b, h, q, kv, ws, gs);
+    int q0 = range(-20, 200), kv0 = range(-20, 200);
+    int q1 = q0 + range(0, 40), kv1 = kv0 + range(0, 40);
+    int wc = fjg_tile_class_cpu(g, &env, b, h, q0, q1, kv0, kv1);
+    int gc = tile(params, env.sizes, b, h, q0, q1, kv0, kv1);
+    if (wc != gc)
+      fail_msg("graph %d: tile class q[%d,%d] kv[%d,%d] cpu %d emitted %d", i, q0, q1, kv0, kv1, wc, gc);
+  }
+}
+
+static void test_emitted_code_matches_cpu(void **state) {
+  (void)state;
+  if (system("g++ --version > /dev/null 2>&1") != 0) {
+    print_message("g++ not found; skipping the host run of emitted code\n");
+    skip();
+  }
+  char dir[] = "/tmp/fj_emit_host_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  fjg_graph *graphs[NUM_GRAPHS];
+  for (int i = 0; i < NUM_GRAPHS; i++) graphs[i] = make_graph(i);
+  void *lib = build_host_library(graphs, dir);
+  for (int i = 0; i < NUM_GRAPHS; i++) check_graph(lib, i, graphs[i]);
+  dlclose(lib);
+  for (int i = 0; i < NUM_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_user_params_layout),
+      cmocka_unit_test(test_forward_tu_layout),
+      cmocka_unit_test(test_forward_tu_compiles_with_nvrtc),
+      cmocka_unit_test(test_emitted_code_matches_cpu),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

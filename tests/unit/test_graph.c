@@ -1,0 +1,304 @@
+/* tests/unit/test_graph.c: hash-consing, promotion, folding, declarations,
+ * roots and every builder error of gen/graph.c. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gen/graph.h"
+
+static int in(fjg_graph *g, fjg_input which) {
+  int id = fjg_input_node(g, which);
+  assert_true(id >= 0);
+  return id;
+}
+
+static const fjg_node *node(fjg_graph *g, int id) {
+  const fjg_node *n = fjg_node_at(g, id);
+  assert_non_null(n);
+  return n;
+}
+
+static void assert_error(fjg_graph *g, int result, const char *needle) {
+  assert_int_equal(result, -1);
+  if (!strstr(fjg_graph_error(g), needle))
+    fail_msg("error '%s' does not mention '%s'", fjg_graph_error(g), needle);
+}
+
+static void test_hash_consing(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int q = in(g, FJG_IN_Q), kv = in(g, FJG_IN_KV);
+  assert_int_equal(in(g, FJG_IN_Q), q);
+  int ge = fjg_binary(g, FJG_OP_GE, q, kv);
+  assert_int_equal(fjg_binary(g, FJG_OP_GE, q, kv), ge);
+  assert_int_not_equal(fjg_binary(g, FJG_OP_GE, kv, q), ge);
+  assert_int_not_equal(fjg_binary(g, FJG_OP_GT, q, kv), ge);
+  assert_int_equal(fjg_const_i32(g, 7), fjg_const_i32(g, 7));
+  assert_int_not_equal(fjg_const_i32(g, 7), fjg_const_i32(g, 8));
+  /* 1 (i32), 1.0 (f32) and true are three different constants. */
+  assert_int_not_equal(fjg_const_i32(g, 1), fjg_const_f32(g, 1.0f));
+  assert_int_not_equal(fjg_const_i32(g, 1), fjg_const_bool(g, 1));
+  /* -0.0 and 0.0 differ bitwise and must stay apart. */
+  assert_int_not_equal(fjg_const_f32(g, 0.0f), fjg_const_f32(g, -0.0f));
+  assert_int_equal(fjg_size_node(g, FJG_SZ_LQ), fjg_size_node(g, FJG_SZ_LQ));
+  /* Many nodes: the table grows and still finds every one. */
+  int ids[3000];
+  for (int i = 0; i < 3000; i++)
+    ids[i] = fjg_binary(g, FJG_OP_ADD, q, fjg_const_i32(g, i + 1));
+  for (int i = 0; i < 3000; i++)
+    assert_int_equal(fjg_binary(g, FJG_OP_ADD, q, fjg_const_i32(g, i + 1)),
+                     ids[i]);
+  /* Operands precede users. */
+  for (int id = 0; id < fjg_num_nodes(g); id++) {
+    const fjg_node *n = node(g, id);
+    int arity = fjg_op_arity((fjg_op)n->op);
+    if (arity >= 1) assert_true(n->a < id);
+    if (arity >= 2) assert_true(n->b < id);
+    if (arity >= 3) assert_true(n->c < id);
+  }
+  fjg_graph_destroy(g);
+}
+
+static void test_promotion(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int q = in(g, FJG_IN_Q), kv = in(g, FJG_IN_KV), s = in(g, FJG_IN_SCORE);
+  int half = fjg_const_f32(g, 0.5f);
+
+  int x = fjg_binary(g, FJG_OP_ADD, q, half);
+  assert_int_equal(node(g, x)->type, FJG_F32);
+  assert_int_equal(node(g, node(g, x)->a)->op, FJG_OP_TO_F32);
+  assert_int_equal(node(g, node(g, x)->a)->a, q);
+  assert_int_equal(node(g, x)->b, half);
+
+  int d = fjg_binary(g, FJG_OP_DIV, q, kv);
+  assert_int_equal(node(g, d)->type, FJG_F32);
+  assert_int_equal(node(g, node(g, d)->b)->op, FJG_OP_TO_F32);
+
+  assert_int_equal(node(g, fjg_binary(g, FJG_OP_IDIV, q, kv))->type, FJG_I32);
+  assert_int_equal(node(g, fjg_binary(g, FJG_OP_IDIV, s, kv))->type, FJG_F32);
+  assert_int_equal(node(g, fjg_binary(g, FJG_OP_MOD, q, kv))->type, FJG_I32);
+  assert_int_equal(node(g, fjg_binary(g, FJG_OP_MIN, q, s))->type, FJG_F32);
+  assert_int_equal(node(g, fjg_unary(g, FJG_OP_EXP, q))->type, FJG_F32);
+  assert_int_equal(node(g, fjg_unary(g, FJG_OP_ABS, q))->type, FJG_I32);
+  assert_int_equal(node(g, fjg_unary(g, FJG_OP_NEG, s))->type, FJG_F32);
+  /* Comparisons of mixed operands compare as f32. */
+  int lt = fjg_binary(g, FJG_OP_LT, q, s);
+  assert_int_equal(node(g, lt)->type, FJG_BOOL);
+  assert_int_equal(node(g, node(g, lt)->a)->type, FJG_F32);
+  int w = fjg_where(g, lt, q, s);
+  assert_int_equal(node(g, w)->type, FJG_F32);
+  /* floor/ceil of an integer is the integer; to_f32 of a float is itself. */
+  assert_int_equal(fjg_unary(g, FJG_OP_FLOOR, q), q);
+  assert_int_equal(fjg_unary(g, FJG_OP_CEIL, q), q);
+  assert_int_equal(fjg_unary(g, FJG_OP_TO_F32, s), s);
+  fjg_graph_destroy(g);
+}
+
+static int32_t const_i(fjg_graph *g, int id) {
+  assert_int_equal(node(g, id)->op, FJG_OP_CONST);
+  return node(g, id)->imm.i;
+}
+
+static void test_folding(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int c7 = fjg_const_i32(g, 7), cm7 = fjg_const_i32(g, -7);
+  int c2 = fjg_const_i32(g, 2), cm2 = fjg_const_i32(g, -2);
+  int c0 = fjg_const_i32(g, 0);
+  assert_int_equal(const_i(g, fjg_binary(g, FJG_OP_ADD, c7, c2)), 9);
+  assert_int_equal(const_i(g, fjg_binary(g, FJG_OP_IDIV, cm7, c2)), -4);
+  assert_int_equal(const_i(g, fjg_binary(g, FJG_OP_MOD, cm7, c2)), 1);
+  assert_int_equal(const_i(g, fjg_binary(g, FJG_OP_MOD, c7, cm2)), -1);
+  assert_int_equal(const_i(g, fjg_binary(g, FJG_OP_IDIV, c7, c0)), 0);
+  assert_int_equal(const_i(g, fjg_binary(g, FJG_OP_MOD, c7, c0)), 0);
+  int big = fjg_const_i32(g, INT32_MAX);
+  assert_int_equal(const_i(g, fjg_binary(g, FJG_OP_ADD, big, c2)),
+                   INT32_MIN + 1);
+  assert_int_equal(const_i(g, fjg_binary(g, FJG_OP_LT, c2, c7)), 1);
+  assert_int_equal(node(g, fjg_binary(g, FJG_OP_LT, c2, c7))->type, FJG_BOOL);
+  /* f32 folding. */
+  int e = fjg_unary(g, FJG_OP_EXP, fjg_const_f32(g, 0.0f));
+  assert_int_equal(node(g, e)->op, FJG_OP_CONST);
+  assert_true(node(g, e)->imm.f == 1.0f);
+  int h = fjg_binary(g, FJG_OP_DIV, c7, c2);
+  assert_true(node(g, h)->imm.f == 3.5f);
+  int m = fjg_binary(g, FJG_OP_MOD, fjg_const_f32(g, -7.5f), c2);
+  assert_true(node(g, m)->imm.f == 0.5f);
+
+  /* Identities. */
+  int q = in(g, FJG_IN_Q), kv = in(g, FJG_IN_KV);
+  int ge = fjg_binary(g, FJG_OP_GE, q, kv);
+  int t = fjg_const_bool(g, 1), f = fjg_const_bool(g, 0);
+  assert_int_equal(fjg_binary(g, FJG_OP_AND, ge, t), ge);
+  assert_int_equal(fjg_binary(g, FJG_OP_AND, t, ge), ge);
+  assert_int_equal(fjg_binary(g, FJG_OP_AND, ge, f), f);
+  assert_int_equal(fjg_binary(g, FJG_OP_OR, ge, f), ge);
+  assert_int_equal(fjg_binary(g, FJG_OP_OR, ge, t), t);
+  assert_int_equal(fjg_binary(g, FJG_OP_XOR, ge, f), ge);
+  assert_int_equal(fjg_where(g, t, q, kv), q);
+  assert_int_equal(fjg_where(g, f, q, kv), kv);
+  assert_int_equal(fjg_where(g, ge, q, q), q);
+  assert_int_equal(fjg_unary(g, FJG_OP_NOT, fjg_unary(g, FJG_OP_NOT, ge)), ge);
+  assert_int_equal(fjg_binary(g, FJG_OP_ADD, q, c0), q);
+  assert_int_equal(fjg_binary(g, FJG_OP_MUL, fjg_const_i32(g, 1), q), q);
+  /* Not for floats: -0 + 0 is +0. */
+  int s = in(g, FJG_IN_SCORE);
+  assert_int_not_equal(fjg_binary(g, FJG_OP_ADD, s, fjg_const_f32(g, 0)), s);
+  fjg_graph_destroy(g);
+}
+
+static void test_declarations(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int w = fjg_param(g, "window", FJG_I32);
+  assert_true(w >= 0);
+  assert_int_equal(fjg_param(g, "window", FJG_I32), w);
+  int doc = fjg_buffer(g, "doc_id", FJG_I32);
+  assert_int_equal(doc, 1);
+  assert_int_equal(fjg_buffer(g, "doc_id", FJG_I32), doc);
+  int scale = fjg_param(g, "slope_scale", FJG_F32);
+  assert_int_equal(node(g, scale)->type, FJG_F32);
+  assert_int_equal(fjg_num_args(g), 3);
+  assert_string_equal(fjg_arg_at(g, 0)->name, "window");
+  assert_int_equal(fjg_arg_at(g, 0)->kind, FJ_ARG_I32);
+  assert_int_equal(fjg_arg_at(g, 1)->kind, FJ_ARG_BUFFER);
+  assert_int_equal(fjg_arg_at(g, 1)->type, FJG_I32);
+  assert_int_equal(fjg_arg_at(g, 2)->kind, FJ_ARG_F32);
+  assert_int_equal(fjg_find_arg(g, "doc_id"), 1);
+  assert_int_equal(fjg_find_arg(g, "nope"), -1);
+  assert_null(fjg_arg_at(g, 3));
+  int ld = fjg_load(g, doc, in(g, FJG_IN_Q));
+  assert_int_equal(node(g, ld)->type, FJG_I32);
+  assert_int_equal(node(g, ld)->arg, doc);
+  assert_int_equal(node(g, w)->arg, 0);
+  char name63[64];
+  memset(name63, 'x', 63);
+  name63[63] = '\0';
+  assert_true(fjg_param(g, name63, FJG_I32) >= 0);
+  fjg_graph_destroy(g);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int q = in(g, FJG_IN_Q), kv = in(g, FJG_IN_KV), s = in(g, FJG_IN_SCORE);
+  int ge = fjg_binary(g, FJG_OP_GE, q, kv);
+  assert_error(g, fjg_binary(g, FJG_OP_ADD, ge, q),
+               "arithmetic on a boolean (use where(c, a, b))");
+  assert_error(g, fjg_binary(g, FJG_OP_MUL, q, ge), "arithmetic on a boolean");
+  assert_error(g, fjg_unary(g, FJG_OP_NEG, ge), "of a boolean");
+  assert_error(g, fjg_unary(g, FJG_OP_EXP, ge), "of a boolean");
+  assert_error(g, fjg_binary(g, FJG_OP_AND, ge, q), "logical and of a number");
+  assert_error(g, fjg_binary(g, FJG_OP_OR, q, ge), "logical or of a number");
+  assert_error(g, fjg_unary(g, FJG_OP_NOT, q), "logical not of a number");
+  assert_error(g, fjg_binary(g, FJG_OP_LT, ge, ge), "comparison lt of a bool");
+  assert_error(g, fjg_where(g, q, q, kv), "condition must be a boolean");
+  assert_error(g, fjg_where(g, ge, ge, kv), "must both be booleans or both numbers");
+  assert_error(g, fjg_binary(g, FJG_OP_ADD, q, 9999), "invalid operand");
+  assert_error(g, fjg_binary(g, FJG_OP_NOT, q, kv), "not a binary operator");
+  assert_error(g, fjg_unary(g, FJG_OP_ADD, q), "not a unary operator");
+  assert_error(g, fjg_unary(g, FJG_OP_LOAD, q), "not a unary operator");
+  assert_error(g, fjg_input_node(g, (fjg_input)9), "unknown input");
+  assert_error(g, fjg_size_node(g, (fjg_size)9), "unknown size");
+
+  assert_error(g, fjg_param(g, "1x", FJG_I32), "not a Lua identifier");
+  assert_error(g, fjg_param(g, "end", FJG_I32), "not a Lua identifier");
+  assert_error(g, fjg_param(g, "", FJG_I32), "not a Lua identifier");
+  assert_error(g, fjg_param(g, "a-b", FJG_I32), "not a Lua identifier");
+  char name64[65];
+  memset(name64, 'x', 64);
+  name64[64] = '\0';
+  assert_error(g, fjg_param(g, name64, FJG_I32), "at most 63");
+  assert_error(g, fjg_param(g, "flag", FJG_BOOL), "must be i32 or f32");
+  assert_error(g, fjg_buffer(g, "mask", FJG_BOOL), "must be i32 or f32");
+  assert_true(fjg_param(g, "w", FJG_I32) >= 0);
+  assert_error(g, fjg_param(g, "w", FJG_F32), "already declared with type i32");
+  assert_error(g, fjg_buffer(g, "w", FJG_I32), "already declared as a param");
+  int buf = fjg_buffer(g, "bias", FJG_F32);
+  assert_true(buf >= 0);
+  assert_error(g, fjg_param(g, "bias", FJG_F32), "already declared as a buffer");
+  assert_error(g, fjg_buffer(g, "bias", FJG_I32), "already declared with type");
+  assert_error(g, fjg_load(g, 0, q), "not a buffer");
+  assert_error(g, fjg_load(g, 42, q), "not a buffer");
+  assert_error(g, fjg_load(g, buf, s), "the index must be an i32");
+  assert_error(g, fjg_load(g, buf, ge), "the index must be an i32");
+
+  assert_error(g, fjg_set_mask_root(g, q), "mask_mod must return a boolean");
+  assert_error(g, fjg_set_score_root(g, ge), "score_mod must return a number");
+  assert_error(g, fjg_set_mask_root(g, 12345), "invalid node");
+  assert_int_equal(fjg_mask_root(g), -1);
+  assert_int_equal(fjg_score_root(g), -1);
+  fjg_graph_destroy(g);
+}
+
+static void test_roots_and_deps(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int q = in(g, FJG_IN_Q), kv = in(g, FJG_IN_KV), h = in(g, FJG_IN_H);
+  int s = in(g, FJG_IN_SCORE);
+  int ge = fjg_binary(g, FJG_OP_GE, q, kv);
+  assert_int_equal(fjg_set_mask_root(g, ge), 0);
+  assert_int_equal(fjg_mask_root(g), ge);
+  assert_int_equal(fjg_input_deps(g, ge), (1u << FJG_IN_Q) | (1u << FJG_IN_KV));
+  /* An i32 score root is converted to f32. */
+  int hq = fjg_binary(g, FJG_OP_SUB, h, q);
+  assert_int_equal(fjg_set_score_root(g, hq), 0);
+  int root = fjg_score_root(g);
+  assert_int_equal(node(g, root)->type, FJG_F32);
+  assert_int_equal(node(g, root)->op, FJG_OP_TO_F32);
+  assert_int_equal(fjg_input_deps(g, root), (1u << FJG_IN_H) | (1u << FJG_IN_Q));
+  int sm = fjg_binary(g, FJG_OP_MUL, s, fjg_const_f32(g, 2.0f));
+  assert_int_equal(fjg_input_deps(g, sm), 1u << FJG_IN_SCORE);
+  assert_int_equal(fjg_input_deps(g, -1), 0u);
+  assert_int_equal(fjg_set_score_root(g, -1), 0);
+  assert_int_equal(fjg_score_root(g), -1);
+  fjg_graph_destroy(g);
+}
+
+static void test_names_and_buf(void **state) {
+  (void)state;
+  assert_string_equal(fjg_op_name(FJG_OP_WHERE), "where");
+  assert_string_equal(fjg_op_name(FJG_OP_TO_F32), "to_f32");
+  assert_string_equal(fjg_op_name(FJG_OP_IDIV), "idiv");
+  assert_int_equal(fjg_op_arity(FJG_OP_WHERE), 3);
+  assert_int_equal(fjg_op_arity(FJG_OP_LOAD), 1);
+  assert_int_equal(fjg_op_arity(FJG_OP_CONST), 0);
+  assert_string_equal(fjg_op_name(FJG_NUM_OPS), "?");
+  assert_string_equal(fjg_type_name(FJG_BOOL), "bool");
+  assert_string_equal(fjg_type_name(FJG_I32), "i32");
+  assert_string_equal(fjg_type_name(FJG_F32), "f32");
+
+  fjg_buf b;
+  fjg_buf_init(&b);
+  fjg_buf_printf(&b, "%d-%s", 42, "x");
+  char big[1000];
+  memset(big, 'y', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  fjg_buf_printf(&b, "%s", big);
+  fjg_buf_append(&b, "!", 1);
+  assert_int_equal(b.len, 4 + 999 + 1);
+  assert_memory_equal(b.data, "42-x", 4);
+  assert_int_equal(b.data[b.len - 1], '!');
+  assert_int_equal(b.data[b.len], '\0');
+  assert_false(b.failed);
+  fjg_buf_free(&b);
+  assert_null(b.data);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hash_consing),
+      cmocka_unit_test(test_promotion),
+      cmocka_unit_test(test_folding),
+      cmocka_unit_test(test_declarations),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_roots_and_deps),
+      cmocka_unit_test(test_names_and_buf),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
