@@ -29,15 +29,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_RE = re.compile(r"bench: ([0-9.]+) ms median")
 TFLOPS_RE = re.compile(r"([0-9.]+) TFLOP/s")
 
-# Specs written next to the results: "full" has no example, and
-# examples/softcap.lua caps at 50 while the anchors' case caps at 30.
-GENERATED_SPECS = {
-    "full.lua": "return { name = \"full\", score_mod = noop_score() }\n",
-    "softcap30.lua": "return { name = \"softcap30_causal\", "
-                     "mask_mod = causal(), score_mod = softcap(30.0) }\n",
-}
-
-
 # ---- cases -------------------------------------------------------------
 
 
@@ -82,7 +73,7 @@ def make_cases(shapes, quick):
              {"mask": "prefix", "prefix": 1024}),
             ("ALiBi + causal", "alibi.lua", [],
              {"mask": "causal", "score": "alibi"}),
-            ("softcap 30 + causal", "softcap30.lua", [],
+            ("softcap 30 + causal", "softcap.lua", [],
              {"mask": "causal", "score": "softcap", "cap": 30.0}),
         ]
         if quick:
@@ -251,9 +242,6 @@ def main():
         shapes, args.iters = [(2, 2048)], min(args.iters, 10)
     out_dir = os.environ.get("OUT", ".")
     work = tempfile.mkdtemp(prefix="flexjit-compare-")
-    for fname, text in GENERATED_SPECS.items():
-        with open(os.path.join(work, fname), "w") as f:
-            f.write(text)
 
     try:
         import torch
@@ -276,8 +264,7 @@ def main():
             extra = [e.replace("{doc}", npy) for e in extra]
             if have_torch:
                 doc = ids.to("cuda")
-        spec_path = (os.path.join(work, spec) if spec in GENERATED_SPECS
-                     else os.path.join(args.examples, spec))
+        spec_path = os.path.join(args.examples, spec)
         res = {"case": name, "B": B, "H": H, "S": S, "D": D}
         if have_torch:
             res.update(time_torch(name, B, H, S, D, desc, doc, skip_torch))

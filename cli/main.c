@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/commands.h"
 
 static const char top_usage[] =
     "usage: flexjit SUBCOMMAND [options]\n"
@@ -25,12 +26,18 @@ static const char top_usage[] =
     "  demo               with a GPU: run the causal and document examples with\n"
     "                     --check --bench; without one: compile and cache every\n"
     "                     example spec for sm_80 and sm_90a\n"
+    "  precompile MANIFEST.lua --out DIR|FILE.fjpack [-j N]\n"
+    "                     compile every kernel a manifest lists, into a cache\n"
+    "                     directory or one pack file for deployment\n"
+    "  cache ls|stats|verify|prune|clear\n"
+    "                     inspect and maintain the on-disk kernel cache\n"
     "\n"
     "options:\n"
     "  --help, -h         this text (also after each subcommand)\n"
     "  --version          print the version\n"
     "\n"
-    "environment: FLEXJIT_CACHE_DIR (kernel cache root), FLEXJIT_NVRTC (NVRTC\n"
+    "environment: FLEXJIT_CACHE_DIR (kernel cache root), FLEXJIT_CACHE_MAX_BYTES\n"
+    "(evict least recently used kernels above this size), FLEXJIT_NVRTC (NVRTC\n"
     "library to load), FLEXJIT_DUMP_DIR (write compiled CUDA source there).\n";
 
 void cli_error(const char *cmd, const char *fmt, ...) {
@@ -106,7 +113,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "compile")) return cmd_compile(argc - 1, argv + 1);
   if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
-  cli_error(NULL, "unknown subcommand '%s' (compile, run, demo; see --help)",
+  if (!strcmp(cmd, "precompile")) return fj_cli_precompile(argc - 1, argv + 1);
+  if (!strcmp(cmd, "cache")) return fj_cli_cache(argc - 1, argv + 1);
+  cli_error(NULL,
+            "unknown subcommand '%s' (compile, run, demo, precompile, cache; "
+            "see --help)",
             cmd);
   return CLI_USAGE;
 }
