@@ -463,7 +463,7 @@ fj_status fjg_reference_lowp(const fjg_ref_problem *p, fj_dtype dtype,
   if (!qf || !kf || !vf) goto fail;
   job_init(&j, p, KIND_LOWP, ROWS_PER_ITEM);
   j.dtype = dtype;
-  j.fp32_rowsum = p->lowp_fp32_rowsum;
+  j.fp32_rowsum = !p->lowp_rounded_rowsum;
   j.qf = qf, j.kf = kf, j.vf = vf, j.of = o, j.lsef = lse;
   st = run_pool(p, &j);
 fail:

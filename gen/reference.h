@@ -38,11 +38,10 @@ typedef struct fjg_ref_problem {
    * none. Its sizes[] are ignored: they are filled from the problem. */
   const fjg_env *env;
   int threads; /* 0: one per online CPU */
-  /* fjg_reference_lowp only. 0 (default): the softmax row sum adds P as
-   * rounded for PV, as the kernels do by default (FJK_SUM_ROUNDED_P=1: the
-   * weights then sum to exactly 1). 1: it adds P in float32 before
-   * rounding (kernels built with FJK_SUM_ROUNDED_P=0). */
-  int lowp_fp32_rowsum;
+  /* fjg_reference_lowp only. 0 (default): the softmax row sum adds P in
+   * float32 before it is rounded for PV, as the kernels do (so the LSE is
+   * the log of the true sum). 1: it adds P as rounded for PV. */
+  int lowp_rounded_rowsum;
 } fjg_ref_problem;
 
 /* Float64 reference. o and lse must not be NULL. FJ_EINVAL on bad sizes,

@@ -18,6 +18,10 @@
 //   FJ_Q_IN_REGISTERS  optional, 0 | 1: keep the Q fragments in registers for
 //                      the whole kv loop (default: 1 when a warp owns 16 rows)
 //   FJ_MIN_BLOCKS_PER_SM optional, second __launch_bounds__ argument (default 1)
+//   FJ_SUB_N           optional, kv columns per online-softmax step, dividing
+//                      FJ_BLOCK_N (default: see fjk_default_sub_n below)
+//   FJ_RESCALE_THRESHOLD optional float, log2 units the running max may grow
+//                      before O is rescaled (default 0.0f: exact FA2 update)
 // Hooks (from the generated prologue; see common/fj_common.cuh):
 //   struct fj_user_params;                               always
 //   fj_tile_class(user, sz, b, h, q0, q1, kv0, kv1)      when FJ_HAS_MASK
@@ -114,7 +118,8 @@ static_assert(FJ_BLOCK_M % FJK_LOAD_ROWS == 0 && FJ_BLOCK_N % FJK_LOAD_ROWS == 0
 #define FJK_LOG2E 1.4426950408889634f
 #define FJK_LN2 0.6931471805599453f
 
-// ---- PTX wrappers: no CUDA headers needed, so NVRTC compiles fast ---------
+// ---- PTX wrappers: the TU includes no CUDA header (NVRTC needs no include
+// path and parses less) ------------------------------------------------------
 
 __device__ __forceinline__ unsigned fjk_smem_u32(const void *ptr) {
   unsigned r;

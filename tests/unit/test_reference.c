@@ -349,7 +349,7 @@ static void test_count_allowed(void **state) {
 
 /* ---- low precision ---- */
 
-static void lowp_error(fj_dtype dt, int fp32_rowsum, double *err_o,
+static void lowp_error(fj_dtype dt, int rounded_rowsum, double *err_o,
                        double *err_lse) {
   enum { B = 1, H = 2, L = 64, D = 32 };
   rng r = {5};
@@ -364,7 +364,7 @@ static void lowp_error(fj_dtype dt, int fp32_rowsum, double *err_o,
   double *o = malloc(sizeof(double) * n), lse[B * H * L];
   float *of = malloc(sizeof(float) * n), lsef[B * H * L];
   fjg_graph *g = causal_graph();
-  fjg_ref_problem p = {B, H, H, L, L, D, 0, g, NULL, 0, fp32_rowsum};
+  fjg_ref_problem p = {B, H, H, L, L, D, 0, g, NULL, 0, rounded_rowsum};
   assert_int_equal(fjg_reference_dense(&p, q, k, v, o, lse), FJ_OK);
   assert_int_equal(fjg_reference_lowp(&p, dt, q, k, v, of, lsef), FJ_OK);
   for (size_t i = 0; i < n; i++) /* O comes out in the input dtype */
@@ -384,10 +384,10 @@ static void test_lowp_error_sizes(void **state) {
   double eo, el;
   /* bf16 keeps 8 bits: rounding P and O costs a few 1e-3 on O; a row sum
    * of rounded P moves the LSE by up to ~2^-9 in rows of few keys. */
-  lowp_error(FJ_DTYPE_BF16, 0, &eo, &el);
+  lowp_error(FJ_DTYPE_BF16, 1, &eo, &el); /* row sum of rounded P */
   assert_true(eo > 1e-4 && eo < 3e-2);
   assert_true(el > 1e-5 && el < 4e-3);
-  lowp_error(FJ_DTYPE_BF16, 1, &eo, &el); /* float32 row sum */
+  lowp_error(FJ_DTYPE_BF16, 0, &eo, &el); /* float32 row sum (kernels) */
   assert_true(eo > 1e-4 && eo < 3e-2);
   assert_true(el < 1e-5);
   lowp_error(FJ_DTYPE_F16, 0, &eo, &el); /* 11 bits: 8x smaller */
