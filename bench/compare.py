@@ -132,6 +132,24 @@ def allowed_pairs(mask_fn, S):
     return total
 
 
+_FLEX = None
+
+
+def compiled_flex():
+    """One compiled flex_attention for every case. Each mask and score_mod
+    recompiles it; dynamo's default limit (8) would silently fall back to the
+    unfused eager path after a few cases, so the limits are raised."""
+    global _FLEX
+    if _FLEX is None:
+        import torch
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
+        torch._dynamo.config.recompile_limit = 256
+        torch._dynamo.config.cache_size_limit = 256
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    return _FLEX
+
+
 def time_torch(name, B, H, S, D, desc, doc, skip_torch):
     import torch
     import triton
@@ -150,7 +168,7 @@ def time_torch(name, B, H, S, D, desc, doc, skip_torch):
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex()
     bm = (create_block_mask(mask_fn, None, None, S, S, device="cuda")
           if mask_fn else None)
     try:

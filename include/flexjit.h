@@ -199,10 +199,112 @@ typedef struct fj_forward_args {
   const fj_arg *args;
   int num_args;
   void *stream;
+  /* Optional (NULL: none). The kernel then visits only the kv blocks the
+   * mask lists for each query block, evaluating mask_mod only on its
+   * partial blocks, instead of classifying tiles itself. Borrowed for the
+   * call; it must describe this launch (see fj_block_mask_build). */
+  const struct fj_block_mask *block_mask;
 } fj_forward_args;
 
 fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                                const fj_forward_args *args);
+
+/*
+ * Block masks (FlexAttention's BlockMask layout) for masks that read
+ * buffers, such as document ids, where the kernel cannot classify tiles from
+ * indices alone. Index-only masks (causal, sliding window, prefix-LM, ...)
+ * need none: the kernel classifies their tiles by interval analysis.
+ *
+ * A block mask splits the (q, kv) plane of each (batch, head) into blocks of
+ * block_q x block_kv and classifies every block exactly as EMPTY (mask_mod
+ * false for every in-range pair), FULL (true for every one) or PARTIAL.
+ * It is built on the GPU by a kernel generated from the spec's graph,
+ * without materializing the Lq x Lk mask, into device arrays of int32:
+ *   kv_num_blocks      [B][H][nq]       PARTIAL kv blocks per query block
+ *   kv_indices         [B][H][nq][nkv]  their indices, ascending, then 0s
+ *   full_kv_num_blocks [B][H][nq]       FULL kv blocks per query block
+ *   full_kv_indices    [B][H][nq][nkv]
+ *   q_num_blocks, q_indices, full_q_num_blocks, full_q_indices: the same
+ *   per kv block ([B][H][nkv] and [B][H][nkv][nq]), for the backward pass,
+ * with nq = ceil(q_len / block_q) and nkv = ceil(kv_len / block_kv).
+ */
+typedef struct fj_block_mask fj_block_mask;
+
+typedef struct fj_block_mask_options {
+  /* 1 broadcasts over the batch (the mask is evaluated at b = 0), else the
+   * launch's batch size. Default 1. */
+  int B;
+  /* 1 broadcasts over heads (evaluated at h = 0), else the launch's query
+   * head count. Default 1. The size symbols B and Hq (and Hkv) read these. */
+  int H;
+  int q_len, kv_len; /* required, >= 1 */
+  /* Block sizes; 0: 128. The forward kernel needs block_q to be a multiple
+   * of its query tile (128 rows on sm_80+ at D=64 and D=128, 64 on parts
+   * with ~100 KiB of shared memory) and block_kv a multiple of its kv tile
+   * (64 or 128); 128 x 128 fits every configuration. */
+  int block_q, block_kv;
+  const fj_arg *args; /* params and buffers, as in fj_forward_args */
+  int num_args;
+  void *stream; /* CUstream the build kernels run on; NULL: legacy default */
+} fj_block_mask_options;
+
+/* Fills defaults (B = H = 1, block sizes 0, everything else 0/NULL). */
+void fj_block_mask_options_init(fj_block_mask_options *opts);
+
+/*
+ * Builds the block mask of spec's mask_mod. The first build of a spec (per
+ * context arch) compiles the builder kernel with NVRTC or finds it in the
+ * kernel cache; the arrays are allocated with cuMemAlloc and owned by the
+ * mask. The build kernels are launched asynchronously on opts->stream: work
+ * queued after them on that stream sees the finished arrays. The mask
+ * borrows ctx and spec: destroy it before either. Not thread-safe with
+ * respect to its context.
+ */
+fj_status fj_block_mask_build(fj_context *ctx, const fj_spec *spec,
+                              const fj_block_mask_options *opts,
+                              fj_block_mask **out);
+
+/* Recomputes the mask in place with new runtime values (new document ids:
+ * once per batch in training), reusing its kernel and memory: only two
+ * kernel launches on `stream`. Sizes and block sizes stay as built. */
+fj_status fj_block_mask_update(fj_block_mask *mask, const fj_arg *args,
+                               int num_args, void *stream);
+
+/* Frees the device arrays (after synchronizing the build stream). NULL is a
+ * no-op. */
+void fj_block_mask_destroy(fj_block_mask *mask);
+
+typedef enum {
+  FJ_BM_KV_NUM_BLOCKS = 0,
+  FJ_BM_KV_INDICES = 1,
+  FJ_BM_FULL_KV_NUM_BLOCKS = 2,
+  FJ_BM_FULL_KV_INDICES = 3,
+  FJ_BM_Q_NUM_BLOCKS = 4,
+  FJ_BM_Q_INDICES = 5,
+  FJ_BM_FULL_Q_NUM_BLOCKS = 6,
+  FJ_BM_FULL_Q_INDICES = 7,
+  FJ_BM_NUM_ARRAYS = 8
+} fj_block_mask_array;
+
+typedef struct fj_block_mask_info {
+  int B, H, q_len, kv_len, block_q, block_kv;
+  int num_q_blocks, num_kv_blocks; /* nq, nkv */
+} fj_block_mask_info;
+
+fj_status fj_block_mask_get_info(const fj_block_mask *mask,
+                                 fj_block_mask_info *info);
+
+/* Device address (a CUdeviceptr, owned by the mask) and element count of
+ * one int32 array, for a caller's own kernels (e.g. a backward pass). */
+fj_status fj_block_mask_array_device(const fj_block_mask *mask,
+                                     fj_block_mask_array which,
+                                     uint64_t *dptr, size_t *count);
+
+/* Copies one array to the host: waits for the build stream, then copies
+ * `count` elements (must equal the array's count) into `host`. */
+fj_status fj_block_mask_download(fj_block_mask *mask,
+                                 fj_block_mask_array which, int32_t *host,
+                                 size_t count);
 
 #ifdef __cplusplus
 }

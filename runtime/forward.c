@@ -16,6 +16,7 @@
 
 #include "gen/emit_cuda.h"
 #include "gen/templates.h"
+#include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
 #include "runtime/launch_params.h"
 #include "runtime/nvrtc.h"
@@ -684,6 +685,10 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   p->scale_log2 = scale * 1.4426950408889634f;
   fjg_user_params_pack(spec->graph, i32s, f32s, ptrs, lens,
                        pbuf + FJR_FWD_USER_OFFSET);
+  /* The block mask, if any: validated against this launch (blockmask.c). */
+  st = fjr_block_mask_bind(ctx, args->block_mask, (int)B, (int)Hq, (int)Lq,
+                           (int)Lk, k->cfg.block_m, k->cfg.block_n, p);
+  if (st != FJ_OK) return st;
 
   size_t psize = total;
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf,

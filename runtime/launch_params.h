@@ -25,6 +25,12 @@ typedef struct fjr_fwd_params_fixed {
   int32_t kv_group;
   float scale;
   float scale_log2;
+  /* Block mask (runtime/blockmask.c); all zero when none. */
+  uint64_t bm_kv_num, bm_kv_idx, bm_full_num, bm_full_idx;
+  int32_t bm_b_stride, bm_h_stride;
+  int32_t bm_nkv;
+  int32_t bm_q_ratio;
+  int32_t bm_kv_ratio;
 } fjr_fwd_params_fixed;
 
 /* Offset of `user` in the device struct: its first member is a long long. */

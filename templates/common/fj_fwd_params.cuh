@@ -23,5 +23,18 @@ struct fj_fwd_params {
   int kv_group;      // Hq / Hkv
   float scale;       // multiplies q.k
   float scale_log2;  // scale * log2(e)
+  // Block mask (runtime/blockmask.c), or bm_kv_num == nullptr: none, and
+  // tiles are classified by fj_tile_class. Count arrays are indexed by
+  // b * bm_b_stride + h * bm_h_stride + m_block / bm_q_ratio (strides 0
+  // broadcast); index arrays hold bm_nkv entries per count. A listed block
+  // covers bm_kv_ratio kv tiles of FJ_BLOCK_N.
+  const int *bm_kv_num;    // PARTIAL kv blocks per query block
+  const int *bm_kv_idx;
+  const int *bm_full_num;  // FULL kv blocks per query block
+  const int *bm_full_idx;
+  int bm_b_stride, bm_h_stride;
+  int bm_nkv;
+  int bm_q_ratio;   // block_q / FJ_BLOCK_M
+  int bm_kv_ratio;  // block_kv / FJ_BLOCK_N
   fj_user_params user;
 };

@@ -13,7 +13,11 @@
 //   FJ_NUM_STAGES      K/V shared-memory stages, >= 2 (prefetch distance
 //                      FJ_NUM_STAGES - 1 tiles)
 //   FJ_HAS_MASK        0 | 1: 1 calls fj_tile_class per tile and fj_mask per
-//                      element of PARTIAL tiles; 0 never calls either
+//                      element of PARTIAL tiles; 0 never calls either. With
+//                      a block mask in the parameters (p.bm_kv_num), the
+//                      kv tiles and their classes come from its lists
+//                      instead, and fj_tile_class only refines PARTIAL ones
+//                      per warp
 //   FJ_HAS_SCORE_MOD   0 | 1: 1 calls fj_score_mod per element
 //   FJ_Q_IN_REGISTERS  optional, 0 | 1: keep the Q fragments in registers for
 //                      the whole kv loop (default: 1 when a warp owns 16 rows)
@@ -251,6 +255,50 @@ __device__ __forceinline__ int fjk_next_block(const fj_fwd_params &p, int b, int
   return j;
 }
 
+// ---- block mask (p.bm_kv_num != nullptr) ----
+// The CTA's tiles are its row's PARTIAL blocks, then its FULL blocks, each
+// block a run of bm_kv_ratio tiles: positions 0, 1, ... of that sequence.
+
+// Index of this CTA's row in the block mask's count arrays.
+__device__ __forceinline__ int fjk_bm_row(const fj_fwd_params &p, int b, int h,
+                                          int m_block) {
+  return b * p.bm_b_stride + h * p.bm_h_stride + m_block / p.bm_q_ratio;
+}
+
+// The tile at sequence position *t, or the next one that starts below Lk
+// (the tail of a last block may not); *t is moved to it and *cls receives
+// its class. -1 past the end of the sequence.
+__device__ __forceinline__ int fjk_bm_tile(const fj_fwd_params &p, int row,
+                                           int *t, int *cls) {
+  const int r = p.bm_kv_ratio;
+  const int np = __ldg(p.bm_kv_num + row) * r;
+  const int n = np + __ldg(p.bm_full_num + row) * r;
+  const long long base = (long long)row * p.bm_nkv;
+  for (; *t < n; ++*t) {
+    const bool partial = *t < np;
+    const int k = partial ? *t : *t - np;
+    const int blk = __ldg((partial ? p.bm_kv_idx : p.bm_full_idx) + base + k / r);
+    const int j = blk * r + k % r;
+    if (j * FJ_BLOCK_N < p.sz.Lk) {
+      *cls = partial ? FJ_TILE_PARTIAL : FJ_TILE_FULL;
+      return j;
+    }
+  }
+  return -1;
+}
+
+// The tile after j: the block mask's next (bm_row >= 0, *t its position),
+// else the classifier's next non-EMPTY block below j.
+__device__ __forceinline__ int fjk_advance(const fj_fwd_params &p, int bm_row,
+                                           int b, int h, int q0, int q1, int j,
+                                           int lo, int *t, int *cls) {
+  if (bm_row >= 0) {
+    ++*t;
+    return fjk_bm_tile(p, bm_row, t, cls);
+  }
+  return fjk_next_block(p, b, h, q0, q1, j, lo, cls);
+}
+
 // Per-lane ldmatrix addressing. Every ldmatrix group starts at a multiple
 // of 8 rows, so the swizzle term of a lane is (lane & 7) throughout:
 // physical chunk = logical chunk ^ (lane & 7). Logical chunks are 2*k + c
@@ -461,16 +509,26 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
   // Range [lo, hi] of kv blocks that are not EMPTY; the loop walks it from
   // hi down, so a causal diagonal is the first tile and nothing above it is
   // ever touched.
+  // With a block mask the tiles come from its lists instead (lo stays 0 and
+  // -1 ends the walk); ti and tc are the list positions of the next tile to
+  // issue and to compute.
+  const int bm_row = p.bm_kv_num != nullptr ? fjk_bm_row(p, b, h, m_block) : -1;
+  int ti = 0;
   int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1;
   int hi_cls = FJ_TILE_FULL;
+  if (bm_row >= 0) {
+    hi = fjk_bm_tile(p, bm_row, &ti, &hi_cls);
+  } else {
 #if FJ_HAS_MASK
-  while (lo <= hi && fjk_block_class(p, b, h, q0, q1, lo) == FJ_TILE_EMPTY) ++lo;
-  for (; hi > lo; --hi) {
-    hi_cls = fjk_block_class(p, b, h, q0, q1, hi);
-    if (hi_cls != FJ_TILE_EMPTY) break;
-  }
-  if (hi == lo) hi_cls = fjk_block_class(p, b, h, q0, q1, hi);
+    while (lo <= hi && fjk_block_class(p, b, h, q0, q1, lo) == FJ_TILE_EMPTY) ++lo;
+    for (; hi > lo; --hi) {
+      hi_cls = fjk_block_class(p, b, h, q0, q1, hi);
+      if (hi_cls != FJ_TILE_EMPTY) break;
+    }
+    if (hi == lo) hi_cls = fjk_block_class(p, b, h, q0, q1, hi);
 #endif
+  }
+  int tc = ti;
 
   const unsigned s_q = fjk_smem_u32(fjk_smem);
   const unsigned s_k = s_q + FJ_BLOCK_M * FJK_ROW_BYTES;
@@ -521,7 +579,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
                                   p.k_ss, Lk - kv0);
         fjk_load_tile<FJ_BLOCK_N>(s_v + st * FJK_TILE_BYTES, gv + kv0 * p.v_ss,
                                   p.v_ss, Lk - kv0);
-        ji = fjk_next_block(p, b, h, q0, q1, ji, lo, &ji_cls);
+        ji = fjk_advance(p, bm_row, b, h, q0, q1, ji, lo, &ti, &ji_cls);
       }
       fjk_cp_async_commit();
     }
@@ -557,7 +615,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
                                   p.k_ss, Lk - kv0);
         fjk_load_tile<FJ_BLOCK_N>(s_v + stage_i * FJK_TILE_BYTES, gv + kv0 * p.v_ss,
                                   p.v_ss, Lk - kv0);
-        ji = fjk_next_block(p, b, h, q0, q1, ji, lo, &ji_cls);
+        ji = fjk_advance(p, bm_row, b, h, q0, q1, ji, lo, &ti, &ji_cls);
       }
       fjk_cp_async_commit();
 
@@ -592,7 +650,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
       }
 
       stage = stage + 1 == FJ_NUM_STAGES ? 0 : stage + 1;
-      jc = fjk_next_block(p, b, h, q0, q1, jc, lo, &jc_cls);
+      jc = fjk_advance(p, bm_row, b, h, q0, q1, jc, lo, &tc, &jc_cls);
     }
     fjk_cp_async_wait<0>();
   }

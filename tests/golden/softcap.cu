@@ -22,7 +22,7 @@ __device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes 
 __device__ __forceinline__ float fj_score_mod(const fj_user_params &u,
     const fj_sizes &z, float score, int b, int h, int q, int kv) {
   const float t0 = score / u.a_cap;
-  const float t1 = tanhf(t0);
+  const float t1 = fj_tanh_f32(t0);
   const int t2 = (int)((unsigned)q - (unsigned)kv);
   const int t3 = t2 < 0 ? (int)(0u - (unsigned)t2) : t2;
   const int t4 = fj_mod_i32(t3, 32);

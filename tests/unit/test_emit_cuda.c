@@ -365,7 +365,8 @@ static const char *const host_prelude =
     "#define __device__\n#define __forceinline__ inline\n"
     "static inline int __ldg(const int *p) { return *p; }\n"
     "static inline float __ldg(const float *p) { return *p; }\n"
-    "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n";
+    "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n"
+    "static inline float __fdividef(float a, float b) { return a / b; }\n";
 
 /* Writes one C++ file holding every graph's prologue in its own namespace,
  * with extern "C" entry points, and builds it into a shared object. */

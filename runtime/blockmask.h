@@ -1,0 +1,27 @@
+/*
+ * runtime/blockmask.h: what the forward launch needs from a block mask
+ * (runtime/blockmask.c implements the public fj_block_mask_* API).
+ */
+#ifndef FJR_BLOCKMASK_H
+#define FJR_BLOCKMASK_H
+
+#include "flexjit.h"
+#include "runtime/launch_params.h"
+
+/*
+ * Checks that `mask` fits a forward launch of B x Hq heads over Lq x Lk on
+ * ctx's device with a kernel of block_m x block_n tiles, and writes its
+ * fields of p (bm_*). mask NULL clears them (no block mask). The rules, each
+ * failing with FJ_EINVAL and a message naming both values:
+ *  - the mask was built on the context's device;
+ *  - q_len == Lq and kv_len == Lk;
+ *  - B is 1 or the launch's batch, H is 1 or the launch's query heads;
+ *  - block_q is a multiple of block_m (a kernel query tile lies inside one
+ *    mask block) and block_kv a multiple of block_n (a mask block is a whole
+ *    number of kernel kv tiles).
+ */
+fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *mask,
+                              int B, int Hq, int Lq, int Lk, int block_m,
+                              int block_n, fjr_fwd_params_fixed *p);
+
+#endif /* FJR_BLOCKMASK_H */

@@ -1,0 +1,860 @@
+// templates/sm90/fwd.cuh: FlashAttention-3 style forward kernel for sm_90a
+// (Hopper): TMA loads into 128-byte-swizzled shared memory completing on
+// mbarriers, a K/V pipeline of FJ_NUM_STAGES stages, one producer warpgroup
+// and two consumer warpgroups with register reallocation (setmaxnreg),
+// wgmma for S = Q K^T (both operands in shared memory) and O += P V (P from
+// registers), ping-pong between the consumer warpgroups (named barriers) and
+// intra-warpgroup overlap of softmax with the next Q K^T.
+//
+// ---- Contract with the generator -----------------------------------------
+// Macros (all required unless marked optional):
+//   FJ_HEAD_DIM        64 | 128
+//   FJ_DTYPE_BF16 1  or  FJ_DTYPE_F16 1
+//   FJ_BLOCK_M         128: 64 query rows per consumer warpgroup
+//   FJ_BLOCK_N         64 | 128: kv rows per tile (the N of S = Q K^T)
+//   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute
+//   FJ_NUM_STAGES      >= 2: K and V tiles in shared memory
+//   FJ_HAS_MASK        0 | 1: as in sm80/fwd.cuh
+//   FJ_HAS_SCORE_MOD   0 | 1: as in sm80/fwd.cuh
+//   FJ_PINGPONG        optional, 0 | 1 (default 1): order the two consumer
+//                      warpgroups' GEMMs so that one's softmax overlaps the
+//                      other's GEMMs
+//   FJ_INTRA_WG_OVERLAP optional, 0 | 1 (default 1): issue Q K^T of tile j+1
+//                      before P V of tile j and run the softmax of j+1 while
+//                      P V of j is in flight
+//   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
+//                      (default 32 and 240; PRODUCER + 2 * CONSUMER <= 512)
+// Hooks: exactly those of sm80/fwd.cuh (fj_user_params, fj_tile_class,
+//   fj_mask, fj_score_mod; see common/fj_common.cuh), same semantics.
+// Kernel:
+//   extern "C" __global__ void fj_attention_fwd(
+//       const __grid_constant__ fj_fwd_params p,
+//       const __grid_constant__ fj_tma_maps maps)
+//   launched with kernelParams {&params, &maps} (two parameters: not the
+//   CU_LAUNCH_PARAM_BUFFER_POINTER path), grid (ceil(Lq / FJ_BLOCK_M), Hq, B),
+//   384 threads, no cluster, and FJH_SMEM_BYTES of dynamic shared memory:
+//     1024 + (FJ_BLOCK_M + 2 * FJ_NUM_STAGES * FJ_BLOCK_N) * FJ_HEAD_DIM * 2
+//          + 8 * (1 + 4 * FJ_NUM_STAGES)        (gen/config.c computes it)
+//   maps.q/k/v are CUtensorMaps (runtime/tma.c builds them) over the 4-D
+//   tensors (D, L, H, B), innermost first, with 128-byte swizzle, boxes of
+//   (64, FJ_BLOCK_M, 1, 1) for q and (64, FJ_BLOCK_N, 1, 1) for k and v,
+//   zero fill out of bounds. O is stored with ordinary predicated stores.
+// Requirements the host checks: as sm80/fwd.cuh (16-byte aligned pointers,
+//   strides multiples of 8 elements), plus what cuTensorMapEncodeTiled needs.
+// Semantics: as sm80/fwd.cuh; LSE natural log; rows with no allowed pair get
+//   O = 0 and LSE = -inf.
+// ---------------------------------------------------------------------------
+#pragma once
+
+#if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
+    !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \
+    !defined(FJ_HAS_MASK) || !defined(FJ_HAS_SCORE_MOD)
+#error "sm90/fwd.cuh: a configuration macro from the generator is missing"
+#endif
+#if defined(FJ_DTYPE_BF16) == defined(FJ_DTYPE_F16)
+#error "sm90/fwd.cuh: define exactly one of FJ_DTYPE_BF16, FJ_DTYPE_F16"
+#endif
+#ifndef FJ_PINGPONG
+#define FJ_PINGPONG 1
+#endif
+#ifndef FJ_INTRA_WG_OVERLAP
+#define FJ_INTRA_WG_OVERLAP 1
+#endif
+#ifndef FJ_PRODUCER_REGS
+#define FJ_PRODUCER_REGS 32
+#endif
+#ifndef FJ_CONSUMER_REGS
+#define FJ_CONSUMER_REGS 240
+#endif
+
+constexpr int FJH_THREADS = 384;
+constexpr int FJH_WG_ROWS = 64;                   // query rows of one consumer
+constexpr int FJH_CHUNKS64 = FJ_HEAD_DIM / 64;    // 128-byte column blocks
+constexpr int FJH_Q_BYTES = FJ_BLOCK_M * FJ_HEAD_DIM * 2;
+constexpr int FJH_KV_BYTES = FJ_BLOCK_N * FJ_HEAD_DIM * 2;
+constexpr int FJH_BAR_BYTES = 8 * (1 + 4 * FJ_NUM_STAGES);
+constexpr int FJH_SMEM_BYTES =
+    1024 + FJH_Q_BYTES + 2 * FJ_NUM_STAGES * FJH_KV_BYTES + FJH_BAR_BYTES;
+constexpr int FJH_S_REGS = FJ_BLOCK_N / 2;        // S accumulators a thread
+constexpr int FJH_O_REGS = FJ_HEAD_DIM / 2;       // O accumulators a thread
+constexpr int FJH_PK = FJ_BLOCK_N / 16;           // k16 steps of P V
+
+static_assert(FJ_HEAD_DIM == 64 || FJ_HEAD_DIM == 128, "head dim 64 or 128");
+static_assert(FJ_BLOCK_M == 128, "sm90: BLOCK_M is 128 (two consumer warpgroups)");
+static_assert(FJ_BLOCK_N == 64 || FJ_BLOCK_N == 128, "sm90: BLOCK_N 64 or 128");
+static_assert(FJ_NUM_WARPS == 12, "sm90: 12 warps (one producer, two consumer warpgroups)");
+static_assert(FJ_NUM_STAGES >= 2, "sm90: at least two K/V stages");
+static_assert(FJH_SMEM_BYTES <= 227 * 1024, "sm90: shared memory over 227 KiB");
+static_assert(FJ_PRODUCER_REGS + 2 * FJ_CONSUMER_REGS <= 512,
+              "sm90: register split over 64K registers");
+
+#define FJH_LOG2E 1.4426950408889634f
+#define FJH_LN2 0.6931471805599453f
+#if defined(FJ_DTYPE_BF16)
+#define FJH_AB ".bf16.bf16"
+#else
+#define FJH_AB ".f16.f16"
+#endif
+
+// Named barrier ids: 0 is __syncthreads; 1 + c orders consumer c's GEMMs
+// (ping-pong); 3 + c is consumer c's own epilogue barrier.
+enum { FJH_BAR_SCHED = 1, FJH_BAR_EPI = 3 };
+
+// ---- host-visible parameter: the tensor maps ------------------------------
+// Opaque 128-byte CUtensorMap images (cuda.h is not included); the host
+// mirror is runtime/tma.h's fjr_tma_maps.
+struct __align__(64) fjh_tensor_map {
+  unsigned long long opaque[16];
+};
+struct fj_tma_maps {
+  fjh_tensor_map q, k, v;
+};
+
+// ---- PTX wrappers ----------------------------------------------------------
+
+__device__ __forceinline__ unsigned fjh_smem_u32(const void *ptr) {
+  unsigned r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+      : "=r"(r) : "l"(ptr));
+  return r;
+}
+
+__device__ __forceinline__ void fjh_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count)
+               : "memory");
+}
+// Makes the initialized barriers visible to the async proxy (TMA).
+__device__ __forceinline__ void fjh_fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void fjh_mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fjh_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Blocks until the phase of parity `parity` has completed.
+__device__ __forceinline__ void fjh_mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
+
+// TMA: a (64 x rows) box of the 4-D tensor at (c0, c1, c2, c3) into shared
+// memory, completing `bar`'s transaction count.
+__device__ __forceinline__ void fjh_tma_load_4d(unsigned dst, const fjh_tensor_map *map,
+                                                int c0, int c1, int c2, int c3,
+                                                unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void fjh_tma_prefetch_desc(const fjh_tensor_map *map) {
+  asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void fjh_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+template <int N>
+__device__ __forceinline__ void fjh_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+
+__device__ __forceinline__ void fjh_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void fjh_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+// Generic-proxy shared-memory accesses before async-proxy ones (and back).
+__device__ __forceinline__ void fjh_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void fjh_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void fjh_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void fjh_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+
+// Registers read or written by an in-flight wgmma must stay where they are
+// until its wait: these empty asm statements make the compiler treat them
+// as used and redefined at this point, so it neither moves them nor reuses
+// them for other values in between.
+template <int N>
+__device__ __forceinline__ void fjh_fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
+}
+template <int N>
+__device__ __forceinline__ void fjh_fence_regs(unsigned (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e]) :: "memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle. For K-major operands
+// (Q, K) lbo is unused and sbo = 1024 (8 rows of 128 bytes); for the
+// MN-major V, lbo is the distance between 64-column blocks and sbo = 1024
+// (8 kv rows). Tile bases are 1024-byte aligned, so the base offset is 0.
+__device__ __forceinline__ unsigned long long fjh_desc(unsigned addr, unsigned lbo,
+                                                       unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFFu) >> 4) |
+         ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
+         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+
+// d (+)= A * B with A and B in shared memory, both K-major: m64n64k16.
+// accumulate == 0 overwrites d (the first k step of S = Q K^T).
+__device__ __forceinline__ void fjh_wgmma_ss(float (&d)[32], unsigned long long da,
+                                             unsigned long long db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// d += A * B with A (P) in registers and B (V) in shared memory, MN-major
+// (imm-trans-b = 1): m64n64k16.
+__device__ __forceinline__ void fjh_wgmma_rs(float (&d)[32], const unsigned (&a)[4],
+                                             unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// d (+)= A * B with A and B in shared memory, both K-major: m64n128k16.
+// accumulate == 0 overwrites d (the first k step of S = Q K^T).
+__device__ __forceinline__ void fjh_wgmma_ss(float (&d)[64], unsigned long long da,
+                                             unsigned long long db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32" FJH_AB " "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// d += A * B with A (P) in registers and B (V) in shared memory, MN-major
+// (imm-trans-b = 1): m64n128k16.
+__device__ __forceinline__ void fjh_wgmma_rs(float (&d)[64], const unsigned (&a)[4],
+                                             unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32" FJH_AB " "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// d = A * B (d is written, not read: the first k step of S = Q K^T, so no
+// instruction but this one defines the accumulators of a new S): m64n64k16.
+__device__ __forceinline__ void fjh_wgmma_ss_first(float (&d)[32], unsigned long long da,
+                                                   unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
+        "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
+        "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
+        "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
+        "=f"(d[30]), "=f"(d[31])
+      : "l"(da), "l"(db), "r"(0));
+}
+
+// d = A * B (d is written, not read: the first k step of S = Q K^T, so no
+// instruction but this one defines the accumulators of a new S): m64n128k16.
+__device__ __forceinline__ void fjh_wgmma_ss_first(float (&d)[64], unsigned long long da,
+                                                   unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32" FJH_AB " "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
+        "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
+        "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
+        "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
+        "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]),
+        "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
+        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
+        "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]),
+        "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]),
+        "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+      : "l"(da), "l"(db), "r"(0));
+}
+
+// Two floats to a packed pair of the element type, `lo` at the lower address.
+__device__ __forceinline__ unsigned fjh_pack2(float lo, float hi) {
+  unsigned r;
+#if defined(FJ_DTYPE_BF16)
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+
+// 2^x on the special-function unit; 2^-inf = 0, which the masking relies on.
+__device__ __forceinline__ float fjh_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float fjh_neg_inf() { return __int_as_float(0xff800000); }
+
+struct __align__(16) fjh_u32x4 {
+  unsigned x, y, z, w;
+};
+
+// ---- tile walk: the producer and both consumers visit the same tiles -----
+
+#if FJ_HAS_MASK
+__device__ __forceinline__ int fjh_block_class(const fj_fwd_params &p, int b, int h,
+                                               int q0, int q1, int j) {
+  const int kv0 = j * FJ_BLOCK_N;
+  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
+  return fj_tile_class(p.user, p.sz, b, h, q0, q1, kv0, kv1);
+}
+#endif
+
+// Next kv block below j that is not EMPTY for the CTA's rows [q0, q1], or a
+// value < lo when none is left; *cls receives its class.
+__device__ __forceinline__ int fjh_next_block(const fj_fwd_params &p, int b, int h,
+                                              int q0, int q1, int j, int lo, int *cls) {
+  --j;
+#if FJ_HAS_MASK
+  for (; j >= lo; --j) {
+    *cls = fjh_block_class(p, b, h, q0, q1, j);
+    if (*cls != FJ_TILE_EMPTY) break;
+  }
+#else
+  (void)p; (void)b; (void)h; (void)q0; (void)q1; (void)lo;
+  *cls = FJ_TILE_FULL;
+#endif
+  return j;
+}
+
+// Shared-memory map: Q (FJ_BLOCK_M rows), then FJ_NUM_STAGES K tiles, then
+// FJ_NUM_STAGES V tiles, each stored as FJH_CHUNKS64 blocks of (rows x 64
+// elements) in TMA's 128-byte swizzle; then the mbarriers.
+struct fjh_smem_map {
+  unsigned q, k, v, bar;
+  __device__ unsigned k_tile(int s) const { return k + s * FJH_KV_BYTES; }
+  __device__ unsigned v_tile(int s) const { return v + s * FJH_KV_BYTES; }
+  __device__ unsigned q_full() const { return bar; }
+  __device__ unsigned k_full(int s) const { return bar + 8 * (1 + s); }
+  __device__ unsigned v_full(int s) const { return bar + 8 * (1 + FJ_NUM_STAGES + s); }
+  __device__ unsigned k_empty(int s) const { return bar + 8 * (1 + 2 * FJ_NUM_STAGES + s); }
+  __device__ unsigned v_empty(int s) const { return bar + 8 * (1 + 3 * FJ_NUM_STAGES + s); }
+};
+
+// ---- producer: one thread issues every TMA load --------------------------
+
+// Loads kv block j into stage n % S of K (or V) once the consumers have
+// released that stage's previous use.
+__device__ __forceinline__ void fjh_load_kv(const fjh_tensor_map *map, unsigned tile,
+                                            unsigned full, unsigned empty, int n, int j,
+                                            int hk, int b) {
+  fjh_mbar_wait(empty, ((n / FJ_NUM_STAGES) & 1) ^ 1);
+  fjh_mbar_arrive_expect_tx(full, FJH_KV_BYTES);
+#pragma unroll
+  for (int c = 0; c < FJH_CHUNKS64; ++c)
+    fjh_tma_load_4d(tile + c * FJ_BLOCK_N * 128, map, c * 64, j * FJ_BLOCK_N, hk, b, full);
+}
+
+// Order of loads: Q, K(0), then K(n+1) before V(n), which is the order in
+// which the consumers need them (Q K^T of the next tile is issued before
+// P V of the current one).
+__device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma_maps &maps,
+                                         const fjh_smem_map &sm, int b, int h, int q0,
+                                         int q1, int lo, int hi) {
+  const int hk = h / p.kv_group;
+  fjh_tma_prefetch_desc(&maps.q);
+  fjh_tma_prefetch_desc(&maps.k);
+  fjh_tma_prefetch_desc(&maps.v);
+  fjh_mbar_arrive_expect_tx(sm.q_full(), FJH_Q_BYTES);
+#pragma unroll
+  for (int c = 0; c < FJH_CHUNKS64; ++c)
+    fjh_tma_load_4d(sm.q + c * FJ_BLOCK_M * 128, &maps.q, c * 64, q0, h, b, sm.q_full());
+  int cls = FJ_TILE_FULL;
+  int n = 0, j = hi;
+  fjh_load_kv(&maps.k, sm.k_tile(0), sm.k_full(0), sm.k_empty(0), 0, j, hk, b);
+  for (int jn = fjh_next_block(p, b, h, q0, q1, j, lo, &cls); jn >= lo;
+       jn = fjh_next_block(p, b, h, q0, q1, jn, lo, &cls)) {
+    const int s1 = (n + 1) % FJ_NUM_STAGES, s0 = n % FJ_NUM_STAGES;
+    fjh_load_kv(&maps.k, sm.k_tile(s1), sm.k_full(s1), sm.k_empty(s1), n + 1, jn, hk, b);
+    fjh_load_kv(&maps.v, sm.v_tile(s0), sm.v_full(s0), sm.v_empty(s0), n, j, hk, b);
+    j = jn;
+    ++n;
+  }
+  const int s0 = n % FJ_NUM_STAGES;
+  fjh_load_kv(&maps.v, sm.v_tile(s0), sm.v_full(s0), sm.v_empty(s0), n, j, hk, b);
+}
+
+// ---- consumers ------------------------------------------------------------
+
+// S = Q K^T for one consumer: its 64 Q rows at sq, the K tile at sk.
+__device__ __forceinline__ void fjh_issue_qk(float (&s)[FJH_S_REGS], unsigned sq,
+                                             unsigned sk) {
+#pragma unroll
+  for (int kk = 0; kk < FJ_HEAD_DIM / 16; ++kk) {
+    const unsigned qa = sq + (kk / 4) * (FJ_BLOCK_M * 128) + (kk % 4) * 32;
+    const unsigned kb = sk + (kk / 4) * (FJ_BLOCK_N * 128) + (kk % 4) * 32;
+    if (kk == 0)
+      fjh_wgmma_ss_first(s, fjh_desc(qa, 16, 1024), fjh_desc(kb, 16, 1024));
+    else
+      fjh_wgmma_ss(s, fjh_desc(qa, 16, 1024), fjh_desc(kb, 16, 1024), 1);
+  }
+}
+
+// O += P V with P (this thread's A fragments) in registers, V tile at sv.
+__device__ __forceinline__ void fjh_issue_pv(float (&o)[FJH_O_REGS],
+                                             const unsigned (&pf)[FJH_PK][4], unsigned sv) {
+#pragma unroll
+  for (int kk = 0; kk < FJH_PK; ++kk)
+    fjh_wgmma_rs(o, pf[kk], fjh_desc(sv + kk * 16 * 128, FJ_BLOCK_N * 128, 1024));
+}
+
+// Ping-pong: consumer c may issue its GEMMs once the other consumer has
+// issued its own (barrier 1 + c, 256 threads: 128 arrive, 128 wait).
+__device__ __forceinline__ void fjh_sched_wait(int c) {
+#if FJ_PINGPONG
+  fjh_bar_sync(FJH_BAR_SCHED + c, 256);
+#endif
+}
+// Consumer 1 starts with an arrival for consumer 0 (see fjh_consume), so it
+// skips its very last arrival: every bar.sync gets exactly one arrival.
+__device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
+#if FJ_PINGPONG
+  if (!(last && c == 1)) fjh_bar_arrive(FJH_BAR_SCHED + (c ^ 1), 256);
+#endif
+}
+
+// What a consumer does to the scores of a tile: 0 nothing (FULL for its
+// rows), 1 evaluate the mask, 2 mask everything (EMPTY for its rows).
+enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1, FJH_TILE_DROP = 2 };
+
+__device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int h,
+                                             int wq0, int kv0, int cls) {
+  if (wq0 >= p.sz.Lq) return FJH_TILE_DROP;  // no stored rows: skip the work
+#if FJ_HAS_MASK
+  if (cls == FJ_TILE_PARTIAL) {
+    const int wq1 = min(wq0 + FJH_WG_ROWS, p.sz.Lq) - 1;
+    const int wc = fj_tile_class(p.user, p.sz, b, h, wq0, wq1, kv0,
+                                 min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1);
+    return wc == FJ_TILE_EMPTY ? FJH_TILE_DROP
+           : wc == FJ_TILE_FULL ? FJH_TILE_KEEP : FJH_TILE_MASK;
+  }
+#endif
+  (void)b; (void)h; (void)kv0; (void)cls;
+  return FJH_TILE_KEEP;
+}
+
+// Per-thread view of the accumulator layout of wgmma m64nN: this thread
+// holds rows qr and qr + 8 (qr = first row of its warp + lane / 4), and in
+// each n8 block i the columns 8 i + 2 (lane % 4) + {0, 1}; element 4 i + e
+// is row qr + 8 (e >> 1), column 8 i + 2 (lane % 4) + (e & 1).
+//
+// score_mod, the mask and the kv bound on S, then the online-softmax update:
+// running max (log2 units) and sum, alpha (the factor O must be scaled by)
+// and P = exp2(...) in place of S. Same arithmetic as sm80/fwd.cuh.
+__device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h, int qr,
+                                            int kv0, int mode, float exp_scale,
+                                            float (&s)[FJH_S_REGS], float (&row_m)[2],
+                                            float (&row_l)[2], float (&alpha)[2]) {
+  const int t4 = threadIdx.x & 3;
+  const int Lk = p.sz.Lk;
+  (void)b; (void)h; (void)qr;
+  if (mode == FJH_TILE_DROP) {
+#pragma unroll
+    for (int i = 0; i < FJH_S_REGS; ++i) s[i] = fjh_neg_inf();
+  } else {
+#if FJ_HAS_SCORE_MOD
+#pragma unroll
+    for (int i = 0; i < FJH_S_REGS; ++i) {
+      const int qi = qr + 8 * ((i & 3) >> 1);
+      const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+      s[i] = fj_score_mod(p.user, p.sz, s[i] * p.scale, b, h, qi, ki) * FJH_LOG2E;
+    }
+#endif
+    if (mode == FJH_TILE_MASK || kv0 + FJ_BLOCK_N > Lk) {
+#pragma unroll
+      for (int i = 0; i < FJH_S_REGS; ++i) {
+        const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+        bool keep = ki < Lk;
+#if FJ_HAS_MASK
+        if (mode == FJH_TILE_MASK && keep)
+          keep = fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
+#endif
+        if (!keep) s[i] = fjh_neg_inf();
+      }
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float mx = fjh_neg_inf();
+#pragma unroll
+    for (int i = 0; i < FJH_S_REGS / 4; ++i)
+      mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]));
+    // The four lanes of a quad hold the row between them.
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_old = row_m[hh];
+    const float m_new = fmaxf(m_old, mx * exp_scale);
+    // m_old = -inf: alpha = 0 (O and l are 0 anyway); both -inf: shift by 0
+    // instead of computing (-inf) - (-inf) = NaN, all terms are 0 then.
+    alpha[hh] = m_new == m_old ? 1.0f : fjh_exp2(m_old - m_new);
+    row_m[hh] = m_new;
+    const float shift = m_new == fjh_neg_inf() ? 0.f : m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < FJH_S_REGS / 4; ++i) {
+      s[4 * i + 2 * hh] = fjh_exp2(fmaf(s[4 * i + 2 * hh], exp_scale, -shift));
+      s[4 * i + 2 * hh + 1] = fjh_exp2(fmaf(s[4 * i + 2 * hh + 1], exp_scale, -shift));
+      sum += s[4 * i + 2 * hh] + s[4 * i + 2 * hh + 1];
+    }
+    // Row sums of the f32 P (the LSE must be the log of the true sum) stay
+    // per lane; the quad is summed once in the epilogue.
+    row_l[hh] = row_l[hh] * alpha[hh] + sum;
+  }
+}
+
+// P (f32, in S's registers) to the A fragments of P V. The accumulator
+// layout of S (n8 blocks 2k and 2k+1) is the A-fragment layout of P for k16
+// step k: no shared-memory round trip.
+__device__ __forceinline__ void fjh_pack_p(const float (&s)[FJH_S_REGS],
+                                           unsigned (&pf)[FJH_PK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < FJH_PK; ++kk) {
+    pf[kk][0] = fjh_pack2(s[8 * kk + 0], s[8 * kk + 1]);
+    pf[kk][1] = fjh_pack2(s[8 * kk + 2], s[8 * kk + 3]);
+    pf[kk][2] = fjh_pack2(s[8 * kk + 4], s[8 * kk + 5]);
+    pf[kk][3] = fjh_pack2(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], const float (&alpha)[2]) {
+  // Skipped when no row of the warp moved its max (the common case once
+  // the first tiles are done).
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < FJH_O_REGS; ++i) o[i] *= alpha[(i & 3) >> 1];
+  }
+}
+
+// Epilogue of consumer c: O / l into its 64 rows of the Q area (the Q tile
+// is dead once its last Q K^T completed), then 16-byte coalesced stores of
+// the rows below Lq, and the LSE.
+__device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int b, int h,
+                                             int wq0, unsigned sq, float (&o)[FJH_O_REGS],
+                                             const float (&row_m)[2], float (&row_l)[2]) {
+  const int tid = threadIdx.x & 127;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  float inv_l[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = row_l[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    row_l[hh] = l;
+    inv_l[hh] = l > 0.f ? 1.f / l : 0.f;
+  }
+  // Every warp of this consumer is past its last wgmma before Q is reused.
+  fjh_bar_sync(FJH_BAR_EPI + c, 128);
+#pragma unroll
+  for (int i = 0; i < FJH_O_REGS / 4; ++i)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * warp + g + 8 * hh;  // row within the consumer, r & 7 == g
+      const int d = 8 * i + 2 * t4;
+      const unsigned addr = sq + (d / 64) * (FJ_BLOCK_M * 128) + r * 128 +
+                            ((((d % 64) / 8) ^ (r & 7)) << 4) + (d % 8) * 2;
+      const unsigned v = fjh_pack2(o[4 * i + 2 * hh] * inv_l[hh],
+                                   o[4 * i + 2 * hh + 1] * inv_l[hh]);
+      asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
+    }
+  fjh_bar_sync(FJH_BAR_EPI + c, 128);
+  const int Lq = p.sz.Lq;
+  fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+  constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int it = 0; it < FJH_WG_ROWS * CH / 128; ++it) {
+    const int idx = it * 128 + tid;
+    const int r = idx / CH, ch = idx % CH;
+    if (wq0 + r < Lq) {
+      const unsigned addr = sq + (ch / 8) * (FJ_BLOCK_M * 128) + r * 128 +
+                            (((ch % 8) ^ (r & 7)) << 4);
+      unsigned v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(addr));
+      fjh_u32x4 *dst = (fjh_u32x4 *)(go + (long long)(wq0 + r) * p.o_ss + ch * 8);
+      *dst = fjh_u32x4{v0, v1, v2, v3};
+    }
+  }
+  if (p.lse != nullptr && t4 == 0) {
+    float *gl = p.lse + b * p.lse_sb + h * p.lse_sh;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int qi = wq0 + 16 * warp + g + 8 * hh;
+      if (qi < Lq) {
+        const float l = row_l[hh];
+        gl[qi] = l > 0.f ? (row_m[hh] + log2f(l)) * FJH_LN2 : fjh_neg_inf();
+      }
+    }
+  }
+}
+
+// Consumer c (0 or 1) owns query rows q0 + 64 c .. + 63 of the CTA's tile.
+__device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_smem_map &sm,
+                                            int c, int b, int h, int q0, int q1, int lo,
+                                            int hi, int hi_cls) {
+  const int tid = threadIdx.x & 127;
+  const int warp = tid >> 5, g = (tid & 31) >> 2;
+  const int wq0 = q0 + FJH_WG_ROWS * c;
+  const int qr = wq0 + 16 * warp + g;
+  const unsigned sq = sm.q + c * FJH_WG_ROWS * 128;
+  float o[FJH_O_REGS];
+#pragma unroll
+  for (int i = 0; i < FJH_O_REGS; ++i) o[i] = 0.f;
+  float row_m[2] = {fjh_neg_inf(), fjh_neg_inf()}, row_l[2] = {0.f, 0.f};
+  // Without a score_mod the exponent is fma(qk, scale_log2, -m) and the max
+  // is taken on unscaled q.k; with one, scores are in log2 units already.
+#if FJ_HAS_SCORE_MOD
+  const float exp_scale = 1.0f;
+#else
+  const float exp_scale = p.scale_log2;
+#endif
+
+  if (lo <= hi) {
+    float s[FJH_S_REGS];  // written first by fjh_wgmma_ss_first
+    unsigned pf[FJH_PK][4];
+    float alpha[2];
+#if FJ_PINGPONG
+    if (c == 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);  // consumer 0 goes first
+#endif
+    fjh_mbar_wait(sm.q_full(), 0);
+    int n = 0, j = hi, cls = hi_cls;
+#if FJ_INTRA_WG_OVERLAP
+    // Tile 0: S alone.
+    fjh_sched_wait(c);
+    fjh_mbar_wait(sm.k_full(0), 0);
+    fjh_wgmma_fence();
+    fjh_issue_qk(s, sq, sm.k_tile(0));
+    fjh_wgmma_commit();
+    fjh_sched_arrive(c, false);
+    fjh_wgmma_wait<0>();
+    fjh_fence_regs(s);
+    fjh_mbar_arrive(sm.k_empty(0));
+    fjh_softmax(p, b, h, qr, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
+                exp_scale, s, row_m, row_l, alpha);
+    fjh_pack_p(s, pf);
+    int cls_n;
+    int jn = fjh_next_block(p, b, h, q0, q1, j, lo, &cls_n);
+    // Steady state: Q K^T of tile jn and P V of tile j in flight together;
+    // the softmax of jn runs while P V of j is still on the tensor cores. No
+    // register an in-flight wgmma reads or writes is defined in between: P
+    // is packed and O rescaled only after P V completed (ptxas would
+    // serialize every wgmma of the kernel otherwise, C7513).
+    while (jn >= lo) {
+      const int s0 = n % FJ_NUM_STAGES, s1 = (n + 1) % FJ_NUM_STAGES;
+      fjh_sched_wait(c);
+      fjh_mbar_wait(sm.k_full(s1), ((n + 1) / FJ_NUM_STAGES) & 1);
+      fjh_wgmma_fence();
+      fjh_issue_qk(s, sq, sm.k_tile(s1));
+      fjh_wgmma_commit();
+      fjh_mbar_wait(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
+      fjh_issue_pv(o, pf, sm.v_tile(s0));
+      fjh_wgmma_commit();
+      fjh_sched_arrive(c, false);
+      fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
+      fjh_fence_regs(s);
+      fjh_mbar_arrive(sm.k_empty(s1));
+      fjh_softmax(p, b, h, qr, jn * FJ_BLOCK_N,
+                  fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n), exp_scale, s,
+                  row_m, row_l, alpha);
+      fjh_wgmma_wait<0>();
+      fjh_fence_regs(o);
+      fjh_fence_regs(pf);  // P stays put until its P V completed
+      fjh_mbar_arrive(sm.v_empty(s0));
+      fjh_rescale_o(o, alpha);
+      fjh_pack_p(s, pf);
+      j = jn;
+      ++n;
+      jn = fjh_next_block(p, b, h, q0, q1, jn, lo, &cls_n);
+    }
+    // Last tile: P V alone.
+    {
+      const int s0 = n % FJ_NUM_STAGES;
+      fjh_sched_wait(c);
+      fjh_mbar_wait(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
+      fjh_wgmma_fence();
+      fjh_issue_pv(o, pf, sm.v_tile(s0));
+      fjh_wgmma_commit();
+      fjh_sched_arrive(c, true);
+      fjh_wgmma_wait<0>();
+      fjh_fence_regs(o);
+      fjh_fence_regs(pf);
+      fjh_mbar_arrive(sm.v_empty(s0));
+    }
+#else
+    // Without the overlap: S, softmax, P V, one tile after the other.
+    while (j >= lo) {
+      const int s0 = n % FJ_NUM_STAGES;
+      const unsigned ph = (n / FJ_NUM_STAGES) & 1;
+      int cls_n;
+      const int jn = fjh_next_block(p, b, h, q0, q1, j, lo, &cls_n);
+      fjh_sched_wait(c);
+      fjh_mbar_wait(sm.k_full(s0), ph);
+      fjh_wgmma_fence();
+      fjh_issue_qk(s, sq, sm.k_tile(s0));
+      fjh_wgmma_commit();
+      fjh_sched_arrive(c, jn < lo);
+      fjh_wgmma_wait<0>();
+      fjh_fence_regs(s);
+      fjh_mbar_arrive(sm.k_empty(s0));
+      fjh_softmax(p, b, h, qr, j * FJ_BLOCK_N,
+                  fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls), exp_scale, s, row_m,
+                  row_l, alpha);
+      fjh_rescale_o(o, alpha);
+      fjh_pack_p(s, pf);
+      fjh_mbar_wait(sm.v_full(s0), ph);
+      fjh_wgmma_fence();
+      fjh_issue_pv(o, pf, sm.v_tile(s0));
+      fjh_wgmma_commit();
+      fjh_wgmma_wait<0>();
+      fjh_fence_regs(o);
+      fjh_fence_regs(pf);
+      fjh_mbar_arrive(sm.v_empty(s0));
+      j = jn;
+      cls = cls_n;
+      ++n;
+    }
+#endif
+  }
+  fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+}
+
+extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
+fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
+                 const __grid_constant__ fj_tma_maps maps) {
+  extern __shared__ __align__(1024) unsigned char fjh_smem[];
+  fjh_smem_map sm;
+  sm.q = (fjh_smem_u32(fjh_smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  sm.k = sm.q + FJH_Q_BYTES;
+  sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
+  sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
+
+  // Heaviest causal blocks first.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int Lq = p.sz.Lq, Lk = p.sz.Lk;
+  const int q0 = m_block * FJ_BLOCK_M;
+  const int q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
+
+  // kv blocks [lo, hi] that are not EMPTY for the CTA, walked from hi down
+  // (a causal diagonal first). Every role computes the same walk.
+  int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1;
+  int hi_cls = FJ_TILE_FULL;
+#if FJ_HAS_MASK
+  while (lo <= hi && fjh_block_class(p, b, h, q0, q1, lo) == FJ_TILE_EMPTY) ++lo;
+  for (; hi > lo; --hi) {
+    hi_cls = fjh_block_class(p, b, h, q0, q1, hi);
+    if (hi_cls != FJ_TILE_EMPTY) break;
+  }
+  if (hi == lo) hi_cls = fjh_block_class(p, b, h, q0, q1, hi);
+#endif
+
+  if (threadIdx.x == 0) {
+    fjh_mbar_init(sm.q_full(), 1);
+    for (int s = 0; s < FJ_NUM_STAGES; ++s) {
+      fjh_mbar_init(sm.k_full(s), 1);
+      fjh_mbar_init(sm.v_full(s), 1);
+      fjh_mbar_init(sm.k_empty(s), 256);  // every consumer thread arrives
+      fjh_mbar_init(sm.v_empty(s), 256);
+    }
+    fjh_fence_barrier_init();
+  }
+  __syncthreads();
+
+  // The role must be warp-uniform for setmaxnreg (.aligned): take lane 0's.
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  if (wg == 0) {
+    fjh_setmaxnreg_dec<FJ_PRODUCER_REGS>();
+    if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi);
+  } else {
+    fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
+    fjh_consume(p, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls);
+  }
+}
