@@ -28,6 +28,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_RE = re.compile(r"bench: ([0-9.]+) ms median")
 TFLOPS_RE = re.compile(r"([0-9.]+) TFLOP/s")
+# Printed by `flexjit run --bench` when it launched with a block mask.
+BM_BUILD_RE = re.compile(r"block-mask build: ([0-9.]+) ms median")
 
 # ---- cases -------------------------------------------------------------
 
@@ -218,6 +220,9 @@ def run_flexjit(binary, spec, B, H, S, D, extra, iters, timeout):
     t = TFLOPS_RE.search(p.stdout[m.start():])
     if t:
         res["flexjit_own_tflops"] = float(t.group(1))
+    b = BM_BUILD_RE.search(p.stdout)
+    if b:
+        res["flexjit_block_mask_build_ms"] = float(b.group(1))
     return res
 
 
@@ -307,6 +312,14 @@ def main():
         print("| %s | %d x %d | %s | %s | %s | %s | %s | %s |" % (
             label, r["B"], r["S"], fmt(fj), fmt(fl), fmt(fa), fmt(cu),
             ratio(fj, fl), ratio(fj, cu)))
+    built = [r for r in rows if "flexjit_block_mask_build_ms" in r]
+    if built:
+        print()
+        print("flexjit block-mask build (GPU, median; FlexAttention's eager "
+              "create_block_mask: see ../shared/anchors):")
+        for r in built:
+            print("  %s, %d x %d: %.4f ms" % (r["case"], r["S"], r["S"],
+                                            r["flexjit_block_mask_build_ms"]))
     errs = [r for r in rows if "flexjit_err" in r]
     for r in errs:
         print("\nflexjit failed on %s: %s" % (r["case"], r["flexjit_err"]),

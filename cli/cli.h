@@ -61,6 +61,9 @@ typedef struct run_config {
   int check, bench, iters, warmup;
   uint64_t seed;
   int quiet; /* demo: fewer lines */
+  /* --block-mask: build a block mask and launch with it. Auto (0, the
+   * default): when the mask reads buffers (not index-only). */
+  enum { CLI_BM_AUTO = 0, CLI_BM_ON = 1, CLI_BM_OFF = 2 } block_mask;
 } run_config;
 
 /* Defaults: B 1, D 128, bf16, BHSD, 20 iterations after 5 warmups. */

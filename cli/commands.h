@@ -15,4 +15,8 @@ int fj_cli_cache(int argc, char **argv);
  * (cli/cmd_precompile.c) */
 int fj_cli_precompile(int argc, char **argv);
 
+/* flexjit mask SPEC.lua --q-len N [--kv-len M] [--block K] [--param ...]
+ * [--buffer ...] [--svg FILE] (cli/cmd_mask.c) */
+int fj_cli_mask(int argc, char **argv);
+
 #endif /* CLI_COMMANDS_H */

@@ -119,7 +119,7 @@ int cli_compile_one(fj_context *ctx, const fj_spec *spec, const char *path,
   printf("spec    %s (%s)\n", fj_spec_name(spec), path);
   printf("kernel  %s\n", info.name);
   printf("key     %s\n", info.key);
-  printf("arch    %s\n", info.arch);
+  printf("arch    %s (template %s)\n", info.arch, info.kernel_template);
   printf("cubin   %s (%zu bytes)\n",
          info.cubin_path[0] ? info.cubin_path : "(memory only)",
          info.cubin_size);

@@ -31,6 +31,9 @@ static const char top_usage[] =
     "                     directory or one pack file for deployment\n"
     "  cache ls|stats|verify|prune|clear\n"
     "                     inspect and maintain the on-disk kernel cache\n"
+    "  mask SPEC.lua --q-len N [--svg FILE]\n"
+    "                     draw a mask (elements or blocks) and its density, on\n"
+    "                     the CPU\n"
     "\n"
     "options:\n"
     "  --help, -h         this text (also after each subcommand)\n"
@@ -115,9 +118,10 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
   if (!strcmp(cmd, "precompile")) return fj_cli_precompile(argc - 1, argv + 1);
   if (!strcmp(cmd, "cache")) return fj_cli_cache(argc - 1, argv + 1);
+  if (!strcmp(cmd, "mask")) return fj_cli_mask(argc - 1, argv + 1);
   cli_error(NULL,
-            "unknown subcommand '%s' (compile, run, demo, precompile, cache; "
-            "see --help)",
+            "unknown subcommand '%s' (compile, run, demo, precompile, cache, "
+            "mask; see --help)",
             cmd);
   return CLI_USAGE;
 }

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "gen/interval.h"
 #include "gen/reference.h"
 #include "runtime/context.h"
 
@@ -54,6 +55,7 @@ typedef struct run_state {
   size_t nq, nk, nl;
   dev_tensor dq, dk, dv, dout, dlse;
   float scale;
+  fj_block_mask *bm; /* NULL: the kernel classifies tiles itself */
 } run_state;
 
 static double now_s(void) {
@@ -382,6 +384,7 @@ static int launch(run_state *s) {
   a.scale = (float)s->c->scale;
   a.args = s->args, a.num_args = s->nargs;
   a.stream = NULL;
+  a.block_mask = s->bm;
   if (fj_attention_forward(s->ctx, s->spec, &a) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
     return 0;
@@ -412,7 +415,7 @@ static int download(run_state *s) {
 
 /* Compiles up front so the output says whether NVRTC ran. */
 static int report_kernel(run_state *s) {
-  fj_kernel_options ko = {s->c->D, s->c->dtype, NULL};
+  fj_kernel_options ko = {s->c->D, s->c->dtype, NULL, NULL};
   fj_kernel_info info;
   if (fj_compile_forward(s->ctx, s->spec, &ko, &info) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
@@ -422,6 +425,37 @@ static int report_kernel(run_state *s) {
   printf("kernel  %s [%s] %s\n", info.name, info.key,
          info.from_cache ? "from cache" : "compiled");
   if (!info.from_cache) printf("        NVRTC %.1f ms\n", info.compile_ms);
+  return 1;
+}
+
+/* ---- block mask ---- */
+
+/* Builds the block mask when --block-mask says so (auto: the mask reads
+ * buffers, so the kernel cannot classify tiles from indices). It is
+ * broadcast over batch and heads unless the mask reads b or h. */
+static int build_block_mask(run_state *s) {
+  const run_config *c = s->c;
+  int root = fjg_mask_root(s->g);
+  if (c->block_mask == CLI_BM_OFF || root < 0 ||
+      (c->block_mask == CLI_BM_AUTO && fjg_mask_is_index_only(s->g)))
+    return 1;
+  unsigned deps = fjg_input_deps(s->g, root);
+  fj_block_mask_options o;
+  fj_block_mask_options_init(&o);
+  o.B = deps & (1u << FJG_IN_B) ? c->B : 1;
+  o.H = deps & (1u << FJG_IN_H) ? c->Hq : 1;
+  o.q_len = c->Lq, o.kv_len = c->Lk;
+  o.args = s->args, o.num_args = s->nargs;
+  if (fj_block_mask_build(s->ctx, s->spec, &o, &s->bm) != FJ_OK) {
+    cli_error("run", "block mask: %s", fj_context_last_error(s->ctx));
+    return 0;
+  }
+  if (!c->quiet) {
+    fj_block_mask_info i;
+    fj_block_mask_get_info(s->bm, &i);
+    printf("blockmask B=%d H=%d, %d x %d blocks of %d x %d\n", i.B, i.H,
+           i.num_q_blocks, i.num_kv_blocks, i.block_q, i.block_kv);
+  }
   return 1;
 }
 
@@ -524,6 +558,31 @@ static int cmp_float(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+static int rebuild_block_mask(run_state *s) {
+  if (fj_block_mask_update(s->bm, s->args, s->nargs, NULL) == FJ_OK) return 1;
+  cli_error("run", "block mask: %s", fj_context_last_error(s->ctx));
+  return 0;
+}
+
+/* Times rebuilding the block mask (both builder kernels) like the launches:
+ * what a trainer pays per batch of new document ids. */
+static int time_block_mask(run_state *s, float *ms) {
+  const fjr_driver *d = s->drv;
+  CUevent e0 = NULL, e1 = NULL;
+  int ok = cu_ok(s, d->cuEventCreate(&e0, CU_EVENT_DEFAULT), "cuEventCreate") &&
+           cu_ok(s, d->cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate");
+  for (int i = 0; ok && i < s->c->warmup; i++) ok = rebuild_block_mask(s);
+  for (int i = 0; ok && i < s->c->iters; i++)
+    ok = cu_ok(s, d->cuEventRecord(e0, NULL), "cuEventRecord") &&
+         rebuild_block_mask(s) &&
+         cu_ok(s, d->cuEventRecord(e1, NULL), "cuEventRecord") &&
+         cu_ok(s, d->cuEventSynchronize(e1), "cuEventSynchronize") &&
+         cu_ok(s, d->cuEventElapsedTime(&ms[i], e0, e1), "cuEventElapsedTime");
+  if (e0) d->cuEventDestroy(e0);
+  if (e1) d->cuEventDestroy(e1);
+  return ok;
+}
+
 static int time_launches(run_state *s, float *ms) {
   const fjr_driver *d = s->drv;
   CUevent e0 = NULL, e1 = NULL;
@@ -560,6 +619,16 @@ static int bench(run_state *s) {
   printf("bench: %.4f ms median of %d launches (min %.4f ms, max %.4f ms), "
          "%.1f TFLOP/s, %.2f%% of pairs allowed\n",
          med, n, ms[0], ms[n - 1], tflops, 100.0 * (double)pairs / all);
+  if (s->bm) {
+    if (!time_block_mask(s, ms)) {
+      free(ms);
+      return 0;
+    }
+    qsort(ms, (size_t)n, sizeof(float), cmp_float);
+    med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+    printf("block-mask build: %.4f ms median of %d (min %.4f ms, max %.4f "
+           "ms)\n", med, n, ms[0], ms[n - 1]);
+  }
   free(ms);
   return 1;
 }
@@ -596,7 +665,8 @@ static void print_header(const run_state *s) {
 static int run_on_device(run_state *s) {
   const run_config *c = s->c;
   int pass = 1;
-  if (!setup_device(s) || !report_kernel(s) || !poison(s) || !launch(s) ||
+  if (!setup_device(s) || !report_kernel(s) || !build_block_mask(s) ||
+      !poison(s) || !launch(s) ||
       !cu_ok(s, s->drv->cuCtxSynchronize(), "the kernel"))
     return CLI_FAIL;
   if (c->check || c->dump_dir) {
@@ -626,6 +696,7 @@ int cli_run(const run_config *c) {
   if ((rc = make_inputs(&s)) >= 0) goto done;
   rc = run_on_device(&s);
 done:
+  fj_block_mask_destroy(s.bm);
   free_device(&s);
   for (int a = 0; a < CLI_MAX_VALUES; a++) free(s.bconv[a]);
   free(s.q), free(s.k), free(s.v), free(s.o), free(s.lse);

@@ -41,6 +41,10 @@ static const char run_usage[] =
     "  --bench             time launches with CUDA events: --warmup launches,\n"
     "                      then the median of --iters; TFLOP/s counts\n"
     "                      4*D*(allowed (b, h, q, kv) pairs)\n"
+    "  --block-mask M      auto (default), on or off: build a block mask on\n"
+    "                      the GPU and launch with it; auto does when the\n"
+    "                      mask reads buffers (document ids). --bench also\n"
+    "                      times rebuilding it\n"
     "  --iters N           timed launches (default 20)\n"
     "  --warmup N          untimed launches first (default 5)\n"
     "other:\n"
@@ -133,6 +137,16 @@ static int value_opt(run_config *c, const char *name, const char *v) {
     cli_error("run", "--layout: '%s' is not bhsd or bshd", v);
     return CLI_USAGE;
   }
+  if (!strcmp(name, "--block-mask")) {
+    if (!strcmp(v, "auto") || !strcmp(v, "on") || !strcmp(v, "off")) {
+      c->block_mask = !strcmp(v, "on")    ? CLI_BM_ON
+                      : !strcmp(v, "off") ? CLI_BM_OFF
+                                          : CLI_BM_AUTO;
+      return -1;
+    }
+    cli_error("run", "--block-mask: '%s' is not auto, on or off", v);
+    return CLI_USAGE;
+  }
   if (!strcmp(name, "--param")) return add_value(c, v, 0);
   if (!strcmp(name, "--buffer")) return add_value(c, v, 1);
   if (!strcmp(name, "--inputs")) c->inputs_dir = v;
@@ -146,7 +160,7 @@ static const char *const value_opts[] = {
     "--batch", "--heads",  "--kv-heads", "--q-len",  "--kv-len",
     "--head-dim", "--dtype", "--layout", "--scale",  "--param",
     "--buffer", "--inputs", "--dump",     "--iters",  "--warmup",
-    "--seed",  "--arch",   "--cache-dir", NULL};
+    "--seed",  "--arch",   "--cache-dir", "--block-mask", NULL};
 
 /* -1 to go on, else an exit status. */
 static int parse_one(int argc, char **argv, int *i, run_config *c) {

@@ -58,8 +58,70 @@ static int max_smem_per_block(int sm) {
 
 static int small_smem(int sm) { return max_smem_per_block(sm) < 128 * 1024; }
 
+/* The sm80 shapes (see the comment at the top). */
+static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
+  const int sm = out->sm, head_dim = out->head_dim;
+  out->template_name = "sm80";
+  out->num_warps = 4;
+  out->num_stages = 2;
+  if (head_dim == 128) {
+    out->block_m = small_smem(sm) ? 64 : 128;
+    out->block_n = small_smem(sm) ? 32 : 64;
+  } else {
+    out->block_m = 128;
+    out->block_n = small_smem(sm) ? 64 : 128;
+  }
+  out->threads = out->num_warps * 32;
+  /* Q tile plus num_stages K and V tiles, 2-byte elements. */
+  out->smem_bytes =
+      (out->block_m + 2 * out->num_stages * out->block_n) * head_dim * 2;
+  if (out->smem_bytes > max_smem_per_block(sm))
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "configuration needs %d bytes of shared memory, more than %s allows",
+                out->smem_bytes, out->arch);
+  return FJ_OK;
+}
+
+/* The sm90 template (templates/sm90/fwd.cuh): one producer and two consumer
+ * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal;
+ * D=128 fits only two K/V stages next to the Q tile. Not yet tuned on a
+ * GPU: the stage counts and the 128-row kv tile are first guesses. */
+static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
+  const char *a = out->arch;
+  if (out->sm != 90 || a[strlen(a) - 1] != 'a')
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "template sm90 needs target sm_90a (wgmma, setmaxnreg), not %s", a);
+  out->template_name = "sm90";
+  out->uses_tma = 1;
+  out->num_warps = 12;
+  out->threads = 384;
+  out->block_m = 128;
+  out->block_n = 128;
+  out->num_stages = out->head_dim == 128 ? 2 : 3;
+  /* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the
+   * swizzle atom, Q, the K and V stages, and 1 + 4 * stages mbarriers. */
+  out->smem_bytes = 1024 +
+                    (out->block_m + 2 * out->num_stages * out->block_n) *
+                        out->head_dim * 2 +
+                    8 * (1 + 4 * out->num_stages);
+  if (out->smem_bytes > max_smem_per_block(out->sm))
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "configuration needs %d bytes of shared memory, more than %s allows",
+                out->smem_bytes, a);
+  return FJ_OK;
+}
+
 fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
                             fjg_config *out, char *err, size_t errlen) {
+  return fjg_config_choose_template(head_dim, dtype, arch, NULL, out, err,
+                                    errlen);
+}
+
+fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
+                                     const char *arch,
+                                     const char *template_name,
+                                     fjg_config *out, char *err,
+                                     size_t errlen) {
   if (err && errlen) err[0] = '\0';
   if (!out) return fail(err, errlen, FJ_EINVAL, "no output configuration");
   memset(out, 0, sizeof *out);
@@ -84,23 +146,9 @@ fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
   out->dtype = dtype;
   snprintf(out->arch, sizeof out->arch, "%s", arch);
   out->sm = sm;
-  out->template_name = "sm80";
-  out->num_warps = 4;
-  out->num_stages = 2;
-  if (head_dim == 128) {
-    out->block_m = small_smem(sm) ? 64 : 128;
-    out->block_n = small_smem(sm) ? 32 : 64;
-  } else {
-    out->block_m = 128;
-    out->block_n = small_smem(sm) ? 64 : 128;
-  }
-  out->threads = out->num_warps * 32;
-  /* Q tile plus num_stages K and V tiles, 2-byte elements. */
-  out->smem_bytes =
-      (out->block_m + 2 * out->num_stages * out->block_n) * head_dim * 2;
-  if (out->smem_bytes > max_smem_per_block(sm))
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "configuration needs %d bytes of shared memory, more than %s allows",
-                out->smem_bytes, arch);
-  return FJ_OK;
+  if (!template_name || strcmp(template_name, "sm80") == 0)
+    return choose_sm80(out, err, errlen);
+  if (strcmp(template_name, "sm90") == 0) return choose_sm90(out, err, errlen);
+  return fail(err, errlen, FJ_EINVAL,
+              "unknown template '%s' (known: sm80, sm90)", template_name);
 }

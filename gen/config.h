@@ -29,8 +29,13 @@ typedef struct fjg_config {
    * (block_m + 2 * num_stages * block_n) * head_dim * 2 bytes. Above 48 KiB
    * the launcher must raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. */
   int smem_bytes;
-  /* Template folder under templates/ ("sm80"); a static string. */
+  /* Template folder under templates/ ("sm80" or "sm90"); a static string. */
   const char *template_name;
+  /* 1 when the kernel takes a second parameter, the TMA tensor maps
+   * (runtime/tma.h's fjr_tma_maps, built per launch with
+   * fjr_tma_maps_build) and must be launched with kernelParams
+   * {&params, &maps}; 0 for the single-parameter sm80 template. */
+  int uses_tma;
 } fjg_config;
 
 /*
@@ -43,5 +48,22 @@ typedef struct fjg_config {
  */
 fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
                             fjg_config *out, char *err, size_t errlen);
+
+/*
+ * As fjg_config_choose, with the template named: NULL picks the default
+ * (what fjg_config_choose returns: "sm80" on every arch for now), "sm80"
+ * forces the mma.sync template (any arch >= sm_80), "sm90" the wgmma + TMA
+ * template, which needs an sm_90a target (wgmma and setmaxnreg exist only
+ * there; plain sm_90 and other archs are refused with FJ_EUNSUPPORTED and a
+ * message saying so). sm90 shapes: 128 query rows per CTA (two consumer
+ * warpgroups of 64), 128-row kv tiles, 12 warps (384 threads), 2 K/V stages
+ * at D=128 and 3 at D=64, uses_tma = 1, smem_bytes as the template's
+ * FJH_SMEM_BYTES. An unknown name is FJ_EINVAL. Thread-safe; no allocation.
+ */
+fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
+                                     const char *arch,
+                                     const char *template_name,
+                                     fjg_config *out, char *err,
+                                     size_t errlen);
 
 #endif /* FJG_CONFIG_H */

@@ -95,6 +95,11 @@ typedef struct fj_context_options {
    * evicted after each store, never one this process uses. 0: no limit
    * beyond $FLEXJIT_CACHE_MAX_BYTES, if set. */
   uint64_t cache_max_bytes;
+  /* Kernel template: "sm80" (mma.sync + cp.async, any target from sm_80) or
+   * "sm90" (wgmma + TMA, warp-specialized; target sm_90a only). NULL:
+   * $FLEXJIT_TEMPLATE if set, else sm90 for sm_90a and sm80 otherwise (sm80
+   * also for launches with a block mask, which sm90 does not read yet). */
+  const char *kernel_template;
   fj_log_fn log;
   void *log_user;
 } fj_context_options;
@@ -156,6 +161,8 @@ typedef struct fj_kernel_options {
   int head_dim;     /* 64 or 128 */
   fj_dtype dtype;   /* of q, k, v and o */
   const char *arch; /* NULL: the context's arch */
+  /* "sm80" or "sm90"; NULL: the context's choice (see fj_context_options). */
+  const char *kernel_template;
 } fj_kernel_options;
 
 typedef struct fj_kernel_info {
@@ -163,6 +170,7 @@ typedef struct fj_kernel_info {
   char name[96];          /* readable kernel name */
   char cubin_path[1024];  /* "" when not stored on disk */
   char arch[16];          /* target it was compiled for */
+  char kernel_template[16]; /* "sm80" or "sm90" */
   int from_cache;         /* 1: found in memory or on disk, NVRTC not called */
   double compile_ms;      /* NVRTC time, 0 when from cache */
   size_t cubin_size;

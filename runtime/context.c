@@ -28,10 +28,15 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
   if (opts) ctx->opts = *opts;
   ctx->opts.cache_dir = NULL;
   ctx->opts.arch = NULL;
+  ctx->opts.kernel_template = NULL;
+  const char *tmpl = opts ? opts->kernel_template : NULL;
+  if (!tmpl || !*tmpl) tmpl = getenv("FLEXJIT_TEMPLATE");
+  if (tmpl && !*tmpl) tmpl = NULL;
   ctx->cache_dir = dup_or_null(opts ? opts->cache_dir : NULL);
   ctx->arch_opt = dup_or_null(opts ? opts->arch : NULL);
+  ctx->template_opt = dup_or_null(tmpl);
   if ((opts && opts->cache_dir && !ctx->cache_dir) ||
-      (opts && opts->arch && !ctx->arch_opt)) {
+      (opts && opts->arch && !ctx->arch_opt) || (tmpl && !ctx->template_opt)) {
     fj_context_destroy(ctx);
     return FJ_ENOMEM;
   }
@@ -51,6 +56,7 @@ void fj_context_destroy(fj_context *ctx) {
   if (ctx->cuctx && ctx->drv) ctx->drv->cuDevicePrimaryCtxRelease(ctx->cudev);
   free(ctx->cache_dir);
   free(ctx->arch_opt);
+  free(ctx->template_opt);
   free(ctx);
 }
 

@@ -31,6 +31,7 @@ struct fj_context {
   fj_context_options opts; /* cache_dir and arch live below */
   char *cache_dir;
   char *arch_opt;
+  char *template_opt; /* option, else $FLEXJIT_TEMPLATE, else NULL */
   char err[8192];
   fjc_store *store;
   int store_opened;

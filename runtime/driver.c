@@ -116,6 +116,7 @@ static int resolve_all(const fjr_getproc *gp, fjr_driver *drv, const char *lib,
   FJR_RESOLVE(cuEventRecord);
   FJR_RESOLVE(cuEventSynchronize);
   FJR_RESOLVE(cuEventElapsedTime);
+  FJR_RESOLVE(cuTensorMapEncodeTiled);
   return 0;
 }
 

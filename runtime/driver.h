@@ -56,6 +56,15 @@ typedef struct fjr_driver {
   CUresult (*cuEventRecord)(CUevent, CUstream);
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);
+  /* TMA descriptors for the sm90 template (runtime/tma.c); host-only, needs
+   * no device or context. */
+  CUresult (*cuTensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType,
+                                     cuuint32_t, void *, const cuuint64_t *,
+                                     const cuuint64_t *, const cuuint32_t *,
+                                     const cuuint32_t *, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle,
+                                     CUtensorMapL2promotion,
+                                     CUtensorMapFloatOOBfill);
 } fjr_driver;
 
 /* Loads the driver once per process. On failure returns FJ_ENODRIVER (no

@@ -20,6 +20,7 @@
 #include "runtime/context_impl.h"
 #include "runtime/launch_params.h"
 #include "runtime/nvrtc.h"
+#include "runtime/tma.h"
 
 #define FJR_MAX_PARAM_BYTES 4096
 
@@ -33,8 +34,8 @@ static const char *dtype_name(fj_dtype d) {
   return d == FJ_DTYPE_BF16 ? "bf16" : "fp16";
 }
 
-/* Readable kernel name: fj_fwd_<spec>_d<D>_<dtype>_<arch>, spec name reduced
- * to [A-Za-z0-9_]. */
+/* Readable kernel name: fj_fwd_<spec>_d<D>_<dtype>_<template>_<arch>, the
+ * spec name reduced to [A-Za-z0-9_]. */
 static void kernel_name(const fj_spec *spec, const fjg_config *cfg, char *buf,
                         size_t n) {
   char clean[48];
@@ -46,8 +47,8 @@ static void kernel_name(const fj_spec *spec, const fjg_config *cfg, char *buf,
     clean[j++] = ok ? c : '_';
   }
   clean[j] = '\0';
-  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s", clean, cfg->head_dim,
-           dtype_name(cfg->dtype), cfg->arch);
+  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s_%s", clean, cfg->head_dim,
+           dtype_name(cfg->dtype), cfg->template_name, cfg->arch);
 }
 
 /* The cache keys. The source key covers every ingredient that shapes the
@@ -186,11 +187,23 @@ static fj_status find_in_packs(fj_context *ctx, fjr_kernel *k, int nvrtc_ok,
   return FJ_ENOTFOUND;
 }
 
+/* The template a kernel uses: the caller's, else the context's, else the
+ * best for the target: sm90 (wgmma + TMA) on sm_90a, sm80 elsewhere. A launch
+ * with a block mask keeps sm80 by default until sm90 reads block masks. */
+static const char *choose_template(const fj_context *ctx,
+                                   const fj_kernel_options *opts,
+                                   const char *arch, int has_block_mask) {
+  if (opts->kernel_template) return opts->kernel_template;
+  if (ctx->template_opt) return ctx->template_opt;
+  if (strcmp(arch, "sm_90a") == 0 && !has_block_mask) return "sm90";
+  return "sm80";
+}
+
 /* Finds the kernel in the spec's table, else in the disk cache, else
  * compiles it (once per key across processes) and stores it. */
 static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
-                            const fj_kernel_options *opts, fjr_kernel **out,
-                            fj_kernel_info *info) {
+                            const fj_kernel_options *opts, int has_block_mask,
+                            fjr_kernel **out, fj_kernel_info *info) {
   fj_spec *spec = (fj_spec *)spec_c;
   fj_status st;
   const char *arch = opts->arch;
@@ -198,15 +211,19 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     st = fjr_context_arch(ctx, &arch);
     if (st != FJ_OK) return st;
   }
+  const char *tmpl = choose_template(ctx, opts, arch, has_block_mask);
   for (fjr_kernel *k = spec->kernels; k; k = k->next) {
     if (k->head_dim == opts->head_dim && k->dtype == opts->dtype &&
-        strcmp(k->cfg.arch, arch) == 0) {
+        strcmp(k->cfg.arch, arch) == 0 &&
+        strcmp(k->cfg.template_name, tmpl) == 0) {
       *out = k;
       if (info) {
         memset(info, 0, sizeof(*info));
         snprintf(info->key, sizeof(info->key), "%s", k->key.hex);
         kernel_name(spec, &k->cfg, info->name, sizeof(info->name));
         snprintf(info->arch, sizeof(info->arch), "%s", k->cfg.arch);
+        snprintf(info->kernel_template, sizeof(info->kernel_template), "%s",
+                 k->cfg.template_name);
         info->from_cache = 1;
         info->cubin_size = k->cubin_size;
       }
@@ -217,8 +234,8 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   fjr_kernel *k = calloc(1, sizeof(*k));
   if (!k) return fjr_fail(ctx, FJ_ENOMEM, "out of memory");
   char err[1024] = "";
-  st = fjg_config_choose(opts->head_dim, opts->dtype, arch, &k->cfg, err,
-                         sizeof(err));
+  st = fjg_config_choose_template(opts->head_dim, opts->dtype, arch, tmpl,
+                                  &k->cfg, err, sizeof(err));
   if (st != FJ_OK) {
     free(k);
     return fjr_fail(ctx, st, "%s", err);
@@ -319,6 +336,8 @@ done:
     snprintf(info->name, sizeof(info->name), "%s", name);
     snprintf(info->cubin_path, sizeof(info->cubin_path), "%s", path);
     snprintf(info->arch, sizeof(info->arch), "%s", k->cfg.arch);
+    snprintf(info->kernel_template, sizeof(info->kernel_template), "%s",
+             k->cfg.template_name);
     info->from_cache = from_cache;
     info->compile_ms = compile_ms;
     info->cubin_size = k->cubin_size;
@@ -353,7 +372,7 @@ fj_status fj_compile_forward(fj_context *ctx, const fj_spec *spec,
   fj_status st = check_kernel_options(ctx, opts);
   if (st != FJ_OK) return st;
   fjr_kernel *k = NULL;
-  return get_kernel(ctx, spec, opts, &k, info);
+  return get_kernel(ctx, spec, opts, 0, &k, info);
 }
 
 fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
@@ -372,8 +391,9 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
   }
   fjg_config cfg;
   char err[1024];
-  st = fjg_config_choose(opts->head_dim, opts->dtype, arch, &cfg, err,
-                         sizeof(err));
+  st = fjg_config_choose_template(opts->head_dim, opts->dtype, arch,
+                                  choose_template(ctx, opts, arch, 0), &cfg,
+                                  err, sizeof(err));
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
   char nvrtc_version[32] = "unavailable";
   int major = 0, minor = 0;
@@ -655,9 +675,11 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     return st;
 
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
-  fj_kernel_options kopts = {(int)D, dtype, NULL};
+  fj_kernel_options kopts = {(int)D, dtype, NULL, NULL};
   fjr_kernel *k = NULL;
-  if ((st = get_kernel(ctx, spec, &kopts, &k, NULL)) != FJ_OK) return st;
+  if ((st = get_kernel(ctx, spec, &kopts, args->block_mask != NULL, &k,
+                       NULL)) != FJ_OK)
+    return st;
   if (!k->module && (st = load_module(ctx, k)) != FJ_OK) return st;
 
   /* Pack the one kernel parameter. */
@@ -690,13 +712,27 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                            (int)Lk, k->cfg.block_m, k->cfg.block_n, p);
   if (st != FJ_OK) return st;
 
-  size_t psize = total;
-  void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf,
-                   CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
   unsigned grid_x = (unsigned)((Lq + k->cfg.block_m - 1) / k->cfg.block_m);
-  CUresult r = ctx->drv->cuLaunchKernel(
-      k->fn, grid_x, (unsigned)Hq, (unsigned)B, (unsigned)k->cfg.threads, 1,
-      1, (unsigned)k->cfg.smem_bytes, (CUstream)args->stream, NULL, extra);
+  CUresult r;
+  if (k->cfg.uses_tma) {
+    /* TMA descriptors are a second __grid_constant__ parameter. */
+    _Alignas(128) fjr_tma_maps maps;
+    char err[512];
+    st = fjr_tma_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof(err));
+    if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
+    void *kp[] = {pbuf, &maps};
+    r = ctx->drv->cuLaunchKernel(k->fn, grid_x, (unsigned)Hq, (unsigned)B,
+                                 (unsigned)k->cfg.threads, 1, 1,
+                                 (unsigned)k->cfg.smem_bytes,
+                                 (CUstream)args->stream, kp, NULL);
+  } else {
+    size_t psize = total;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf,
+                     CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
+    r = ctx->drv->cuLaunchKernel(
+        k->fn, grid_x, (unsigned)Hq, (unsigned)B, (unsigned)k->cfg.threads, 1,
+        1, (unsigned)k->cfg.smem_bytes, (CUstream)args->stream, NULL, extra);
+  }
   if (r != CUDA_SUCCESS) return fjr_cu_fail(ctx, "cuLaunchKernel", r);
   return FJ_OK;
 }

@@ -385,7 +385,12 @@ __device__ __forceinline__ void fjk_tile_step(
             fj_score_mod(p.user, p.sz, s[mt][nt][e] * p.scale, b, h, qi, ki) * FJK_LOG2E;
       }
 #endif
-  if (need_mask || ragged) {
+  // The mask is evaluated on every element, past Lk too (fj_mask is total;
+  // such results are dropped), without a branch per element: its buffer
+  // reads then depend only on the row or the column, and the compiler loads
+  // each once per sub-tile instead of once per element.
+#if FJ_HAS_MASK
+  if (need_mask) {
 #pragma unroll
     for (int mt = 0; mt < FJK_MT; ++mt)
 #pragma unroll
@@ -393,14 +398,21 @@ __device__ __forceinline__ void fjk_tile_step(
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
-          bool keep = ki < Lk;
-#if FJ_HAS_MASK
-          if (need_mask && keep) {
-            const int qi = wq0 + mt * 16 + g + (e >> 1) * 8;
-            keep = fj_mask(p.user, p.sz, b, h, qi, ki);
-          }
+          const int qi = wq0 + mt * 16 + g + (e >> 1) * 8;
+          const bool keep = (ki < Lk) & fj_mask(p.user, p.sz, b, h, qi, ki);
+          s[mt][nt][e] = keep ? s[mt][nt][e] : fjk_neg_inf();
+        }
+  } else
 #endif
-          if (!keep) s[mt][nt][e] = fjk_neg_inf();
+  if (ragged) {
+#pragma unroll
+    for (int mt = 0; mt < FJK_MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < FJK_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
+          if (ki >= Lk) s[mt][nt][e] = fjk_neg_inf();
         }
   }
 
@@ -609,12 +621,21 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
       // with the stage that the next prefetch overwrites.
       fjk_cp_async_wait<FJ_NUM_STAGES - 2>();
       __syncthreads();
+#if FJ_NUM_STAGES == 2
+      // With two stages the tile prefetched now is the next one computed:
+      // a block mask's walk is then done once, not again for jc.
+      int jn = -1, jn_cls = FJ_TILE_EMPTY;
+#endif
       if (ji >= lo) {
         const int kv0 = ji * FJ_BLOCK_N;
         fjk_load_tile<FJ_BLOCK_N>(s_k + stage_i * FJK_TILE_BYTES, gk + kv0 * p.k_ss,
                                   p.k_ss, Lk - kv0);
         fjk_load_tile<FJ_BLOCK_N>(s_v + stage_i * FJK_TILE_BYTES, gv + kv0 * p.v_ss,
                                   p.v_ss, Lk - kv0);
+#if FJ_NUM_STAGES == 2
+        jn = ji;
+        jn_cls = ji_cls;
+#endif
         ji = fjk_advance(p, bm_row, b, h, q0, q1, ji, lo, &ti, &ji_cls);
       }
       fjk_cp_async_commit();
@@ -650,7 +671,16 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
       }
 
       stage = stage + 1 == FJ_NUM_STAGES ? 0 : stage + 1;
+#if FJ_NUM_STAGES == 2
+      if (bm_row >= 0) {
+        jc = jn;
+        jc_cls = jn_cls;
+      } else {
+        jc = fjk_advance(p, bm_row, b, h, q0, q1, jc, lo, &tc, &jc_cls);
+      }
+#else
       jc = fjk_advance(p, bm_row, b, h, q0, q1, jc, lo, &tc, &jc_cls);
+#endif
     }
     fjk_cp_async_wait<0>();
   }

@@ -19,13 +19,24 @@
 //   FJ_PINGPONG        optional, 0 | 1 (default 1): order the two consumer
 //                      warpgroups' GEMMs so that one's softmax overlaps the
 //                      other's GEMMs
-//   FJ_INTRA_WG_OVERLAP optional, 0 | 1 (default 1): issue Q K^T of tile j+1
-//                      before P V of tile j and run the softmax of j+1 while
-//                      P V of j is in flight
+//   FJ_INTRA_WG_OVERLAP optional, 0 | 1: issue Q K^T of tile j+1 before
+//                      P V of tile j and run the softmax of j+1 while P V of
+//                      j is in flight (default 1, but 0 at D=128 with a
+//                      score_mod, which would spill)
+//   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
+//                      (debugging only: the counter makes the kernel spill)
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
-//                      (default 32 and 240; PRODUCER + 2 * CONSUMER <= 512)
+//                      (default 24 and 240). The CTA starts with 168 a thread
+//                      (65536 / 384, rounded down to 8) and setmaxnreg only
+//                      moves registers within that pool, so PRODUCER +
+//                      2 * CONSUMER must not exceed 3 * 168 = 504: asking for
+//                      more makes setmaxnreg.inc wait forever
 // Hooks: exactly those of sm80/fwd.cuh (fj_user_params, fj_tile_class,
 //   fj_mask, fj_score_mod; see common/fj_common.cuh), same semantics.
+//   Not yet: the block-mask fields of fj_fwd_params (bm_*) are ignored; tiles
+//   are classified by fj_tile_class only, which is correct (the mask is
+//   still applied) but does not skip tiles that only a block mask knows
+//   are empty.
 // Kernel:
 //   extern "C" __global__ void fj_attention_fwd(
 //       const __grid_constant__ fj_fwd_params p,
@@ -57,11 +68,14 @@
 #ifndef FJ_PINGPONG
 #define FJ_PINGPONG 1
 #endif
+// At D=128 the overlapped loop keeps S, P and O (160 registers) live at
+// once, and an inlined score_mod (tanh, buffer reads) on top of that spills
+// a few bytes: such kernels run the plain loop by default.
 #ifndef FJ_INTRA_WG_OVERLAP
-#define FJ_INTRA_WG_OVERLAP 1
+#define FJ_INTRA_WG_OVERLAP (!(FJ_HAS_SCORE_MOD && FJ_HEAD_DIM == 128))
 #endif
 #ifndef FJ_PRODUCER_REGS
-#define FJ_PRODUCER_REGS 32
+#define FJ_PRODUCER_REGS 24
 #endif
 #ifndef FJ_CONSUMER_REGS
 #define FJ_CONSUMER_REGS 240
@@ -85,8 +99,11 @@ static_assert(FJ_BLOCK_N == 64 || FJ_BLOCK_N == 128, "sm90: BLOCK_N 64 or 128");
 static_assert(FJ_NUM_WARPS == 12, "sm90: 12 warps (one producer, two consumer warpgroups)");
 static_assert(FJ_NUM_STAGES >= 2, "sm90: at least two K/V stages");
 static_assert(FJH_SMEM_BYTES <= 227 * 1024, "sm90: shared memory over 227 KiB");
-static_assert(FJ_PRODUCER_REGS + 2 * FJ_CONSUMER_REGS <= 512,
-              "sm90: register split over 64K registers");
+static_assert(FJ_PRODUCER_REGS + 2 * FJ_CONSUMER_REGS <= 3 * 168,
+              "sm90: register split over the CTA's pool (setmaxnreg.inc would hang)");
+static_assert(FJ_PRODUCER_REGS % 8 == 0 && FJ_CONSUMER_REGS % 8 == 0 &&
+              FJ_PRODUCER_REGS >= 24 && FJ_CONSUMER_REGS <= 256,
+              "sm90: setmaxnreg takes multiples of 8 in [24, 256]");
 
 #define FJH_LOG2E 1.4426950408889634f
 #define FJH_LN2 0.6931471805599453f
@@ -134,16 +151,32 @@ __device__ __forceinline__ void fjh_mbar_arrive_expect_tx(unsigned bar, unsigned
 __device__ __forceinline__ void fjh_mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 }
-// Blocks until the phase of parity `parity` has completed.
+// Blocks until the phase of parity `parity` has completed. FJ_DEBUG_WAIT_LIMIT
+// (optional, test harnesses only) traps after that many polls, so that a
+// pipeline bug fails the launch instead of hanging the GPU.
 __device__ __forceinline__ void fjh_mbar_wait(unsigned bar, unsigned parity) {
   unsigned done;
+#ifdef FJ_DEBUG_WAIT_LIMIT
+  unsigned polls = 0;
+#endif
   do {
+#ifdef FJ_DEBUG_WAIT_LIMIT
+    if (++polls > (unsigned)(FJ_DEBUG_WAIT_LIMIT)) asm volatile("trap;");
+#endif
     asm volatile(
         "{\n.reg .pred p;\n"
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   } while (!done);
+}
+// The same for a whole consumer warp: lanes may leave the spin loop at
+// different trips, and the wgmma and bar instructions that follow need the
+// warp converged. (The producer thread runs alone in its warp, whose other
+// lanes have exited, so it must not use this one.)
+__device__ __forceinline__ void fjh_mbar_wait_warp(unsigned bar, unsigned parity) {
+  fjh_mbar_wait(bar, parity);
+  __syncwarp();
 }
 
 // TMA: a (64 x rows) box of the 4-D tensor at (c0, c1, c2, c3) into shared
@@ -372,6 +405,14 @@ __device__ __forceinline__ float fjh_exp2(float x) {
   return r;
 }
 
+// threadIdx.x through a volatile read: values derived from it are recomputed
+// where they are used instead of occupying registers across the kv loop.
+__device__ __forceinline__ int fjh_tid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
+
 __device__ __forceinline__ float fjh_neg_inf() { return __int_as_float(0xff800000); }
 
 struct __align__(16) fjh_u32x4 {
@@ -530,11 +571,15 @@ __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int 
 // score_mod, the mask and the kv bound on S, then the online-softmax update:
 // running max (log2 units) and sum, alpha (the factor O must be scaled by)
 // and P = exp2(...) in place of S. Same arithmetic as sm80/fwd.cuh.
-__device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h, int qr,
+__device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h, int wq0,
                                             int kv0, int mode, float exp_scale,
                                             float (&s)[FJH_S_REGS], float (&row_m)[2],
                                             float (&row_l)[2], float (&alpha)[2]) {
-  const int t4 = threadIdx.x & 3;
+  const int tid = fjh_tid();
+  const int t4 = tid & 3;
+  // This thread's first row, derived here from a fresh read of tid rather
+  // than kept in a register across the kv loop (that spilled at D=128).
+  const int qr = wq0 + 16 * ((tid & 127) >> 5) + ((tid & 31) >> 2);
   const int Lk = p.sz.Lk;
   (void)b; (void)h; (void)qr;
   if (mode == FJH_TILE_DROP) {
@@ -680,10 +725,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
 __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_smem_map &sm,
                                             int c, int b, int h, int q0, int q1, int lo,
                                             int hi, int hi_cls) {
-  const int tid = threadIdx.x & 127;
-  const int warp = tid >> 5, g = (tid & 31) >> 2;
   const int wq0 = q0 + FJH_WG_ROWS * c;
-  const int qr = wq0 + 16 * warp + g;
   const unsigned sq = sm.q + c * FJH_WG_ROWS * 128;
   float o[FJH_O_REGS];
 #pragma unroll
@@ -704,12 +746,12 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #if FJ_PINGPONG
     if (c == 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);  // consumer 0 goes first
 #endif
-    fjh_mbar_wait(sm.q_full(), 0);
+    fjh_mbar_wait_warp(sm.q_full(), 0);
     int n = 0, j = hi, cls = hi_cls;
 #if FJ_INTRA_WG_OVERLAP
     // Tile 0: S alone.
     fjh_sched_wait(c);
-    fjh_mbar_wait(sm.k_full(0), 0);
+    fjh_mbar_wait_warp(sm.k_full(0), 0);
     fjh_wgmma_fence();
     fjh_issue_qk(s, sq, sm.k_tile(0));
     fjh_wgmma_commit();
@@ -717,7 +759,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_wgmma_wait<0>();
     fjh_fence_regs(s);
     fjh_mbar_arrive(sm.k_empty(0));
-    fjh_softmax(p, b, h, qr, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
+    fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
                 exp_scale, s, row_m, row_l, alpha);
     fjh_pack_p(s, pf);
     int cls_n;
@@ -729,21 +771,21 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     // serialize every wgmma of the kernel otherwise, C7513).
     while (jn >= lo) {
       const int s0 = n % FJ_NUM_STAGES, s1 = (n + 1) % FJ_NUM_STAGES;
+      // Classified before S exists: fewer registers live in the softmax.
+      const int mode_n = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
       fjh_sched_wait(c);
-      fjh_mbar_wait(sm.k_full(s1), ((n + 1) / FJ_NUM_STAGES) & 1);
+      fjh_mbar_wait_warp(sm.k_full(s1), ((n + 1) / FJ_NUM_STAGES) & 1);
       fjh_wgmma_fence();
       fjh_issue_qk(s, sq, sm.k_tile(s1));
       fjh_wgmma_commit();
-      fjh_mbar_wait(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
+      fjh_mbar_wait_warp(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
       fjh_issue_pv(o, pf, sm.v_tile(s0));
       fjh_wgmma_commit();
       fjh_sched_arrive(c, false);
       fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
       fjh_fence_regs(s);
       fjh_mbar_arrive(sm.k_empty(s1));
-      fjh_softmax(p, b, h, qr, jn * FJ_BLOCK_N,
-                  fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n), exp_scale, s,
-                  row_m, row_l, alpha);
+      fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
       fjh_fence_regs(pf);  // P stays put until its P V completed
@@ -758,7 +800,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     {
       const int s0 = n % FJ_NUM_STAGES;
       fjh_sched_wait(c);
-      fjh_mbar_wait(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
+      fjh_mbar_wait_warp(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
       fjh_wgmma_fence();
       fjh_issue_pv(o, pf, sm.v_tile(s0));
       fjh_wgmma_commit();
@@ -776,7 +818,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       int cls_n;
       const int jn = fjh_next_block(p, b, h, q0, q1, j, lo, &cls_n);
       fjh_sched_wait(c);
-      fjh_mbar_wait(sm.k_full(s0), ph);
+      fjh_mbar_wait_warp(sm.k_full(s0), ph);
       fjh_wgmma_fence();
       fjh_issue_qk(s, sq, sm.k_tile(s0));
       fjh_wgmma_commit();
@@ -784,12 +826,12 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_wgmma_wait<0>();
       fjh_fence_regs(s);
       fjh_mbar_arrive(sm.k_empty(s0));
-      fjh_softmax(p, b, h, qr, j * FJ_BLOCK_N,
+      fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N,
                   fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls), exp_scale, s, row_m,
                   row_l, alpha);
       fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
-      fjh_mbar_wait(sm.v_full(s0), ph);
+      fjh_mbar_wait_warp(sm.v_full(s0), ph);
       fjh_wgmma_fence();
       fjh_issue_pv(o, pf, sm.v_tile(s0));
       fjh_wgmma_commit();

@@ -196,7 +196,7 @@ static void *precompile_worker(void *arg) {
     const spec_src *s = &specs[p->jobs[j][0]];
     if (fj_spec_load_string(ctx, s->src, strlen(s->src), s->name, &spec) ==
         FJ_OK) {
-      fj_kernel_options ko = {p->jobs[j][1], (fj_dtype)p->jobs[j][2], NULL};
+      fj_kernel_options ko = {p->jobs[j][1], (fj_dtype)p->jobs[j][2], NULL, NULL};
       fj_compile_forward(ctx, spec, &ko, NULL); /* errors show up later */
     }
     fj_spec_destroy(spec);
@@ -277,7 +277,7 @@ static int case_launch(fj_context *ctx, const fjr_driver *drv,
       !gpu_poison(drv, &io->dout, c->dt, &io->dlse))
     return 0;
   fj_forward_args a = {&io->dq.t, &io->dk.t, &io->dv.t, &io->dout.t,
-                       &io->dlse.t, 0.0f, io->vals.args, io->vals.n, NULL};
+                       &io->dlse.t, 0.0f, io->vals.args, io->vals.n, NULL, NULL};
   if (fj_attention_forward(ctx, spec, &a) != FJ_OK) {
     printf("      launch failed: %s\n", fj_context_last_error(ctx));
     return 0;
@@ -364,7 +364,7 @@ static int test_kernel_reuse(const fjr_driver *drv) {
   if (fj_context_create(&o, &ctx) != FJ_OK ||
       fj_spec_load_string(ctx, src, strlen(src), "reuse", &spec) != FJ_OK)
     goto done;
-  fj_kernel_options ko = {64, FJ_DTYPE_BF16, NULL};
+  fj_kernel_options ko = {64, FJ_DTYPE_BF16, NULL, NULL};
   if (fj_compile_forward(ctx, spec, &ko, &a) != FJ_OK ||
       fjr_context_device(ctx, NULL) != FJ_OK ||
       !case_launch(ctx, drv, spec, &c, 1, &io) ||

@@ -1,0 +1,117 @@
+/*
+ * runtime/tma.c: CUtensorMaps for the sm90 forward template (see tma.h).
+ */
+#include "runtime/tma.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static fj_status tma_fail(char *err, size_t errlen, fj_status st,
+                          const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return st;
+}
+
+/* One tensor as the template sees it: (D, L, H, B) innermost first. */
+typedef struct tma_tensor {
+  const char *what;
+  uint64_t ptr;
+  int64_t dims[4];    /* elements */
+  int64_t strides[3]; /* elements, for dims 1..3 */
+  uint32_t box_rows;
+} tma_tensor;
+
+/* A dimension of extent 1 is only ever read at coordinate 0, so its stride
+ * is free; callers (DLPack) may give 0 or anything there. TMA still wants a
+ * multiple of 16 bytes, so such strides become the extent of the dims below. */
+static void normalize_unit_strides(tma_tensor *t) {
+  int64_t below = t->dims[0];
+  for (int i = 1; i < 4; i++) {
+    if (t->dims[i] == 1) t->strides[i - 1] = below;
+    below = t->strides[i - 1] * t->dims[i];
+  }
+}
+
+static fj_status encode_one(const fjr_driver *drv, const fjg_config *cfg,
+                            tma_tensor *t, CUtensorMap *out, char *err,
+                            size_t errlen) {
+  const int64_t esize = 2; /* bf16 and fp16 */
+  if (t->ptr % 16 != 0)
+    return tma_fail(err, errlen, FJ_EINVAL,
+                    "%s: TMA needs a 16-byte aligned address", t->what);
+  normalize_unit_strides(t);
+  cuuint64_t dims[4], strides[3];
+  for (int i = 0; i < 4; i++) {
+    if (t->dims[i] <= 0 || t->dims[i] > ((int64_t)1 << 32))
+      return tma_fail(err, errlen, FJ_EINVAL,
+                      "%s: dimension %d has extent %lld, TMA allows 1 to 2^32",
+                      t->what, i, (long long)t->dims[i]);
+    dims[i] = (cuuint64_t)t->dims[i];
+  }
+  for (int i = 0; i < 3; i++) {
+    int64_t bytes = t->strides[i] * esize;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= ((int64_t)1 << 40))
+      return tma_fail(err, errlen, FJ_EINVAL,
+                      "%s: stride %lld elements of dimension %d: TMA needs a "
+                      "positive multiple of 16 bytes below 2^40",
+                      t->what, (long long)t->strides[i], i + 1);
+    strides[i] = (cuuint64_t)bytes;
+  }
+  /* 64 elements = 128 bytes: the widest box the 128-byte swizzle allows;
+   * D = 128 is loaded as two boxes. */
+  cuuint32_t box[4] = {64, t->box_rows, 1, 1};
+  cuuint32_t estride[4] = {1, 1, 1, 1};
+  CUtensorMapDataType dt = cfg->dtype == FJ_DTYPE_F16
+                               ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  CUresult r = drv->cuTensorMapEncodeTiled(
+      out, dt, 4, (void *)(uintptr_t)t->ptr, dims, strides, box, estride,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    char text[256];
+    fjr_driver_error_text(drv, r, text, sizeof text);
+    return tma_fail(err, errlen, FJ_ECUDA,
+                    "%s: cuTensorMapEncodeTiled(dims %llu x %llu x %llu x %llu, "
+                    "strides %llu, %llu, %llu bytes) failed: %s",
+                    t->what, (unsigned long long)dims[0],
+                    (unsigned long long)dims[1], (unsigned long long)dims[2],
+                    (unsigned long long)dims[3], (unsigned long long)strides[0],
+                    (unsigned long long)strides[1],
+                    (unsigned long long)strides[2], text);
+  }
+  return FJ_OK;
+}
+
+fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
+                             const fjr_fwd_params_fixed *p, fjr_tma_maps *out,
+                             char *err, size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  if (!drv || !cfg || !p || !out)
+    return tma_fail(err, errlen, FJ_EINVAL, "fjr_tma_maps_build: NULL argument");
+  if (!cfg->uses_tma)
+    return tma_fail(err, errlen, FJ_EINVAL,
+                    "template %s takes no tensor maps", cfg->template_name);
+  if (!drv->cuTensorMapEncodeTiled)
+    return tma_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "the driver has no cuTensorMapEncodeTiled");
+  memset(out, 0, sizeof *out);
+  const int64_t D = cfg->head_dim;
+  tma_tensor q = {"q", p->q, {D, p->sz.Lq, p->sz.Hq, p->sz.B},
+                  {p->q_ss, p->q_sh, p->q_sb}, (uint32_t)cfg->block_m};
+  tma_tensor k = {"k", p->k, {D, p->sz.Lk, p->sz.Hkv, p->sz.B},
+                  {p->k_ss, p->k_sh, p->k_sb}, (uint32_t)cfg->block_n};
+  tma_tensor v = {"v", p->v, {D, p->sz.Lk, p->sz.Hkv, p->sz.B},
+                  {p->v_ss, p->v_sh, p->v_sb}, (uint32_t)cfg->block_n};
+  fj_status st = encode_one(drv, cfg, &q, &out->q, err, errlen);
+  if (st == FJ_OK) st = encode_one(drv, cfg, &k, &out->k, err, errlen);
+  if (st == FJ_OK) st = encode_one(drv, cfg, &v, &out->v, err, errlen);
+  return st;
+}

@@ -1,0 +1,319 @@
+/*
+ * tests/unit/test_sm90_compile.c: the sm90 forward template (wgmma + TMA)
+ * compiles with NVRTC for sm_90a (CPU only, no GPU needed) for both dtypes
+ * and head dims 64 and 128, with a causal mask, a sliding window (param)
+ * and a softcap + buffer bias score_mod, in the configurations gen/config.c ships; and:
+ *   - the PTX holds wgmma.mma_async and cp.async.bulk.tensor;
+ *   - ptxas (--ptxas-options=-v) reports 0 bytes of spill stores and loads
+ *     and does not serialize the wgmma pipeline (C7513), nor ignore
+ *     setmaxnreg (C7508);
+ *   - FJH_SMEM_BYTES equals the configuration's smem_bytes;
+ * plus fjg_config_choose_template's choices and refusals, and the host
+ * mirror of the tensor maps. Set FJ_TEST_NVRTC_DUMP=DIR to keep the
+ * translation units, PTX and logs.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <nvrtc.h>
+
+#include "gen/config.h"
+#include "runtime/tma.h"
+
+#ifndef FJ_SOURCE_DIR
+#error "FJ_SOURCE_DIR must name the source tree"
+#endif
+
+static const char kCausal[] =
+    "struct fj_user_params {\n  long long fj_reserved_;\n};\n"
+    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
+    "    int b, int h, int q, int kv) {\n  bool t0 = kv <= q;\n  return t0;\n}\n"
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  return score;\n}\n"
+    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
+    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
+    "  if (kv0 > q1) return FJ_TILE_EMPTY;\n"
+    "  if (kv1 <= q0) return FJ_TILE_FULL;\n"
+    "  return FJ_TILE_PARTIAL;\n}\n";
+
+static const char kSoftcapBias[] =
+    "struct fj_user_params {\n  long long fj_reserved_;\n  int a_period;\n"
+    "  const int *a_bias;\n  long long n_bias;\n};\n"
+    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
+    "    int b, int h, int q, int kv) {\n  return true;\n}\n"
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  float t0 = score / 30.0f;\n  float t1 = tanhf(t0);\n  float t2 = t1 * 30.0f;\n"
+    "  int t3 = fj_mod_i32(kv, u.a_period);\n"
+    "  int t4 = fj_load_i32(u.a_bias, u.n_bias, t3);\n"
+    "  float t5 = (float)t4;\n  float t6 = t5 * 0.125f;\n  return t2 + t6;\n}\n"
+    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
+    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
+    "  return FJ_TILE_FULL;\n}\n";
+
+/* Sliding window with an i32 param: tile classes from interval analysis. */
+static const char kSliding[] =
+    "struct fj_user_params {\n  long long fj_reserved_;\n  int a_window;\n};\n"
+    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
+    "    int b, int h, int q, int kv) {\n  bool t0 = kv <= q;\n  int t1 = q - kv;\n"
+    "  bool t2 = t1 < u.a_window;\n  return t0 && t2;\n}\n"
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  return score;\n}\n"
+    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
+    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
+    "  if (kv0 > q1 || q0 - kv1 >= u.a_window) return FJ_TILE_EMPTY;\n"
+    "  if (kv1 <= q0 && q1 - kv0 < u.a_window) return FJ_TILE_FULL;\n"
+    "  return FJ_TILE_PARTIAL;\n}\n";
+
+static char *slurp(const char *rel) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", FJ_SOURCE_DIR, rel);
+  FILE *f = fopen(path, "rb");
+  if (!f) fail_msg("cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  assert_non_null(s);
+  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+  s[n] = '\0';
+  fclose(f);
+  return s;
+}
+
+/* The translation unit as gen/emit_cuda.c assembles it, plus a check that
+ * the template's shared-memory size is the configuration's. */
+static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
+                      const char *prologue) {
+  char *common = slurp("templates/common/fj_common.cuh");
+  char *params = slurp("templates/common/fj_fwd_params.cuh");
+  char *fwd = slurp("templates/sm90/fwd.cuh");
+  char defs[512], tail[256];
+  snprintf(defs, sizeof defs,
+           "#define FJ_HEAD_DIM %d\n#define %s 1\n#define FJ_BLOCK_M %d\n"
+           "#define FJ_BLOCK_N %d\n#define FJ_NUM_WARPS %d\n#define FJ_NUM_STAGES %d\n"
+           "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD %d\n",
+           c->head_dim, c->dtype == FJ_DTYPE_F16 ? "FJ_DTYPE_F16" : "FJ_DTYPE_BF16",
+           c->block_m, c->block_n, c->num_warps, c->num_stages, has_mask,
+           has_score_mod);
+  snprintf(tail, sizeof tail,
+           "\nstatic_assert(FJH_SMEM_BYTES == %d, \"smem size differs from gen/config.c\");\n"
+           "static_assert(sizeof(fj_tma_maps) == 384, \"tensor map block\");\n",
+           c->smem_bytes);
+  size_t n = strlen(defs) + strlen(common) + strlen(prologue) + strlen(params) +
+             strlen(fwd) + strlen(tail) + 8;
+  char *tu = malloc(n);
+  assert_non_null(tu);
+  snprintf(tu, n, "%s%s\n%s\n%s\n%s%s", defs, common, prologue, params, fwd, tail);
+  free(common);
+  free(params);
+  free(fwd);
+  return tu;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void dump(const char *what, int d, fj_dtype dt, const char *ext, const char *text) {
+  const char *dir = getenv("FJ_TEST_NVRTC_DUMP");
+  if (!dir || !*dir) return;
+  char path[1024];
+  snprintf(path, sizeof path, "%s/sm90_%s_d%d_%s.%s", dir, what, d,
+           dt == FJ_DTYPE_F16 ? "f16" : "bf16", ext);
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+}
+
+static char *program_log(nvrtcProgram prog) {
+  size_t n = 0;
+  nvrtcGetProgramLogSize(prog, &n);
+  char *log = calloc(1, n + 1);
+  assert_non_null(log);
+  if (n) nvrtcGetProgramLog(prog, log);
+  return log;
+}
+
+/* ptxas -v says "N bytes spill stores, M bytes spill loads" per function;
+ * every such line must read 0 and 0. Returns the number of lines seen. */
+static int check_no_spills(const char *log, const char *what) {
+  int lines = 0;
+  for (const char *p = strstr(log, "bytes spill stores"); p;
+       p = strstr(p + 1, "bytes spill stores")) {
+    const char *line = p;
+    while (line > log && line[-1] != '\n') line--;
+    unsigned long st = 0, ld = 0;
+    const char *comma = strchr(line, ',');
+    assert_non_null(comma);
+    if (sscanf(comma + 1, " %lu bytes spill stores, %lu bytes spill loads", &st, &ld) != 2)
+      fail_msg("%s: cannot parse ptxas line: %.80s", what, line);
+    if (st || ld) fail_msg("%s spills: %.100s", what, line);
+    lines++;
+  }
+  return lines;
+}
+
+static void compile_one(int head_dim, fj_dtype dt, int has_mask, int has_score_mod,
+                        const char *prologue, const char *what) {
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose_template(head_dim, dt, "sm_90a", "sm90", &c, err, sizeof err) !=
+      FJ_OK)
+    fail_msg("config: %s", err);
+  char *tu = build_tu(&c, has_mask, has_score_mod, prologue);
+  dump(what, head_dim, dt, "cu", tu);
+  const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
+                        "--ptxas-options=-v"};
+  double t0 = now_ms();
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd_sm90.cu", 0, NULL, NULL),
+                   NVRTC_SUCCESS);
+  nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+  double ms = now_ms() - t0;
+  char *log = program_log(prog);
+  dump(what, head_dim, dt, "log", log);
+  if (r != NVRTC_SUCCESS) {
+    fprintf(stderr, "NVRTC log (%s, D=%d, %s):\n%s\n", what, head_dim,
+            dt == FJ_DTYPE_F16 ? "f16" : "bf16", log);
+    fail_msg("nvrtcCompileProgram: %s", nvrtcGetErrorString(r));
+  }
+  size_t ptx_size = 0;
+  assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
+  char *ptx = malloc(ptx_size);
+  assert_non_null(ptx);
+  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  dump(what, head_dim, dt, "ptx", ptx);
+  assert_non_null(strstr(ptx, "wgmma.mma_async"));
+  assert_non_null(strstr(ptx, "cp.async.bulk.tensor"));
+  assert_non_null(strstr(ptx, "setmaxnreg"));
+  size_t cubin_size = 0;
+  assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
+  assert_true(cubin_size > 0);
+  assert_true(check_no_spills(log, what) >= 1);
+  if (strstr(log, "C7513")) fail_msg("%s D=%d: ptxas serialized wgmma:\n%s", what, head_dim, log);
+  if (strstr(log, "C7508")) fail_msg("%s D=%d: setmaxnreg ignored:\n%s", what, head_dim, log);
+  printf("  %-12s D=%-3d %-4s sm_90a %d x %d, %d stages, smem %d: %6.0f ms, cubin %zu B\n",
+         what, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", c.block_m, c.block_n,
+         c.num_stages, c.smem_bytes, ms, cubin_size);
+  free(ptx);
+  free(log);
+  nvrtcDestroyProgram(&prog);
+  free(tu);
+}
+
+static void run_matrix(int has_mask, int has_score_mod, const char *prologue,
+                       const char *what) {
+  static const int dims[] = {64, 128};
+  static const fj_dtype dts[] = {FJ_DTYPE_BF16, FJ_DTYPE_F16};
+  for (size_t d = 0; d < 2; d++)
+    for (size_t t = 0; t < 2; t++)
+      compile_one(dims[d], dts[t], has_mask, has_score_mod, prologue, what);
+}
+
+static void test_causal(void **state) {
+  (void)state;
+  run_matrix(1, 0, kCausal, "causal");
+}
+
+static void test_sliding(void **state) {
+  (void)state;
+  run_matrix(1, 0, kSliding, "sliding");
+}
+
+static void test_softcap_bias(void **state) {
+  (void)state;
+  run_matrix(0, 1, kSoftcapBias, "softcap+bias");
+}
+
+static void test_choose_template(void **state) {
+  (void)state;
+  fjg_config c;
+  char err[256] = "untouched";
+  /* NULL is fjg_config_choose's answer: sm80 everywhere for now. */
+  assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", NULL, &c,
+                                              err, sizeof err), FJ_OK);
+  assert_string_equal(c.template_name, "sm80");
+  assert_int_equal(c.uses_tma, 0);
+  assert_string_equal(err, "");
+  fjg_config d;
+  assert_int_equal(fjg_config_choose(128, FJ_DTYPE_BF16, "sm_90a", &d, NULL, 0), FJ_OK);
+  assert_memory_equal(&c, &d, sizeof c);
+  assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_F16, "sm_90a", "sm80", &c,
+                                              err, sizeof err), FJ_OK);
+  assert_string_equal(c.template_name, "sm80");
+
+  assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
+                                              err, sizeof err), FJ_OK);
+  assert_string_equal(c.template_name, "sm90");
+  assert_int_equal(c.uses_tma, 1);
+  assert_int_equal(c.threads, 384);
+  assert_int_equal(c.num_warps, 12);
+  assert_int_equal(c.block_m, 128);
+  assert_int_equal(c.smem_bytes, 1024 + (128 + 2 * 2 * 128) * 128 * 2 + 8 * 9);
+  assert_true(c.smem_bytes <= 227 * 1024);
+  assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_F16, "sm_90a", "sm90", &c,
+                                              err, sizeof err), FJ_OK);
+  assert_int_equal(c.num_stages, 3);
+
+  static const char *no_wgmma[] = {"sm_90", "sm_80", "sm_89", "sm_100a", "sm_120a"};
+  for (size_t i = 0; i < sizeof no_wgmma / sizeof no_wgmma[0]; i++) {
+    err[0] = '\0';
+    assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, no_wgmma[i], "sm90",
+                                                &c, err, sizeof err), FJ_EUNSUPPORTED);
+    assert_non_null(strstr(err, "sm_90a"));
+    assert_non_null(strstr(err, no_wgmma[i]));
+  }
+  assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm70", &c,
+                                              err, sizeof err), FJ_EINVAL);
+  assert_non_null(strstr(err, "unknown template 'sm70'"));
+  /* The usual argument checks come first. */
+  assert_int_equal(fjg_config_choose_template(96, FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
+                                              err, sizeof err), FJ_EUNSUPPORTED);
+}
+
+static void test_tma_host_mirror(void **state) {
+  (void)state;
+  assert_int_equal(sizeof(fjr_tma_maps), 384);
+  assert_int_equal(offsetof(fjr_tma_maps, k), 128);
+  assert_int_equal(offsetof(fjr_tma_maps, v), 256);
+  fjg_config c;
+  assert_int_equal(fjg_config_choose(128, FJ_DTYPE_BF16, "sm_80", &c, NULL, 0), FJ_OK);
+  fjr_fwd_params_fixed p;
+  memset(&p, 0, sizeof p);
+  fjr_tma_maps maps;
+  char err[256] = "";
+  /* A fake driver table: only the argument checks run before encoding. */
+  fjr_driver drv;
+  memset(&drv, 0, sizeof drv);
+  assert_int_equal(fjr_tma_maps_build(&drv, &c, &p, &maps, err, sizeof err), FJ_EINVAL);
+  assert_non_null(strstr(err, "sm80"));
+  assert_int_equal(fjr_tma_maps_build(NULL, &c, &p, &maps, err, sizeof err), FJ_EINVAL);
+}
+
+int main(void) {
+  int major = 0, minor = 0;
+  nvrtcVersion(&major, &minor);
+  printf("NVRTC %d.%d\n", major, minor);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_choose_template),
+      cmocka_unit_test(test_tma_host_mirror),
+      cmocka_unit_test(test_causal),
+      cmocka_unit_test(test_sliding),
+      cmocka_unit_test(test_softcap_bias),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
