@@ -11,7 +11,11 @@ export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  ( for t in build/gpu_test_*; do echo "== $t"; "$t"; echo "exit $?"; done ) 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 60
+  # Every GPU test against each template the H200 can run (default: sm90).
+  ( for tmpl in "" sm80; do for t in build/gpu_test_*; do
+      echo "== $t template ${tmpl:-default}"
+      FLEXJIT_TEMPLATE=$tmpl "$t"; echo "exit $?"
+    done; done ) 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^==|passed|FAIL|exit" | tail -n 40
   build/flexjit demo 2>&1 | tee "$OUT/demo.log" | tail -n 30
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
