@@ -59,9 +59,16 @@ __device__ __forceinline__ float fj_tanh_f32(float x) {
 }
 
 // Buffer reads: an index outside [0, len) reads 0.
+// The load itself is unconditional (index 0 when out of range; buffers are
+// never empty at launch) so that the compiler can share the loads of one row
+// or column across a tile instead of keeping each behind its own branch.
 __device__ __forceinline__ int fj_load_i32(const int *p, long long len, int i) {
-  return (i >= 0 && i < len) ? __ldg(p + i) : 0;
+  const bool in = (unsigned long long)(long long)i < (unsigned long long)len;
+  const int v = __ldg(p + (in ? i : 0));
+  return in ? v : 0;
 }
 __device__ __forceinline__ float fj_load_f32(const float *p, long long len, int i) {
-  return (i >= 0 && i < len) ? __ldg(p + i) : 0.0f;
+  const bool in = (unsigned long long)(long long)i < (unsigned long long)len;
+  const float v = __ldg(p + (in ? i : 0));
+  return in ? v : 0.0f;
 }
