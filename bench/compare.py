@@ -200,14 +200,20 @@ def time_torch(name, B, H, S, D, desc, doc, skip_torch):
 # ---- flexjit side ----------------------------------------------------------
 
 
-def run_flexjit(binary, spec, B, H, S, D, extra, iters, timeout):
+def run_flexjit(binary, spec, B, H, S, D, extra, iters, timeout,
+                template=None):
+    """One `flexjit run --bench`; template (FLEXJIT_TEMPLATE) None = default."""
     cmd = [binary, "run", spec, "--batch", str(B), "--heads", str(H),
            "--q-len", str(S), "--head-dim", str(D), "--dtype", "bf16",
            "--bench", "--iters", str(iters)] + extra
+    env = dict(os.environ)
+    env.pop("FLEXJIT_TEMPLATE", None)
+    if template:
+        env["FLEXJIT_TEMPLATE"] = template
     t0 = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"flexjit_err": "timeout", "flexjit_cmd": " ".join(cmd)}
     res = {"flexjit_cmd": " ".join(cmd),
@@ -257,6 +263,8 @@ def main():
     ap.add_argument("--only", choices=["all", "flexjit"], default="all",
                     help="flexjit: skip the PyTorch baselines")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--also-sm80", action="store_true",
+                    help="also time flexjit with FLEXJIT_TEMPLATE=sm80")
     args = ap.parse_args()
 
     shapes = [tuple(int(x) for x in s.split("x"))
@@ -293,7 +301,12 @@ def main():
             res.update(time_torch(name, B, H, S, D, desc, doc, skip_torch))
         res.update(run_flexjit(args.flexjit, spec_path, B, H, S, D, extra,
                                args.iters, args.timeout))
-        for key in ("flexjit", "flex", "flash", "cudnn"):
+        if args.also_sm80:
+            alt = run_flexjit(args.flexjit, spec_path, B, H, S, D, extra,
+                              args.iters, args.timeout, template="sm80")
+            res.update({k.replace("flexjit", "sm80"): v
+                        for k, v in alt.items()})
+        for key in ("flexjit", "sm80", "flex", "flash", "cudnn"):
             t = tflops(res, key + "_ms", B, H, D)
             if t is None and key == "flexjit":
                 t = res.get("flexjit_own_tflops")  # no torch: its own count
@@ -302,16 +315,16 @@ def main():
         print(json.dumps(res), flush=True)
 
     print()
-    print("| case | B x S | flexjit TFLOP/s | FlexAttention | SDPA flash | "
-          "SDPA cuDNN | flexjit / Flex | flexjit / cuDNN |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| case | B x S | flexjit TFLOP/s | flexjit sm80 | FlexAttention | "
+          "SDPA flash | SDPA cuDNN | flexjit / Flex | flexjit / cuDNN |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         fj, fl = r["flexjit_tflops"], r["flex_tflops"]
         fa, cu = r["flash_tflops"], r["cudnn_tflops"]
         label = r["case"] + (" (err)" if "flexjit_err" in r else "")
-        print("| %s | %d x %d | %s | %s | %s | %s | %s | %s |" % (
-            label, r["B"], r["S"], fmt(fj), fmt(fl), fmt(fa), fmt(cu),
-            ratio(fj, fl), ratio(fj, cu)))
+        print("| %s | %d x %d | %s | %s | %s | %s | %s | %s | %s |" % (
+            label, r["B"], r["S"], fmt(fj), fmt(r.get("sm80_tflops")),
+            fmt(fl), fmt(fa), fmt(cu), ratio(fj, fl), ratio(fj, cu)))
     built = [r for r in rows if "flexjit_block_mask_build_ms" in r]
     if built:
         print()
