@@ -79,7 +79,7 @@ static int measure(const fjr_driver *drv, const char *spec_path,
                        NULL, 0, NULL, NULL};
   /* Put the kernel on disk, then time a fresh context finding it there. */
   CHECK(fj_spec_load_file(ctx, spec_path, &spec));
-  fj_kernel_options ko = {D, FJ_DTYPE_BF16, NULL, NULL};
+  fj_kernel_options ko = {.head_dim = D, .dtype = FJ_DTYPE_BF16};
   CHECK(fj_compile_forward(ctx, spec, &ko, NULL));
   {
     fj_context *ctx2 = NULL;

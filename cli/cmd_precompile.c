@@ -228,7 +228,7 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
                     job_result *r) {
   job j = decode_job(m, index);
   fj_spec *spec = NULL;
-  fj_kernel_options ko = {j.head_dim, j.dtype, j.arch, NULL};
+  fj_kernel_options ko = {.head_dim = j.head_dim, .dtype = j.dtype, .arch = j.arch};
   if (strcmp(j.pass, "forward") != 0) {
     r->status = FJ_EUNSUPPORTED;
     r->error = job_error(&j, "pass '%s' is not supported (forward)", j.pass);

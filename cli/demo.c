@@ -106,7 +106,7 @@ static int compile_all(const char *dir, const char *cache_dir) {
       continue;
     }
     for (int a = 0; a < 2; a++) {
-      fj_kernel_options ko = {128, FJ_DTYPE_BF16, archs[a], NULL};
+      fj_kernel_options ko = {.head_dim = 128, .dtype = FJ_DTYPE_BF16, .arch = archs[a]};
       int from_cache = 0;
       double ms = 0;
       if (cli_compile_one(ctx, spec, path, &ko, 0, &from_cache, &ms) != 0) {

@@ -415,7 +415,8 @@ static int download(run_state *s) {
 
 /* Compiles up front so the output says whether NVRTC ran. */
 static int report_kernel(run_state *s) {
-  fj_kernel_options ko = {s->c->D, s->c->dtype, NULL, NULL};
+  fj_kernel_options ko = {.head_dim = s->c->D, .dtype = s->c->dtype,
+                          .with_block_mask = s->bm != NULL};
   fj_kernel_info info;
   if (fj_compile_forward(s->ctx, s->spec, &ko, &info) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
@@ -665,7 +666,7 @@ static void print_header(const run_state *s) {
 static int run_on_device(run_state *s) {
   const run_config *c = s->c;
   int pass = 1;
-  if (!setup_device(s) || !report_kernel(s) || !build_block_mask(s) ||
+  if (!setup_device(s) || !build_block_mask(s) || !report_kernel(s) ||
       !poison(s) || !launch(s) ||
       !cu_ok(s, s->drv->cuCtxSynchronize(), "the kernel"))
     return CLI_FAIL;

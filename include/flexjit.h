@@ -163,6 +163,9 @@ typedef struct fj_kernel_options {
   const char *arch; /* NULL: the context's arch */
   /* "sm80" or "sm90"; NULL: the context's choice (see fj_context_options). */
   const char *kernel_template;
+  /* 1: the kernel that launches with a block mask use (the template choice
+   * may differ, see fj_context_options.kernel_template). */
+  int with_block_mask;
 } fj_kernel_options;
 
 typedef struct fj_kernel_info {

@@ -192,18 +192,18 @@ static fj_status find_in_packs(fj_context *ctx, fjr_kernel *k, int nvrtc_ok,
  * with a block mask keeps sm80 by default until sm90 reads block masks. */
 static const char *choose_template(const fj_context *ctx,
                                    const fj_kernel_options *opts,
-                                   const char *arch, int has_block_mask) {
+                                   const char *arch) {
   if (opts->kernel_template) return opts->kernel_template;
   if (ctx->template_opt) return ctx->template_opt;
-  if (strcmp(arch, "sm_90a") == 0 && !has_block_mask) return "sm90";
+  if (strcmp(arch, "sm_90a") == 0 && !opts->with_block_mask) return "sm90";
   return "sm80";
 }
 
 /* Finds the kernel in the spec's table, else in the disk cache, else
  * compiles it (once per key across processes) and stores it. */
 static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
-                            const fj_kernel_options *opts, int has_block_mask,
-                            fjr_kernel **out, fj_kernel_info *info) {
+                            const fj_kernel_options *opts, fjr_kernel **out,
+                            fj_kernel_info *info) {
   fj_spec *spec = (fj_spec *)spec_c;
   fj_status st;
   const char *arch = opts->arch;
@@ -211,7 +211,7 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     st = fjr_context_arch(ctx, &arch);
     if (st != FJ_OK) return st;
   }
-  const char *tmpl = choose_template(ctx, opts, arch, has_block_mask);
+  const char *tmpl = choose_template(ctx, opts, arch);
   for (fjr_kernel *k = spec->kernels; k; k = k->next) {
     if (k->head_dim == opts->head_dim && k->dtype == opts->dtype &&
         strcmp(k->cfg.arch, arch) == 0 &&
@@ -372,7 +372,7 @@ fj_status fj_compile_forward(fj_context *ctx, const fj_spec *spec,
   fj_status st = check_kernel_options(ctx, opts);
   if (st != FJ_OK) return st;
   fjr_kernel *k = NULL;
-  return get_kernel(ctx, spec, opts, 0, &k, info);
+  return get_kernel(ctx, spec, opts, &k, info);
 }
 
 fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
@@ -392,7 +392,7 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
   fjg_config cfg;
   char err[1024];
   st = fjg_config_choose_template(opts->head_dim, opts->dtype, arch,
-                                  choose_template(ctx, opts, arch, 0), &cfg,
+                                  choose_template(ctx, opts, arch), &cfg,
                                   err, sizeof(err));
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
   char nvrtc_version[32] = "unavailable";
@@ -675,11 +675,10 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     return st;
 
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
-  fj_kernel_options kopts = {(int)D, dtype, NULL, NULL};
+  fj_kernel_options kopts = {.head_dim = (int)D, .dtype = dtype,
+                             .with_block_mask = args->block_mask != NULL};
   fjr_kernel *k = NULL;
-  if ((st = get_kernel(ctx, spec, &kopts, args->block_mask != NULL, &k,
-                       NULL)) != FJ_OK)
-    return st;
+  if ((st = get_kernel(ctx, spec, &kopts, &k, NULL)) != FJ_OK) return st;
   if (!k->module && (st = load_module(ctx, k)) != FJ_OK) return st;
 
   /* Pack the one kernel parameter. */

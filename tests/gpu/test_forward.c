@@ -196,7 +196,7 @@ static void *precompile_worker(void *arg) {
     const spec_src *s = &specs[p->jobs[j][0]];
     if (fj_spec_load_string(ctx, s->src, strlen(s->src), s->name, &spec) ==
         FJ_OK) {
-      fj_kernel_options ko = {p->jobs[j][1], (fj_dtype)p->jobs[j][2], NULL, NULL};
+      fj_kernel_options ko = {.head_dim = p->jobs[j][1], .dtype = (fj_dtype)p->jobs[j][2]};
       fj_compile_forward(ctx, spec, &ko, NULL); /* errors show up later */
     }
     fj_spec_destroy(spec);
@@ -364,7 +364,7 @@ static int test_kernel_reuse(const fjr_driver *drv) {
   if (fj_context_create(&o, &ctx) != FJ_OK ||
       fj_spec_load_string(ctx, src, strlen(src), "reuse", &spec) != FJ_OK)
     goto done;
-  fj_kernel_options ko = {64, FJ_DTYPE_BF16, NULL, NULL};
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16};
   if (fj_compile_forward(ctx, spec, &ko, &a) != FJ_OK ||
       fjr_context_device(ctx, NULL) != FJ_OK ||
       !case_launch(ctx, drv, spec, &c, 1, &io) ||

@@ -211,7 +211,7 @@ static void compile_spec(const char *cache_dir, const char *spec_text,
   fj_context_options o;
   fj_context *ctx = NULL;
   fj_spec *spec = NULL;
-  fj_kernel_options ko = {64, FJ_DTYPE_BF16, "sm_80", NULL};
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16, .arch = "sm_80"};
   fj_context_options_init(&o);
   o.cache_dir = cache_dir;
   assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
