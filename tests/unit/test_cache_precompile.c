@@ -308,6 +308,66 @@ static void test_precompile_to_pack(void **state) {
   assert_int_equal(access(out, F_OK), 0);
 }
 
+/* Runs in a fresh process (this test re-executed) with NVRTC made
+ * unavailable: a context with no disk cache and the pack mounted gets the
+ * kernel from the pack; one the pack lacks fails naming its name and key.
+ * Returns the exit status: 0 when both hold. */
+static int child_pack_without_nvrtc(const char *pack) {
+  char err[512];
+  if (fjr_nvrtc_version(NULL, NULL, err, sizeof err) != FJ_ENONVRTC) {
+    fprintf(stderr, "child: NVRTC is still loadable\n");
+    return 10;
+  }
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = "";
+  fj_context *ctx = NULL;
+  fj_spec *spec = NULL;
+  if (fj_context_create(&o, &ctx) != FJ_OK ||
+      fj_context_mount_pack(ctx, pack) != FJ_OK ||
+      fj_spec_load_string(ctx, causal_spec, strlen(causal_spec), "spec.lua",
+                          &spec) != FJ_OK) {
+    fprintf(stderr, "child: setup: %s\n", fj_context_last_error(ctx));
+    return 11;
+  }
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16,
+                          .arch = "sm_80"};
+  fj_kernel_info info;
+  if (fj_compile_forward(ctx, spec, &ko, &info) != FJ_OK || !info.from_cache) {
+    fprintf(stderr, "child: from pack: %s\n", fj_context_last_error(ctx));
+    return 12;
+  }
+  ko.head_dim = 128; /* not in the pack */
+  fj_status st = fj_compile_forward(ctx, spec, &ko, &info);
+  const char *msg = fj_context_last_error(ctx);
+  if (st != FJ_ENONVRTC ||
+      !strstr(msg, "fj_fwd_pc_causal_d128_bf16_sm80_sm_80") ||
+      !strstr(msg, "key ")) {
+    fprintf(stderr, "child: missing kernel: %s: %s\n", fj_status_name(st),
+            msg);
+    return 13;
+  }
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+  return 0;
+}
+
+static void test_pack_serves_without_nvrtc(void **state) {
+  fixture *f = *state;
+  char out[512], cmd[1200];
+  if (!have_nvrtc())
+    skip();
+  write_manifest(f);
+  snprintf(out, sizeof out, "%s/kernels.fjpack", f->dir);
+  assert_int_equal(precompile(f, out), 0);
+  /* A fresh process: NVRTC's loader state is per process. */
+  snprintf(cmd, sizeof cmd,
+           "FLEXJIT_NVRTC=/nonexistent/libnvrtc.so /proc/%d/exe "
+           "--child-pack-without-nvrtc %s",
+           (int)getpid(), out);
+  assert_int_equal(system(cmd), 0);
+}
+
 static void test_precompile_usage_and_failures(void **state) {
   fixture *f = *state;
   char manifest[512], out[512];
@@ -333,7 +393,9 @@ static void test_precompile_usage_and_failures(void **state) {
   assert_int_equal(fj_cli_precompile(4, argv), 1);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--child-pack-without-nvrtc") == 0)
+    return child_pack_without_nvrtc(argv[2]);
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
   const struct CMUnitTest tests[] = {
       T(test_manifest_ok),
@@ -341,6 +403,7 @@ int main(void) {
       T(test_precompile_usage_and_failures),
       T(test_precompile_to_directory),
       T(test_precompile_to_pack),
+      T(test_pack_serves_without_nvrtc),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);
