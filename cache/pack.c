@@ -4,6 +4,8 @@
  */
 #include "cache/pack.h"
 
+#include "cache/le.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -38,30 +40,6 @@ enum {
   REC_SIZE = 216,
   REC_CHECKSUM = 224,
 };
-
-static void put_le32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put_le64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t get_le32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
-
-static uint64_t get_le64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
 
 static void say(char *err, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -253,9 +231,9 @@ fj_status fjc_pack_writer_add(fjc_pack_writer *w, const fjc_pack_entry *e,
   put_text(r + REC_ARCH, FJC_PACK_ARCH_MAX, e->arch);
   put_text(r + REC_NVRTC, FJC_PACK_NVRTC_MAX, e->nvrtc);
   put_text(r + REC_NAME, FJC_PACK_NAME_MAX, e->name);
-  put_le64(r + REC_OFFSET, w->offset);
-  put_le64(r + REC_SIZE, (uint64_t)e->size);
-  put_le64(r + REC_CHECKSUM, XXH3_64bits(e->data, e->size));
+  fjc_put_le64(r + REC_OFFSET, w->offset);
+  fjc_put_le64(r + REC_SIZE, (uint64_t)e->size);
+  fjc_put_le64(r + REC_CHECKSUM, XXH3_64bits(e->data, e->size));
   w->offset += e->size;
   w->count++;
   return FJ_OK;
@@ -266,14 +244,14 @@ static void encode_header(unsigned char *h, uint64_t count,
                           uint64_t index_sum) {
   memset(h, 0, PACK_HEADER_SIZE);
   memcpy(h, PACK_MAGIC, 8);
-  put_le32(h + 8, PACK_FORMAT);
-  put_le32(h + 12, PACK_HEADER_SIZE);
-  put_le64(h + 16, count);
-  put_le64(h + 24, index_offset);
-  put_le64(h + 32, index_size);
-  put_le64(h + 40, index_sum);
-  put_le64(h + 48, index_offset + index_size);
-  put_le64(h + 56, XXH3_64bits(h, 56));
+  fjc_put_le32(h + 8, PACK_FORMAT);
+  fjc_put_le32(h + 12, PACK_HEADER_SIZE);
+  fjc_put_le64(h + 16, count);
+  fjc_put_le64(h + 24, index_offset);
+  fjc_put_le64(h + 32, index_size);
+  fjc_put_le64(h + 40, index_sum);
+  fjc_put_le64(h + 48, index_offset + index_size);
+  fjc_put_le64(h + 56, XXH3_64bits(h, 56));
 }
 
 static void sync_parent_dir(const char *path) {
@@ -369,14 +347,14 @@ static const char *check_header(fjc_pack *p) {
     return "file too short for a pack header";
   if (memcmp(h, PACK_MAGIC, 8) != 0)
     return "not a flexjit pack (bad magic)";
-  if (get_le32(h + 8) != PACK_FORMAT)
+  if (fjc_get_le32(h + 8) != PACK_FORMAT)
     return "unsupported pack format version";
-  if (get_le32(h + 12) != PACK_HEADER_SIZE)
+  if (fjc_get_le32(h + 12) != PACK_HEADER_SIZE)
     return "bad header size";
-  if (get_le64(h + 56) != XXH3_64bits(h, 56))
+  if (fjc_get_le64(h + 56) != XXH3_64bits(h, 56))
     return "header checksum mismatch";
-  uint64_t count = get_le64(h + 16), off = get_le64(h + 24),
-           size = get_le64(h + 32), total = get_le64(h + 48);
+  uint64_t count = fjc_get_le64(h + 16), off = fjc_get_le64(h + 24),
+           size = fjc_get_le64(h + 32), total = fjc_get_le64(h + 48);
   if (total != p->map_size)
     return total > p->map_size ? "truncated" : "trailing bytes after the index";
   if (count > PACK_MAX_ENTRIES || size != count * PACK_RECORD_SIZE)
@@ -387,7 +365,7 @@ static const char *check_header(fjc_pack *p) {
   p->index = p->map + off;
   p->count = (int)count;
   p->blob_end = off;
-  if (XXH3_64bits(p->index, size) != get_le64(h + 40))
+  if (XXH3_64bits(p->index, size) != fjc_get_le64(h + 40))
     return "index checksum mismatch";
   return NULL;
 }
@@ -399,7 +377,7 @@ static int text_ok(const unsigned char *s, size_t cap) {
 /* Validates record i: terminated strings and a blob inside the blob area. */
 static const char *check_record(const fjc_pack *p, int i) {
   const unsigned char *r = record(p, i);
-  uint64_t off = get_le64(r + REC_OFFSET), size = get_le64(r + REC_SIZE);
+  uint64_t off = fjc_get_le64(r + REC_OFFSET), size = fjc_get_le64(r + REC_SIZE);
   if (!text_ok(r + REC_ARCH, FJC_PACK_ARCH_MAX) ||
       !text_ok(r + REC_NVRTC, FJC_PACK_NVRTC_MAX) ||
       !text_ok(r + REC_NAME, FJC_PACK_NAME_MAX))
@@ -504,8 +482,8 @@ fj_status fjc_pack_entry_at(const fjc_pack *pack, int i, fjc_pack_entry *out) {
   snprintf(out->arch, sizeof out->arch, "%s", (const char *)r + REC_ARCH);
   snprintf(out->nvrtc, sizeof out->nvrtc, "%s", (const char *)r + REC_NVRTC);
   snprintf(out->name, sizeof out->name, "%s", (const char *)r + REC_NAME);
-  out->data = pack->map + get_le64(r + REC_OFFSET);
-  out->size = (size_t)get_le64(r + REC_SIZE);
+  out->data = pack->map + fjc_get_le64(r + REC_OFFSET);
+  out->size = (size_t)fjc_get_le64(r + REC_SIZE);
   return FJ_OK;
 }
 
@@ -513,9 +491,9 @@ const char *fjc_pack_check_blob(const fjc_pack *pack, int i) {
   if (!pack || i < 0 || i >= pack->count)
     return "no such entry";
   const unsigned char *r = record(pack, i);
-  const unsigned char *blob = pack->map + get_le64(r + REC_OFFSET);
-  size_t size = (size_t)get_le64(r + REC_SIZE);
-  return XXH3_64bits(blob, size) == get_le64(r + REC_CHECKSUM)
+  const unsigned char *blob = pack->map + fjc_get_le64(r + REC_OFFSET);
+  size_t size = (size_t)fjc_get_le64(r + REC_SIZE);
+  return XXH3_64bits(blob, size) == fjc_get_le64(r + REC_CHECKSUM)
              ? NULL
              : "checksum mismatch";
 }
@@ -602,8 +580,8 @@ fj_status fjc_pack_find(const fjc_pack *pack, const char *arch,
                (const char *)r + REC_ARCH, why);
       continue;
     }
-    *data = pack->map + get_le64(r + REC_OFFSET);
-    *size = (size_t)get_le64(r + REC_SIZE);
+    *data = pack->map + fjc_get_le64(r + REC_OFFSET);
+    *size = (size_t)fjc_get_le64(r + REC_SIZE);
     if (name)
       *name = (const char *)r + REC_NAME;
     return FJ_OK;

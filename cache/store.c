@@ -2,6 +2,7 @@
  * cache/store.c: the on-disk cubin store (see store.h for the layout and the
  * entry format).
  */
+#include "cache/le.h"
 #include "cache/store.h"
 
 #include "cache/prune.h"
@@ -77,30 +78,6 @@ void fjc_store_set_error(fjc_store *s, const char *fmt, ...) {
 static void put_path(char *out, size_t n, const char *path) {
   if (out && n)
     snprintf(out, n, "%s", path ? path : "");
-}
-
-static void put_le32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put_le64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t get_le32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
-
-static uint64_t get_le64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
 }
 
 /* The arch becomes a path component, so only a plain name is accepted. */
@@ -370,12 +347,12 @@ static const char *parse_header(const unsigned char *raw, off_t file_size,
                                 const fjc_key *key, entry_header *h) {
   if (memcmp(raw, ENTRY_MAGIC, 8) != 0)
     return "bad magic";
-  if (get_le32(raw + 8) != ENTRY_FORMAT)
+  if (fjc_get_le32(raw + 8) != ENTRY_FORMAT)
     return "unknown format version";
-  if (get_le32(raw + 12) != ENTRY_HEADER_SIZE)
+  if (fjc_get_le32(raw + 12) != ENTRY_HEADER_SIZE)
     return "bad header size";
-  h->payload_len = get_le64(raw + 16);
-  h->checksum = get_le64(raw + 24);
+  h->payload_len = fjc_get_le64(raw + 16);
+  h->checksum = fjc_get_le64(raw + 24);
   memcpy(h->key, raw + 32, 16);
   if (h->payload_len == 0 || h->payload_len > ENTRY_MAX_PAYLOAD)
     return "implausible payload length";
@@ -489,7 +466,7 @@ const char *fjc_entry_check_file(const char *path, const fjc_key *key,
     goto done;
   }
   /* Another release's format: not ours to call corrupt. */
-  if (memcmp(raw, ENTRY_MAGIC, 8) == 0 && get_le32(raw + 8) != ENTRY_FORMAT) {
+  if (memcmp(raw, ENTRY_MAGIC, 8) == 0 && fjc_get_le32(raw + 8) != ENTRY_FORMAT) {
     *foreign = 1;
     why = "written in another entry format version";
     goto done;
@@ -590,10 +567,10 @@ static fj_status write_failed(fjc_store *s, const char *what, const char *path,
 static void encode_header(unsigned char *raw, const fjc_key *key,
                           const void *data, size_t size) {
   memcpy(raw, ENTRY_MAGIC, 8);
-  put_le32(raw + 8, ENTRY_FORMAT);
-  put_le32(raw + 12, ENTRY_HEADER_SIZE);
-  put_le64(raw + 16, (uint64_t)size);
-  put_le64(raw + 24, XXH3_64bits(data, size));
+  fjc_put_le32(raw + 8, ENTRY_FORMAT);
+  fjc_put_le32(raw + 12, ENTRY_HEADER_SIZE);
+  fjc_put_le64(raw + 16, (uint64_t)size);
+  fjc_put_le64(raw + 24, XXH3_64bits(data, size));
   memcpy(raw + 32, key->bytes, 16);
 }
 

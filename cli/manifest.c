@@ -11,28 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The CLI target does not have Lua's include directory on its path; the
- * distribution's versioned directory is the fallback. */
-#if __has_include(<lua.h>)
 #include <lauxlib.h>
 #include <lua.h>
-#include <lualib.h>
-#else
-#include <lua5.4/lauxlib.h>
-#include <lua5.4/lua.h>
-#include <lua5.4/lualib.h>
-#endif
 
 #include "cache/store.h"
+#include "lua/state.h"
 
 /* Manifests are a few lines; anything bigger is a mistake. */
 #define MANIFEST_MAX_BYTES (1 << 20)
 #define LIST_MAX 4096
-/* Bounds of the sandbox, as for specs: a bad manifest is an error, never a
- * hang. */
-#define SANDBOX_MEMORY_BYTES ((size_t)64 << 20)
-#define SANDBOX_INSTRUCTIONS 50000000L
-#define SANDBOX_HOOK_STEP 1000
 
 static const char *const known_fields[] = {"specs", "head_dims", "dtypes",
                                            "archs", "passes", NULL};
@@ -41,94 +28,6 @@ typedef struct reader {
   cli_manifest *m;
   const char *dir; /* the manifest's directory, "" for the current one */
 } reader;
-
-/* ---- a minimal sandbox ---------------------------------------------------
- * The spec sandbox (lua/state.h) is not reachable from the CLI's include
- * path, so this is its small twin: base, string, table and math only, no
- * code loading, bounded memory and instructions. */
-
-typedef struct sandbox {
-  lua_State *L;
-  size_t used;
-  long instructions;
-} sandbox;
-
-static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
-  sandbox *sb = ud;
-  size_t old = ptr ? osize : 0;
-  if (nsize == 0) {
-    free(ptr);
-    sb->used -= old;
-    return NULL;
-  }
-  if (nsize > old && sb->used - old + nsize > SANDBOX_MEMORY_BYTES)
-    return NULL;
-  void *p = realloc(ptr, nsize);
-  if (p)
-    sb->used = sb->used - old + nsize;
-  return p;
-}
-
-static void count_hook(lua_State *L, lua_Debug *ar) {
-  void *ud = NULL;
-  lua_getallocf(L, &ud);
-  sandbox *sb = ud;
-  sb->instructions += SANDBOX_HOOK_STEP;
-  if (sb->instructions <= SANDBOX_INSTRUCTIONS)
-    return;
-  /* Inside a hook, luaL_where has no Lua frame to name: do it here. */
-  lua_getinfo(L, "Sl", ar);
-  lua_pushfstring(L, "%s:%d: instruction limit exceeded: does the manifest "
-                     "loop forever?",
-                  ar->short_src, ar->currentline);
-  lua_error(L);
-}
-
-static int open_libraries(lua_State *L) {
-  static const char *const removed[] = {
-      "dofile", "loadfile", "load", "require", "collectgarbage", "print",
-      "pcall", "xpcall", "warn", NULL};
-  luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
-  luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
-  luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
-  luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
-  lua_settop(L, 0);
-  lua_pushglobaltable(L);
-  for (int i = 0; removed[i]; i++) {
-    lua_pushnil(L);
-    lua_setfield(L, 1, removed[i]);
-  }
-  lua_getfield(L, 1, LUA_STRLIBNAME);
-  lua_pushnil(L);
-  lua_setfield(L, -2, "dump");
-  return 0;
-}
-
-/* Copies the error at the top of the stack into err. */
-static void error_text(lua_State *L, const char *path, int status, char *err,
-                       size_t errlen) {
-  const char *msg = lua_tostring(L, -1);
-  if (status == LUA_ERRMEM)
-    snprintf(err, errlen, "%s: memory limit exceeded", path);
-  else
-    snprintf(err, errlen, "%s", msg ? msg : "error object is not a string");
-}
-
-static int sandbox_open(sandbox *sb, char *err, size_t errlen) {
-  memset(sb, 0, sizeof *sb);
-  sb->L = lua_newstate(sandbox_alloc, sb);
-  if (!sb->L) {
-    snprintf(err, errlen, "cannot create a Lua state (out of memory)");
-    return -1;
-  }
-  lua_sethook(sb->L, count_hook, LUA_MASKCOUNT, SANDBOX_HOOK_STEP);
-  lua_pushcfunction(sb->L, open_libraries);
-  if (lua_pcall(sb->L, 0, 0, 0) != LUA_OK) {
-    snprintf(err, errlen, "cannot open the Lua libraries");
-    return -1;
-  }
-  return 0;
-}
 
 /* ---- reading the table --------------------------------------------------- */
 
@@ -349,27 +248,22 @@ static char *dir_of(const char *path) {
   return d;
 }
 
-/* Runs the chunk (source text only) and reads the table it returns. */
-static int run_manifest(sandbox *sb, const char *path, const char *src,
+/* Runs the chunk in the spec sandbox (lua/state.h: base, string, table and
+ * math only, text only, bounded memory and instructions) and reads the table
+ * it returns. */
+static int run_manifest(fjl_sandbox *sb, const char *path, const char *src,
                         size_t len, reader *r, char *err, size_t errlen) {
   char chunk[512];
-  int status;
-  snprintf(chunk, sizeof chunk, "@%s", path);
-  status = luaL_loadbufferx(sb->L, src, len, chunk, "t");
-  if (status == LUA_OK)
-    status = lua_pcall(sb->L, 0, 1, 0);
-  if (status != LUA_OK) {
-    error_text(sb->L, path, status, err, errlen);
+  fjl_chunkname(path, chunk, sizeof chunk);
+  if (fjl_sandbox_load(sb, src, len, chunk, err, errlen) != FJ_OK ||
+      fjl_sandbox_pcall(sb, 0, 1, err, errlen) != FJ_OK)
     return -1;
-  }
   lua_pushlightuserdata(sb->L, r);
   lua_pushcclosure(sb->L, read_table, 1);
   lua_insert(sb->L, -2);
-  status = lua_pcall(sb->L, 1, 0, 0);
-  if (status != LUA_OK) {
+  char msg[1024];
+  if (fjl_sandbox_pcall(sb, 1, 0, msg, sizeof msg) != FJ_OK) {
     /* These messages come from C, without a position: name the file. */
-    char msg[1024];
-    error_text(sb->L, path, status, msg, sizeof msg);
     snprintf(err, errlen, "%s: %s", path, msg);
     return -1;
   }
@@ -378,7 +272,7 @@ static int run_manifest(sandbox *sb, const char *path, const char *src,
 
 int cli_manifest_load(const char *path, cli_manifest *m, char *err,
                       size_t errlen) {
-  sandbox sb = {0};
+  fjl_sandbox sb = {0};
   char *src = NULL, *dir = NULL;
   size_t len = 0;
   reader r = {m, ""};
@@ -392,12 +286,11 @@ int cli_manifest_load(const char *path, cli_manifest *m, char *err,
     goto fail;
   }
   r.dir = dir;
-  if (sandbox_open(&sb, err, errlen) != 0)
+  if (fjl_sandbox_open(&sb, NULL, err, errlen) != FJ_OK)
     goto fail;
   rc = run_manifest(&sb, path, src, len, &r, err, errlen);
 fail:
-  if (sb.L)
-    lua_close(sb.L);
+  fjl_sandbox_close(&sb);
   free(src);
   free(dir);
   if (rc != 0)
