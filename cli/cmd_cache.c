@@ -13,6 +13,7 @@
 #include "cache/pack.h"
 #include "cache/prune.h"
 #include "cache/store.h"
+#include "cli/cli.h"
 #include "cli/commands.h"
 #include "flexjit.h"
 
@@ -83,23 +84,6 @@ static void cc_error(const char *fmt, ...) {
   fputc('\n', stderr);
 }
 
-static int opt_value(int argc, char **argv, int *i, const char *name,
-                     const char **value) {
-  size_t n = strlen(name);
-  if (strncmp(argv[*i], name, n) != 0)
-    return 0;
-  if (argv[*i][n] == '=') {
-    *value = argv[*i] + n + 1;
-    return 1;
-  }
-  if (argv[*i][n] != '\0')
-    return 0;
-  if (*i + 1 >= argc)
-    return -1;
-  *value = argv[++*i];
-  return 1;
-}
-
 static int print_help(const char *action) {
   for (size_t i = 0; i < sizeof action_help / sizeof *action_help; i++)
     if (action && !strcmp(action, action_help[i][0])) {
@@ -125,15 +109,15 @@ static int parse_args(int argc, char **argv, cc_opts *o) {
     int m;
     if (!strcmp(a, "--help") || !strcmp(a, "-h"))
       return print_help(o->action);
-    if ((m = opt_value(argc, argv, &i, "--dir", &v)) != 0) {
+    if ((m = cli_opt_value(argc, argv, &i, "--dir", &v)) != 0) {
       if (m < 0)
         goto missing;
       o->dir = v;
-    } else if ((m = opt_value(argc, argv, &i, "--pack", &v)) != 0) {
+    } else if ((m = cli_opt_value(argc, argv, &i, "--pack", &v)) != 0) {
       if (m < 0)
         goto missing;
       o->pack = v;
-    } else if ((m = opt_value(argc, argv, &i, "--max-bytes", &v)) != 0) {
+    } else if ((m = cli_opt_value(argc, argv, &i, "--max-bytes", &v)) != 0) {
       if (m < 0)
         goto missing;
       o->max_bytes = v;

@@ -23,6 +23,7 @@
 #include "cache/meta.h"
 #include "cache/pack.h"
 #include "cache/store.h"
+#include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/manifest.h"
 #include "flexjit.h"
@@ -108,24 +109,6 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* "--name VALUE", "--name=VALUE"; 1 matched, -1 value missing, 0 no. */
-static int opt_value(int argc, char **argv, int *i, const char *name,
-                     const char **value) {
-  size_t n = strlen(name);
-  if (strncmp(argv[*i], name, n) != 0)
-    return 0;
-  if (argv[*i][n] == '=') {
-    *value = argv[*i] + n + 1;
-    return 1;
-  }
-  if (argv[*i][n] != '\0')
-    return 0;
-  if (*i + 1 >= argc)
-    return -1;
-  *value = argv[++*i];
-  return 1;
-}
-
 static int parse_jobs(const char *text, int *out) {
   char *end;
   long v;
@@ -153,13 +136,13 @@ static int parse_args(int argc, char **argv, pc_opts *o) {
       fputs(precompile_usage, stdout);
       return PC_OK;
     }
-    if ((m = opt_value(argc, argv, &i, "--out", &v)) ||
-        (m = opt_value(argc, argv, &i, "-o", &v))) {
+    if ((m = cli_opt_value(argc, argv, &i, "--out", &v)) ||
+        (m = cli_opt_value(argc, argv, &i, "-o", &v))) {
       if (m < 0)
         goto missing;
       o->out = v;
-    } else if ((m = opt_value(argc, argv, &i, "--jobs", &v)) ||
-               (m = opt_value(argc, argv, &i, "-j", &v)) ||
+    } else if ((m = cli_opt_value(argc, argv, &i, "--jobs", &v)) ||
+               (m = cli_opt_value(argc, argv, &i, "-j", &v)) ||
                (!strncmp(a, "-j", 2) && a[2] && (v = a + 2, m = 1))) {
       if (m < 0)
         goto missing;

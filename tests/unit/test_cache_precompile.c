@@ -29,6 +29,7 @@
 #include "cli/manifest.h"
 #include "runtime/nvrtc.h"
 
+#include "cli/args.c"
 #include "cli/cmd_precompile.c"
 #include "cli/manifest.c"
 
