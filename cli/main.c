@@ -1,6 +1,6 @@
 /*
- * cli/main.c: the `flexjit` command: dispatch to subcommands, --help,
- * --version, and the small parsing helpers every subcommand uses.
+ * cli/main.c: the `flexjit` command: dispatch to subcommands, --help and
+ * --version (parsing helpers: cli/args.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +38,8 @@ static const char top_usage[] =
     "\n"
     "environment: FLEXJIT_CACHE_DIR (kernel cache root), FLEXJIT_CACHE_MAX_BYTES\n"
     "(evict least recently used kernels above this size), FLEXJIT_NVRTC (NVRTC\n"
-    "library to load), FLEXJIT_DUMP_DIR (write compiled CUDA source there).\n";
+    "library to load), FLEXJIT_TEMPLATE (sm80 or sm90: force a kernel template),\n"
+    "FLEXJIT_DUMP_DIR (write compiled CUDA source there).\n";
 
 int main(int argc, char **argv) {
   if (argc < 2) {
