@@ -142,11 +142,13 @@ typedef enum {
 } fj_arg_kind;
 
 /* Runtime values the spec declared with param() and buffer(), in declaration
- * order. `name` is borrowed from the spec. `dtype` is the buffer's element
- * type ("i32" or "f32") for buffers, the scalar type otherwise. */
+ * order. `name` is borrowed from the spec; either out pointer may be NULL. */
 int fj_spec_num_args(const fj_spec *spec);
 fj_status fj_spec_arg_info(const fj_spec *spec, int index, const char **name,
                            fj_arg_kind *kind);
+/* The scalar type of a param, or the element type of a buffer: int32 or
+ * float32, as a DLPack dtype (what a buffer's DLTensor must carry). */
+fj_status fj_spec_arg_dtype(const fj_spec *spec, int index, DLDataType *dtype);
 
 /* A runtime value supplied at launch, matched by name. */
 typedef struct fj_arg {

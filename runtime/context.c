@@ -304,6 +304,14 @@ fj_status fj_spec_arg_info(const fj_spec *spec, int index, const char **name,
   return FJ_OK;
 }
 
+fj_status fj_spec_arg_dtype(const fj_spec *spec, int index, DLDataType *dtype) {
+  if (!spec || !dtype || index < 0 || index >= fjg_num_args(spec->graph))
+    return FJ_EINVAL;
+  const fjg_arg *a = fjg_arg_at(spec->graph, index);
+  *dtype = (DLDataType){a->type == FJG_I32 ? kDLInt : kDLFloat, 32, 1};
+  return FJ_OK;
+}
+
 const fjg_graph *fjr_spec_graph(const fj_spec *spec) { return spec->graph; }
 
 const char *fjr_spec_source(const fj_spec *spec, size_t *len) {

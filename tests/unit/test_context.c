@@ -1,0 +1,232 @@
+/*
+ * tests/unit/test_context.c: the public API without a GPU: contexts, spec
+ * loading and its errors, argument introspection, compiling for a named
+ * target, and fj_attention_forward's checks of bad tensors and arguments
+ * (all made before the device is touched, so each must name the problem).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flexjit.h"
+
+static const char window_spec[] =
+    "local window = param('window', 'i32')\n"
+    "local doc = buffer('doc', 'i32')\n"
+    "return { name = 'win', mask_mod = and_masks(sliding_window(window),\n"
+    "  function(b, h, q, kv) return eq(doc[q], doc[kv]) end) }\n";
+
+static fj_context *new_context(void) {
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = ""; /* memory only */
+  fj_context *ctx = NULL;
+  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+  return ctx;
+}
+
+static void test_status_table(void **state) {
+  (void)state;
+  assert_string_equal(fj_status_name(FJ_OK), "FJ_OK");
+  assert_string_equal(fj_status_name(FJ_ETENSOR), "FJ_ETENSOR");
+  assert_string_equal(fj_status_name((fj_status)-999), "FJ_UNKNOWN");
+  assert_string_equal(fj_strerror(FJ_ENONVRTC), "NVRTC not available");
+  assert_string_equal(fj_version_string(), FJ_VERSION_STRING);
+  assert_int_equal(fj_version_number(), FJ_VERSION_NUMBER);
+  fj_context_destroy(NULL);
+  fj_spec_destroy(NULL);
+}
+
+static void test_spec_errors_name_the_line(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  fj_spec *spec = NULL;
+  const char bad[] = "return {\n  mask_mod = function(b, h, q, kv)\n"
+                     "    return q < kv\n  end }\n";
+  assert_int_equal(fj_spec_load_string(ctx, bad, strlen(bad), "bad.lua", &spec),
+                   FJ_ELUA);
+  assert_null(spec);
+  assert_non_null(strstr(fj_context_last_error(ctx), "bad.lua:3:"));
+  assert_non_null(strstr(fj_context_last_error(ctx), "lt("));
+  assert_int_equal(fj_spec_load_file(ctx, "/nonexistent/spec.lua", &spec),
+                   FJ_EIO);
+  assert_non_null(strstr(fj_context_last_error(ctx), "/nonexistent/spec.lua"));
+  fj_context_destroy(ctx);
+}
+
+static void test_arg_introspection(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, window_spec, strlen(window_spec),
+                                       "win.lua", &spec),
+                   FJ_OK);
+  assert_string_equal(fj_spec_name(spec), "win");
+  assert_int_equal(fj_spec_num_args(spec), 2);
+  const char *name;
+  fj_arg_kind kind;
+  DLDataType dt;
+  assert_int_equal(fj_spec_arg_info(spec, 0, &name, &kind), FJ_OK);
+  assert_string_equal(name, "window");
+  assert_int_equal(kind, FJ_ARG_I32);
+  assert_int_equal(fj_spec_arg_info(spec, 1, &name, &kind), FJ_OK);
+  assert_string_equal(name, "doc");
+  assert_int_equal(kind, FJ_ARG_BUFFER);
+  assert_int_equal(fj_spec_arg_dtype(spec, 1, &dt), FJ_OK);
+  assert_int_equal(dt.code, kDLInt);
+  assert_int_equal(dt.bits, 32);
+  assert_int_equal(fj_spec_arg_info(spec, 2, &name, &kind), FJ_EINVAL);
+  assert_int_equal(fj_spec_arg_dtype(spec, -1, &dt), FJ_EINVAL);
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+static void test_compile_options(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, window_spec, strlen(window_spec),
+                                       "win.lua", &spec),
+                   FJ_OK);
+  fj_kernel_options ko = {.head_dim = 96, .dtype = FJ_DTYPE_BF16,
+                          .arch = "sm_80"};
+  assert_int_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_EUNSUPPORTED);
+  assert_non_null(strstr(fj_context_last_error(ctx), "96"));
+  ko.head_dim = 64;
+  ko.arch = "sm_70";
+  assert_int_not_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_OK);
+  assert_non_null(strstr(fj_context_last_error(ctx), "sm_70"));
+  ko.arch = "sm_80";
+  ko.kernel_template = "sm90"; /* needs sm_90a */
+  assert_int_not_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_OK);
+  assert_non_null(strstr(fj_context_last_error(ctx), "sm_90a"));
+  ko.kernel_template = "sm42";
+  assert_int_not_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_OK);
+  assert_non_null(strstr(fj_context_last_error(ctx), "sm42"));
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+/* ---- tensor checks ---- */
+
+typedef struct tensors {
+  int64_t qs[4], ks[4], os[4], ls[3];
+  DLTensor q, k, v, o, lse;
+} tensors;
+
+static DLTensor make(int64_t *shape, int ndim, DLDataType dt, uintptr_t addr) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = (void *)addr; /* never dereferenced on the host */
+  t.device = (DLDevice){kDLCUDA, 0};
+  t.ndim = ndim;
+  t.dtype = dt;
+  t.shape = shape;
+  return t;
+}
+
+static void good_tensors(tensors *t) {
+  DLDataType bf16 = {kDLBfloat, 16, 1}, f32 = {kDLFloat, 32, 1};
+  int64_t qs[4] = {2, 8, 100, 128}, ks[4] = {2, 2, 90, 128};
+  int64_t ls[3] = {2, 8, 100};
+  memcpy(t->qs, qs, sizeof qs);
+  memcpy(t->os, qs, sizeof qs);
+  memcpy(t->ks, ks, sizeof ks);
+  memcpy(t->ls, ls, sizeof ls);
+  t->q = make(t->qs, 4, bf16, 0x10000);
+  t->k = make(t->ks, 4, bf16, 0x20000);
+  t->v = make(t->ks, 4, bf16, 0x30000);
+  t->o = make(t->os, 4, bf16, 0x40000);
+  t->lse = make(t->ls, 3, f32, 0x50000);
+}
+
+/* Launches with one thing broken; expects `status` and `text` in the error. */
+static void expect_bad(fj_context *ctx, fj_spec *spec, tensors *t,
+                       const fj_arg *args, int nargs, fj_status status,
+                       const char *text) {
+  fj_forward_args a = {&t->q, &t->k, &t->v, &t->o, &t->lse, 0.0f, args, nargs,
+                       NULL, NULL};
+  fj_status st = fj_attention_forward(ctx, spec, &a);
+  if (st != status || !strstr(fj_context_last_error(ctx), text))
+    fail_msg("expected %s with '%s', got %s: %s", fj_status_name(status),
+             text, fj_status_name(st), fj_context_last_error(ctx));
+}
+
+static void test_forward_rejects_bad_input(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, window_spec, strlen(window_spec),
+                                       "win.lua", &spec),
+                   FJ_OK);
+  int64_t doc_shape[1] = {100};
+  DLTensor doc = make(doc_shape, 1, (DLDataType){kDLInt, 32, 1}, 0x60000);
+  fj_arg args[2] = {{.name = "window", .i32 = 16}, {.name = "doc", .buffer = &doc}};
+  tensors t;
+
+  good_tensors(&t);
+  t.q.dtype = (DLDataType){kDLFloat, 32, 1};
+  expect_bad(ctx, spec, &t, args, 2, FJ_ETENSOR, "not supported");
+
+  good_tensors(&t);
+  t.ks[3] = 64;
+  expect_bad(ctx, spec, &t, args, 2, FJ_ETENSOR, "k: shape");
+
+  good_tensors(&t);
+  t.qs[3] = t.os[3] = 96;
+  expect_bad(ctx, spec, &t, args, 2, FJ_EUNSUPPORTED, "head dim 96");
+
+  good_tensors(&t);
+  t.ks[1] = 3; /* 8 query heads over 3 kv heads */
+  expect_bad(ctx, spec, &t, args, 2, FJ_ETENSOR, "multiple");
+
+  good_tensors(&t);
+  t.o.device.device_type = kDLCPU;
+  expect_bad(ctx, spec, &t, args, 2, FJ_ETENSOR, "o: tensor is not on a CUDA");
+
+  good_tensors(&t);
+  int64_t bad_strides[4] = {2 * 8 * 100 * 128, 100 * 128, 128, 2};
+  t.q.strides = bad_strides;
+  expect_bad(ctx, spec, &t, args, 2, FJ_ETENSOR, "last dimension");
+
+  good_tensors(&t);
+  t.v.data = (void *)0x30008;
+  expect_bad(ctx, spec, &t, args, 2, FJ_ETENSOR, "16-byte aligned");
+
+  good_tensors(&t);
+  t.ls[2] = 99;
+  expect_bad(ctx, spec, &t, args, 2, FJ_ETENSOR, "lse: shape");
+
+  good_tensors(&t);
+  expect_bad(ctx, spec, &t, args, 1, FJ_EINVAL, "buffer 'doc'");
+
+  good_tensors(&t);
+  fj_arg unknown[3] = {args[0], args[1], {.name = "widow", .i32 = 3}};
+  expect_bad(ctx, spec, &t, unknown, 3, FJ_EINVAL, "'widow'");
+
+  good_tensors(&t);
+  DLTensor doc_f = make(doc_shape, 1, (DLDataType){kDLFloat, 32, 1}, 0x60000);
+  fj_arg wrong_type[2] = {args[0], {.name = "doc", .buffer = &doc_f}};
+  expect_bad(ctx, spec, &t, wrong_type, 2, FJ_ETENSOR, "buffer 'doc': dtype");
+
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_status_table),
+      cmocka_unit_test(test_spec_errors_name_the_line),
+      cmocka_unit_test(test_arg_introspection),
+      cmocka_unit_test(test_compile_options),
+      cmocka_unit_test(test_forward_rejects_bad_input),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
