@@ -47,7 +47,8 @@ typedef struct run_state {
   float pf[CLI_MAX_VALUES];
   const void *bdata[CLI_MAX_VALUES];
   int64_t blen[CLI_MAX_VALUES];
-  float *bconv[CLI_MAX_VALUES]; /* float64 buffers converted (owned) */
+  /* float64 buffers converted, or buffers generated (owned) */
+  float *bconv[CLI_MAX_VALUES];
   dev_tensor bufs[CLI_MAX_VALUES];
   fjg_env env;
   /* Host tensors in BHSD order, holding the values the kernel sees. */
@@ -139,8 +140,50 @@ static int bind_buffer(run_state *s, int a, const fjg_arg *decl,
   return -1;
 }
 
+static uint64_t splitmix(uint64_t *x);
+static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt);
+
+/* A buffer the command line does not give is generated, so that every
+ * example runs as it is: max(Lq, Lk) values, i32 ones as document ids (runs
+ * of Lmax/16 .. Lmax/2 positions, as in the benchmarks), f32 ones standard
+ * normal. It says so unless --quiet. */
+static int generate_buffer(run_state *s, int a, const fjg_arg *decl) {
+  const run_config *c = s->c;
+  size_t n = (size_t)(c->Lq > c->Lk ? c->Lq : c->Lk);
+  float *data = malloc(n * sizeof(float)); /* 4 bytes: int32 or float */
+  if (!data) {
+    cli_error("run", "out of host memory for buffer '%s'", decl->name);
+    return CLI_FAIL;
+  }
+  uint64_t st = c->seed * 0x9e3779b97f4a7c15ull + 7 + (uint64_t)a;
+  if (decl->type == FJG_I32) {
+    int32_t *ids = (int32_t *)data, doc = 0;
+    size_t lo = n / 16 > 0 ? n / 16 : 1, span = n / 2 > lo ? n / 2 - lo : 1;
+    for (size_t i = 0; i < n;) {
+      size_t len = lo + splitmix(&st) % span;
+      for (size_t j = 0; j < len && i < n; j++) ids[i++] = doc;
+      doc++;
+    }
+    if (!c->quiet)
+      printf("buffer  %s: generated document ids (%d documents over %zu "
+             "positions); --buffer %s=FILE.npy to choose\n",
+             decl->name, (int)doc, n, decl->name);
+  } else {
+    fill_normal(data, n, &st, FJ_DTYPE_BF16);
+    if (!c->quiet)
+      printf("buffer  %s: generated %zu standard normal values; --buffer "
+             "%s=FILE.npy to choose\n",
+             decl->name, n, decl->name);
+  }
+  s->bconv[a] = data;
+  s->bdata[a] = data;
+  s->blen[a] = (int64_t)n;
+  return -1;
+}
+
 /* Matches --param/--buffer values with what the spec declares; every
- * declared value must be given and every given value declared. */
+ * declared param must be given (buffers are generated when not) and every
+ * given value declared. */
 static int bind_values(run_state *s) {
   const run_config *c = s->c;
   s->nargs = fj_spec_num_args(s->spec);
@@ -152,6 +195,11 @@ static int bind_values(run_state *s) {
     const fjg_arg *decl = fjg_arg_at(s->g, a);
     const cli_value *v = find_value(c, decl->name);
     int buf = decl->kind == FJ_ARG_BUFFER, rc;
+    if (!v && buf) {
+      s->args[a].name = decl->name;
+      if ((rc = generate_buffer(s, a, decl)) >= 0) return rc;
+      continue;
+    }
     if (!v) {
       cli_error("run",
                 "spec '%s' declares %s '%s' (%s): pass %s %s=%s",

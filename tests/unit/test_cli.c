@@ -190,9 +190,14 @@ static void test_runtime_values_are_checked(void **state) {
   for (int i = 0; i < 8; i++) fwrite("\0\0\0\0", 1, 4, f);
   fclose(f);
 
+  /* A buffer not given is generated (and said so); the param is not. */
   assert_int_equal(flexjit(NO_GPU, "run %s --heads 2 --q-len 8", spec), 2);
-  expect_in(err, "buffer 'doc'");
-  expect_in(err, "--buffer doc=FILE.npy");
+  expect_in(out, "buffer  doc: generated document ids");
+  expect_in(err, "param 'window'");
+  assert_int_equal(flexjit(NO_GPU, "run %s --heads 2 --q-len 8 --param "
+                                   "window=4", spec),
+                   2);
+  expect_in(err, "no GPU");
   assert_int_equal(flexjit(NO_GPU, "run %s --heads 2 --q-len 8 --buffer "
                                    "doc=%s", spec, npy),
                    2);
