@@ -34,6 +34,7 @@ typedef enum {
   FAULT_ENOSPC, /* partial write, then ENOSPC */
   FAULT_EACCES, /* file creation fails with EACCES */
   FAULT_EROFS,  /* file creation fails with EROFS */
+  FAULT_CRASH,  /* the process dies halfway through writing the temp file */
 } store_fault;
 
 struct fjc_store {
@@ -122,6 +123,8 @@ static store_fault fault_from_env(void) {
     return FAULT_EACCES;
   if (strcmp(f, "erofs") == 0)
     return FAULT_EROFS;
+  if (strcmp(f, "crash") == 0)
+    return FAULT_CRASH;
   return FAULT_NONE;
 }
 
@@ -492,10 +495,12 @@ done:
  * of the bytes land, then the write "fails". */
 static int write_parts(const fjc_store *s, int fd, const void *a, size_t na,
                        const void *b, size_t nb) {
-  if (s->fault == FAULT_ENOSPC) {
+  if (s->fault == FAULT_ENOSPC || s->fault == FAULT_CRASH) {
     size_t half = (na + nb) / 2;
     if (write_all(fd, a, half < na ? half : na))
       return -1;
+    if (s->fault == FAULT_CRASH)
+      _exit(86); /* no cleanup, no rename: what a crash leaves behind */
     errno = ENOSPC;
     return -1;
   }

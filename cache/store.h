@@ -33,7 +33,8 @@
  * Testing hook: FLEXJIT_CACHE_FAULT, read when the store is opened, injects
  * write failures: "enospc" (the temp file is partly written, then ENOSPC),
  * "eacces" or "erofs" (creating files fails with that errno; locks are then
- * unavailable too).
+ * unavailable too), "crash" (the process exits halfway through writing the
+ * temp file, as a crash would).
  */
 #ifndef FJC_STORE_H
 #define FJC_STORE_H

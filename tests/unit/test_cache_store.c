@@ -352,6 +352,40 @@ static void test_enospc_leaves_nothing(void **state) {
   fjc_store_close(s);
 }
 
+/* A process that dies halfway through writing an entry leaves at most a temp
+ * file: the entry is a miss, and a later put publishes a good one. */
+static void test_crash_mid_write_is_never_loaded(void **state) {
+  fixture *f = *state;
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    log_count child_log = {0};
+    fjc_store *s = open_with_fault(f->root, "crash", &child_log);
+    fjc_store_put(s, ARCH, &f->key, f->cubin, sizeof f->cubin, "{}", NULL, 0);
+    _exit(0); /* not reached: the fault exits with 86 mid-write */
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 86);
+  assert_true(count_files(f->root) >= 1); /* the half-written temp file */
+  expect_miss(f);
+  log_count log = {0};
+  fjc_store *s = open_store(f->root, &log);
+  assert_int_equal(fjc_store_put(s, ARCH, &f->key, f->cubin, sizeof f->cubin,
+                                 "{}", NULL, 0),
+                   FJ_OK);
+  void *data = NULL;
+  size_t size = 0;
+  assert_int_equal(fjc_store_get(s, ARCH, &f->key, &data, &size, NULL, 0),
+                   FJ_OK);
+  assert_int_equal(size, sizeof f->cubin);
+  assert_memory_equal(data, f->cubin, size);
+  free(data);
+  fjc_store_close(s);
+}
+
 static void test_injected_eacces_erofs(void **state) {
   fixture *f = *state;
   const char *faults[] = {"eacces", "erofs"};
@@ -536,6 +570,7 @@ int main(void) {
       T(test_invalid_arch),
       T(test_read_only_root),
       T(test_enospc_leaves_nothing),
+      T(test_crash_mid_write_is_never_loaded),
       T(test_injected_eacces_erofs),
       T(test_disabled_store),
       T(test_default_root),
