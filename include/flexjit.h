@@ -97,8 +97,9 @@ typedef struct fj_context_options {
   uint64_t cache_max_bytes;
   /* Kernel template: "sm80" (mma.sync + cp.async, any target from sm_80) or
    * "sm90" (wgmma + TMA, warp-specialized; target sm_90a only). NULL:
-   * $FLEXJIT_TEMPLATE if set, else sm90 for sm_90a and sm80 otherwise (sm80
-   * also for launches with a block mask, which sm90 does not read yet). */
+   * $FLEXJIT_TEMPLATE if set, else sm90 for sm_90a and sm80 otherwise. Both
+   * read block masks; a launch whose block mask's blocks are not whole sm90
+   * tiles (128 x 128, e.g. block_kv 64) gets sm80 unless a template is set. */
   const char *kernel_template;
   fj_log_fn log;
   void *log_user;
@@ -165,8 +166,10 @@ typedef struct fj_kernel_options {
   const char *arch; /* NULL: the context's arch */
   /* "sm80" or "sm90"; NULL: the context's choice (see fj_context_options). */
   const char *kernel_template;
-  /* 1: the kernel that launches with a block mask use (the template choice
-   * may differ, see fj_context_options.kernel_template). */
+  /* 1: the kernel that launches with a block mask use. Both templates read
+   * block masks, so this is the same kernel as without one; only a launch
+   * whose mask does not fit sm90's tiles takes sm80 instead (see
+   * fj_context_options.kernel_template). */
   int with_block_mask;
 } fj_kernel_options;
 

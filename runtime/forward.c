@@ -188,14 +188,32 @@ static fj_status find_in_packs(fj_context *ctx, fjr_kernel *k, int nvrtc_ok,
 }
 
 /* The template a kernel uses: the caller's, else the context's, else the
- * best for the target: sm90 (wgmma + TMA) on sm_90a, sm80 elsewhere. A launch
- * with a block mask keeps sm80 by default until sm90 reads block masks. */
+ * best for the target: sm90 (wgmma + TMA) on sm_90a, sm80 elsewhere. Both
+ * read block masks (see block_mask_template for masks sm90's tiles do not
+ * fit). */
 static const char *choose_template(const fj_context *ctx,
                                    const fj_kernel_options *opts,
                                    const char *arch) {
   if (opts->kernel_template) return opts->kernel_template;
   if (ctx->template_opt) return ctx->template_opt;
-  if (strcmp(arch, "sm_90a") == 0 && !opts->with_block_mask) return "sm90";
+  if (strcmp(arch, "sm_90a") == 0) return "sm90";
+  return "sm80";
+}
+
+/* "sm80" when the default choice must avoid sm90 for this block mask: its
+ * blocks are not whole sm90 tiles (128 x 128; e.g. block_kv 64), which sm80's
+ * smaller tiles still fit. NULL otherwise, and always when the context names
+ * a template (its choice stands; the bind then says why it does not fit). */
+static const char *block_mask_template(const fj_context *ctx,
+                                       const fj_block_mask *bm, int head_dim,
+                                       fj_dtype dtype) {
+  fj_block_mask_info mi;
+  fjg_config c;
+  if (!bm || ctx->template_opt || fj_block_mask_get_info(bm, &mi) != FJ_OK ||
+      fjg_config_choose_template(head_dim, dtype, "sm_90a", "sm90", &c, NULL,
+                                 0) != FJ_OK)
+    return NULL;
+  if (mi.block_q % c.block_m == 0 && mi.block_kv % c.block_n == 0) return NULL;
   return "sm80";
 }
 
@@ -677,6 +695,8 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   fj_kernel_options kopts = {.head_dim = (int)D, .dtype = dtype,
                              .with_block_mask = args->block_mask != NULL};
+  kopts.kernel_template =
+      block_mask_template(ctx, args->block_mask, (int)D, dtype);
   fjr_kernel *k = NULL;
   if ((st = get_kernel(ctx, spec, &kopts, &k, NULL)) != FJ_OK) return st;
   if (!k->module && (st = load_module(ctx, k)) != FJ_OK) return st;

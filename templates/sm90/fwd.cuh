@@ -33,10 +33,15 @@
 //                      more makes setmaxnreg.inc wait forever
 // Hooks: exactly those of sm80/fwd.cuh (fj_user_params, fj_tile_class,
 //   fj_mask, fj_score_mod; see common/fj_common.cuh), same semantics.
-//   Not yet: the block-mask fields of fj_fwd_params (bm_*) are ignored; tiles
-//   are classified by fj_tile_class only, which is correct (the mask is
-//   still applied) but does not skip tiles that only a block mask knows
-//   are empty.
+// Block masks: as sm80/fwd.cuh. With p.bm_kv_num set, the kv tiles and
+//   their classes come from the mask row's lists (PARTIAL blocks, then FULL
+//   ones, each bm_kv_ratio tiles of FJ_BLOCK_N) instead of fj_tile_class;
+//   FULL tiles skip the mask, PARTIAL ones are refined per consumer
+//   warpgroup by fj_tile_class. The host guarantees block_q % FJ_BLOCK_M
+//   == 0 and block_kv % FJ_BLOCK_N == 0 (runtime/blockmask.c). The producer
+//   and both consumers compute the same walk from the same lists: the
+//   arrays must not change while the kernel runs (a difference would stall
+//   the mbarrier pipeline, not just give a wrong answer).
 // Kernel:
 //   extern "C" __global__ void fj_attention_fwd(
 //       const __grid_constant__ fj_fwd_params p,
@@ -421,6 +426,9 @@ struct __align__(16) fjh_u32x4 {
 
 // ---- tile walk: the producer and both consumers visit the same tiles -----
 
+// The CTA's query block: heaviest causal blocks first.
+__device__ __forceinline__ int fjh_m_block() { return gridDim.x - 1 - blockIdx.x; }
+
 #if FJ_HAS_MASK
 __device__ __forceinline__ int fjh_block_class(const fj_fwd_params &p, int b, int h,
                                                int q0, int q1, int j) {
@@ -445,6 +453,52 @@ __device__ __forceinline__ int fjh_next_block(const fj_fwd_params &p, int b, int
   *cls = FJ_TILE_FULL;
 #endif
   return j;
+}
+
+// With a block mask (p.bm_kv_num != nullptr) the tiles are the mask row's
+// PARTIAL blocks, then its FULL blocks, each a run of bm_kv_ratio tiles:
+// positions t = 0, 1, ... of that sequence. The walk ends with -1 and lo is
+// 0 then, so every `j >= lo` test below serves both walks.
+
+// Index of the CTA's row in the block mask's count arrays. Recomputed from
+// blockIdx where needed rather than kept live across the consumers' loop.
+__device__ __forceinline__ int fjh_bm_row(const fj_fwd_params &p, int b, int h) {
+  return b * p.bm_b_stride + h * p.bm_h_stride + fjh_m_block() / p.bm_q_ratio;
+}
+
+// The tile at position *t, or the first after it that starts below Lk (the
+// tail of a row's last block may not); *t moves to it and *cls receives its
+// class. -1 past the end of the row's lists (at once for an empty row).
+__device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, int b, int h, int *t,
+                                           int *cls) {
+  const int row = fjh_bm_row(p, b, h);
+  const int r = p.bm_kv_ratio;
+  const int np = __ldg(p.bm_kv_num + row) * r;
+  const int n = np + __ldg(p.bm_full_num + row) * r;
+  const long long base = (long long)row * p.bm_nkv;
+  for (; *t < n; ++*t) {
+    const bool partial = *t < np;
+    const int k = partial ? *t : *t - np;
+    const int blk = __ldg((partial ? p.bm_kv_idx : p.bm_full_idx) + base + k / r);
+    const int j = blk * r + k % r;
+    if (j * FJ_BLOCK_N < p.sz.Lk) {
+      *cls = partial ? FJ_TILE_PARTIAL : FJ_TILE_FULL;
+      return j;
+    }
+  }
+  return -1;
+}
+
+// The tile after j (at position *t with a block mask): the block mask's
+// next, else the classifier's next non-EMPTY block below j. The producer
+// and both consumers advance only through here, once per tile.
+__device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, int b, int h, int q0,
+                                           int q1, int j, int lo, int *t, int *cls) {
+  if (p.bm_kv_num != nullptr) {
+    ++*t;
+    return fjh_bm_tile(p, b, h, t, cls);
+  }
+  return fjh_next_block(p, b, h, q0, q1, j, lo, cls);
 }
 
 // Shared-memory map: Q (FJ_BLOCK_M rows), then FJ_NUM_STAGES K tiles, then
@@ -480,7 +534,7 @@ __device__ __forceinline__ void fjh_load_kv(const fjh_tensor_map *map, unsigned 
 // P V of the current one).
 __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma_maps &maps,
                                          const fjh_smem_map &sm, int b, int h, int q0,
-                                         int q1, int lo, int hi) {
+                                         int q1, int lo, int hi, int t) {
   const int hk = h / p.kv_group;
   fjh_tma_prefetch_desc(&maps.q);
   fjh_tma_prefetch_desc(&maps.k);
@@ -492,8 +546,8 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   int cls = FJ_TILE_FULL;
   int n = 0, j = hi;
   fjh_load_kv(&maps.k, sm.k_tile(0), sm.k_full(0), sm.k_empty(0), 0, j, hk, b);
-  for (int jn = fjh_next_block(p, b, h, q0, q1, j, lo, &cls); jn >= lo;
-       jn = fjh_next_block(p, b, h, q0, q1, jn, lo, &cls)) {
+  for (int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls); jn >= lo;
+       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls)) {
     const int s1 = (n + 1) % FJ_NUM_STAGES, s0 = n % FJ_NUM_STAGES;
     fjh_load_kv(&maps.k, sm.k_tile(s1), sm.k_full(s1), sm.k_empty(s1), n + 1, jn, hk, b);
     fjh_load_kv(&maps.v, sm.v_tile(s0), sm.v_full(s0), sm.v_empty(s0), n, j, hk, b);
@@ -724,7 +778,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
 // Consumer c (0 or 1) owns query rows q0 + 64 c .. + 63 of the CTA's tile.
 __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_smem_map &sm,
                                             int c, int b, int h, int q0, int q1, int lo,
-                                            int hi, int hi_cls) {
+                                            int hi, int hi_cls, int t) {
   const int wq0 = q0 + FJH_WG_ROWS * c;
   const unsigned sq = sm.q + c * FJH_WG_ROWS * 128;
   float o[FJH_O_REGS];
@@ -763,7 +817,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
                 exp_scale, s, row_m, row_l, alpha);
     fjh_pack_p(s, pf);
     int cls_n;
-    int jn = fjh_next_block(p, b, h, q0, q1, j, lo, &cls_n);
+    int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
     // Steady state: Q K^T of tile jn and P V of tile j in flight together;
     // the softmax of jn runs while P V of j is still on the tensor cores. No
     // register an in-flight wgmma reads or writes is defined in between: P
@@ -794,7 +848,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_pack_p(s, pf);
       j = jn;
       ++n;
-      jn = fjh_next_block(p, b, h, q0, q1, jn, lo, &cls_n);
+      jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
     }
     // Last tile: P V alone.
     {
@@ -816,7 +870,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       const int s0 = n % FJ_NUM_STAGES;
       const unsigned ph = (n / FJ_NUM_STAGES) & 1;
       int cls_n;
-      const int jn = fjh_next_block(p, b, h, q0, q1, j, lo, &cls_n);
+      const int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
       fjh_sched_wait(c);
       fjh_mbar_wait_warp(sm.k_full(s0), ph);
       fjh_wgmma_fence();
@@ -858,25 +912,31 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
   sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
 
-  // Heaviest causal blocks first.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int m_block = fjh_m_block();
   const int h = blockIdx.y, b = blockIdx.z;
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
   const int q0 = m_block * FJ_BLOCK_M;
   const int q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
 
   // kv blocks [lo, hi] that are not EMPTY for the CTA, walked from hi down
-  // (a causal diagonal first). Every role computes the same walk.
+  // (a causal diagonal first). Every role computes the same walk. With a
+  // block mask, hi is the first listed tile (t its position) or -1 for a
+  // row with none, and fjh_advance follows the lists from there.
   int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1;
   int hi_cls = FJ_TILE_FULL;
+  int t = 0;
+  if (p.bm_kv_num != nullptr) {
+    hi = fjh_bm_tile(p, b, h, &t, &hi_cls);
+  } else {
 #if FJ_HAS_MASK
-  while (lo <= hi && fjh_block_class(p, b, h, q0, q1, lo) == FJ_TILE_EMPTY) ++lo;
-  for (; hi > lo; --hi) {
-    hi_cls = fjh_block_class(p, b, h, q0, q1, hi);
-    if (hi_cls != FJ_TILE_EMPTY) break;
-  }
-  if (hi == lo) hi_cls = fjh_block_class(p, b, h, q0, q1, hi);
+    while (lo <= hi && fjh_block_class(p, b, h, q0, q1, lo) == FJ_TILE_EMPTY) ++lo;
+    for (; hi > lo; --hi) {
+      hi_cls = fjh_block_class(p, b, h, q0, q1, hi);
+      if (hi_cls != FJ_TILE_EMPTY) break;
+    }
+    if (hi == lo) hi_cls = fjh_block_class(p, b, h, q0, q1, hi);
 #endif
+  }
 
   if (threadIdx.x == 0) {
     fjh_mbar_init(sm.q_full(), 1);
@@ -894,9 +954,9 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {
     fjh_setmaxnreg_dec<FJ_PRODUCER_REGS>();
-    if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi);
+    if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t);
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
-    fjh_consume(p, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls);
+    fjh_consume(p, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls, t);
   }
 }

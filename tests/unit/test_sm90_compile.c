@@ -1,9 +1,13 @@
 /*
  * tests/unit/test_sm90_compile.c: the sm90 forward template (wgmma + TMA)
  * compiles with NVRTC for sm_90a (CPU only, no GPU needed) for both dtypes
- * and head dims 64 and 128, with a causal mask, a sliding window (param)
- * and a softcap + buffer bias score_mod, in the configurations gen/config.c ships; and:
- *   - the PTX holds wgmma.mma_async and cp.async.bulk.tensor;
+ * and head dims 64 and 128, with a causal mask, a sliding window (param),
+ * a softcap + buffer bias score_mod, and a document mask (buffer reads; the
+ * usual user of block masks) alone and with a softcap, in the
+ * configurations gen/config.c ships; and:
+ *   - the PTX holds wgmma.mma_async and cp.async.bulk.tensor, and the
+ *     block-mask walk (ld.global.nc of the bm_* lists, compiled into every
+ *     kernel: the choice is made at run time by p.bm_kv_num);
  *   - ptxas (--ptxas-options=-v) reports 0 bytes of spill stores and loads
  *     and does not serialize the wgmma pipeline (C7513), nor ignore
  *     setmaxnreg (C7508);
@@ -73,6 +77,35 @@ static const char kSliding[] =
     "  if (kv0 > q1 || q0 - kv1 >= u.a_window) return FJ_TILE_EMPTY;\n"
     "  if (kv1 <= q0 && q1 - kv0 < u.a_window) return FJ_TILE_FULL;\n"
     "  return FJ_TILE_PARTIAL;\n}\n";
+
+/* Document mask (causal within a document) as gen/emit_cuda.c writes it,
+ * with a classifier that only knows the causal part; optionally a softcap
+ * score_mod, the case where mask, score_mod and the block-mask walk all
+ * share the consumers' registers (D=128 runs the loop without overlap). */
+#define DOC_PARAMS                                                            \
+  "struct fj_user_params {\n  long long fj_reserved_;\n  const int *a_doc;\n" \
+  "  long long n_doc;\n};\n"
+#define DOC_MASK                                                              \
+  "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n" \
+  "    int b, int h, int q, int kv) {\n"                                      \
+  "  const int t0 = fj_load_i32(u.a_doc, u.n_doc, q);\n"                     \
+  "  const int t1 = fj_load_i32(u.a_doc, u.n_doc, kv);\n"                    \
+  "  return t0 == t1 && q >= kv;\n}\n"
+#define DOC_CLASS                                                             \
+  "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"  \
+  "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n" \
+  "  if (kv0 > q1) return FJ_TILE_EMPTY;\n  return FJ_TILE_PARTIAL;\n}\n"
+static const char kDocument[] =
+    DOC_PARAMS DOC_MASK
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  return score;\n}\n" DOC_CLASS;
+static const char kDocumentSoftcap[] =
+    DOC_PARAMS DOC_MASK
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  const float t0 = score / 30.0f;\n  const float t1 = fj_tanh_f32(t0);\n"
+    "  return t1 * 30.0f;\n}\n" DOC_CLASS;
 
 static char *slurp(const char *rel) {
   char path[1024];
@@ -200,6 +233,7 @@ static void compile_one(int head_dim, fj_dtype dt, int has_mask, int has_score_m
   assert_non_null(strstr(ptx, "wgmma.mma_async"));
   assert_non_null(strstr(ptx, "cp.async.bulk.tensor"));
   assert_non_null(strstr(ptx, "setmaxnreg"));
+  assert_non_null(strstr(ptx, "ld.global.nc"));
   size_t cubin_size = 0;
   assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
   assert_true(cubin_size > 0);
@@ -237,6 +271,18 @@ static void test_sliding(void **state) {
 static void test_softcap_bias(void **state) {
   (void)state;
   run_matrix(0, 1, kSoftcapBias, "softcap+bias");
+}
+
+static void test_document(void **state) {
+  (void)state;
+  run_matrix(1, 0, kDocument, "document");
+}
+
+/* One dtype: the dtype changes no code path, and these compile slowly. */
+static void test_document_softcap(void **state) {
+  (void)state;
+  compile_one(64, FJ_DTYPE_BF16, 1, 1, kDocumentSoftcap, "doc+softcap");
+  compile_one(128, FJ_DTYPE_BF16, 1, 1, kDocumentSoftcap, "doc+softcap");
 }
 
 static void test_choose_template(void **state) {
@@ -314,6 +360,8 @@ int main(void) {
       cmocka_unit_test(test_causal),
       cmocka_unit_test(test_sliding),
       cmocka_unit_test(test_softcap_bias),
+      cmocka_unit_test(test_document),
+      cmocka_unit_test(test_document_softcap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
