@@ -175,6 +175,9 @@ typedef struct fj_kernel_options {
 
 typedef struct fj_kernel_info {
   char key[33];           /* XXH3-128 key, lowercase hex */
+  /* The key without the NVRTC version: what a pack is searched by when
+   * NVRTC is unavailable. */
+  char source_key[33];
   char name[96];          /* readable kernel name */
   char cubin_path[1024];  /* "" when not stored on disk */
   char arch[16];          /* target it was compiled for */

@@ -238,6 +238,10 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
       if (info) {
         memset(info, 0, sizeof(*info));
         snprintf(info->key, sizeof(info->key), "%s", k->key.hex);
+    snprintf(info->source_key, sizeof(info->source_key), "%s",
+             k->source_key.hex);
+        snprintf(info->source_key, sizeof(info->source_key), "%s",
+                 k->source_key.hex);
         kernel_name(spec, &k->cfg, info->name, sizeof(info->name));
         snprintf(info->arch, sizeof(info->arch), "%s", k->cfg.arch);
         snprintf(info->kernel_template, sizeof(info->kernel_template), "%s",
@@ -351,6 +355,8 @@ done:
   if (info) {
     memset(info, 0, sizeof(*info));
     snprintf(info->key, sizeof(info->key), "%s", k->key.hex);
+    snprintf(info->source_key, sizeof(info->source_key), "%s",
+             k->source_key.hex);
     snprintf(info->name, sizeof(info->name), "%s", name);
     snprintf(info->cubin_path, sizeof(info->cubin_path), "%s", path);
     snprintf(info->arch, sizeof(info->arch), "%s", k->cfg.arch);

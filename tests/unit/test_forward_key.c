@@ -1,0 +1,133 @@
+/*
+ * tests/unit/test_forward_key.c: the forward kernel's cache key as the
+ * runtime derives it (runtime/forward.c), through the public API.
+ *
+ * 1. Each ingredient a user can change (head dim, dtype, target, template,
+ *    a constant of the spec, a param's type) gives a new key.
+ * 2. The source key of a fixed spec is pinned, so that an accidental change
+ *    of the key (serialization, key records, configuration) is caught. It
+ *    also covers the template bytes: after a deliberate change of a template
+ *    or of the key, run this test with FJ_PRINT_KEYS=1 and paste the printed
+ *    value below.
+ *
+ * Needs NVRTC (keys come with a compile); skips without it. No GPU.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flexjit.h"
+#include "runtime/nvrtc.h"
+
+/* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
+#define PINNED_SOURCE_KEY "730dcc837b6d790b7f8f326664c16c44"
+
+static const char kPinnedSpec[] =
+    "return { name = 'pinned', mask_mod = causal() }\n";
+
+typedef struct variant {
+  const char *what;
+  const char *spec;
+  int head_dim;
+  fj_dtype dtype;
+  const char *arch;
+  const char *tmpl;
+} variant;
+
+static void key_of(const variant *v, fj_kernel_info *info) {
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = ""; /* memory only: every context compiles afresh */
+  fj_context *ctx = NULL;
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+  assert_int_equal(
+      fj_spec_load_string(ctx, v->spec, strlen(v->spec), "key.lua", &spec),
+      FJ_OK);
+  fj_kernel_options ko = {.head_dim = v->head_dim, .dtype = v->dtype,
+                          .arch = v->arch, .kernel_template = v->tmpl};
+  if (fj_compile_forward(ctx, spec, &ko, info) != FJ_OK)
+    fail_msg("%s: %s", v->what, fj_context_last_error(ctx));
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+static int have_nvrtc(void) {
+  char err[256];
+  return fjr_nvrtc_version(NULL, NULL, err, sizeof err) == FJ_OK;
+}
+
+static void test_each_ingredient_changes_the_key(void **state) {
+  (void)state;
+  if (!have_nvrtc()) skip();
+  static const char window4[] =
+      "return { mask_mod = sliding_window(4) }\n";
+  static const char window5[] =
+      "return { mask_mod = sliding_window(5) }\n";
+  static const char param_i32[] =
+      "local w = param('w', 'i32')\n"
+      "return { mask_mod = function(b, h, q, kv) return lt(q - kv, w) end }\n";
+  static const char param_f32[] =
+      "local w = param('w', 'f32')\n"
+      "return { mask_mod = function(b, h, q, kv) return lt(q - kv, w) end }\n";
+  const variant base = {"base", window4, 64, FJ_DTYPE_BF16, "sm_80", "sm80"};
+  variant vs[] = {
+      base,
+      {"head dim", window4, 128, FJ_DTYPE_BF16, "sm_80", "sm80"},
+      {"dtype", window4, 64, FJ_DTYPE_F16, "sm_80", "sm80"},
+      {"target", window4, 64, FJ_DTYPE_BF16, "sm_86", "sm80"},
+      {"target a", window4, 64, FJ_DTYPE_BF16, "sm_90a", "sm80"},
+      {"template", window4, 64, FJ_DTYPE_BF16, "sm_90a", "sm90"},
+      {"constant", window5, 64, FJ_DTYPE_BF16, "sm_80", "sm80"},
+      {"param i32", param_i32, 64, FJ_DTYPE_BF16, "sm_80", "sm80"},
+      {"param f32", param_f32, 64, FJ_DTYPE_BF16, "sm_80", "sm80"},
+  };
+  enum { N = sizeof vs / sizeof vs[0] };
+  fj_kernel_info info[N];
+  for (int i = 0; i < N; i++) key_of(&vs[i], &info[i]);
+  for (int i = 0; i < N; i++) {
+    /* The full key adds the compiler to the source key. */
+    assert_string_not_equal(info[i].key, info[i].source_key);
+    for (int j = 0; j < i; j++)
+      if (!strcmp(info[i].source_key, info[j].source_key))
+        fail_msg("'%s' and '%s' share the key %s", vs[i].what, vs[j].what,
+                 info[i].source_key);
+  }
+  /* The same inputs in a fresh context give the same key. */
+  fj_kernel_info again;
+  key_of(&base, &again);
+  assert_string_equal(again.key, info[0].key);
+  assert_string_equal(again.source_key, info[0].source_key);
+}
+
+static void test_pinned_key(void **state) {
+  (void)state;
+  if (!have_nvrtc()) skip();
+  const variant v = {"pinned", kPinnedSpec, 64, FJ_DTYPE_BF16, "sm_80",
+                     "sm80"};
+  fj_kernel_info info;
+  key_of(&v, &info);
+  if (getenv("FJ_PRINT_KEYS"))
+    printf("pinned source key: %s\n", info.source_key);
+  if (strcmp(info.source_key, PINNED_SOURCE_KEY) != 0)
+    fail_msg("the source key of a fixed spec changed: %s, pinned %s.\n"
+             "If a template, the key records or the configuration changed on "
+             "purpose, rerun with FJ_PRINT_KEYS=1 and update PINNED_SOURCE_KEY "
+             "in %s; otherwise something changed the key by accident.",
+             info.source_key, PINNED_SOURCE_KEY, __FILE__);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_each_ingredient_changes_the_key),
+      cmocka_unit_test(test_pinned_key),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
