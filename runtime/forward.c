@@ -51,6 +51,51 @@ static void kernel_name(const fj_spec *spec, const fjg_config *cfg, char *buf,
            dtype_name(cfg->dtype), cfg->template_name, cfg->arch);
 }
 
+/* NVRTC options of a kernel: the fixed ones, then one -DNAME=VALUE for each
+ * entry of $FLEXJIT_KERNEL_DEFINES ("NAME=VALUE ..."), which sets optional
+ * template macros for experiments such as ablations (FJ_PINGPONG=0). They are
+ * part of the key. Returns the count, or -1 with the context's error set. */
+enum { FJR_MAX_OPTIONS = 24, FJR_DEFINES_BYTES = 1024 };
+
+static int compile_options(fj_context *ctx, const char **opts,
+                           char storage[FJR_DEFINES_BYTES]) {
+  int n = 0;
+  const char *const *base = fjr_nvrtc_base_options(&n);
+  for (int i = 0; i < n; i++) opts[i] = base[i];
+  const char *env = getenv("FLEXJIT_KERNEL_DEFINES");
+  if (!env || !*env) return n;
+  size_t used = 0;
+  for (const char *p = env; *p;) {
+    while (*p == ' ') p++;
+    if (!*p) break;
+    size_t len = strcspn(p, " ");
+    size_t name_len = strcspn(p, "= ");
+    int ok = name_len > 0 && (p[0] < '0' || p[0] > '9');
+    for (size_t i = 0; ok && i < len; i++) {
+      char c = p[i];
+      ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+           (c >= '0' && c <= '9') || c == '_' ||
+           (i > name_len && (c == '.' || c == '-' || c == '+')) ||
+           (i == name_len && c == '=');
+    }
+    if (!ok || n == FJR_MAX_OPTIONS || used + len + 3 > FJR_DEFINES_BYTES) {
+      fjr_fail(ctx, FJ_EINVAL,
+               "FLEXJIT_KERNEL_DEFINES: '%.*s' is not NAME or NAME=VALUE "
+               "(letters, digits, _ . + -), or there are too many",
+               (int)len, p);
+      return -1;
+    }
+    char *d = storage + used;
+    memcpy(d, "-D", 2);
+    memcpy(d + 2, p, len);
+    d[len + 2] = '\0';
+    opts[n++] = d;
+    used += len + 3;
+    p += len;
+  }
+  return n;
+}
+
 /* The cache keys. The source key covers every ingredient that shapes the
  * cubin except the compiler: key schema, library version, canonical graph,
  * template bytes, configuration, target and compile options. The full key
@@ -91,8 +136,14 @@ static fj_status forward_keys(fj_context *ctx, const fj_spec *spec,
   fjc_key_add_int(&b, "threads", cfg->threads);
   fjc_key_add_int(&b, "smem_bytes", cfg->smem_bytes);
   fjc_key_add_str(&b, "arch", cfg->arch);
-  int nopt = 0;
-  const char *const *opts = fjr_nvrtc_base_options(&nopt);
+  const char *opts[FJR_MAX_OPTIONS];
+  char defines[FJR_DEFINES_BYTES];
+  int nopt = compile_options(ctx, opts, defines);
+  if (nopt < 0) {
+    fjg_buf_free(&graph);
+    fjg_buf_free(&templates);
+    return FJ_EINVAL;
+  }
   for (int i = 0; i < nopt; i++) fjc_key_add_str(&b, "option", opts[i]);
   fjc_key_finish(&b, source_key);
   fjc_key_begin(&b);
@@ -324,11 +375,12 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   st = emit_source(ctx, spec, &k->cfg, &k->key, &src);
   if (st != FJ_OK) goto fail;
   dump_source(ctx, name, &k->key, &src);
-  int nopt = 0;
-  const char *const *base = fjr_nvrtc_base_options(&nopt);
+  const char *nvrtc_opts[FJR_MAX_OPTIONS];
+  char defines[FJR_DEFINES_BYTES];
+  int nopt = compile_options(ctx, nvrtc_opts, defines); /* checked by the key */
   double t0 = now_ms();
-  st = fjr_nvrtc_compile(src.data, name, k->cfg.arch, base, nopt, &k->cubin,
-                         &k->cubin_size, &log, err, sizeof(err));
+  st = fjr_nvrtc_compile(src.data, name, k->cfg.arch, nvrtc_opts, nopt,
+                         &k->cubin, &k->cubin_size, &log, err, sizeof(err));
   compile_ms = now_ms() - t0;
   if (st != FJ_OK) {
     st = fjr_fail(ctx, st, "compiling %s (key %s) failed: %s%s%s", name,

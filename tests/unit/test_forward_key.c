@@ -107,6 +107,36 @@ static void test_each_ingredient_changes_the_key(void **state) {
   assert_string_equal(again.source_key, info[0].source_key);
 }
 
+/* FLEXJIT_KERNEL_DEFINES sets optional template macros (ablations) and is
+ * part of the key; a malformed entry is refused with its text. */
+static void test_kernel_defines(void **state) {
+  (void)state;
+  if (!have_nvrtc()) skip();
+  const variant v = {"sm90", kPinnedSpec, 64, FJ_DTYPE_BF16, "sm_90a",
+                     "sm90"};
+  fj_kernel_info plain, ablated;
+  key_of(&v, &plain);
+  setenv("FLEXJIT_KERNEL_DEFINES", " FJ_PINGPONG=0  FJ_INTRA_WG_OVERLAP=0", 1);
+  key_of(&v, &ablated);
+  assert_string_not_equal(plain.source_key, ablated.source_key);
+  assert_int_equal(ablated.from_cache, 0);
+
+  setenv("FLEXJIT_KERNEL_DEFINES", "FJ_OK=1 2BAD=3", 1);
+  fj_context *ctx = NULL;
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_context_create(NULL, &ctx), FJ_OK);
+  assert_int_equal(fj_spec_load_string(ctx, kPinnedSpec, strlen(kPinnedSpec),
+                                       "k.lua", &spec),
+                   FJ_OK);
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16,
+                          .arch = "sm_80"};
+  assert_int_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "'2BAD=3'"));
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+  unsetenv("FLEXJIT_KERNEL_DEFINES");
+}
+
 static void test_pinned_key(void **state) {
   (void)state;
   if (!have_nvrtc()) skip();
@@ -127,6 +157,7 @@ static void test_pinned_key(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_ingredient_changes_the_key),
+      cmocka_unit_test(test_kernel_defines),
       cmocka_unit_test(test_pinned_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
