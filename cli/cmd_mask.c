@@ -19,7 +19,8 @@ static const char mask_usage[] =
     "usage: flexjit mask SPEC.lua --q-len N [options]\n"
     "\n"
     "Draws the mask_mod of SPEC.lua, evaluated on the CPU (no GPU needed), at\n"
-    "batch entry 0 and head 0: a text grid of elements ('#' allowed, '.'\n"
+    "one batch entry and query head (0, 0 unless given): a text grid of\n"
+    "elements ('#' allowed, '.'\n"
     "masked) when both lengths are at most 64, else of blocks ('#' full, '+'\n"
     "partial, '.' empty; several blocks a character when there are more than\n"
     "128 a side), the density of allowed pairs and the block counts.\n"
@@ -28,6 +29,8 @@ static const char mask_usage[] =
     "  --q-len N           query length (required)\n"
     "  --kv-len M          key/value length (default N)\n"
     "  --block K           block size of the block view (default 128)\n"
+    "  --at B,H            draw batch entry B, query head H (default 0,0); the\n"
+    "                      sizes symbols B and Hq are then B+1 and H+1\n"
     "  --param NAME=VALUE  a param(NAME, \"i32\"|\"f32\") value\n"
     "  --buffer NAME=FILE.npy\n"
     "                      a buffer(NAME, dtype): 1-D int32 or float32 .npy\n"
@@ -41,6 +44,7 @@ enum { ELEMENT_VIEW_MAX = 64, TEXT_MAX_CELLS = 128, SVG_MAX_CELLS = 256 };
 typedef struct mask_args {
   const char *spec_path, *svg_path;
   int q_len, kv_len, block;
+  int at_b, at_h; /* the batch entry and head drawn */
   cli_value values[CLI_MAX_VALUES];
   int num_values;
 } mask_args;
@@ -108,7 +112,8 @@ static int int_value(const char *opt, const char *v, int *out) {
 /* -1 to go on, else an exit status. */
 static int parse_one(int argc, char **argv, int *i, mask_args *a) {
   static const char *const opts[] = {"--q-len", "--kv-len", "--block",
-                                     "--param", "--buffer", "--svg", NULL};
+                                     "--param", "--buffer", "--svg", "--at",
+                                     NULL};
   const char *arg = argv[*i], *v;
   if (cli_is_help(arg)) {
     fputs(mask_usage, stdout);
@@ -125,6 +130,15 @@ static int parse_one(int argc, char **argv, int *i, mask_args *a) {
     if (k == 1) return int_value(opts[k], v, &a->kv_len);
     if (k == 2) return int_value(opts[k], v, &a->block);
     if (k == 3 || k == 4) return add_value(a, v, k == 4);
+    if (k == 6) {
+      char extra;
+      if (sscanf(v, "%d,%d%c", &a->at_b, &a->at_h, &extra) != 2 ||
+          a->at_b < 0 || a->at_h < 0 || a->at_b > 65534 || a->at_h > 65534) {
+        cli_error("mask", "--at: '%s' is not B,H (two indices >= 0)", v);
+        return CLI_USAGE;
+      }
+      return -1;
+    }
     a->svg_path = v;
     return -1;
   }
@@ -214,8 +228,8 @@ static int bind_values(mask_state *s) {
   s->env.param_f32 = s->pf;
   s->env.buffer_data = s->bdata;
   s->env.buffer_len = s->blen;
-  s->env.sizes[FJG_SZ_B] = 1;
-  s->env.sizes[FJG_SZ_HQ] = s->env.sizes[FJG_SZ_HKV] = 1;
+  s->env.sizes[FJG_SZ_B] = s->a->at_b + 1;
+  s->env.sizes[FJG_SZ_HQ] = s->env.sizes[FJG_SZ_HKV] = s->a->at_h + 1;
   s->env.sizes[FJG_SZ_LQ] = s->a->q_len;
   s->env.sizes[FJG_SZ_LK] = s->a->kv_len;
   return -1;
@@ -234,9 +248,19 @@ static int element_grid(const mask_state *s, grid *g) {
   for (int q = 0; q < g->rows; q++)
     for (int kv = 0; kv < g->cols; kv++)
       g->cell[(size_t)q * g->cols + kv] =
-          fjg_eval_mask(s->g, &s->env, 0, 0, q, kv) ? FJG_TILE_FULL
+          fjg_eval_mask(s->g, &s->env, s->a->at_b, s->a->at_h, q, kv)
+              ? FJG_TILE_FULL
                                                     : FJG_TILE_EMPTY;
   return 1;
+}
+
+/* Offset of the drawn (b, h) in the block mask's [B][H][nq][nkv] classes
+ * (B and H are 1 when the mask does not read them: broadcast). */
+static size_t block_row(const mask_state *s) {
+  const fjg_block_mask_host *m = &s->bm;
+  size_t b = m->B > 1 ? (size_t)s->a->at_b : 0;
+  size_t h = m->H > 1 ? (size_t)s->a->at_h : 0;
+  return (b * (size_t)m->H + h) * (size_t)m->nq * (size_t)m->nkv;
 }
 
 /* Blocks, max_cells a side at most: a cell covering several blocks is full
@@ -256,7 +280,7 @@ static int block_grid(const mask_state *s, int max_cells, grid *g) {
       for (int i = r * g->per_row; i < m->nq && i < (r + 1) * g->per_row; i++)
         for (int j = c * g->per_col; j < m->nkv && j < (c + 1) * g->per_col;
              j++) {
-          uint8_t k = m->cls[(size_t)i * m->nkv + j];
+          uint8_t k = m->cls[block_row(s) + (size_t)i * m->nkv + j];
           full += k == FJG_TILE_FULL, empty += k == FJG_TILE_EMPTY, n++;
         }
       g->cell[(size_t)r * g->cols + c] = full == n    ? FJG_TILE_FULL
@@ -359,11 +383,13 @@ static int write_svg(const mask_state *s, const grid *g, double density,
 static void print_summary(const mask_state *s, int64_t allowed) {
   const fjg_block_mask_host *m = &s->bm;
   int64_t counts[3] = {0, 0, 0};
-  for (size_t t = 0; t < (size_t)m->nq * m->nkv; t++) counts[m->cls[t]]++;
+  const uint8_t *cls = m->cls + block_row(s);
+  for (size_t t = 0; t < (size_t)m->nq * m->nkv; t++) counts[cls[t]]++;
   double total = (double)m->q_len * m->kv_len;
   double tiles = (double)m->nq * m->nkv;
-  printf("mask    %s (%s): Lq %d x Lk %d%s\n", fj_spec_name(s->spec),
-         s->a->spec_path, m->q_len, m->kv_len,
+  printf("mask    %s (%s): Lq %d x Lk %d, b %d h %d%s\n",
+         fj_spec_name(s->spec), s->a->spec_path, m->q_len, m->kv_len,
+         s->a->at_b, s->a->at_h,
          fjg_mask_is_index_only(s->g) ? "" : ", reads buffers");
   printf("density %.6f (%lld of %.0f pairs allowed)\n",
          (double)allowed / total, (long long)allowed, total);
@@ -376,14 +402,20 @@ static void print_summary(const mask_state *s, int64_t allowed) {
 
 static int run_mask(mask_state *s) {
   const mask_args *a = s->a;
-  fj_status st = fjg_block_mask_cpu_build(s->g, &s->env, 1, 1, a->q_len,
+  /* Only the drawn entry is needed; B and H span up to it when the mask
+   * reads b or h (then the builder evaluates each). */
+  unsigned deps = fjg_input_deps(s->g, fjg_mask_root(s->g));
+  int B = deps & (1u << FJG_IN_B) ? a->at_b + 1 : 1;
+  int H = deps & (1u << FJG_IN_H) ? a->at_h + 1 : 1;
+  fj_status st = fjg_block_mask_cpu_build(s->g, &s->env, B, H, a->q_len,
                                           a->kv_len, a->block, a->block,
                                           &s->bm);
   if (st != FJ_OK) {
     cli_error("mask", "building the block mask failed: %s", fj_strerror(st));
     return CLI_FAIL;
   }
-  int64_t allowed = fjg_block_mask_count_allowed(s->g, &s->env, &s->bm, 0, 0);
+  int64_t allowed = fjg_block_mask_count_allowed(
+      s->g, &s->env, &s->bm, B > 1 ? a->at_b : 0, H > 1 ? a->at_h : 0);
   print_summary(s, allowed);
   int small = a->q_len <= ELEMENT_VIEW_MAX && a->kv_len <= ELEMENT_VIEW_MAX;
   grid text = {0}, pic = {0};

@@ -140,6 +140,26 @@ static void test_block_grid(void **state) {
   expect_in(out, "a character is 2 x 3 blocks");
 }
 
+/* --at draws one batch entry and head of a mask that reads them. */
+static void test_at_batch_and_head(void **state) {
+  (void)state;
+  const char *spec = write_text(
+      "per_head.lua",
+      "return { mask_mod = function(b, h, q, kv)\n"
+      "  return ge(q, kv) & lt(q - kv, (h + 1) * 8 + b) end }\n");
+  /* window w on a causal 1000 x 1000: w * 1000 - w * (w - 1) / 2 pairs. */
+  assert_int_equal(flexjit("mask %s --q-len 1000", spec), 0);
+  expect_in(out, "b 0 h 0");
+  expect_in(out, "(7972 of 1000000 pairs allowed)");
+  assert_int_equal(flexjit("mask %s --q-len 1000 --at 2,3", spec), 0);
+  expect_in(out, "b 2 h 3");
+  expect_in(out, "(33439 of 1000000 pairs allowed)"); /* w = 34 */
+  assert_int_equal(flexjit("mask %s --q-len 40 --at 0,1", spec), 0);
+  expect_in(out, "\n################........................\n");
+  assert_int_equal(flexjit("mask %s --q-len 40 --at 1", spec), 2);
+  expect_in(err, "--at: '1' is not B,H");
+}
+
 static void test_document_and_svg(void **state) {
   (void)state;
   const char *spec = write_text("doc.lua", document_spec);
@@ -203,6 +223,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_element_grid),
       cmocka_unit_test(test_block_grid),
+      cmocka_unit_test(test_at_batch_and_head),
       cmocka_unit_test(test_document_and_svg),
       cmocka_unit_test(test_usage_errors),
   };
