@@ -50,7 +50,6 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
 
 void fj_context_destroy(fj_context *ctx) {
   if (!ctx) return;
-  fjr_kernels_release(ctx);
   if (ctx->store) fjc_store_close(ctx->store);
   for (int i = 0; i < ctx->num_packs; i++) fjc_pack_close(ctx->packs[i]);
   if (ctx->cuctx && ctx->drv) ctx->drv->cuDevicePrimaryCtxRelease(ctx->cudev);

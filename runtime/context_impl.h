@@ -57,7 +57,6 @@ struct fj_spec {
 void fjr_clear_error(fj_context *ctx);
 fj_status fjr_cu_fail(fj_context *ctx, const char *call, CUresult r);
 fj_status fjr_context_store(fj_context *ctx, fjc_store **store);
-void fjr_kernels_release(fj_context *ctx);
 void fjr_spec_kernels_release(fj_spec *spec);
 
 #endif /* FJR_CONTEXT_IMPL_H */

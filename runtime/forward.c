@@ -827,8 +827,3 @@ void fjr_spec_kernels_release(fj_spec *spec) {
   }
   spec->kernels = NULL;
 }
-
-void fjr_kernels_release(fj_context *ctx) {
-  /* Kernels live in their specs, which die before the context. */
-  (void)ctx;
-}
