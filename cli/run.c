@@ -463,8 +463,7 @@ static int download(run_state *s) {
 
 /* Compiles up front so the output says whether NVRTC ran. */
 static int report_kernel(run_state *s) {
-  fj_kernel_options ko = {.head_dim = s->c->D, .dtype = s->c->dtype,
-                          .with_block_mask = s->bm != NULL};
+  fj_kernel_options ko = {.head_dim = s->c->D, .dtype = s->c->dtype};
   fj_kernel_info info;
   if (fj_compile_forward(s->ctx, s->spec, &ko, &info) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));

@@ -166,11 +166,6 @@ typedef struct fj_kernel_options {
   const char *arch; /* NULL: the context's arch */
   /* "sm80" or "sm90"; NULL: the context's choice (see fj_context_options). */
   const char *kernel_template;
-  /* 1: the kernel that launches with a block mask use. Both templates read
-   * block masks, so this is the same kernel as without one; only a launch
-   * whose mask does not fit sm90's tiles takes sm80 instead (see
-   * fj_context_options.kernel_template). */
-  int with_block_mask;
 } fj_kernel_options;
 
 typedef struct fj_kernel_info {

@@ -751,10 +751,10 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     return st;
 
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
-  fj_kernel_options kopts = {.head_dim = (int)D, .dtype = dtype,
-                             .with_block_mask = args->block_mask != NULL};
-  kopts.kernel_template =
-      block_mask_template(ctx, args->block_mask, (int)D, dtype);
+  fj_kernel_options kopts = {
+      .head_dim = (int)D, .dtype = dtype,
+      .kernel_template =
+          block_mask_template(ctx, args->block_mask, (int)D, dtype)};
   fjr_kernel *k = NULL;
   if ((st = get_kernel(ctx, spec, &kopts, &k, NULL)) != FJ_OK) return st;
   if (!k->module && (st = load_module(ctx, k)) != FJ_OK) return st;
