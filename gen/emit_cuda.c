@@ -6,7 +6,9 @@
  * behaviour, // and % use the Lua-semantics helpers of fj_common.cuh, float
  * constants are written as hex literals so they round-trip exactly, and the
  * math functions are the accurate ones (expf, not __expf), except tanh,
- * which uses fj_tanh_f32 (absolute error about 2e-7, far cheaper).
+ * which uses fj_tanh_f32 (the hardware tanh: relative error about 2^-11,
+ * one special-function instruction), and a float division by a constant
+ * in a score_mod, which multiplies by the reciprocal (recip_of_const).
  */
 #include "gen/emit_cuda.h"
 
@@ -120,6 +122,7 @@ typedef struct emitter {
   const fjg_graph *g;
   fjg_buf *out;
   int32_t *slot; /* node id -> temporary number, -1 when none */
+  int recip_div; /* score_mod body: x / c as x * (1 / c) for a constant c */
 } emitter;
 
 static void put_operand(emitter *e, int id) {
@@ -204,16 +207,35 @@ static void put_call2(emitter *e, const char *fn, const fjg_node *n) {
   fjg_buf_printf(e->out, ")");
 }
 
+/* In a score_mod, a float division by a constant becomes a multiplication
+ * by its reciprocal (within 1.5 ulp of the division; the division is an
+ * IEEE sequence with a reciprocal on the special-function unit and a slow
+ * path, per element of every tile). Masks keep the exact division: their
+ * comparisons must agree with the CPU evaluator. */
+static int recip_of_const(const emitter *e, int id, float *recip) {
+  const fjg_node *c = fjg_node_at(e->g, id);
+  if (!e->recip_div || c->op != FJG_OP_CONST || c->type != FJG_F32) return 0;
+  double r = 1.0 / (double)c->imm.f;
+  if (!isfinite(r) || fabs(r) < 0x1p-126 || fabs(r) > 0x1p126) return 0;
+  *recip = (float)r;
+  return 1;
+}
+
 static void put_binary(emitter *e, const fjg_node *n) {
   fjg_buf *out = e->out;
   fjg_op op = (fjg_op)n->op;
   int i32 = n->type == FJG_I32;
+  float recip;
   if (i32 && (op == FJG_OP_ADD || op == FJG_OP_SUB || op == FJG_OP_MUL)) {
     fjg_buf_printf(out, "(int)((unsigned)");
     put_operand(e, n->a);
     fjg_buf_printf(out, " %s (unsigned)", infix(op));
     put_operand(e, n->b);
     fjg_buf_printf(out, ")");
+  } else if (op == FJG_OP_DIV && recip_of_const(e, n->b, &recip)) {
+    put_operand(e, n->a);
+    fjg_buf_printf(out, " * ");
+    put_float(out, recip);
   } else if (op == FJG_OP_IDIV) {
     put_call2(e, i32 ? "fj_idiv_i32" : "fj_idiv_f32", n);
   } else if (op == FJG_OP_MOD) {
@@ -266,6 +288,7 @@ static void put_body(emitter *e, int which, const char *absent) {
   }
   int count, next = 0;
   const int32_t *list = fjg_reachable(e->g, which, &count);
+  e->recip_div = which == 1;
   for (int k = 0; k < count; k++) {
     const fjg_node *n = fjg_node_at(e->g, list[k]);
     if (is_leaf(n)) continue;

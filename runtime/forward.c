@@ -62,6 +62,9 @@ static int compile_options(fj_context *ctx, const char **opts,
   int n = 0;
   const char *const *base = fjr_nvrtc_base_options(&n);
   for (int i = 0; i < n; i++) opts[i] = base[i];
+  /* ptxas's resource report (log only; the cubin is the same): the sm90
+   * compile reads its spill counts (compile_sm90). */
+  opts[n++] = "--ptxas-options=-v";
   const char *env = getenv("FLEXJIT_KERNEL_DEFINES");
   if (!env || !*env) return n;
   size_t used = 0;
@@ -185,6 +188,52 @@ static void dump_source(fj_context *ctx, const char *name, const fjc_key *key,
   }
   fwrite(src->data, 1, src->len - 1, f);
   fclose(f);
+}
+
+/* The sm90 template overlaps the softmax of tile j + 1 with P V of tile j
+ * (FJ_INTRA_WG_OVERLAP), which keeps S, P and O live together; a heavy
+ * score_mod or mask on top of that can make ptxas spill, and a spilling
+ * kernel is slower than one without the overlap. When ptxas reports spills
+ * and the overlap was not set by hand, compile again without it and keep
+ * that cubin if it spills less. Deterministic for a given source and NVRTC,
+ * so the key (taken before compiling) still names one cubin. */
+static fj_status refit_spilling(fj_context *ctx, const char *name,
+                                const fjg_buf *src, fjr_kernel *k,
+                                const char **opts, int nopt, char **log,
+                                char *err, size_t errlen) {
+  long spilled = fjr_nvrtc_log_spill_bytes(*log);
+  if (spilled <= 0 || strcmp(k->cfg.template_name, "sm90") != 0) return FJ_OK;
+  for (int i = 0; i < nopt; i++)
+    if (strncmp(opts[i], "-DFJ_INTRA_WG_OVERLAP", 21) == 0) return FJ_OK;
+  if (nopt >= FJR_MAX_OPTIONS) return FJ_OK;
+  const char *opts2[FJR_MAX_OPTIONS + 1];
+  for (int i = 0; i < nopt; i++) opts2[i] = opts[i];
+  opts2[nopt] = "-DFJ_INTRA_WG_OVERLAP=0";
+  void *cubin = NULL;
+  size_t size = 0;
+  char *log2 = NULL;
+  fj_status st = fjr_nvrtc_compile(src->data, name, k->cfg.arch, opts2,
+                                   nopt + 1, &cubin, &size, &log2, err, errlen);
+  if (st != FJ_OK) { /* keep the first cubin; it compiled */
+    free(log2);
+    err[0] = '\0';
+    return FJ_OK;
+  }
+  long spilled2 = fjr_nvrtc_log_spill_bytes(log2);
+  if (spilled2 >= 0 && spilled2 < spilled) {
+    fjr_log(ctx, FJ_LOG_INFO,
+            "%s: %ld bytes of spills with intra-warpgroup overlap, %ld "
+            "without: compiled without it", name, spilled, spilled2);
+    free(k->cubin);
+    k->cubin = cubin;
+    k->cubin_size = size;
+    free(*log);
+    *log = log2;
+  } else {
+    free(cubin);
+    free(log2);
+  }
+  return FJ_OK;
 }
 
 static fj_status meta_json(const fj_spec *spec, const char *name,
@@ -381,6 +430,9 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   double t0 = now_ms();
   st = fjr_nvrtc_compile(src.data, name, k->cfg.arch, nvrtc_opts, nopt,
                          &k->cubin, &k->cubin_size, &log, err, sizeof(err));
+  if (st == FJ_OK)
+    st = refit_spilling(ctx, name, &src, k, nvrtc_opts, nopt, &log, err,
+                        sizeof(err));
   compile_ms = now_ms() - t0;
   if (st != FJ_OK) {
     st = fjr_fail(ctx, st, "compiling %s (key %s) failed: %s%s%s", name,

@@ -358,3 +358,22 @@ fail:
     free(log_text);
   return st;
 }
+
+long fjr_nvrtc_log_spill_bytes(const char *log) {
+  if (!log)
+    return 0;
+  long total = 0;
+  const char *key = "bytes spill stores";
+  for (const char *p = strstr(log, key); p; p = strstr(p + 1, key)) {
+    /* "... N bytes stack frame, S bytes spill stores, L bytes spill loads" */
+    const char *start = p;
+    while (start > log && start[-1] != ',' && start[-1] != '\n')
+      start--;
+    unsigned long st, ld;
+    if (sscanf(start, " %lu bytes spill stores, %lu bytes spill loads", &st,
+               &ld) != 2)
+      return -1;
+    total += (long)(st + ld);
+  }
+  return total;
+}

@@ -42,6 +42,11 @@ const char *const *fjr_nvrtc_base_options(int *n);
  * summary with the first error line; *log the whole log), FJ_EINVAL, FJ_ENOMEM.
  * The NVRTC program is released on every path.
  */
+/* Bytes of spill stores plus spill loads that a ptxas -v report in an
+ * NVRTC log names, summed over its functions; 0 with no report, -1 when a
+ * report line cannot be read. */
+long fjr_nvrtc_log_spill_bytes(const char *log);
+
 fj_status fjr_nvrtc_compile(const char *source, const char *name,
                             const char *arch, const char *const *extra_opts,
                             int n_extra, void **cubin, size_t *cubin_size,

@@ -34,28 +34,39 @@ struct fj_sizes {
 enum { FJ_TILE_EMPTY = 0, FJ_TILE_PARTIAL = 1, FJ_TILE_FULL = 2 };
 
 // Lua's floor division and floored modulo on i32 (x // 0 and x % 0 are 0).
+// Selects, not branches: the divisor is often a param, the same for every
+// element, and these sit in unrolled per-element code; with branches each
+// element got its own (and the registers to go with them).
 __device__ __forceinline__ int fj_idiv_i32(int a, int b) {
-  if (b == 0) return 0;
-  if (b == -1) return (int)(0u - (unsigned)a);  // INT32_MIN // -1 wraps
-  int q = a / b;
-  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
-  return q;
+  const bool odd = b == 0 || b == -1;
+  const int d = odd ? 1 : b;
+  const int q = a / d;
+  const int floored = q - ((a - q * d != 0) && ((a < 0) != (d < 0)) ? 1 : 0);
+  // INT32_MIN // -1 wraps
+  return b == 0 ? 0 : b == -1 ? (int)(0u - (unsigned)a) : floored;
 }
 __device__ __forceinline__ int fj_mod_i32(int a, int b) {
-  if (b == 0 || b == -1) return 0;
-  int r = a % b;
-  if (r != 0 && ((r < 0) != (b < 0))) r += b;
-  return r;
+  const bool odd = b == 0 || b == -1;
+  const int d = odd ? 1 : b;
+  const int r = a % d;
+  const int floored = (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
+  return odd ? 0 : floored;
 }
 __device__ __forceinline__ float fj_idiv_f32(float a, float b) { return floorf(a / b); }
 __device__ __forceinline__ float fj_mod_f32(float a, float b) { return a - floorf(a / b) * b; }
 
-// tanh from one exponential, 1 - 2 / (exp(2x) + 1): absolute error about
-// 2e-7, exactly +-1 when it saturates, and several times cheaper than the
-// accurate tanhf, which dominates softcap kernels.
+// tanh on the special-function unit (sm_75+): one instruction, relative
+// error about 2^-11 (below bf16/fp16 rounding), exactly +-1 when it
+// saturates. The accurate tanhf costs several times more, and in a softcap
+// kernel it competes with the softmax's exp2 for the same unit.
 __device__ __forceinline__ float fj_tanh_f32(float x) {
-  const float e = exp2f(x * 2.8853900817779268f);  // exp(2x)
-  return 1.0f - __fdividef(2.0f, e + 1.0f);
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return tanhf(x);  // the host build of unit/test_emit_cuda
+#endif
 }
 
 // Buffer reads: an index outside [0, len) reads 0.

@@ -532,12 +532,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
     hi = fjk_bm_tile(p, bm_row, &ti, &hi_cls);
   } else {
 #if FJ_HAS_MASK
-    while (lo <= hi && fjk_block_class(p, b, h, q0, q1, lo) == FJ_TILE_EMPTY) ++lo;
-    for (; hi > lo; --hi) {
-      hi_cls = fjk_block_class(p, b, h, q0, q1, hi);
-      if (hi_cls != FJ_TILE_EMPTY) break;
-    }
-    if (hi == lo) hi_cls = fjk_block_class(p, b, h, q0, q1, hi);
+    fj_tile_range(p, b, h, q0, q1, &lo, &hi, &hi_cls);
 #endif
   }
   int tc = ti;

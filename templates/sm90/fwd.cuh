@@ -73,11 +73,8 @@
 #ifndef FJ_PINGPONG
 #define FJ_PINGPONG 1
 #endif
-// At D=128 the overlapped loop keeps S, P and O (160 registers) live at
-// once, and an inlined score_mod (tanh, buffer reads) on top of that spills
-// a few bytes: such kernels run the plain loop by default.
 #ifndef FJ_INTRA_WG_OVERLAP
-#define FJ_INTRA_WG_OVERLAP (!(FJ_HAS_SCORE_MOD && FJ_HEAD_DIM == 128))
+#define FJ_INTRA_WG_OVERLAP 1
 #endif
 #ifndef FJ_PRODUCER_REGS
 #define FJ_PRODUCER_REGS 24
@@ -803,67 +800,58 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_mbar_wait_warp(sm.q_full(), 0);
     int n = 0, j = hi, cls = hi_cls;
 #if FJ_INTRA_WG_OVERLAP
-    // Tile 0: S alone.
+    // Q K^T of tile j+1 and P V of tile j in flight together; the softmax of
+    // j+1 runs while P V of j is still on the tensor cores. One softmax call
+    // site for every tile (its inlined mask and score_mod are most of the
+    // code NVRTC and ptxas compile). No register an in-flight wgmma reads or
+    // writes is defined in between: P is packed and O rescaled only after
+    // P V completed (ptxas would serialize every wgmma of the kernel
+    // otherwise, C7513).
+    int mode = fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls);
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.k_full(0), 0);
     fjh_wgmma_fence();
     fjh_issue_qk(s, sq, sm.k_tile(0));
     fjh_wgmma_commit();
+    fjh_wgmma_commit();  // an empty group where P V of the previous tile goes
     fjh_sched_arrive(c, false);
-    fjh_wgmma_wait<0>();
-    fjh_fence_regs(s);
-    fjh_mbar_arrive(sm.k_empty(0));
-    fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
-                exp_scale, s, row_m, row_l, alpha);
-    fjh_pack_p(s, pf);
-    int cls_n;
-    int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
-    // Steady state: Q K^T of tile jn and P V of tile j in flight together;
-    // the softmax of jn runs while P V of j is still on the tensor cores. No
-    // register an in-flight wgmma reads or writes is defined in between: P
-    // is packed and O rescaled only after P V completed (ptxas would
-    // serialize every wgmma of the kernel otherwise, C7513).
-    while (jn >= lo) {
-      const int s0 = n % FJ_NUM_STAGES, s1 = (n + 1) % FJ_NUM_STAGES;
-      // Classified before S exists: fewer registers live in the softmax.
-      const int mode_n = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
-      fjh_sched_wait(c);
-      fjh_mbar_wait_warp(sm.k_full(s1), ((n + 1) / FJ_NUM_STAGES) & 1);
-      fjh_wgmma_fence();
-      fjh_issue_qk(s, sq, sm.k_tile(s1));
-      fjh_wgmma_commit();
-      fjh_mbar_wait_warp(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
-      fjh_issue_pv(o, pf, sm.v_tile(s0));
-      fjh_wgmma_commit();
-      fjh_sched_arrive(c, false);
-      fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
+    for (;;) {
+      // In flight: Q K^T of tile n, then P V of tile n - 1 (or nothing).
+      fjh_wgmma_wait<1>();
       fjh_fence_regs(s);
-      fjh_mbar_arrive(sm.k_empty(s1));
-      fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
+      fjh_mbar_arrive(sm.k_empty(n % FJ_NUM_STAGES));
+      fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, mode, exp_scale, s, row_m, row_l, alpha);
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
       fjh_fence_regs(pf);  // P stays put until its P V completed
-      fjh_mbar_arrive(sm.v_empty(s0));
+      if (n > 0) fjh_mbar_arrive(sm.v_empty((n - 1) % FJ_NUM_STAGES));
       fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
+      int cls_n;
+      const int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
+      const bool more = jn >= lo;
+      // Classified before S exists: fewer registers live in the softmax.
+      if (more) mode = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
+      fjh_sched_wait(c);
+      fjh_wgmma_fence();
+      if (more) {
+        const int s1 = (n + 1) % FJ_NUM_STAGES;
+        fjh_mbar_wait_warp(sm.k_full(s1), ((n + 1) / FJ_NUM_STAGES) & 1);
+        fjh_issue_qk(s, sq, sm.k_tile(s1));
+      }
+      fjh_wgmma_commit();
+      fjh_mbar_wait_warp(sm.v_full(n % FJ_NUM_STAGES), (n / FJ_NUM_STAGES) & 1);
+      fjh_issue_pv(o, pf, sm.v_tile(n % FJ_NUM_STAGES));
+      fjh_wgmma_commit();
+      fjh_sched_arrive(c, !more);
+      if (!more) break;
       j = jn;
       ++n;
-      jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
     }
-    // Last tile: P V alone.
-    {
-      const int s0 = n % FJ_NUM_STAGES;
-      fjh_sched_wait(c);
-      fjh_mbar_wait_warp(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
-      fjh_wgmma_fence();
-      fjh_issue_pv(o, pf, sm.v_tile(s0));
-      fjh_wgmma_commit();
-      fjh_sched_arrive(c, true);
-      fjh_wgmma_wait<0>();
-      fjh_fence_regs(o);
-      fjh_fence_regs(pf);
-      fjh_mbar_arrive(sm.v_empty(s0));
-    }
+    fjh_wgmma_wait<0>();
+    fjh_fence_regs(o);
+    fjh_fence_regs(pf);
+    fjh_mbar_arrive(sm.v_empty(n % FJ_NUM_STAGES));
 #else
     // Without the overlap: S, softmax, P V, one tile after the other.
     while (j >= lo) {
@@ -929,12 +917,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
     hi = fjh_bm_tile(p, b, h, &t, &hi_cls);
   } else {
 #if FJ_HAS_MASK
-    while (lo <= hi && fjh_block_class(p, b, h, q0, q1, lo) == FJ_TILE_EMPTY) ++lo;
-    for (; hi > lo; --hi) {
-      hi_cls = fjh_block_class(p, b, h, q0, q1, hi);
-      if (hi_cls != FJ_TILE_EMPTY) break;
-    }
-    if (hi == lo) hi_cls = fjh_block_class(p, b, h, q0, q1, hi);
+    fj_tile_range(p, b, h, q0, q1, &lo, &hi, &hi_cls);
 #endif
   }
 

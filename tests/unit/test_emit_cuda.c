@@ -478,12 +478,49 @@ static void test_emitted_code_matches_cpu(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* A float division by a constant is a multiplication by the reciprocal in a
+ * score_mod (per element of every tile) and stays a division in a mask,
+ * whose comparisons must agree with the CPU evaluator; a division by a
+ * param stays a division in both. */
+static void test_division_by_constant(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int score = fjg_input_node(g, FJG_IN_SCORE);
+  int cap = fjg_param(g, "cap", FJG_F32);
+  int kv = fjg_input_node(g, FJG_IN_KV);
+  int kvf = fjg_unary(g, FJG_OP_TO_F32, kv);
+  int thirty = fjg_const_f32(g, 30.0f);
+  int sm = fjg_binary(g, FJG_OP_ADD, fjg_binary(g, FJG_OP_DIV, score, thirty),
+                      fjg_binary(g, FJG_OP_DIV, score, cap));
+  assert_true(fjg_set_score_root(g, sm) >= 0);
+  int m = fjg_binary(g, FJG_OP_LT, fjg_binary(g, FJG_OP_DIV, kvf, fjg_const_f32(g, 3.0f)),
+                     fjg_const_f32(g, 7.0f));
+  fjg_set_mask_root(g, m);
+  fjg_buf b;
+  fjg_buf_init(&b);
+  assert_int_equal(fjg_emit_prologue(g, NULL, &b), FJ_OK);
+  const char *mask = strstr(b.data, "fj_mask(");
+  const char *score_fn = strstr(b.data, "fj_score_mod(");
+  assert_non_null(mask);
+  assert_non_null(score_fn);
+  assert_true(mask < score_fn);
+  /* 1/30 rounded to float is 0x1.111112p-5 */
+  const char *recip = strstr(score_fn, "score * 0x1.111112p-5f");
+  if (!recip) fail_msg("no reciprocal in the score_mod:\n%s", score_fn);
+  assert_non_null(strstr(score_fn, "score / u.a_cap"));
+  const char *mask_div = strstr(mask, " / 0x1.8p+1f");
+  if (!mask_div || mask_div > score_fn) fail_msg("the mask lost its division:\n%s", mask);
+  fjg_buf_free(&b);
+  fjg_graph_destroy(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_user_params_layout),
       cmocka_unit_test(test_forward_tu_layout),
       cmocka_unit_test(test_forward_tu_compiles_with_nvrtc),
       cmocka_unit_test(test_emitted_code_matches_cpu),
+      cmocka_unit_test(test_division_by_constant),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "730dcc837b6d790b7f8f326664c16c44"
+#define PINNED_SOURCE_KEY "9fb65e4a34fb044665c6c561caa91281"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

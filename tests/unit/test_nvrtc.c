@@ -192,10 +192,30 @@ static void test_env_names_wrong_library(void **state) {
   expect_unavailable_in_child("libm.so.6", "libm.so.6 lacks nvrtc");
 }
 
+/* The spill count the sm90 compile reads (runtime/forward.c, refit_spilling). */
+static void test_log_spill_bytes(void **state) {
+  (void)state;
+  assert_int_equal(fjr_nvrtc_log_spill_bytes(NULL), 0);
+  assert_int_equal(fjr_nvrtc_log_spill_bytes("no report here\n"), 0);
+  const char *clean =
+      "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+      "ptxas info    : Function properties for k\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
+  assert_int_equal(fjr_nvrtc_log_spill_bytes(clean), 0);
+  const char *spilled =
+      "ptxas info    : Function properties for a\n"
+      "    16 bytes stack frame, 20 bytes spill stores, 16 bytes spill loads\n"
+      "ptxas info    : Function properties for b\n"
+      "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n";
+  assert_int_equal(fjr_nvrtc_log_spill_bytes(spilled), 44);
+  assert_int_equal(fjr_nvrtc_log_spill_bytes("x, many bytes spill stores\n"), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       /* The fork tests first: their children must not inherit a loaded
        * NVRTC (harmless, but it would not exercise the load path). */
+      cmocka_unit_test(test_log_spill_bytes),
       cmocka_unit_test(test_env_names_missing_library),
       cmocka_unit_test(test_env_names_wrong_library),
       cmocka_unit_test(test_base_options),
