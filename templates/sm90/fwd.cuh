@@ -463,21 +463,64 @@ __device__ __forceinline__ int fjh_bm_row(const fj_fwd_params &p, int b, int h) 
   return b * p.bm_b_stride + h * p.bm_h_stride + fjh_m_block() / p.bm_q_ratio;
 }
 
+// The CTA's row of the block mask in shared memory: its PARTIAL blocks,
+// then its FULL ones, loaded once by the whole CTA (fjh_bm_stage), so that
+// the producer and the consumers step from tile to tile without a chain of
+// dependent global loads between them. Rows longer than FJH_BM_CACHE
+// blocks are read from global memory instead (FJ_BM_CACHE, optional,
+// lowers the limit so that tests reach that path).
+#ifndef FJ_BM_CACHE
+#define FJ_BM_CACHE 1024
+#endif
+constexpr int FJH_BM_CACHE = FJ_BM_CACHE;
+struct fjh_bm_row_cache {
+  int np, n;  // PARTIAL blocks; PARTIAL + FULL blocks
+  int blk[FJH_BM_CACHE];
+};
+__device__ __forceinline__ fjh_bm_row_cache &fjh_bm_cache() {
+  __shared__ fjh_bm_row_cache c;
+  return c;
+}
+
+// Every thread of the CTA calls it (one __syncthreads).
+__device__ __forceinline__ void fjh_bm_stage(const fj_fwd_params &p, int b, int h) {
+  fjh_bm_row_cache &c = fjh_bm_cache();
+  const int row = fjh_bm_row(p, b, h);
+  const int np = __ldg(p.bm_kv_num + row);
+  const int n = np + __ldg(p.bm_full_num + row);
+  const long long base = (long long)row * p.bm_nkv;
+  if (threadIdx.x == 0) {
+    c.np = np;
+    c.n = n;
+  }
+  if (n <= FJH_BM_CACHE)
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+      c.blk[i] = i < np ? __ldg(p.bm_kv_idx + base + i) : __ldg(p.bm_full_idx + base + i - np);
+  __syncthreads();
+}
+
 // The tile at position *t, or the first after it that starts below Lk (the
 // tail of a row's last block may not); *t moves to it and *cls receives its
 // class. -1 past the end of the row's lists (at once for an empty row).
 __device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, int b, int h, int *t,
                                            int *cls) {
-  const int row = fjh_bm_row(p, b, h);
+  const fjh_bm_row_cache &c = fjh_bm_cache();
   const int r = p.bm_kv_ratio;
-  const int np = __ldg(p.bm_kv_num + row) * r;
-  const int n = np + __ldg(p.bm_full_num + row) * r;
-  const long long base = (long long)row * p.bm_nkv;
+  const int np = c.np * r;
+  const int n = c.n * r;
+  const bool cached = c.n <= FJH_BM_CACHE;
   for (; *t < n; ++*t) {
     const bool partial = *t < np;
-    const int k = partial ? *t : *t - np;
-    const int blk = __ldg((partial ? p.bm_kv_idx : p.bm_full_idx) + base + k / r);
-    const int j = blk * r + k % r;
+    const int k = *t / r;
+    int blk;
+    if (cached) {
+      blk = c.blk[k];
+    } else {
+      const long long base = (long long)fjh_bm_row(p, b, h) * p.bm_nkv;
+      blk = partial ? __ldg(p.bm_kv_idx + base + k)
+                    : __ldg(p.bm_full_idx + base + k - c.np);
+    }
+    const int j = blk * r + *t % r;
     if (j * FJ_BLOCK_N < p.sz.Lk) {
       *cls = partial ? FJ_TILE_PARTIAL : FJ_TILE_FULL;
       return j;
@@ -800,58 +843,67 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_mbar_wait_warp(sm.q_full(), 0);
     int n = 0, j = hi, cls = hi_cls;
 #if FJ_INTRA_WG_OVERLAP
-    // Q K^T of tile j+1 and P V of tile j in flight together; the softmax of
-    // j+1 runs while P V of j is still on the tensor cores. One softmax call
-    // site for every tile (its inlined mask and score_mod are most of the
-    // code NVRTC and ptxas compile). No register an in-flight wgmma reads or
-    // writes is defined in between: P is packed and O rescaled only after
-    // P V completed (ptxas would serialize every wgmma of the kernel
-    // otherwise, C7513).
-    int mode = fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls);
+    // Tile 0: S alone.
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.k_full(0), 0);
     fjh_wgmma_fence();
     fjh_issue_qk(s, sq, sm.k_tile(0));
     fjh_wgmma_commit();
-    fjh_wgmma_commit();  // an empty group where P V of the previous tile goes
     fjh_sched_arrive(c, false);
-    for (;;) {
-      // In flight: Q K^T of tile n, then P V of tile n - 1 (or nothing).
-      fjh_wgmma_wait<1>();
+    fjh_wgmma_wait<0>();
+    fjh_fence_regs(s);
+    fjh_mbar_arrive(sm.k_empty(0));
+    fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
+                exp_scale, s, row_m, row_l, alpha);
+    fjh_pack_p(s, pf);
+    int cls_n;
+    int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
+    // Steady state: Q K^T of tile jn and P V of tile j in flight together;
+    // the softmax of jn runs while P V of j is still on the tensor cores. No
+    // register an in-flight wgmma reads or writes is defined in between: P
+    // is packed and O rescaled only after P V completed (ptxas would
+    // serialize every wgmma of the kernel otherwise, C7513).
+    while (jn >= lo) {
+      const int s0 = n % FJ_NUM_STAGES, s1 = (n + 1) % FJ_NUM_STAGES;
+      // Classified before S exists: fewer registers live in the softmax.
+      const int mode_n = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
+      fjh_sched_wait(c);
+      fjh_mbar_wait_warp(sm.k_full(s1), ((n + 1) / FJ_NUM_STAGES) & 1);
+      fjh_wgmma_fence();
+      fjh_issue_qk(s, sq, sm.k_tile(s1));
+      fjh_wgmma_commit();
+      fjh_mbar_wait_warp(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
+      fjh_issue_pv(o, pf, sm.v_tile(s0));
+      fjh_wgmma_commit();
+      fjh_sched_arrive(c, false);
+      fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
       fjh_fence_regs(s);
-      fjh_mbar_arrive(sm.k_empty(n % FJ_NUM_STAGES));
-      fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, mode, exp_scale, s, row_m, row_l, alpha);
+      fjh_mbar_arrive(sm.k_empty(s1));
+      fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
       fjh_fence_regs(pf);  // P stays put until its P V completed
-      if (n > 0) fjh_mbar_arrive(sm.v_empty((n - 1) % FJ_NUM_STAGES));
+      fjh_mbar_arrive(sm.v_empty(s0));
       fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
-      int cls_n;
-      const int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
-      const bool more = jn >= lo;
-      // Classified before S exists: fewer registers live in the softmax.
-      if (more) mode = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
-      fjh_sched_wait(c);
-      fjh_wgmma_fence();
-      if (more) {
-        const int s1 = (n + 1) % FJ_NUM_STAGES;
-        fjh_mbar_wait_warp(sm.k_full(s1), ((n + 1) / FJ_NUM_STAGES) & 1);
-        fjh_issue_qk(s, sq, sm.k_tile(s1));
-      }
-      fjh_wgmma_commit();
-      fjh_mbar_wait_warp(sm.v_full(n % FJ_NUM_STAGES), (n / FJ_NUM_STAGES) & 1);
-      fjh_issue_pv(o, pf, sm.v_tile(n % FJ_NUM_STAGES));
-      fjh_wgmma_commit();
-      fjh_sched_arrive(c, !more);
-      if (!more) break;
       j = jn;
       ++n;
+      jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
     }
-    fjh_wgmma_wait<0>();
-    fjh_fence_regs(o);
-    fjh_fence_regs(pf);
-    fjh_mbar_arrive(sm.v_empty(n % FJ_NUM_STAGES));
+    // Last tile: P V alone.
+    {
+      const int s0 = n % FJ_NUM_STAGES;
+      fjh_sched_wait(c);
+      fjh_mbar_wait_warp(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
+      fjh_wgmma_fence();
+      fjh_issue_pv(o, pf, sm.v_tile(s0));
+      fjh_wgmma_commit();
+      fjh_sched_arrive(c, true);
+      fjh_wgmma_wait<0>();
+      fjh_fence_regs(o);
+      fjh_fence_regs(pf);
+      fjh_mbar_arrive(sm.v_empty(s0));
+    }
 #else
     // Without the overlap: S, softmax, P V, one tile after the other.
     while (j >= lo) {
@@ -914,6 +966,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   int hi_cls = FJ_TILE_FULL;
   int t = 0;
   if (p.bm_kv_num != nullptr) {
+    fjh_bm_stage(p, b, h);
     hi = fjh_bm_tile(p, b, h, &t, &hi_cls);
   } else {
 #if FJ_HAS_MASK
