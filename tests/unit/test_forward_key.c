@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "9fb65e4a34fb044665c6c561caa91281"
+#define PINNED_SOURCE_KEY "65eccbbcd620fa1f5b44be265b82539b"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
