@@ -423,8 +423,40 @@ struct __align__(16) fjh_u32x4 {
 
 // ---- tile walk: the producer and both consumers visit the same tiles -----
 
-// The CTA's query block: heaviest causal blocks first.
-__device__ __forceinline__ int fjh_m_block() { return gridDim.x - 1 - blockIdx.x; }
+// The CTA's work: query block m of head h, batch b. The grid has one CTA
+// per (m, h, b) and the hardware starts them in launch order (x fastest).
+// With FJ_LPT (default 1) that order is longest-first over the whole grid
+// (the last CTAs to start are the shortest rows of a causal mask, so the
+// tail is short), in sections of G (h, b) pairs whose K and V fit in about
+// 24 MiB of L2 together: within a section, query blocks from the last down,
+// the section's heads fastest. FJ_LPT=0: longest-first within each head.
+#ifndef FJ_LPT
+#define FJ_LPT 1
+#endif
+struct fjh_work {
+  int m, h, b;
+};
+__device__ __forceinline__ fjh_work fjh_work_of_cta(const fj_fwd_params &p) {
+  const int nm = gridDim.x;
+#if FJ_LPT
+  const int nh = gridDim.y, nhb = gridDim.y * gridDim.z;
+  const int id = blockIdx.x + nm * (blockIdx.y + nh * blockIdx.z);
+  const long long kv_bytes = (long long)max(p.sz.Lk, 1) * FJ_HEAD_DIM * 4;  // K + V
+  const int G = (int)min((long long)nhb, max(1ll, (24ll << 20) / kv_bytes));
+  const int section = id / (nm * G);
+  const int first = section * G;
+  const int g = min(G, nhb - first);  // the last section may be smaller
+  const int r = id - first * nm;
+  const int hb = first + r % g;
+  return fjh_work{nm - 1 - r / g, hb % nh, hb / nh};
+#else
+  (void)p;
+  return fjh_work{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+#endif
+}
+__device__ __forceinline__ int fjh_m_block(const fj_fwd_params &p) {
+  return fjh_work_of_cta(p).m;
+}
 
 #if FJ_HAS_MASK
 __device__ __forceinline__ int fjh_block_class(const fj_fwd_params &p, int b, int h,
@@ -460,7 +492,7 @@ __device__ __forceinline__ int fjh_next_block(const fj_fwd_params &p, int b, int
 // Index of the CTA's row in the block mask's count arrays. Recomputed from
 // blockIdx where needed rather than kept live across the consumers' loop.
 __device__ __forceinline__ int fjh_bm_row(const fj_fwd_params &p, int b, int h) {
-  return b * p.bm_b_stride + h * p.bm_h_stride + fjh_m_block() / p.bm_q_ratio;
+  return b * p.bm_b_stride + h * p.bm_h_stride + fjh_m_block(p) / p.bm_q_ratio;
 }
 
 // The CTA's row of the block mask in shared memory: its PARTIAL blocks,
@@ -952,8 +984,8 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
   sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
 
-  const int m_block = fjh_m_block();
-  const int h = blockIdx.y, b = blockIdx.z;
+  const fjh_work w = fjh_work_of_cta(p);
+  const int m_block = w.m, h = w.h, b = w.b;
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
   const int q0 = m_block * FJ_BLOCK_M;
   const int q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;

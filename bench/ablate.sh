@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# sm90 ablation with the shipped tool: each variant is a set of optional
+# template macros passed through FLEXJIT_KERNEL_DEFINES (part of the kernel
+# key, so every variant is its own cached kernel). Runs on the GPU machine
+# from a carried build; prints one line per (case, variant, repeat).
+# Usage: bash bench/ablate.sh [repeats [variant...]]
+#   a variant is a FLEXJIT_KERNEL_DEFINES value; "" is the shipped kernel.
+#   ABLATE_CASES=sched adds sliding window and document at 2 x 16384.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+reps=${1:-2}
+export LD_LIBRARY_PATH="$PWD/build/lib:${LD_LIBRARY_PATH:-}"
+export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
+cases=(
+  "full 8x4096 D128|examples/full.lua --batch 8 --heads 16 --q-len 4096 --head-dim 128"
+  "causal 2x16384 D128|examples/causal.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
+  "causal 8x4096 D64 H32|examples/causal.lua --batch 8 --heads 32 --q-len 4096 --head-dim 64"
+)
+if [ "${ABLATE_CASES:-}" = sched ]; then
+  python3 -c "import sys; sys.path.insert(0, 'bench'); import compare as c; \
+c.write_npy_i32('/tmp/flexjit-doc16384.npy', c.document_ids(16384).tolist())"
+  cases+=(
+    "causal 8x4096 D128|examples/causal.lua --batch 8 --heads 16 --q-len 4096 --head-dim 128"
+    "full 2x16384 D128|examples/full.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
+    "sliding 1024 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=1024"
+    "document 2x16384|examples/document.lua --batch 2 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
+  )
+fi
+shift || true
+if [ $# -gt 0 ]; then variants=("$@")
+else variants=("" "FJ_PINGPONG=0" "FJ_INTRA_WG_OVERLAP=0" "FJ_PINGPONG=0 FJ_INTRA_WG_OVERLAP=0"); fi
+for c in "${cases[@]}"; do
+  name=${c%%|*}; args=${c#*|}
+  for v in "${variants[@]}"; do
+    for r in $(seq "$reps"); do
+      # shellcheck disable=SC2086
+      out=$(FLEXJIT_KERNEL_DEFINES="$v" build/flexjit run $args --bench --iters 50 2>&1)
+      tf=$(grep -o "[0-9.]* TFLOP/s" <<<"$out" | head -n 1)
+      echo "$name | ${v:-shipped} | ${tf:-FAILED: $(tail -n 1 <<<"$out")}"
+    done
+  done
+done
