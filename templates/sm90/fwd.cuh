@@ -425,13 +425,16 @@ struct __align__(16) fjh_u32x4 {
 
 // The CTA's work: query block m of head h, batch b. The grid has one CTA
 // per (m, h, b) and the hardware starts them in launch order (x fastest).
-// With FJ_LPT (default 1) that order is longest-first over the whole grid
-// (the last CTAs to start are the shortest rows of a causal mask, so the
-// tail is short), in sections of G (h, b) pairs whose K and V fit in about
-// 24 MiB of L2 together: within a section, query blocks from the last down,
-// the section's heads fastest. FJ_LPT=0: longest-first within each head.
+// By default: longest-first within each head (query blocks from the last
+// down; all of one head's CTAs run together and share its K and V in L2).
+// FJ_LPT=1 (optional, an experiment): longest-first over the whole grid, in
+// sections of G (h, b) pairs whose K and V fit in about 24 MiB of L2: within
+// a section, query blocks from the last down, the section's heads fastest.
+// Measured on the H200 (bench/RESULTS.md, run 6): no faster on causal 2 x
+// 16384 (554 both ways) and 1-4% slower on full, D=64, sliding window and
+// document, so it is off.
 #ifndef FJ_LPT
-#define FJ_LPT 1
+#define FJ_LPT 0
 #endif
 struct fjh_work {
   int m, h, b;
