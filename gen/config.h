@@ -36,6 +36,11 @@ typedef struct fjg_config {
    * fjr_tma_maps_build) and must be launched with kernelParams
    * {&params, &maps}; 0 for the single-parameter sm80 template. */
   int uses_tma;
+  /* 1: the sm90 kernel is persistent (FJ_PERSISTENT): launched on grid
+   * (min(SMs, ceil(Lq / block_m) * Hq * B), 1, 1), each CTA looping over
+   * work items. 0 (the default; FLEXJIT_PERSISTENT=1 asks for it, see
+   * runtime/forward.c): one CTA per query block, grid as above. */
+  int persistent;
 } fjg_config;
 
 /*

@@ -532,6 +532,7 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   fjg_buf_printf(out, "#define FJ_NUM_STAGES %d\n", cfg->num_stages);
   fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n", has_mask(g));
   fjg_buf_printf(out, "#define FJ_HAS_SCORE_MOD %d\n", has_score_mod(g));
+  if (cfg->persistent) fjg_buf_printf(out, "#define FJ_PERSISTENT 1\n");
 }
 
 fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,

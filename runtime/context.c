@@ -135,6 +135,9 @@ fj_status fjr_context_device(fj_context *ctx, const fjr_driver **drv) {
   d->cuDeviceGetAttribute(&ctx->max_smem_optin,
                           CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                           ctx->cudev);
+  d->cuDeviceGetAttribute(&ctx->num_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                          ctx->cudev);
+  if (ctx->num_sms < 1) ctx->num_sms = 1;
   r = d->cuDevicePrimaryCtxRetain(&ctx->cuctx, ctx->cudev);
   if (r != CUDA_SUCCESS) {
     ctx->cuctx = NULL;

@@ -42,6 +42,7 @@ struct fj_context {
   CUcontext cuctx;
   char device_arch[16];
   int max_smem_optin;
+  int num_sms; /* multiprocessors: the persistent kernel's grid */
 };
 
 struct fj_spec {

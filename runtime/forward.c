@@ -47,8 +47,9 @@ static void kernel_name(const fj_spec *spec, const fjg_config *cfg, char *buf,
     clean[j++] = ok ? c : '_';
   }
   clean[j] = '\0';
-  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s_%s", clean, cfg->head_dim,
-           dtype_name(cfg->dtype), cfg->template_name, cfg->arch);
+  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s_%s", clean, cfg->head_dim,
+           dtype_name(cfg->dtype), cfg->template_name,
+           cfg->persistent ? "p" : "", cfg->arch);
 }
 
 /* NVRTC options of a kernel: the fixed ones, then one -DNAME=VALUE for each
@@ -139,6 +140,7 @@ static fj_status forward_keys(fj_context *ctx, const fj_spec *spec,
   fjc_key_add_int(&b, "threads", cfg->threads);
   fjc_key_add_int(&b, "smem_bytes", cfg->smem_bytes);
   fjc_key_add_str(&b, "arch", cfg->arch);
+  fjc_key_add_int(&b, "persistent", cfg->persistent);
   const char *opts[FJR_MAX_OPTIONS];
   char defines[FJR_DEFINES_BYTES];
   int nopt = compile_options(ctx, opts, defines);
@@ -202,7 +204,10 @@ static fj_status refit_spilling(fj_context *ctx, const char *name,
                                 const char **opts, int nopt, char **log,
                                 char *err, size_t errlen) {
   long spilled = fjr_nvrtc_log_spill_bytes(*log);
-  if (spilled <= 0 || strcmp(k->cfg.template_name, "sm90") != 0) return FJ_OK;
+  /* The persistent kernel is an experiment (FLEXJIT_PERSISTENT=1) and
+   * keeps its overlap, spills or not, so that it is measured as written. */
+  if (spilled <= 0 || strcmp(k->cfg.template_name, "sm90") != 0 || k->cfg.persistent)
+    return FJ_OK;
   for (int i = 0; i < nopt; i++)
     if (strncmp(opts[i], "-DFJ_INTRA_WG_OVERLAP", 21) == 0) return FJ_OK;
   if (nopt >= FJR_MAX_OPTIONS) return FJ_OK;
@@ -300,6 +305,21 @@ static const char *choose_template(const fj_context *ctx,
   return "sm80";
 }
 
+/* FLEXJIT_PERSISTENT=1 asks for the persistent sm90 kernel (fjg_config's
+ * persistent), =0 for the one-CTA-per-query-block kernel; unset or anything
+ * else: the configuration's default. Applies to sm90 kernels only. */
+static int persistent_request(void) {
+  const char *e = getenv("FLEXJIT_PERSISTENT");
+  if (e && strcmp(e, "1") == 0) return 1;
+  if (e && strcmp(e, "0") == 0) return 0;
+  return -1;
+}
+
+static void apply_persistent(fjg_config *cfg) {
+  int want = persistent_request();
+  if (want >= 0 && cfg->uses_tma) cfg->persistent = want;
+}
+
 /* "sm80" when the default choice must avoid sm90 for this block mask: its
  * blocks are not whole sm90 tiles (128 x 128; e.g. block_kv 64), which sm80's
  * smaller tiles still fit. NULL otherwise, and always when the context names
@@ -333,7 +353,9 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   for (fjr_kernel *k = spec->kernels; k; k = k->next) {
     if (k->head_dim == opts->head_dim && k->dtype == opts->dtype &&
         strcmp(k->cfg.arch, arch) == 0 &&
-        strcmp(k->cfg.template_name, tmpl) == 0) {
+        strcmp(k->cfg.template_name, tmpl) == 0 &&
+        (persistent_request() < 0 || !k->cfg.uses_tma ||
+         k->cfg.persistent == persistent_request())) {
       *out = k;
       if (info) {
         memset(info, 0, sizeof(*info));
@@ -362,6 +384,7 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     free(k);
     return fjr_fail(ctx, st, "%s", err);
   }
+  apply_persistent(&k->cfg);
   k->head_dim = opts->head_dim;
   k->dtype = opts->dtype;
 
@@ -523,6 +546,7 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
                                   choose_template(ctx, opts, arch), &cfg,
                                   err, sizeof(err));
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
+  apply_persistent(&cfg);
   char nvrtc_version[32] = "unavailable";
   int major = 0, minor = 0;
   if (fjr_nvrtc_version(&major, &minor, err, sizeof(err)) == FJ_OK)
@@ -842,6 +866,12 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   if (st != FJ_OK) return st;
 
   unsigned grid_x = (unsigned)((Lq + k->cfg.block_m - 1) / k->cfg.block_m);
+  unsigned grid_y = (unsigned)Hq, grid_z = (unsigned)B;
+  if (k->cfg.persistent) { /* one CTA per SM, each looping over work items */
+    int64_t items = (int64_t)grid_x * Hq * B;
+    grid_x = (unsigned)(items < ctx->num_sms ? items : ctx->num_sms);
+    grid_y = grid_z = 1;
+  }
   CUresult r;
   if (k->cfg.uses_tma) {
     /* TMA descriptors are a second __grid_constant__ parameter. */
@@ -850,7 +880,7 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     st = fjr_tma_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof(err));
     if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
     void *kp[] = {pbuf, &maps};
-    r = ctx->drv->cuLaunchKernel(k->fn, grid_x, (unsigned)Hq, (unsigned)B,
+    r = ctx->drv->cuLaunchKernel(k->fn, grid_x, grid_y, grid_z,
                                  (unsigned)k->cfg.threads, 1, 1,
                                  (unsigned)k->cfg.smem_bytes,
                                  (CUstream)args->stream, kp, NULL);

@@ -76,11 +76,16 @@
 #ifndef FJ_INTRA_WG_OVERLAP
 #define FJ_INTRA_WG_OVERLAP 1
 #endif
+#ifndef FJ_PERSISTENT
+#define FJ_PERSISTENT 0
+#endif
+// The persistent producer warp also classifies tiles (fjh_tile_range_warp),
+// which spills in 24 registers.
 #ifndef FJ_PRODUCER_REGS
-#define FJ_PRODUCER_REGS 24
+#define FJ_PRODUCER_REGS (FJ_PERSISTENT ? 40 : 24)
 #endif
 #ifndef FJ_CONSUMER_REGS
-#define FJ_CONSUMER_REGS 240
+#define FJ_CONSUMER_REGS (FJ_PERSISTENT ? 232 : 240)
 #endif
 
 constexpr int FJH_THREADS = 384;
@@ -492,10 +497,10 @@ __device__ __forceinline__ int fjh_next_block(const fj_fwd_params &p, int b, int
 // positions t = 0, 1, ... of that sequence. The walk ends with -1 and lo is
 // 0 then, so every `j >= lo` test below serves both walks.
 
-// Index of the CTA's row in the block mask's count arrays. Recomputed from
-// blockIdx where needed rather than kept live across the consumers' loop.
-__device__ __forceinline__ int fjh_bm_row(const fj_fwd_params &p, int b, int h) {
-  return b * p.bm_b_stride + h * p.bm_h_stride + fjh_m_block(p) / p.bm_q_ratio;
+// Index of the row of query block q0 / FJ_BLOCK_M in the block mask's
+// count arrays.
+__device__ __forceinline__ int fjh_bm_row(const fj_fwd_params &p, int b, int h, int q0) {
+  return b * p.bm_b_stride + h * p.bm_h_stride + (q0 / FJ_BLOCK_M) / p.bm_q_ratio;
 }
 
 // The CTA's row of the block mask in shared memory: its PARTIAL blocks,
@@ -518,9 +523,9 @@ __device__ __forceinline__ fjh_bm_row_cache &fjh_bm_cache() {
 }
 
 // Every thread of the CTA calls it (one __syncthreads).
-__device__ __forceinline__ void fjh_bm_stage(const fj_fwd_params &p, int b, int h) {
+__device__ __forceinline__ void fjh_bm_stage(const fj_fwd_params &p, int b, int h, int q0) {
   fjh_bm_row_cache &c = fjh_bm_cache();
-  const int row = fjh_bm_row(p, b, h);
+  const int row = fjh_bm_row(p, b, h, q0);
   const int np = __ldg(p.bm_kv_num + row);
   const int n = np + __ldg(p.bm_full_num + row);
   const long long base = (long long)row * p.bm_nkv;
@@ -537,23 +542,35 @@ __device__ __forceinline__ void fjh_bm_stage(const fj_fwd_params &p, int b, int 
 // The tile at position *t, or the first after it that starts below Lk (the
 // tail of a row's last block may not); *t moves to it and *cls receives its
 // class. -1 past the end of the row's lists (at once for an empty row).
-__device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, int b, int h, int *t,
-                                           int *cls) {
+// The persistent kernel (FJ_PERSISTENT) has no CTA-wide point per work item
+// to stage a row at, and reads the lists from global memory.
+__device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, int b, int h, int q0,
+                                           int *t, int *cls) {
+#if FJ_PERSISTENT
+  const int row = fjh_bm_row(p, b, h, q0);
+  const int cnp = __ldg(p.bm_kv_num + row);
+  const int cn = cnp + __ldg(p.bm_full_num + row);
+  const bool cached = false;
+  const int *cblk = nullptr;
+#else
   const fjh_bm_row_cache &c = fjh_bm_cache();
+  const int cnp = c.np, cn = c.n;
+  const bool cached = cn <= FJH_BM_CACHE;
+  const int *cblk = c.blk;
+#endif
   const int r = p.bm_kv_ratio;
-  const int np = c.np * r;
-  const int n = c.n * r;
-  const bool cached = c.n <= FJH_BM_CACHE;
+  const int np = cnp * r;
+  const int n = cn * r;
   for (; *t < n; ++*t) {
     const bool partial = *t < np;
     const int k = *t / r;
     int blk;
     if (cached) {
-      blk = c.blk[k];
+      blk = cblk[k];
     } else {
-      const long long base = (long long)fjh_bm_row(p, b, h) * p.bm_nkv;
+      const long long base = (long long)fjh_bm_row(p, b, h, q0) * p.bm_nkv;
       blk = partial ? __ldg(p.bm_kv_idx + base + k)
-                    : __ldg(p.bm_full_idx + base + k - c.np);
+                    : __ldg(p.bm_full_idx + base + k - cnp);
     }
     const int j = blk * r + *t % r;
     if (j * FJ_BLOCK_N < p.sz.Lk) {
@@ -571,7 +588,7 @@ __device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, int b, int h,
                                            int q1, int j, int lo, int *t, int *cls) {
   if (p.bm_kv_num != nullptr) {
     ++*t;
-    return fjh_bm_tile(p, b, h, t, cls);
+    return fjh_bm_tile(p, b, h, q0, t, cls);
   }
   return fjh_next_block(p, b, h, q0, q1, j, lo, cls);
 }
@@ -588,7 +605,28 @@ struct fjh_smem_map {
   __device__ unsigned v_full(int s) const { return bar + 8 * (1 + FJ_NUM_STAGES + s); }
   __device__ unsigned k_empty(int s) const { return bar + 8 * (1 + 2 * FJ_NUM_STAGES + s); }
   __device__ unsigned v_empty(int s) const { return bar + 8 * (1 + 3 * FJ_NUM_STAGES + s); }
+#if FJ_PERSISTENT
+  unsigned pbar;  // fjh_persist's barriers (static shared memory)
+  __device__ unsigned q_empty() const { return pbar; }
+  __device__ unsigned item_full(int s) const { return pbar + 8 * (1 + s); }
+  __device__ unsigned item_empty(int s) const { return pbar + 8 * (3 + s); }
+#endif
 };
+
+#if FJ_PERSISTENT
+// The persistent kernel's own shared state: barriers (q_empty: 256 consumer
+// arrivals once they are done with the Q area; item_full / item_empty: a
+// two-slot ring of work items from the producer warp to the consumers) and
+// the ring's slots (lo, hi, class of hi, block-mask position t).
+struct fjh_persist {
+  unsigned long long bar[5];
+  int item[2][4];
+};
+__device__ __forceinline__ fjh_persist &fjh_persist_smem() {
+  __shared__ fjh_persist ps;
+  return ps;
+}
+#endif
 
 // ---- producer: one thread issues every TMA load --------------------------
 
@@ -607,20 +645,42 @@ __device__ __forceinline__ void fjh_load_kv(const fjh_tensor_map *map, unsigned 
 // Order of loads: Q, K(0), then K(n+1) before V(n), which is the order in
 // which the consumers need them (Q K^T of the next tile is issued before
 // P V of the current one).
-__device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma_maps &maps,
-                                         const fjh_smem_map &sm, int b, int h, int q0,
-                                         int q1, int lo, int hi, int t) {
-  const int hk = h / p.kv_group;
-  fjh_tma_prefetch_desc(&maps.q);
-  fjh_tma_prefetch_desc(&maps.k);
-  fjh_tma_prefetch_desc(&maps.v);
+// n counts the K/V tiles loaded before this work item (0 but in the
+// persistent kernel, whose stages and phases run on across items); kq is the
+// item's number among the CTA's items with work (the phase of q_full, and
+// of q_empty, which the persistent kernel's consumers complete once they
+// are done with the Q area of their previous item).
+__device__ __forceinline__ void fjh_load_q(const fj_tma_maps &maps, const fjh_smem_map &sm,
+                                           int b, int h, int q0) {
   fjh_mbar_arrive_expect_tx(sm.q_full(), FJH_Q_BYTES);
 #pragma unroll
   for (int c = 0; c < FJH_CHUNKS64; ++c)
     fjh_tma_load_4d(sm.q + c * FJ_BLOCK_M * 128, &maps.q, c * 64, q0, h, b, sm.q_full());
+}
+
+__device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma_maps &maps,
+                                         const fjh_smem_map &sm, int b, int h, int q0,
+                                         int q1, int lo, int hi, int t, int &n, int kq) {
+  const int hk = h / p.kv_group;
   int cls = FJ_TILE_FULL;
-  int n = 0, j = hi;
+  int j = hi;
+#if FJ_PERSISTENT
+  // K of the first tile may go in while the consumers still finish the
+  // previous item; Q waits for them to leave the Q area.
+  {
+    const int s = n % FJ_NUM_STAGES;
+    fjh_load_kv(&maps.k, sm.k_tile(s), sm.k_full(s), sm.k_empty(s), n, j, hk, b);
+  }
+  if (kq > 0) fjh_mbar_wait(sm.q_empty(), (kq - 1) & 1);
+  fjh_load_q(maps, sm, b, h, q0);
+#else
+  (void)kq;
+  fjh_tma_prefetch_desc(&maps.q);
+  fjh_tma_prefetch_desc(&maps.k);
+  fjh_tma_prefetch_desc(&maps.v);
+  fjh_load_q(maps, sm, b, h, q0);
   fjh_load_kv(&maps.k, sm.k_tile(0), sm.k_full(0), sm.k_empty(0), 0, j, hk, b);
+#endif
   for (int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls); jn >= lo;
        jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls)) {
     const int s1 = (n + 1) % FJ_NUM_STAGES, s0 = n % FJ_NUM_STAGES;
@@ -631,6 +691,7 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   }
   const int s0 = n % FJ_NUM_STAGES;
   fjh_load_kv(&maps.v, sm.v_tile(s0), sm.v_full(s0), sm.v_empty(s0), n, j, hk, b);
+  ++n;
 }
 
 // ---- consumers ------------------------------------------------------------
@@ -850,10 +911,30 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
   }
 }
 
+#if FJ_PERSISTENT
+// Epilogue of a work item without tiles: O = 0 and LSE = -inf for the
+// consumer's rows below Lq, without shared memory.
+__device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b, int h,
+                                                   int wq0) {
+  const int tid = threadIdx.x & 127;
+  const int Lq = p.sz.Lq;
+  fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+  constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
+  for (int idx = tid; idx < FJH_WG_ROWS * CH; idx += 128) {
+    const int r = idx / CH, ch = idx % CH;
+    if (wq0 + r < Lq)
+      *(fjh_u32x4 *)(go + (long long)(wq0 + r) * p.o_ss + ch * 8) = fjh_u32x4{0u, 0u, 0u, 0u};
+  }
+  if (p.lse != nullptr && tid < FJH_WG_ROWS && wq0 + tid < Lq)
+    p.lse[b * p.lse_sb + h * p.lse_sh + wq0 + tid] = fjh_neg_inf();
+}
+#endif
+
 // Consumer c (0 or 1) owns query rows q0 + 64 c .. + 63 of the CTA's tile.
+// n and kq as for fjh_produce.
 __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_smem_map &sm,
                                             int c, int b, int h, int q0, int q1, int lo,
-                                            int hi, int hi_cls, int t) {
+                                            int hi, int hi_cls, int t, int &n_io, int kq) {
   const int wq0 = q0 + FJH_WG_ROWS * c;
   const unsigned sq = sm.q + c * FJH_WG_ROWS * 128;
   float o[FJH_O_REGS];
@@ -875,19 +956,19 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #if FJ_PINGPONG
     if (c == 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);  // consumer 0 goes first
 #endif
-    fjh_mbar_wait_warp(sm.q_full(), 0);
-    int n = 0, j = hi, cls = hi_cls;
+    fjh_mbar_wait_warp(sm.q_full(), kq & 1);
+    int n = n_io, j = hi, cls = hi_cls;
 #if FJ_INTRA_WG_OVERLAP
     // Tile 0: S alone.
     fjh_sched_wait(c);
-    fjh_mbar_wait_warp(sm.k_full(0), 0);
+    fjh_mbar_wait_warp(sm.k_full(n % FJ_NUM_STAGES), (n / FJ_NUM_STAGES) & 1);
     fjh_wgmma_fence();
-    fjh_issue_qk(s, sq, sm.k_tile(0));
+    fjh_issue_qk(s, sq, sm.k_tile(n % FJ_NUM_STAGES));
     fjh_wgmma_commit();
     fjh_sched_arrive(c, false);
     fjh_wgmma_wait<0>();
     fjh_fence_regs(s);
-    fjh_mbar_arrive(sm.k_empty(0));
+    fjh_mbar_arrive(sm.k_empty(n % FJ_NUM_STAGES));
     fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
                 exp_scale, s, row_m, row_l, alpha);
     fjh_pack_p(s, pf);
@@ -972,10 +1053,171 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       cls = cls_n;
       ++n;
     }
+    --n;  // the loop counted one past the last tile
 #endif
+    n_io = n + 1;
+  }
+#if FJ_PERSISTENT
+  if (lo > hi) {
+    // No tile: O = 0 and LSE = -inf straight to global memory (the Q area
+    // may hold the next item's Q already).
+    fjh_epilogue_empty(p, b, h, wq0);
+    return;
   }
   fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+  // Done with the Q area (read by the last Q K^T, written and read by the
+  // epilogue): the producer may load the next Q over it.
+  fjh_fence_proxy_async();
+  fjh_mbar_arrive(sm.q_empty());
+#else
+  fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+#endif
 }
+
+#if FJ_PERSISTENT
+// ---- persistent kernel ------------------------------------------------------
+// gridDim.x CTAs (the host launches min(SMs, work items)) share the work
+// items, query block m of head h, batch b, in the order of the
+// non-persistent grid: items i = blockIdx.x, blockIdx.x + gridDim.x, ...,
+// with i = (m from the last down) + nm * (h + Hq * b). The producer warp
+// finds each item's tiles and hands them to the consumers through a
+// two-slot ring, then streams K and V; the K/V stages and their phases run
+// on from item to item, so the loads of the next item overlap the
+// consumers' epilogue of this one.
+
+__device__ __forceinline__ int fjh_num_m(const fj_fwd_params &p) {
+  return (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+}
+__device__ __forceinline__ fjh_work fjh_item(const fj_fwd_params &p, int item) {
+  const int nm = fjh_num_m(p);
+  const int hb = item / nm;
+  return fjh_work{nm - 1 - (item - hb * nm), hb % p.sz.Hq, hb / p.sz.Hq};
+}
+
+#if FJ_HAS_MASK
+// fj_tile_range for one warp (all 32 lanes call it; the result in each).
+__device__ __forceinline__ void fjh_tile_range_warp(const fj_fwd_params &p, int b, int h,
+                                                    int q0, int q1, int *lo, int *hi,
+                                                    int *hi_cls) {
+  const int Lk = p.sz.Lk;
+  const int nb = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+  int first = nb, last = -1;
+  for (int j = threadIdx.x & 31; j < nb; j += 32) {
+    const int kv0 = j * FJ_BLOCK_N;
+    const int c = fj_tile_class(p.user, p.sz, b, h, q0, q1, kv0,
+                                min(kv0 + FJ_BLOCK_N, Lk) - 1);
+    if (c != FJ_TILE_EMPTY) {
+      first = min(first, j);
+      last = 4 * j + c;
+    }
+  }
+  first = __reduce_min_sync(0xffffffffu, first);
+  last = __reduce_max_sync(0xffffffffu, last);
+  *lo = first;
+  *hi = last < 0 ? -1 : last >> 2;
+  *hi_cls = last < 0 ? FJ_TILE_FULL : (last & 3);
+}
+#endif
+
+// Warp 0 of the producer warpgroup: lane 0 issues the loads.
+__device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
+                                                const fj_tma_maps &maps,
+                                                const fjh_smem_map &sm) {
+  const int lane = threadIdx.x & 31;
+  fjh_persist &ps = fjh_persist_smem();
+  if (lane == 0) {
+    fjh_tma_prefetch_desc(&maps.q);
+    fjh_tma_prefetch_desc(&maps.k);
+    fjh_tma_prefetch_desc(&maps.v);
+  }
+  const int total = fjh_num_m(p) * p.sz.Hq * p.sz.B;
+  const int Lq = p.sz.Lq, Lk = p.sz.Lk;
+  int n = 0, kq = 0, k = 0;
+  for (int item = blockIdx.x; item < total; item += gridDim.x, ++k) {
+    const fjh_work w = fjh_item(p, item);
+    const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
+    int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1, hi_cls = FJ_TILE_FULL, t = 0;
+    if (p.bm_kv_num != nullptr) {
+      hi = fjh_bm_tile(p, w.b, w.h, q0, &t, &hi_cls);
+    } else {
+#if FJ_HAS_MASK
+      fjh_tile_range_warp(p, w.b, w.h, q0, q1, &lo, &hi, &hi_cls);
+#endif
+    }
+    if (lane == 0) {
+      const int slot = k & 1;
+      fjh_mbar_wait(sm.item_empty(slot), ((k >> 1) & 1) ^ 1);
+      ps.item[slot][0] = lo;
+      ps.item[slot][1] = hi;
+      ps.item[slot][2] = hi_cls;
+      ps.item[slot][3] = t;
+      fjh_mbar_arrive(sm.item_full(slot));  // release: the slot is written
+      if (lo <= hi) fjh_produce(p, maps, sm, w.b, w.h, q0, q1, lo, hi, t, n, kq++);
+    }
+    __syncwarp();
+  }
+}
+
+// Consumer warpgroup c over the same items.
+__device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
+                                                const fjh_smem_map &sm, int c) {
+  const fjh_persist &ps = fjh_persist_smem();
+  int n = 0, kq = 0;
+  // Only k, kq and n live across an item (the rest is recomputed from the
+  // parameters): these registers come out of the softmax's.
+  for (int k = 0; (int)blockIdx.x + k * (int)gridDim.x < fjh_num_m(p) * p.sz.Hq * p.sz.B;
+       ++k) {
+    const int item = (int)blockIdx.x + k * (int)gridDim.x;
+    const int slot = k & 1;
+    fjh_mbar_wait_warp(sm.item_full(slot), (k >> 1) & 1);
+    const int lo = ((volatile const int *)ps.item[slot])[0];
+    const int hi = ((volatile const int *)ps.item[slot])[1];
+    const int hi_cls = ((volatile const int *)ps.item[slot])[2];
+    const int t = ((volatile const int *)ps.item[slot])[3];
+    fjh_mbar_arrive(sm.item_empty(slot));
+    const fjh_work w = fjh_item(p, item);
+    const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
+    fjh_consume(p, sm, c, w.b, w.h, q0, q1, lo, hi, hi_cls, t, n, kq);
+    if (lo <= hi) ++kq;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
+fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
+                 const __grid_constant__ fj_tma_maps maps) {
+  extern __shared__ __align__(1024) unsigned char fjh_smem[];
+  fjh_smem_map sm;
+  sm.q = (fjh_smem_u32(fjh_smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  sm.k = sm.q + FJH_Q_BYTES;
+  sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
+  sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
+  sm.pbar = fjh_smem_u32(&fjh_persist_smem().bar[0]);
+  if (threadIdx.x == 0) {
+    fjh_mbar_init(sm.q_full(), 1);
+    for (int s = 0; s < FJ_NUM_STAGES; ++s) {
+      fjh_mbar_init(sm.k_full(s), 1);
+      fjh_mbar_init(sm.v_full(s), 1);
+      fjh_mbar_init(sm.k_empty(s), 256);  // every consumer thread arrives
+      fjh_mbar_init(sm.v_empty(s), 256);
+    }
+    fjh_mbar_init(sm.q_empty(), 256);
+    for (int s = 0; s < 2; ++s) {
+      fjh_mbar_init(sm.item_full(s), 1);
+      fjh_mbar_init(sm.item_empty(s), 256);
+    }
+    fjh_fence_barrier_init();
+  }
+  __syncthreads();
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  if (wg == 0) {
+    fjh_setmaxnreg_dec<FJ_PRODUCER_REGS>();
+    if (threadIdx.x < 32) fjh_produce_all(p, maps, sm);
+  } else {
+    fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
+    fjh_consume_all(p, sm, wg - 1);
+  }
+}
+#else  // !FJ_PERSISTENT
 
 extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
 fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
@@ -1001,8 +1243,8 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   int hi_cls = FJ_TILE_FULL;
   int t = 0;
   if (p.bm_kv_num != nullptr) {
-    fjh_bm_stage(p, b, h);
-    hi = fjh_bm_tile(p, b, h, &t, &hi_cls);
+    fjh_bm_stage(p, b, h, q0);
+    hi = fjh_bm_tile(p, b, h, q0, &t, &hi_cls);
   } else {
 #if FJ_HAS_MASK
     fj_tile_range(p, b, h, q0, q1, &lo, &hi, &hi_cls);
@@ -1025,9 +1267,12 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {
     fjh_setmaxnreg_dec<FJ_PRODUCER_REGS>();
-    if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t);
+    int n = 0;
+    if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n, 0);
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
-    fjh_consume(p, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls, t);
+    int n = 0;
+    fjh_consume(p, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls, t, n, 0);
   }
 }
+#endif  // FJ_PERSISTENT

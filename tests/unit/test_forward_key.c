@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "3522fe1ae18720f3a0a47008625e04ff"
+#define PINNED_SOURCE_KEY "bd7d566fcb813d16b84ae5fb759cb842"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
@@ -137,6 +137,26 @@ static void test_kernel_defines(void **state) {
   unsetenv("FLEXJIT_KERNEL_DEFINES");
 }
 
+/* FLEXJIT_PERSISTENT=1 asks for the persistent sm90 kernel: its own key and
+ * readable name; sm80 kernels ignore it. */
+static void test_persistent(void **state) {
+  (void)state;
+  if (!have_nvrtc()) skip();
+  const variant v = {"sm90", kPinnedSpec, 64, FJ_DTYPE_BF16, "sm_90a", "sm90"};
+  const variant v80 = {"sm80", kPinnedSpec, 64, FJ_DTYPE_BF16, "sm_80", "sm80"};
+  fj_kernel_info plain, persistent, plain80, persistent80;
+  key_of(&v, &plain);
+  key_of(&v80, &plain80);
+  setenv("FLEXJIT_PERSISTENT", "1", 1);
+  key_of(&v, &persistent);
+  key_of(&v80, &persistent80);
+  unsetenv("FLEXJIT_PERSISTENT");
+  assert_string_not_equal(plain.source_key, persistent.source_key);
+  assert_non_null(strstr(persistent.name, "_sm90p_"));
+  assert_null(strstr(plain.name, "_sm90p_"));
+  assert_string_equal(plain80.source_key, persistent80.source_key);
+}
+
 static void test_pinned_key(void **state) {
   (void)state;
   if (!have_nvrtc()) skip();
@@ -158,6 +178,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_ingredient_changes_the_key),
       cmocka_unit_test(test_kernel_defines),
+      cmocka_unit_test(test_persistent),
       cmocka_unit_test(test_pinned_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -205,7 +205,8 @@ static int check_no_spills(const char *log, const char *what) {
  * -DFJ_INTRA_WG_OVERLAP=0, which the runtime falls back to when the default
  * spills (runtime/forward.c, refit_spilling). */
 static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_score_mod,
-                           const char *prologue, const char *what, int overlap) {
+                           const char *prologue, const char *what, int overlap,
+                           int persistent) {
   fjg_config c;
   char err[256];
   if (fjg_config_choose_template(head_dim, dt, "sm_90a", "sm90", &c, err, sizeof err) !=
@@ -213,13 +214,16 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
     fail_msg("config: %s", err);
   char *tu = build_tu(&c, has_mask, has_score_mod, prologue);
   dump(what, head_dim, dt, "cu", tu);
-  const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
-                        "--ptxas-options=-v", "-DFJ_INTRA_WG_OVERLAP=0"};
+  const char *opts[6] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
+                         "--ptxas-options=-v"};
+  int nopts = 4;
+  if (!overlap) opts[nopts++] = "-DFJ_INTRA_WG_OVERLAP=0";
+  if (persistent) opts[nopts++] = "-DFJ_PERSISTENT=1";
   double t0 = now_ms();
   nvrtcProgram prog;
   assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd_sm90.cu", 0, NULL, NULL),
                    NVRTC_SUCCESS);
-  nvrtcResult r = nvrtcCompileProgram(prog, overlap ? 4 : 5, opts);
+  nvrtcResult r = nvrtcCompileProgram(prog, nopts, opts);
   double ms = now_ms() - t0;
   char *log = program_log(prog);
   if (r == NVRTC_SUCCESS && overlap && has_score_mod &&
@@ -231,7 +235,7 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
     free(log);
     nvrtcDestroyProgram(&prog);
     free(tu);
-    compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 0);
+    compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 0, persistent);
     return;
   }
   dump(what, head_dim, dt, "log", log);
@@ -253,15 +257,24 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
   size_t cubin_size = 0;
   assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
   assert_true(cubin_size > 0);
-  assert_true(check_no_spills(log, what) >= 1);
+  if (persistent) {
+    /* An experiment, not a shipped configuration (fjg_config.persistent is 0
+     * unless FLEXJIT_PERSISTENT=1): its spills are reported, not refused. */
+    long spilled = fjr_nvrtc_log_spill_bytes(log);
+    assert_true(spilled >= 0);
+    if (spilled > 0) printf("  %-12s D=%-3d persistent: %ld bytes of spills\n", what, head_dim, spilled);
+  } else {
+    assert_true(check_no_spills(log, what) >= 1);
+  }
   /* C7513, C7515: "wgmma.mma_async instructions are serialized" (every
    * wgmma waits for the previous one: the overlap is gone). */
   if (strstr(log, "serialized") || strstr(log, "C7513") || strstr(log, "C7515"))
     fail_msg("%s D=%d: ptxas serialized wgmma:\n%s", what, head_dim, log);
   if (strstr(log, "C7508")) fail_msg("%s D=%d: setmaxnreg ignored:\n%s", what, head_dim, log);
-  printf("  %-12s D=%-3d %-4s sm_90a %d x %d, %d stages, smem %d%s: %6.0f ms, cubin %zu B\n",
+  printf("  %-12s D=%-3d %-4s sm_90a %d x %d, %d stages, smem %d%s%s: %6.0f ms, cubin %zu B\n",
          what, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", c.block_m, c.block_n,
-         c.num_stages, c.smem_bytes, overlap ? "" : ", no overlap", ms, cubin_size);
+         c.num_stages, c.smem_bytes, overlap ? "" : ", no overlap",
+         persistent ? ", persistent" : "", ms, cubin_size);
   free(ptx);
   free(log);
   nvrtcDestroyProgram(&prog);
@@ -270,7 +283,11 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
 
 static void compile_one(int head_dim, fj_dtype dt, int has_mask, int has_score_mod,
                         const char *prologue, const char *what) {
-  compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 1);
+  compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 1, 0);
+  /* The persistent kernel (FJ_PERSISTENT, fjg_config.persistent): one dtype,
+   * which changes no code path. */
+  if (dt == FJ_DTYPE_BF16)
+    compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 1, 1);
 }
 
 static void run_matrix(int has_mask, int has_score_mod, const char *prologue,
