@@ -4,7 +4,8 @@
 # key, so every variant is its own cached kernel). Runs on the GPU machine
 # from a carried build; prints one line per (case, variant, repeat).
 # Usage: bash bench/ablate.sh [repeats [variant...]]
-#   a variant is a FLEXJIT_KERNEL_DEFINES value; "" is the shipped kernel.
+#   a variant is a FLEXJIT_KERNEL_DEFINES value, or "env:NAME=VALUE ..." for
+#   environment settings (env:FLEXJIT_PERSISTENT=1); "" is the shipped kernel.
 #   ABLATE_CASES=sched adds sliding window and document at 2 x 16384.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,9 +19,11 @@ cases=(
 )
 if [ "${ABLATE_CASES:-}" = sched ]; then
   python3 -c "import sys; sys.path.insert(0, 'bench'); import compare as c; \
-c.write_npy_i32('/tmp/flexjit-doc16384.npy', c.document_ids(16384).tolist())"
+c.write_npy_i32('/tmp/flexjit-doc16384.npy', c.document_ids(16384).tolist()); \
+  c.write_npy_i32('/tmp/flexjit-doc4096.npy', c.document_ids(4096).tolist())"
   cases+=(
     "causal 8x4096 D128|examples/causal.lua --batch 8 --heads 16 --q-len 4096 --head-dim 128"
+    "document 8x4096|examples/document.lua --batch 8 --heads 16 --q-len 4096 --buffer doc=/tmp/flexjit-doc4096.npy"
     "full 2x16384 D128|examples/full.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
     "sliding 1024 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=1024"
     "document 2x16384|examples/document.lua --batch 2 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
@@ -34,7 +37,11 @@ for c in "${cases[@]}"; do
   for v in "${variants[@]}"; do
     for r in $(seq "$reps"); do
       # shellcheck disable=SC2086
-      out=$(FLEXJIT_KERNEL_DEFINES="$v" build/flexjit run $args --bench --iters 50 2>&1)
+      if [ "${v#env:}" != "$v" ]; then
+        out=$(env ${v#env:} timeout 120 build/flexjit run $args --bench --iters 50 2>&1)
+      else
+        out=$(FLEXJIT_KERNEL_DEFINES="$v" timeout 120 build/flexjit run $args --bench --iters 50 2>&1)
+      fi
       tf=$(grep -o "[0-9.]* TFLOP/s" <<<"$out" | head -n 1)
       echo "$name | ${v:-shipped} | ${tf:-FAILED: $(tail -n 1 <<<"$out")}"
     done
