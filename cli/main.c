@@ -40,7 +40,8 @@ static const char top_usage[] =
     "(evict least recently used kernels above this size), FLEXJIT_NVRTC (NVRTC\n"
     "library to load), FLEXJIT_TEMPLATE (sm80 or sm90: force a kernel template),\n"
     "FLEXJIT_DUMP_DIR (write compiled CUDA source there), FLEXJIT_KERNEL_DEFINES\n"
-    "(\"NAME=VALUE ...\": optional template macros, e.g. FJ_PINGPONG=0).\n";
+    "(\"NAME=VALUE ...\": optional template macros, e.g. FJ_PINGPONG=0),\n"
+    "FLEXJIT_PERSISTENT (1: the experimental persistent sm90 kernel).\n";
 
 int main(int argc, char **argv) {
   if (argc < 2) {
