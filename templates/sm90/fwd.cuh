@@ -412,6 +412,35 @@ __device__ __forceinline__ float fjh_exp2(float x) {
   return r;
 }
 
+// 2^x for x <= 0 on the FMA pipe instead of the special-function unit:
+// round x to an integer j with the 1.5 * 2^23 trick, a degree-3 minimax
+// polynomial for 2^(x - j) on [-0.5, 0.5] (relative error 7.5e-5, far below
+// the bf16/fp16 rounding of P), and j added to the exponent; 0 below -126
+// (so -inf gives 0, as the masking needs); NaN gives NaN. FJ_EXP2_EMU (optional, 0-8,
+// default 0) of every 8 exponentials of a row use it, which moves work off
+// the special-function unit when it, not the tensor cores, is the limit
+// (FlashAttention-4's trick).
+#ifndef FJ_EXP2_EMU
+#define FJ_EXP2_EMU 0
+#endif
+__device__ __forceinline__ float fjh_exp2_poly(float x) {
+  const float xc = fmaxf(x, -127.0f);
+  const float t = xc + 12582912.0f;
+  const float j = t - 12582912.0f;
+  const float f = xc - j;
+  float q = fmaf(0x1.c3f76p-5f, f, 0x1.f0de1ap-3f);
+  q = fmaf(q, f, 0x1.62f31ap-1f);
+  q = fmaf(q, f, 0x1.fff692p-1f);
+  const int bits = __float_as_int(q) + (__float_as_int(t) << 23);
+  // NaN stays NaN (fmaxf above would have hidden it)
+  return x < -126.0f ? 0.0f : (x != x ? x : __int_as_float(bits));
+}
+// Exponential number e (0, 1, ...) of a row: on the unit FJ_EXP2_EMU says.
+template <int E>
+__device__ __forceinline__ float fjh_exp2_at(float x) {
+  return (E % 8) < FJ_EXP2_EMU ? fjh_exp2_poly(x) : fjh_exp2(x);
+}
+
 // threadIdx.x through a volatile read: values derived from it are recomputed
 // where they are used instead of occupying registers across the kv loop.
 __device__ __forceinline__ int fjh_tid() {
@@ -753,6 +782,21 @@ __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int 
   return FJH_TILE_KEEP;
 }
 
+#if FJ_EXP2_EMU
+// The exponentials of row half hh, element pair I onwards (a compile-time
+// recursion, so that each one's unit is fixed at compile time).
+template <int I>
+__device__ __forceinline__ void fjh_exp2_row(float (&s)[FJH_S_REGS], int hh, float exp_scale,
+                                             float shift, float &sum) {
+  if constexpr (I < FJH_S_REGS / 4) {
+    s[4 * I + 2 * hh] = fjh_exp2_at<2 * I>(fmaf(s[4 * I + 2 * hh], exp_scale, -shift));
+    s[4 * I + 2 * hh + 1] = fjh_exp2_at<2 * I + 1>(fmaf(s[4 * I + 2 * hh + 1], exp_scale, -shift));
+    sum += s[4 * I + 2 * hh] + s[4 * I + 2 * hh + 1];
+    fjh_exp2_row<I + 1>(s, hh, exp_scale, shift, sum);
+  }
+}
+#endif
+
 // Per-thread view of the accumulator layout of wgmma m64nN: this thread
 // holds rows qr and qr + 8 (qr = first row of its warp + lane / 4), and in
 // each n8 block i the columns 8 i + 2 (lane % 4) + {0, 1}; element 4 i + e
@@ -814,12 +858,16 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     row_m[hh] = m_new;
     const float shift = m_new == fjh_neg_inf() ? 0.f : m_new;
     float sum = 0.f;
+#if FJ_EXP2_EMU
+    fjh_exp2_row<0>(s, hh, exp_scale, shift, sum);
+#else
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS / 4; ++i) {
       s[4 * i + 2 * hh] = fjh_exp2(fmaf(s[4 * i + 2 * hh], exp_scale, -shift));
       s[4 * i + 2 * hh + 1] = fjh_exp2(fmaf(s[4 * i + 2 * hh + 1], exp_scale, -shift));
       sum += s[4 * i + 2 * hh] + s[4 * i + 2 * hh + 1];
     }
+#endif
     // Row sums of the f32 P (the LSE must be the log of the true sum) stay
     // per lane; the quad is summed once in the epilogue.
     row_l[hh] = row_l[hh] * alpha[hh] + sum;
