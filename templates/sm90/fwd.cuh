@@ -419,7 +419,10 @@ __device__ __forceinline__ float fjh_exp2(float x) {
 // (so -inf gives 0, as the masking needs); NaN gives NaN. FJ_EXP2_EMU (optional, 0-8,
 // default 0) of every 8 exponentials of a row use it, which moves work off
 // the special-function unit when it, not the tensor cores, is the limit
-// (FlashAttention-4's trick).
+// (FlashAttention-4's trick). On the H200 it is not: 2 of 8 cost 30% at
+// D=64 and 15-28% elsewhere (bench/RESULTS.md, session 2, run 9), so it is
+// off; it stays for targets with fewer special-function units per tensor
+// core.
 #ifndef FJ_EXP2_EMU
 #define FJ_EXP2_EMU 0
 #endif

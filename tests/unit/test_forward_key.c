@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "491d7a170d98ae2ed7b102198c390317"
+#define PINNED_SOURCE_KEY "0cf55e501e6a4c55e8a5c8a2be13eaca"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
