@@ -155,7 +155,8 @@ fj_status fjg_emit_blockmask_tu(const fjg_graph *g, const char *spec_source,
   fjg_buf_printf(out, "\n// ---- template common/fj_common.cuh ----\n");
   fjg_buf_append(out, common, len);
   fjg_buf_printf(out, "\n");
-  fj_status st = fjg_emit_prologue(g, spec_source, out);
+  fj_status st = fjg_emit_interval_rules(g, out);
+  if (st == FJ_OK) st = fjg_emit_prologue(g, spec_source, out);
   if (st != FJ_OK) return st;
   fjg_buf_printf(out, "\n%s", kernel_source);
   return out->failed ? FJ_ENOMEM : FJ_OK;

@@ -454,10 +454,21 @@ static void put_params_struct(fjg_buf *out, const fjg_graph *g) {
   fjg_buf_printf(out, "};\n\n");
 }
 
+fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
+  /* Without a mask every tile is full and the rules would be dead code. */
+  if (g && fjg_mask_root(g) < 0) return FJ_OK;
+  fjg_buf_printf(out,
+      "// Interval rules shared with gen/interval.c (fj_tile_class uses them).\n"
+      "#define FJ_IV_FN static __device__ __forceinline__\n");
+  put_reflowed(out, fjg_interval_rules_source());
+  fjg_buf_printf(out, "\n");
+  return out->failed ? FJ_ENOMEM : FJ_OK;
+}
+
 fj_status fjg_emit_prologue(const fjg_graph *g, const char *spec_source,
                             fjg_buf *out) {
   size_t n = (size_t)fjg_num_nodes(g) + 1;
-  emitter e = {g, out, malloc(n * sizeof(int32_t))};
+  emitter e = {g, out, malloc(n * sizeof(int32_t)), 0};
   if (!e.slot) return FJ_ENOMEM;
   for (size_t i = 0; i < n; i++) e.slot[i] = -1;
 
@@ -473,14 +484,6 @@ fj_status fjg_emit_prologue(const fjg_graph *g, const char *spec_source,
       "\n    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n");
   put_body(&e, 1, "score");
   fjg_buf_printf(out, "}\n\n");
-  /* Without a mask every tile is full and the rules would be dead code. */
-  if (fjg_mask_root(g) >= 0) {
-    fjg_buf_printf(out,
-        "// Interval rules shared with gen/interval.c (fj_tile_class below).\n"
-        "#define FJ_IV_FN static __device__ __forceinline__\n");
-    put_reflowed(out, fjg_interval_rules_source());
-    fjg_buf_printf(out, "\n");
-  }
   fjg_buf_printf(out,
       "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,"
       "\n    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, "
@@ -552,6 +555,7 @@ fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,
   fj_status st = put_template(out, "common/fj_common.cuh");
   if (st != FJ_OK) return st;
   fjg_buf_printf(out, "\n");
+  if ((st = fjg_emit_interval_rules(g, out)) != FJ_OK) return st;
   if ((st = fjg_emit_prologue(g, spec_source, out)) != FJ_OK) return st;
   if ((st = put_template(out, "common/fj_fwd_params.cuh")) != FJ_OK) return st;
   if ((st = put_template(out, arch_template)) != FJ_OK) return st;

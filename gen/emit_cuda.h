@@ -6,7 +6,9 @@
  *   struct fj_user_params { long long fj_reserved_; <args> };
  *   fj_mask, fj_score_mod  SSA code, one statement per line (t0, t1, ...)
  *   fj_tile_class          the interval analysis of gen/interval.c, as calls
- *                          to the same fj_iv_* rules pasted above it.
+ *                          to the same fj_iv_* rules, which
+ *                          fjg_emit_interval_rules writes (once per
+ *                          translation unit, before the prologue).
  * Argument members are prefixed so Lua names cannot clash with C++ keywords:
  * an i32 param `w` is `int a_w;`, an f32 param `float a_w;`, a buffer `d` is
  * `const int *a_d; long long n_d;` (const float * for f32 elements).
@@ -25,7 +27,13 @@
 /* Defined in gen/config.h (kernel configuration). */
 typedef struct fjg_config fjg_config;
 
-/* The prologue. spec_source (may be NULL) is copied into a comment. */
+/* The fj_iv_* interval rules of gen/interval.c as CUDA, which a prologue's
+ * fj_tile_class calls; nothing when g has no mask (every tile is FULL), and
+ * always when g is NULL. Spec-independent text. */
+fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out);
+
+/* The prologue. spec_source (may be NULL) is copied into a comment. It
+ * needs the interval rules (fjg_emit_interval_rules) before it. */
 fj_status fjg_emit_prologue(const fjg_graph *g, const char *spec_source,
                             fjg_buf *out);
 

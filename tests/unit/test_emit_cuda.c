@@ -377,6 +377,7 @@ static void *build_host_library(fjg_graph **graphs, const char *dir) {
   size_t len;
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   fjg_buf_append(&src, common, len);
+  assert_int_equal(fjg_emit_interval_rules(NULL, &src), FJ_OK);
   for (int i = 0; i < NUM_GRAPHS; i++) {
     fjg_buf_printf(&src, "namespace g%d {\n", i);
     assert_int_equal(fjg_emit_prologue(graphs[i], "-- */ tricky\n", &src), FJ_OK);

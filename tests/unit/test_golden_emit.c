@@ -174,6 +174,7 @@ static void nvrtc_compile(const char *name, const char *prologue) {
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   assert_non_null(common);
   fjg_buf_append(&src, common, len);
+  assert_int_equal(fjg_emit_interval_rules(NULL, &src), FJ_OK);
   fjg_buf_printf(&src, "%s%s", prologue, hook_kernel);
   assert_false(src.failed);
   nvrtcProgram prog;
