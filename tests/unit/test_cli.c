@@ -261,7 +261,8 @@ static void test_compile_and_cache(void **state) {
 
 static void test_demo_without_gpu(void **state) {
   (void)state;
-  const char *dir = tmp_path("examples");
+  char dir[400];  /* tmp_path's buffer is reused by write_spec */
+  snprintf(dir, sizeof dir, "%s", tmp_path("examples"));
   assert_int_equal(mkdir(dir, 0777), 0);
   write_spec("examples/causal.lua", causal_spec);
   int rc = flexjit(NO_GPU, "demo --examples %s", dir);
@@ -271,6 +272,14 @@ static void test_demo_without_gpu(void **state) {
   expect_in(out, "2 already cached");
   assert_int_equal(flexjit(NO_GPU, "demo --examples %s/none", tmpdir), 2);
   expect_in(err, "--examples");
+  /* A broken spec among good ones: the others still compile (in parallel),
+   * the broken one is named, and the demo fails. */
+  write_spec("examples/broken.lua", "return { mask_mod = function(b, h, q, kv) return q >= kv end\n");
+  rc = flexjit(NO_GPU, "demo --examples %s", dir);
+  assert_int_not_equal(rc, 0);
+  expect_in(err, "broken.lua");
+  expect_in(out, "2 already cached");
+  expect_in(out, "some failed");
 }
 
 int main(void) {
