@@ -1125,6 +1125,27 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #endif
 }
 
+// The dynamic shared memory's map (Q, K stages, V stages, barriers).
+__device__ __forceinline__ fjh_smem_map fjh_smem_layout(unsigned char *smem) {
+  fjh_smem_map sm;
+  sm.q = (fjh_smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  sm.k = sm.q + FJH_Q_BYTES;
+  sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
+  sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
+  return sm;
+}
+
+// Thread 0 initializes the Q and K/V barriers (the caller synchronizes).
+__device__ __forceinline__ void fjh_init_pipeline_barriers(const fjh_smem_map &sm) {
+  fjh_mbar_init(sm.q_full(), 1);
+  for (int s = 0; s < FJ_NUM_STAGES; ++s) {
+    fjh_mbar_init(sm.k_full(s), 1);
+    fjh_mbar_init(sm.v_full(s), 1);
+    fjh_mbar_init(sm.k_empty(s), 256);  // every consumer thread arrives
+    fjh_mbar_init(sm.v_empty(s), 256);
+  }
+}
+
 #if FJ_PERSISTENT
 // ---- persistent kernel ------------------------------------------------------
 // gridDim.x CTAs (the host launches min(SMs, work items)) share the work
@@ -1237,20 +1258,10 @@ extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
 fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
                  const __grid_constant__ fj_tma_maps maps) {
   extern __shared__ __align__(1024) unsigned char fjh_smem[];
-  fjh_smem_map sm;
-  sm.q = (fjh_smem_u32(fjh_smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
-  sm.k = sm.q + FJH_Q_BYTES;
-  sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
-  sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
+  fjh_smem_map sm = fjh_smem_layout(fjh_smem);
   sm.pbar = fjh_smem_u32(&fjh_persist_smem().bar[0]);
   if (threadIdx.x == 0) {
-    fjh_mbar_init(sm.q_full(), 1);
-    for (int s = 0; s < FJ_NUM_STAGES; ++s) {
-      fjh_mbar_init(sm.k_full(s), 1);
-      fjh_mbar_init(sm.v_full(s), 1);
-      fjh_mbar_init(sm.k_empty(s), 256);  // every consumer thread arrives
-      fjh_mbar_init(sm.v_empty(s), 256);
-    }
+    fjh_init_pipeline_barriers(sm);
     fjh_mbar_init(sm.q_empty(), 256);
     for (int s = 0; s < 2; ++s) {
       fjh_mbar_init(sm.item_full(s), 1);
@@ -1274,11 +1285,7 @@ extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
 fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
                  const __grid_constant__ fj_tma_maps maps) {
   extern __shared__ __align__(1024) unsigned char fjh_smem[];
-  fjh_smem_map sm;
-  sm.q = (fjh_smem_u32(fjh_smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
-  sm.k = sm.q + FJH_Q_BYTES;
-  sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
-  sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
+  const fjh_smem_map sm = fjh_smem_layout(fjh_smem);
 
   const fjh_work w = fjh_work_of_cta(p);
   const int m_block = w.m, h = w.h, b = w.b;
@@ -1303,13 +1310,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   }
 
   if (threadIdx.x == 0) {
-    fjh_mbar_init(sm.q_full(), 1);
-    for (int s = 0; s < FJ_NUM_STAGES; ++s) {
-      fjh_mbar_init(sm.k_full(s), 1);
-      fjh_mbar_init(sm.v_full(s), 1);
-      fjh_mbar_init(sm.k_empty(s), 256);  // every consumer thread arrives
-      fjh_mbar_init(sm.v_empty(s), 256);
-    }
+    fjh_init_pipeline_barriers(sm);
     fjh_fence_barrier_init();
   }
   __syncthreads();

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "0cf55e501e6a4c55e8a5c8a2be13eaca"
+#define PINNED_SOURCE_KEY "90d88894602c0cae15b8c89d4f56e827"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
