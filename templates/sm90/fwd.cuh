@@ -21,12 +21,18 @@
 //                      other's GEMMs
 //   FJ_INTRA_WG_OVERLAP optional, 0 | 1: issue Q K^T of tile j+1 before
 //                      P V of tile j and run the softmax of j+1 while P V of
-//                      j is in flight (default 1, but 0 at D=128 with a
-//                      score_mod, which would spill)
+//                      j is in flight (default 1; the runtime compiles with
+//                      0 when ptxas reports spills, runtime/forward.c)
+//   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
+//                      the persistent kernel, grid (min(SMs, items), 1, 1)
+//   FJ_LPT, FJ_BM_CACHE, FJ_EXP2_EMU, FJ_DROP_MODE optional experiments,
+//                      each described where it is defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
-//                      (default 24 and 240). The CTA starts with 168 a thread
+//                      (default 24 and 240; 40 and 232 for the persistent
+//                      kernel, whose producer warp classifies tiles). The
+//                      CTA starts with 168 a thread
 //                      (65536 / 384, rounded down to 8) and setmaxnreg only
 //                      moves registers within that pool, so PRODUCER +
 //                      2 * CONSUMER must not exceed 3 * 168 = 504: asking for
@@ -767,17 +773,32 @@ __device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
 
 // What a consumer does to the scores of a tile: 0 nothing (FULL for its
 // rows), 1 evaluate the mask, 2 mask everything (EMPTY for its rows).
+//
+// FJ_DROP_MODE (optional, default 1): 0 removes mode 2. ptxas turns its
+// per-element "s = -inf" into a select it pays on every tile (at D=64 about
+// 130 of the ~770 instructions a consumer warp issues per full tile, where
+// the issue rate, not the tensor cores, is the limit); without it, a tile
+// that is EMPTY for the warpgroup's rows evaluates the mask (all false:
+// the same result) and rows past Lq, which are never stored, are computed
+// as if FULL. Not measured on a GPU yet.
+#ifndef FJ_DROP_MODE
+#define FJ_DROP_MODE 1
+#endif
 enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1, FJH_TILE_DROP = 2 };
 
 __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int h,
                                              int wq0, int kv0, int cls) {
+#if FJ_DROP_MODE
   if (wq0 >= p.sz.Lq) return FJH_TILE_DROP;  // no stored rows: skip the work
+#else
+  if (wq0 >= p.sz.Lq) return FJH_TILE_KEEP;  // never stored
+#endif
 #if FJ_HAS_MASK
   if (cls == FJ_TILE_PARTIAL) {
     const int wq1 = min(wq0 + FJH_WG_ROWS, p.sz.Lq) - 1;
     const int wc = fj_tile_class(p.user, p.sz, b, h, wq0, wq1, kv0,
                                  min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1);
-    return wc == FJ_TILE_EMPTY ? FJH_TILE_DROP
+    return wc == FJ_TILE_EMPTY ? (FJ_DROP_MODE ? FJH_TILE_DROP : FJH_TILE_MASK)
            : wc == FJ_TILE_FULL ? FJH_TILE_KEEP : FJH_TILE_MASK;
   }
 #endif
@@ -819,7 +840,7 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
   const int qr = wq0 + 16 * ((tid & 127) >> 5) + ((tid & 31) >> 2);
   const int Lk = p.sz.Lk;
   (void)b; (void)h; (void)qr;
-  if (mode == FJH_TILE_DROP) {
+  if (FJ_DROP_MODE && mode == FJH_TILE_DROP) {
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS; ++i) s[i] = fjh_neg_inf();
   } else {

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "90d88894602c0cae15b8c89d4f56e827"
+#define PINNED_SOURCE_KEY "119af6af7bafad134fe99d6a20a11f7a"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
