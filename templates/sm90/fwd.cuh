@@ -775,9 +775,10 @@ __device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
 // rows), 1 evaluate the mask, 2 mask everything (EMPTY for its rows).
 //
 // FJ_DROP_MODE (optional, default 1): 0 removes mode 2. ptxas turns its
-// per-element "s = -inf" into a select it pays on every tile (at D=64 about
-// 130 of the ~770 instructions a consumer warp issues per full tile, where
-// the issue rate, not the tensor cores, is the limit); without it, a tile
+// per-element "s = -inf" into moves and selects it pays on every tile (at
+// D=64 a consumer warp issues 559 instructions per FULL tile with it, 497
+// without, and there the issue rate, not the tensor cores, is the limit);
+// without it, a tile
 // that is EMPTY for the warpgroup's rows evaluates the mask (all false:
 // the same result) and rows past Lq, which are never stored, are computed
 // as if FULL. Not measured on a GPU yet.

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "119af6af7bafad134fe99d6a20a11f7a"
+#define PINNED_SOURCE_KEY "d2b8b068109f9769eeb7af7baf719d5f"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
