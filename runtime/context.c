@@ -35,6 +35,10 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
   ctx->cache_dir = dup_or_null(opts ? opts->cache_dir : NULL);
   ctx->arch_opt = dup_or_null(opts ? opts->arch : NULL);
   ctx->template_opt = dup_or_null(tmpl);
+  /* FLEXJIT_PERSISTENT=1 / =0 asks for (or against) the persistent sm90
+   * kernel; unset or anything else: the configuration's default (-1). */
+  const char *pe = getenv("FLEXJIT_PERSISTENT");
+  ctx->persistent_opt = pe && !strcmp(pe, "1") ? 1 : pe && !strcmp(pe, "0") ? 0 : -1;
   if ((opts && opts->cache_dir && !ctx->cache_dir) ||
       (opts && opts->arch && !ctx->arch_opt) || (tmpl && !ctx->template_opt)) {
     fj_context_destroy(ctx);

@@ -305,19 +305,10 @@ static const char *choose_template(const fj_context *ctx,
   return "sm80";
 }
 
-/* FLEXJIT_PERSISTENT=1 asks for the persistent sm90 kernel (fjg_config's
- * persistent), =0 for the one-CTA-per-query-block kernel; unset or anything
- * else: the configuration's default. Applies to sm90 kernels only. */
-static int persistent_request(void) {
-  const char *e = getenv("FLEXJIT_PERSISTENT");
-  if (e && strcmp(e, "1") == 0) return 1;
-  if (e && strcmp(e, "0") == 0) return 0;
-  return -1;
-}
-
-static void apply_persistent(fjg_config *cfg) {
-  int want = persistent_request();
-  if (want >= 0 && cfg->uses_tma) cfg->persistent = want;
+/* The context's persistence request ($FLEXJIT_PERSISTENT, read when it was
+ * created) applied to a configuration: sm90 kernels only. */
+static void apply_persistent(const fj_context *ctx, fjg_config *cfg) {
+  if (ctx->persistent_opt >= 0 && cfg->uses_tma) cfg->persistent = ctx->persistent_opt;
 }
 
 /* "sm80" when the default choice must avoid sm90 for this block mask: its
@@ -354,8 +345,8 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     if (k->head_dim == opts->head_dim && k->dtype == opts->dtype &&
         strcmp(k->cfg.arch, arch) == 0 &&
         strcmp(k->cfg.template_name, tmpl) == 0 &&
-        (persistent_request() < 0 || !k->cfg.uses_tma ||
-         k->cfg.persistent == persistent_request())) {
+        (ctx->persistent_opt < 0 || !k->cfg.uses_tma ||
+         k->cfg.persistent == ctx->persistent_opt)) {
       *out = k;
       if (info) {
         memset(info, 0, sizeof(*info));
@@ -384,7 +375,7 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     free(k);
     return fjr_fail(ctx, st, "%s", err);
   }
-  apply_persistent(&k->cfg);
+  apply_persistent(ctx, &k->cfg);
   k->head_dim = opts->head_dim;
   k->dtype = opts->dtype;
 
@@ -546,7 +537,7 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
                                   choose_template(ctx, opts, arch), &cfg,
                                   err, sizeof(err));
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
-  apply_persistent(&cfg);
+  apply_persistent(ctx, &cfg);
   char nvrtc_version[32] = "unavailable";
   int major = 0, minor = 0;
   if (fjr_nvrtc_version(&major, &minor, err, sizeof(err)) == FJ_OK)
