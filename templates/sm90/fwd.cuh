@@ -25,8 +25,8 @@
 //                      0 when ptxas reports spills, runtime/forward.c)
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
-//   FJ_LPT, FJ_BM_CACHE, FJ_EXP2_EMU, FJ_DROP_MODE optional experiments,
-//                      each described where it is defined below
+//   FJ_BM_CACHE, FJ_DROP_MODE optional, each described where it is
+//                      defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
@@ -418,38 +418,6 @@ __device__ __forceinline__ float fjh_exp2(float x) {
   return r;
 }
 
-// 2^x for x <= 0 on the FMA pipe instead of the special-function unit:
-// round x to an integer j with the 1.5 * 2^23 trick, a degree-3 minimax
-// polynomial for 2^(x - j) on [-0.5, 0.5] (relative error 7.5e-5, far below
-// the bf16/fp16 rounding of P), and j added to the exponent; 0 below -126
-// (so -inf gives 0, as the masking needs); NaN gives NaN. FJ_EXP2_EMU (optional, 0-8,
-// default 0) of every 8 exponentials of a row use it, which moves work off
-// the special-function unit when it, not the tensor cores, is the limit
-// (FlashAttention-4's trick). On the H200 it is not: 2 of 8 cost 30% at
-// D=64 and 15-28% elsewhere (bench/RESULTS.md, session 2, run 9), so it is
-// off; it stays for targets with fewer special-function units per tensor
-// core.
-#ifndef FJ_EXP2_EMU
-#define FJ_EXP2_EMU 0
-#endif
-__device__ __forceinline__ float fjh_exp2_poly(float x) {
-  const float xc = fmaxf(x, -127.0f);
-  const float t = xc + 12582912.0f;
-  const float j = t - 12582912.0f;
-  const float f = xc - j;
-  float q = fmaf(0x1.c3f76p-5f, f, 0x1.f0de1ap-3f);
-  q = fmaf(q, f, 0x1.62f31ap-1f);
-  q = fmaf(q, f, 0x1.fff692p-1f);
-  const int bits = __float_as_int(q) + (__float_as_int(t) << 23);
-  // NaN stays NaN (fmaxf above would have hidden it)
-  return x < -126.0f ? 0.0f : (x != x ? x : __int_as_float(bits));
-}
-// Exponential number e (0, 1, ...) of a row: on the unit FJ_EXP2_EMU says.
-template <int E>
-__device__ __forceinline__ float fjh_exp2_at(float x) {
-  return (E % 8) < FJ_EXP2_EMU ? fjh_exp2_poly(x) : fjh_exp2(x);
-}
-
 // threadIdx.x through a volatile read: values derived from it are recomputed
 // where they are used instead of occupying registers across the kv loop.
 __device__ __forceinline__ int fjh_tid() {
@@ -466,42 +434,17 @@ struct __align__(16) fjh_u32x4 {
 
 // ---- tile walk: the producer and both consumers visit the same tiles -----
 
-// The CTA's work: query block m of head h, batch b. The grid has one CTA
-// per (m, h, b) and the hardware starts them in launch order (x fastest).
-// By default: longest-first within each head (query blocks from the last
-// down; all of one head's CTAs run together and share its K and V in L2).
-// FJ_LPT=1 (optional, an experiment): longest-first over the whole grid, in
-// sections of G (h, b) pairs whose K and V fit in about 24 MiB of L2: within
-// a section, query blocks from the last down, the section's heads fastest.
-// Measured on the H200 (bench/RESULTS.md, run 6): no faster on causal 2 x
-// 16384 (554 both ways) and 1-4% slower on full, D=64, sliding window and
-// document, so it is off.
-#ifndef FJ_LPT
-#define FJ_LPT 0
-#endif
+// A work item: query block m of head h, batch b. The non-persistent grid has
+// one CTA per item and the hardware starts them in launch order (x
+// fastest): query blocks from the last down (longest causal rows first)
+// within each head, whose CTAs then run together and share its K and V in
+// L2. (A longest-first order over the whole grid was measured no faster:
+// bench/RESULTS.md, session 2, run 7.)
 struct fjh_work {
   int m, h, b;
 };
-__device__ __forceinline__ fjh_work fjh_work_of_cta(const fj_fwd_params &p) {
-  const int nm = gridDim.x;
-#if FJ_LPT
-  const int nh = gridDim.y, nhb = gridDim.y * gridDim.z;
-  const int id = blockIdx.x + nm * (blockIdx.y + nh * blockIdx.z);
-  const long long kv_bytes = (long long)max(p.sz.Lk, 1) * FJ_HEAD_DIM * 4;  // K + V
-  const int G = (int)min((long long)nhb, max(1ll, (24ll << 20) / kv_bytes));
-  const int section = id / (nm * G);
-  const int first = section * G;
-  const int g = min(G, nhb - first);  // the last section may be smaller
-  const int r = id - first * nm;
-  const int hb = first + r % g;
-  return fjh_work{nm - 1 - r / g, hb % nh, hb / nh};
-#else
-  (void)p;
-  return fjh_work{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
-#endif
-}
-__device__ __forceinline__ int fjh_m_block(const fj_fwd_params &p) {
-  return fjh_work_of_cta(p).m;
+__device__ __forceinline__ fjh_work fjh_work_of_cta() {
+  return fjh_work{(int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
 }
 
 #if FJ_HAS_MASK
@@ -807,21 +750,6 @@ __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int 
   return FJH_TILE_KEEP;
 }
 
-#if FJ_EXP2_EMU
-// The exponentials of row half hh, element pair I onwards (a compile-time
-// recursion, so that each one's unit is fixed at compile time).
-template <int I>
-__device__ __forceinline__ void fjh_exp2_row(float (&s)[FJH_S_REGS], int hh, float exp_scale,
-                                             float shift, float &sum) {
-  if constexpr (I < FJH_S_REGS / 4) {
-    s[4 * I + 2 * hh] = fjh_exp2_at<2 * I>(fmaf(s[4 * I + 2 * hh], exp_scale, -shift));
-    s[4 * I + 2 * hh + 1] = fjh_exp2_at<2 * I + 1>(fmaf(s[4 * I + 2 * hh + 1], exp_scale, -shift));
-    sum += s[4 * I + 2 * hh] + s[4 * I + 2 * hh + 1];
-    fjh_exp2_row<I + 1>(s, hh, exp_scale, shift, sum);
-  }
-}
-#endif
-
 // Per-thread view of the accumulator layout of wgmma m64nN: this thread
 // holds rows qr and qr + 8 (qr = first row of its warp + lane / 4), and in
 // each n8 block i the columns 8 i + 2 (lane % 4) + {0, 1}; element 4 i + e
@@ -883,16 +811,12 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     row_m[hh] = m_new;
     const float shift = m_new == fjh_neg_inf() ? 0.f : m_new;
     float sum = 0.f;
-#if FJ_EXP2_EMU
-    fjh_exp2_row<0>(s, hh, exp_scale, shift, sum);
-#else
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS / 4; ++i) {
       s[4 * i + 2 * hh] = fjh_exp2(fmaf(s[4 * i + 2 * hh], exp_scale, -shift));
       s[4 * i + 2 * hh + 1] = fjh_exp2(fmaf(s[4 * i + 2 * hh + 1], exp_scale, -shift));
       sum += s[4 * i + 2 * hh] + s[4 * i + 2 * hh + 1];
     }
-#endif
     // Row sums of the f32 P (the LSE must be the log of the true sum) stay
     // per lane; the quad is summed once in the epilogue.
     row_l[hh] = row_l[hh] * alpha[hh] + sum;
@@ -1309,7 +1233,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   extern __shared__ __align__(1024) unsigned char fjh_smem[];
   const fjh_smem_map sm = fjh_smem_layout(fjh_smem);
 
-  const fjh_work w = fjh_work_of_cta(p);
+  const fjh_work w = fjh_work_of_cta();
   const int m_block = w.m, h = w.h, b = w.b;
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
   const int q0 = m_block * FJ_BLOCK_M;

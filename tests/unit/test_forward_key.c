@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "d2b8b068109f9769eeb7af7baf719d5f"
+#define PINNED_SOURCE_KEY "9bf0e5b6046a21ddc0e728d073b2e95d"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
