@@ -557,7 +557,7 @@ fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,
   fjg_buf_printf(out, "\n");
   if ((st = fjg_emit_interval_rules(g, out)) != FJ_OK) return st;
   if ((st = fjg_emit_prologue(g, spec_source, out)) != FJ_OK) return st;
-  if ((st = put_template(out, "common/fj_fwd_params.cuh")) != FJ_OK) return st;
+  if ((st = put_template(out, "common/fj_fwd.cuh")) != FJ_OK) return st;
   if ((st = put_template(out, arch_template)) != FJ_OK) return st;
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }

@@ -39,7 +39,7 @@ fj_status fjg_emit_prologue(const fjg_graph *g, const char *spec_source,
 
 /* The whole forward translation unit: banner (library version, key_hex),
  * the configuration #defines, common/fj_common.cuh, the prologue,
- * common/fj_fwd_params.cuh and <cfg->template_name>/fwd.cuh. FJ_ENOTFOUND
+ * common/fj_fwd.cuh and <cfg->template_name>/fwd.cuh. FJ_ENOTFOUND
  * when a template is missing, FJ_EINVAL on a NULL cfg. */
 fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,
                               const fjg_config *cfg, const char *key_hex,

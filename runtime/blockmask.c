@@ -29,7 +29,7 @@
 #define FJR_BM_ALIGN 256
 
 /* The forward parameter's block-mask fields follow scale_log2 directly, on
- * the host as on the device (templates/common/fj_fwd_params.cuh). */
+ * the host as on the device (templates/common/fj_fwd.cuh). */
 _Static_assert(offsetof(fjr_fwd_params_fixed, bm_kv_num) == 184,
                "fj_fwd_params: block-mask fields moved");
 _Static_assert(sizeof(fjr_fwd_params_fixed) == 240,

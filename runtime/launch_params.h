@@ -1,7 +1,7 @@
 /*
  * runtime/launch_params.h: host mirror of the kernel's parameter struct.
  *
- * Must match templates/common/fj_fwd_params.cuh member for member up to
+ * Must match templates/common/fj_fwd.cuh member for member up to
  * `user`; the generated fj_user_params (gen/emit_cuda.c, host layout from
  * fjg_user_params_pack) follows at the next 8-byte boundary.
  */

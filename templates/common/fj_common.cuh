@@ -22,7 +22,7 @@
 //      is true for every pair, FJ_TILE_PARTIAL otherwise (always sound; it
 //      does not know about Lq/Lk bounds, which the kernel handles itself).
 //      h is the query head; b the batch index.
-//   4. common/fj_fwd_params.cuh, then the architecture template (sm80/fwd.cuh).
+//   4. common/fj_fwd.cuh, then the architecture template (sm80/fwd.cuh).
 #pragma once
 
 typedef unsigned short fj_u16;

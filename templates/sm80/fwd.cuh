@@ -125,13 +125,6 @@ static_assert(FJ_BLOCK_M % FJK_LOAD_ROWS == 0 && FJ_BLOCK_N % FJK_LOAD_ROWS == 0
 // ---- PTX wrappers: the TU includes no CUDA header (NVRTC needs no include
 // path and parses less) ------------------------------------------------------
 
-__device__ __forceinline__ unsigned fjk_smem_u32(const void *ptr) {
-  unsigned r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-      : "=r"(r) : "l"(ptr));
-  return r;
-}
-
 // 16-byte global->shared copy; src_bytes 0 zero-fills without reading.
 __device__ __forceinline__ void fjk_cp_async16(unsigned dst, const void *src,
                                                int src_bytes) {
@@ -170,40 +163,6 @@ __device__ __forceinline__ void fjk_mma(float (&c)[4], const unsigned (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats to a packed pair of the element type, `lo` at the lower address.
-__device__ __forceinline__ unsigned fjk_pack2(float lo, float hi) {
-  unsigned r;
-#if defined(FJ_DTYPE_BF16)
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-  return r;
-}
-
-// 2^x on the special-function unit; 2^-inf = 0, which the masking relies on.
-__device__ __forceinline__ float fjk_exp2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
-}
-
-// A 16-byte vector for the output stores (no vector_types.h needed).
-struct __align__(16) fjk_u32x4 {
-  unsigned x, y, z, w;
-};
-
-// threadIdx.x through a volatile read: values derived from it are recomputed
-// where they are used (a few integer ops per tile) instead of being kept in
-// registers for the whole kv loop, where every register is taken by S, P and O.
-__device__ __forceinline__ int fjk_tid() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-  return t;
-}
-
-__device__ __forceinline__ float fjk_neg_inf() { return __int_as_float(0xff800000); }
-
 // Copies rows [0, ROWS) of a tile whose first row is `g`, rows `ss` elements
 // apart, into swizzled shared memory at `s`: 16-byte chunk c of row r lands
 // at chunk c ^ (r & 7), so the 8 row addresses of one ldmatrix hit 8
@@ -215,7 +174,7 @@ __device__ __forceinline__ float fjk_neg_inf() { return __int_as_float(0xff80000
 template <int ROWS>
 __device__ __forceinline__ void fjk_load_tile(unsigned s, const fj_u16 *g,
                                               long long ss, int valid) {
-  const int tid = fjk_tid();
+  const int tid = fj_tid();
   const int r = tid / FJK_CHUNKS, c = tid % FJK_CHUNKS;
   const unsigned dst = s + r * FJK_ROW_BYTES + ((c ^ (r & 7)) << 4);
 #pragma unroll
@@ -224,35 +183,6 @@ __device__ __forceinline__ void fjk_load_tile(unsigned s, const fj_u16 *g,
     const fj_u16 *src = g + (long long)min(row, valid - 1) * ss + c * 8;
     fjk_cp_async16(dst + i * FJK_LOAD_ROWS * FJK_ROW_BYTES, src, row < valid ? 16 : 0);
   }
-}
-
-#if FJ_HAS_MASK
-// Class of kv block j for query rows [q0, q1], ranges clipped to the bounds.
-__device__ __forceinline__ int fjk_block_class(const fj_fwd_params &p, int b, int h,
-                                               int q0, int q1, int j) {
-  const int kv0 = j * FJ_BLOCK_N;
-  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
-  return fj_tile_class(p.user, p.sz, b, h, q0, q1, kv0, kv1);
-}
-#endif
-
-// Next kv block below j that is not EMPTY, or a value < lo when none is left;
-// *cls receives its class. Visiting only these blocks is what makes empty
-// tiles free: neither loaded nor multiplied.
-__device__ __forceinline__ int fjk_next_block(const fj_fwd_params &p, int b, int h,
-                                              int q0, int q1, int j, int lo,
-                                              int *cls) {
-  --j;
-#if FJ_HAS_MASK
-  for (; j >= lo; --j) {
-    *cls = fjk_block_class(p, b, h, q0, q1, j);
-    if (*cls != FJ_TILE_EMPTY) break;
-  }
-#else
-  (void)p; (void)b; (void)h; (void)q0; (void)q1; (void)lo;
-  *cls = FJ_TILE_FULL;
-#endif
-  return j;
 }
 
 // ---- block mask (p.bm_kv_num != nullptr) ----
@@ -296,7 +226,7 @@ __device__ __forceinline__ int fjk_advance(const fj_fwd_params &p, int bm_row,
     ++*t;
     return fjk_bm_tile(p, bm_row, t, cls);
   }
-  return fjk_next_block(p, b, h, q0, q1, j, lo, cls);
+  return fj_next_block(p, b, h, q0, q1, j, lo, cls);
 }
 
 // Per-lane ldmatrix addressing. Every ldmatrix group starts at a multiple
@@ -327,7 +257,7 @@ __device__ __forceinline__ void fjk_tile_step(
 #endif
     float (&acc)[FJK_MT][FJK_DT][4], float (&row_m)[FJK_MT][2],
     float (&row_l)[FJK_MT][2]) {
-  const int lt = fjk_tid();
+  const int lt = fj_tid();
   const int warp = lt >> 5, lane = lt & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int Lk = p.sz.Lk;
@@ -400,7 +330,7 @@ __device__ __forceinline__ void fjk_tile_step(
           const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
           const int qi = wq0 + mt * 16 + g + (e >> 1) * 8;
           const bool keep = (ki < Lk) & fj_mask(p.user, p.sz, b, h, qi, ki);
-          s[mt][nt][e] = keep ? s[mt][nt][e] : fjk_neg_inf();
+          s[mt][nt][e] = keep ? s[mt][nt][e] : fj_neg_inf();
         }
   } else
 #endif
@@ -412,7 +342,7 @@ __device__ __forceinline__ void fjk_tile_step(
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
-          if (ki >= Lk) s[mt][nt][e] = fjk_neg_inf();
+          if (ki >= Lk) s[mt][nt][e] = fj_neg_inf();
         }
   }
 
@@ -423,7 +353,7 @@ __device__ __forceinline__ void fjk_tile_step(
   for (int mt = 0; mt < FJK_MT; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = fjk_neg_inf();
+      float mx = fj_neg_inf();
 #pragma unroll
       for (int nt = 0; nt < FJK_NT; ++nt)
         mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
@@ -435,12 +365,12 @@ __device__ __forceinline__ void fjk_tile_step(
       // Raise the shift only when the max outgrows it by the threshold
       // (always when it was -inf and is no longer). -inf - -inf never occurs.
       const bool grow = m_tile > m_old + FJ_RESCALE_THRESHOLD;
-      alpha[mt][hh] = grow ? fjk_exp2(m_old - m_tile) : 1.0f;
+      alpha[mt][hh] = grow ? fj_exp2(m_old - m_tile) : 1.0f;
       const float m_use = grow ? m_tile : m_old;
       row_m[mt][hh] = m_use;
       // A row with nothing allowed yet keeps m = -inf; shifting by 0 instead
       // avoids (-inf) - (-inf) = NaN, and all its terms are 0 anyway.
-      shift[mt][hh] = m_use == fjk_neg_inf() ? 0.f : m_use;
+      shift[mt][hh] = m_use == fj_neg_inf() ? 0.f : m_use;
       row_l[mt][hh] *= alpha[mt][hh];
       grow_any |= grow;
     }
@@ -462,15 +392,15 @@ __device__ __forceinline__ void fjk_tile_step(
     for (int nt = 0; nt < FJK_NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        s[mt][nt][e] = fjk_exp2(fmaf(s[mt][nt][e], exp_scale, -shift[mt][e >> 1]));
+        s[mt][nt][e] = fj_exp2(fmaf(s[mt][nt][e], exp_scale, -shift[mt][e >> 1]));
     // The accumulator layout of S (n8 tiles 2k and 2k+1) is exactly the
     // A-fragment layout of P for k16 step k: no shared-memory round trip.
 #pragma unroll
     for (int kt = 0; kt < FJK_PT; ++kt) {
-      pf[mt][kt][0] = fjk_pack2(s[mt][2 * kt][0], s[mt][2 * kt][1]);
-      pf[mt][kt][1] = fjk_pack2(s[mt][2 * kt][2], s[mt][2 * kt][3]);
-      pf[mt][kt][2] = fjk_pack2(s[mt][2 * kt + 1][0], s[mt][2 * kt + 1][1]);
-      pf[mt][kt][3] = fjk_pack2(s[mt][2 * kt + 1][2], s[mt][2 * kt + 1][3]);
+      pf[mt][kt][0] = fj_pack2(s[mt][2 * kt][0], s[mt][2 * kt][1]);
+      pf[mt][kt][1] = fj_pack2(s[mt][2 * kt][2], s[mt][2 * kt][3]);
+      pf[mt][kt][2] = fj_pack2(s[mt][2 * kt + 1][0], s[mt][2 * kt + 1][1]);
+      pf[mt][kt][3] = fj_pack2(s[mt][2 * kt + 1][2], s[mt][2 * kt + 1][3]);
     }
     // Partial row sums of the f32 P (not the rounded P that P.V uses: the
     // LSE must be the log of the true sum) stay per lane; the quad is summed
@@ -537,7 +467,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
   }
   int tc = ti;
 
-  const unsigned s_q = fjk_smem_u32(fjk_smem);
+  const unsigned s_q = fj_smem_u32(fjk_smem);
   const unsigned s_k = s_q + FJ_BLOCK_M * FJK_ROW_BYTES;
   const unsigned s_v = s_k + FJ_NUM_STAGES * FJK_TILE_BYTES;
 
@@ -551,7 +481,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
       for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      row_m[mt][hh] = fjk_neg_inf();
+      row_m[mt][hh] = fj_neg_inf();
       row_l[mt][hh] = 0.f;
     }
   }
@@ -703,7 +633,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
       const unsigned row_addr = s_q + r * FJK_ROW_BYTES + t4 * 4;
 #pragma unroll
       for (int dt = 0; dt < FJK_DT; ++dt) {
-        const unsigned v = fjk_pack2(acc[mt][dt][2 * hh] * inv_l[mt][hh],
+        const unsigned v = fj_pack2(acc[mt][dt][2 * hh] * inv_l[mt][hh],
                                      acc[mt][dt][2 * hh + 1] * inv_l[mt][hh]);
         asm volatile("st.shared.b32 [%0], %1;\n"
                      :: "r"(row_addr + ((dt ^ g) << 4)), "r"(v) : "memory");
@@ -721,8 +651,8 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
         asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
                      : "r"(s_q + r * FJK_ROW_BYTES + ((c ^ (r & 7)) << 4)));
-        fjk_u32x4 *dst = (fjk_u32x4 *)(go + (q0 + r) * p.o_ss + c * 8);
-        *dst = fjk_u32x4{v0, v1, v2, v3};
+        fj_u32x4 *dst = (fj_u32x4 *)(go + (q0 + r) * p.o_ss + c * 8);
+        *dst = fj_u32x4{v0, v1, v2, v3};
       }
     }
   }
@@ -735,7 +665,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
         const int qi = wq0 + mt * 16 + g + hh * 8;
         if (qi < Lq) {
           const float l = row_l[mt][hh];
-          gl[qi] = l > 0.f ? (row_m[mt][hh] + log2f(l)) * FJK_LN2 : fjk_neg_inf();
+          gl[qi] = l > 0.f ? (row_m[mt][hh] + log2f(l)) * FJK_LN2 : fj_neg_inf();
         }
       }
   }

@@ -85,7 +85,7 @@
 #ifndef FJ_PERSISTENT
 #define FJ_PERSISTENT 0
 #endif
-// The persistent producer warp also classifies tiles (fjh_tile_range_warp),
+// The persistent producer warp also classifies tiles (fj_tile_scan_warp),
 // which spills in 24 registers.
 #ifndef FJ_PRODUCER_REGS
 #define FJ_PRODUCER_REGS (FJ_PERSISTENT ? 40 : 24)
@@ -141,13 +141,6 @@ struct fj_tma_maps {
 };
 
 // ---- PTX wrappers ----------------------------------------------------------
-
-__device__ __forceinline__ unsigned fjh_smem_u32(const void *ptr) {
-  unsigned r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-      : "=r"(r) : "l"(ptr));
-  return r;
-}
 
 __device__ __forceinline__ void fjh_mbar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count)
@@ -400,38 +393,6 @@ __device__ __forceinline__ void fjh_wgmma_ss_first(float (&d)[64], unsigned long
       : "l"(da), "l"(db), "r"(0));
 }
 
-// Two floats to a packed pair of the element type, `lo` at the lower address.
-__device__ __forceinline__ unsigned fjh_pack2(float lo, float hi) {
-  unsigned r;
-#if defined(FJ_DTYPE_BF16)
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-  return r;
-}
-
-// 2^x on the special-function unit; 2^-inf = 0, which the masking relies on.
-__device__ __forceinline__ float fjh_exp2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
-}
-
-// threadIdx.x through a volatile read: values derived from it are recomputed
-// where they are used instead of occupying registers across the kv loop.
-__device__ __forceinline__ int fjh_tid() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-  return t;
-}
-
-__device__ __forceinline__ float fjh_neg_inf() { return __int_as_float(0xff800000); }
-
-struct __align__(16) fjh_u32x4 {
-  unsigned x, y, z, w;
-};
-
 // ---- tile walk: the producer and both consumers visit the same tiles -----
 
 // A work item: query block m of head h, batch b. The non-persistent grid has
@@ -445,32 +406,6 @@ struct fjh_work {
 };
 __device__ __forceinline__ fjh_work fjh_work_of_cta() {
   return fjh_work{(int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
-}
-
-#if FJ_HAS_MASK
-__device__ __forceinline__ int fjh_block_class(const fj_fwd_params &p, int b, int h,
-                                               int q0, int q1, int j) {
-  const int kv0 = j * FJ_BLOCK_N;
-  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
-  return fj_tile_class(p.user, p.sz, b, h, q0, q1, kv0, kv1);
-}
-#endif
-
-// Next kv block below j that is not EMPTY for the CTA's rows [q0, q1], or a
-// value < lo when none is left; *cls receives its class.
-__device__ __forceinline__ int fjh_next_block(const fj_fwd_params &p, int b, int h,
-                                              int q0, int q1, int j, int lo, int *cls) {
-  --j;
-#if FJ_HAS_MASK
-  for (; j >= lo; --j) {
-    *cls = fjh_block_class(p, b, h, q0, q1, j);
-    if (*cls != FJ_TILE_EMPTY) break;
-  }
-#else
-  (void)p; (void)b; (void)h; (void)q0; (void)q1; (void)lo;
-  *cls = FJ_TILE_FULL;
-#endif
-  return j;
 }
 
 // With a block mask (p.bm_kv_num != nullptr) the tiles are the mask row's
@@ -571,7 +506,7 @@ __device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, int b, int h,
     ++*t;
     return fjh_bm_tile(p, b, h, q0, t, cls);
   }
-  return fjh_next_block(p, b, h, q0, q1, j, lo, cls);
+  return fj_next_block(p, b, h, q0, q1, j, lo, cls);
 }
 
 // Shared-memory map: Q (FJ_BLOCK_M rows), then FJ_NUM_STAGES K tiles, then
@@ -762,7 +697,7 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
                                             int kv0, int mode, float exp_scale,
                                             float (&s)[FJH_S_REGS], float (&row_m)[2],
                                             float (&row_l)[2], float (&alpha)[2]) {
-  const int tid = fjh_tid();
+  const int tid = fj_tid();
   const int t4 = tid & 3;
   // This thread's first row, derived here from a fresh read of tid rather
   // than kept in a register across the kv loop (that spilled at D=128).
@@ -771,7 +706,7 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
   (void)b; (void)h; (void)qr;
   if (FJ_DROP_MODE && mode == FJH_TILE_DROP) {
 #pragma unroll
-    for (int i = 0; i < FJH_S_REGS; ++i) s[i] = fjh_neg_inf();
+    for (int i = 0; i < FJH_S_REGS; ++i) s[i] = fj_neg_inf();
   } else {
 #if FJ_HAS_SCORE_MOD
 #pragma unroll
@@ -790,13 +725,13 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
         if (mode == FJH_TILE_MASK && keep)
           keep = fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
 #endif
-        if (!keep) s[i] = fjh_neg_inf();
+        if (!keep) s[i] = fj_neg_inf();
       }
     }
   }
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float mx = fjh_neg_inf();
+    float mx = fj_neg_inf();
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS / 4; ++i)
       mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]));
@@ -807,14 +742,14 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     const float m_new = fmaxf(m_old, mx * exp_scale);
     // m_old = -inf: alpha = 0 (O and l are 0 anyway); both -inf: shift by 0
     // instead of computing (-inf) - (-inf) = NaN, all terms are 0 then.
-    alpha[hh] = m_new == m_old ? 1.0f : fjh_exp2(m_old - m_new);
+    alpha[hh] = m_new == m_old ? 1.0f : fj_exp2(m_old - m_new);
     row_m[hh] = m_new;
-    const float shift = m_new == fjh_neg_inf() ? 0.f : m_new;
+    const float shift = m_new == fj_neg_inf() ? 0.f : m_new;
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS / 4; ++i) {
-      s[4 * i + 2 * hh] = fjh_exp2(fmaf(s[4 * i + 2 * hh], exp_scale, -shift));
-      s[4 * i + 2 * hh + 1] = fjh_exp2(fmaf(s[4 * i + 2 * hh + 1], exp_scale, -shift));
+      s[4 * i + 2 * hh] = fj_exp2(fmaf(s[4 * i + 2 * hh], exp_scale, -shift));
+      s[4 * i + 2 * hh + 1] = fj_exp2(fmaf(s[4 * i + 2 * hh + 1], exp_scale, -shift));
       sum += s[4 * i + 2 * hh] + s[4 * i + 2 * hh + 1];
     }
     // Row sums of the f32 P (the LSE must be the log of the true sum) stay
@@ -830,10 +765,10 @@ __device__ __forceinline__ void fjh_pack_p(const float (&s)[FJH_S_REGS],
                                            unsigned (&pf)[FJH_PK][4]) {
 #pragma unroll
   for (int kk = 0; kk < FJH_PK; ++kk) {
-    pf[kk][0] = fjh_pack2(s[8 * kk + 0], s[8 * kk + 1]);
-    pf[kk][1] = fjh_pack2(s[8 * kk + 2], s[8 * kk + 3]);
-    pf[kk][2] = fjh_pack2(s[8 * kk + 4], s[8 * kk + 5]);
-    pf[kk][3] = fjh_pack2(s[8 * kk + 6], s[8 * kk + 7]);
+    pf[kk][0] = fj_pack2(s[8 * kk + 0], s[8 * kk + 1]);
+    pf[kk][1] = fj_pack2(s[8 * kk + 2], s[8 * kk + 3]);
+    pf[kk][2] = fj_pack2(s[8 * kk + 4], s[8 * kk + 5]);
+    pf[kk][3] = fj_pack2(s[8 * kk + 6], s[8 * kk + 7]);
   }
 }
 
@@ -873,7 +808,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
       const int d = 8 * i + 2 * t4;
       const unsigned addr = sq + (d / 64) * (FJ_BLOCK_M * 128) + r * 128 +
                             ((((d % 64) / 8) ^ (r & 7)) << 4) + (d % 8) * 2;
-      const unsigned v = fjh_pack2(o[4 * i + 2 * hh] * inv_l[hh],
+      const unsigned v = fj_pack2(o[4 * i + 2 * hh] * inv_l[hh],
                                    o[4 * i + 2 * hh + 1] * inv_l[hh]);
       asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
     }
@@ -891,8 +826,8 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
       unsigned v0, v1, v2, v3;
       asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                    : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(addr));
-      fjh_u32x4 *dst = (fjh_u32x4 *)(go + (long long)(wq0 + r) * p.o_ss + ch * 8);
-      *dst = fjh_u32x4{v0, v1, v2, v3};
+      fj_u32x4 *dst = (fj_u32x4 *)(go + (long long)(wq0 + r) * p.o_ss + ch * 8);
+      *dst = fj_u32x4{v0, v1, v2, v3};
     }
   }
   if (p.lse != nullptr && t4 == 0) {
@@ -902,7 +837,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
       const int qi = wq0 + 16 * warp + g + 8 * hh;
       if (qi < Lq) {
         const float l = row_l[hh];
-        gl[qi] = l > 0.f ? (row_m[hh] + log2f(l)) * FJH_LN2 : fjh_neg_inf();
+        gl[qi] = l > 0.f ? (row_m[hh] + log2f(l)) * FJH_LN2 : fj_neg_inf();
       }
     }
   }
@@ -920,10 +855,10 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
   for (int idx = tid; idx < FJH_WG_ROWS * CH; idx += 128) {
     const int r = idx / CH, ch = idx % CH;
     if (wq0 + r < Lq)
-      *(fjh_u32x4 *)(go + (long long)(wq0 + r) * p.o_ss + ch * 8) = fjh_u32x4{0u, 0u, 0u, 0u};
+      *(fj_u32x4 *)(go + (long long)(wq0 + r) * p.o_ss + ch * 8) = fj_u32x4{0u, 0u, 0u, 0u};
   }
   if (p.lse != nullptr && tid < FJH_WG_ROWS && wq0 + tid < Lq)
-    p.lse[b * p.lse_sb + h * p.lse_sh + wq0 + tid] = fjh_neg_inf();
+    p.lse[b * p.lse_sb + h * p.lse_sh + wq0 + tid] = fj_neg_inf();
 }
 #endif
 
@@ -937,7 +872,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
   float o[FJH_O_REGS];
 #pragma unroll
   for (int i = 0; i < FJH_O_REGS; ++i) o[i] = 0.f;
-  float row_m[2] = {fjh_neg_inf(), fjh_neg_inf()}, row_l[2] = {0.f, 0.f};
+  float row_m[2] = {fj_neg_inf(), fj_neg_inf()}, row_l[2] = {0.f, 0.f};
   // Without a score_mod the exponent is fma(qk, scale_log2, -m) and the max
   // is taken on unscaled q.k; with one, scores are in log2 units already.
 #if FJ_HAS_SCORE_MOD
@@ -1074,7 +1009,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 // The dynamic shared memory's map (Q, K stages, V stages, barriers).
 __device__ __forceinline__ fjh_smem_map fjh_smem_layout(unsigned char *smem) {
   fjh_smem_map sm;
-  sm.q = (fjh_smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  sm.q = (fj_smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
   sm.k = sm.q + FJH_Q_BYTES;
   sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
   sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
@@ -1112,30 +1047,6 @@ __device__ __forceinline__ fjh_work fjh_item(const fj_fwd_params &p, int item) {
   return fjh_work{nm - 1 - (item - hb * nm), hb % p.sz.Hq, hb / p.sz.Hq};
 }
 
-#if FJ_HAS_MASK
-// fj_tile_range for one warp (all 32 lanes call it; the result in each).
-__device__ __forceinline__ void fjh_tile_range_warp(const fj_fwd_params &p, int b, int h,
-                                                    int q0, int q1, int *lo, int *hi,
-                                                    int *hi_cls) {
-  const int Lk = p.sz.Lk;
-  const int nb = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
-  int first = nb, last = -1;
-  for (int j = threadIdx.x & 31; j < nb; j += 32) {
-    const int kv0 = j * FJ_BLOCK_N;
-    const int c = fj_tile_class(p.user, p.sz, b, h, q0, q1, kv0,
-                                min(kv0 + FJ_BLOCK_N, Lk) - 1);
-    if (c != FJ_TILE_EMPTY) {
-      first = min(first, j);
-      last = 4 * j + c;
-    }
-  }
-  first = __reduce_min_sync(0xffffffffu, first);
-  last = __reduce_max_sync(0xffffffffu, last);
-  *lo = first;
-  *hi = last < 0 ? -1 : last >> 2;
-  *hi_cls = last < 0 ? FJ_TILE_FULL : (last & 3);
-}
-#endif
 
 // Warp 0 of the producer warpgroup: lane 0 issues the loads.
 __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
@@ -1159,7 +1070,10 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
       hi = fjh_bm_tile(p, w.b, w.h, q0, &t, &hi_cls);
     } else {
 #if FJ_HAS_MASK
-      fjh_tile_range_warp(p, w.b, w.h, q0, q1, &lo, &hi, &hi_cls);
+      int first, last;
+      fj_tile_scan_warp(p, w.b, w.h, q0, q1, (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N, lane, 32,
+                        &first, &last);
+      fj_tile_range_of(first, last, &lo, &hi, &hi_cls);
 #endif
     }
     if (lane == 0) {
@@ -1205,7 +1119,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
                  const __grid_constant__ fj_tma_maps maps) {
   extern __shared__ __align__(1024) unsigned char fjh_smem[];
   fjh_smem_map sm = fjh_smem_layout(fjh_smem);
-  sm.pbar = fjh_smem_u32(&fjh_persist_smem().bar[0]);
+  sm.pbar = fj_smem_u32(&fjh_persist_smem().bar[0]);
   if (threadIdx.x == 0) {
     fjh_init_pipeline_barriers(sm);
     fjh_mbar_init(sm.q_empty(), 256);

@@ -146,7 +146,7 @@ static void test_forward_tu_layout(void **state) {
   p = after(s, "template common/fj_common.cuh", p);
   p = after(s, "generated prologue", p);
   p = after(s, "int a_window;", p);
-  p = after(s, "template common/fj_fwd_params.cuh", p);
+  p = after(s, "template common/fj_fwd.cuh", p);
   p = after(s, "template sm80/fwd.cuh", p);
   assert_null(strstr(s, "#define FJ_DTYPE_F16"));
   fjg_buf_free(&b);

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "9bf0e5b6046a21ddc0e728d073b2e95d"
+#define PINNED_SOURCE_KEY "16284b4c7116c270ca759ca1d44c2a0f"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

@@ -6,7 +6,7 @@
  *   - no mask, a tanh softcap plus a bias read from an i32 buffer at an index
  *     taken modulo an i32 param.
  * The translation unit is assembled as gen/emit_cuda.c does (defines,
- * fj_common.cuh, prologue, fj_fwd_params.cuh, sm80/fwd.cuh) and needs no
+ * fj_common.cuh, prologue, fj_fwd.cuh, sm80/fwd.cuh) and needs no
  * include path: the template uses PTX for every conversion, mma, ldmatrix
  * and cp.async. Prints the NVRTC log on failure and each compile time.
  * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units.
@@ -76,7 +76,7 @@ static char *slurp(const char *rel) {
 static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
                       const char *prologue) {
   char *common = slurp("templates/common/fj_common.cuh");
-  char *params = slurp("templates/common/fj_fwd_params.cuh");
+  char *params = slurp("templates/common/fj_fwd.cuh");
   char *fwd = slurp("templates/sm80/fwd.cuh");
   char defs[512];
   snprintf(defs, sizeof defs,
@@ -193,7 +193,7 @@ static void test_bad_config_rejected(void **state) {
       "#define FJ_BLOCK_N 64\n#define FJ_NUM_WARPS 4\n#define FJ_NUM_STAGES 2\n"
       "#define FJ_HAS_MASK 0\n#define FJ_HAS_SCORE_MOD 0\n";
   char *common = slurp("templates/common/fj_common.cuh");
-  char *params = slurp("templates/common/fj_fwd_params.cuh");
+  char *params = slurp("templates/common/fj_fwd.cuh");
   char *fwd = slurp("templates/sm80/fwd.cuh");
   const char *pro = "struct fj_user_params { long long fj_reserved_; };\n";
   size_t n = strlen(tu) + strlen(common) + strlen(pro) + strlen(params) + strlen(fwd) + 8;

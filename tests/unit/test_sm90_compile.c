@@ -129,7 +129,7 @@ static char *slurp(const char *rel) {
 static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
                       const char *prologue) {
   char *common = slurp("templates/common/fj_common.cuh");
-  char *params = slurp("templates/common/fj_fwd_params.cuh");
+  char *params = slurp("templates/common/fj_fwd.cuh");
   char *fwd = slurp("templates/sm90/fwd.cuh");
   char defs[512], tail[256];
   snprintf(defs, sizeof defs,
