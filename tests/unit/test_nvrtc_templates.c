@@ -6,7 +6,8 @@
  *   - no mask, a tanh softcap plus a bias read from an i32 buffer at an index
  *     taken modulo an i32 param.
  * The translation unit is assembled as gen/emit_cuda.c does (defines,
- * fj_common.cuh, prologue, fj_fwd.cuh, sm80/fwd.cuh) and needs no
+ * fj_common.cuh, prologue, fj_fwd.cuh, sm80/fwd.cuh; tests/unit/template_tu.h)
+ * and needs no
  * include path: the template uses PTX for every conversion, mma, ldmatrix
  * and cp.async. Prints the NVRTC log on failure and each compile time.
  * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units.
@@ -24,84 +25,7 @@
 #include <nvrtc.h>
 
 #include "gen/config.h"
-
-#ifndef FJ_SOURCE_DIR
-#error "FJ_SOURCE_DIR must name the source tree"
-#endif
-
-static const char kCausal[] =
-    "struct fj_user_params {\n  long long fj_reserved_;\n};\n"
-    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
-    "    int b, int h, int q, int kv) {\n  bool t0 = kv <= q;\n  return t0;\n}\n"
-    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
-    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
-    "  return score;\n}\n"
-    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
-    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
-    "  if (kv0 > q1) return FJ_TILE_EMPTY;\n"
-    "  if (kv1 <= q0) return FJ_TILE_FULL;\n"
-    "  return FJ_TILE_PARTIAL;\n}\n";
-
-static const char kSoftcapBias[] =
-    "struct fj_user_params {\n  long long fj_reserved_;\n  int a_period;\n"
-    "  const int *a_bias;\n  long long n_bias;\n};\n"
-    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
-    "    int b, int h, int q, int kv) {\n  return true;\n}\n"
-    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
-    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
-    "  float t0 = score / 30.0f;\n  float t1 = tanhf(t0);\n  float t2 = t1 * 30.0f;\n"
-    "  int t3 = fj_mod_i32(kv, u.a_period);\n"
-    "  int t4 = fj_load_i32(u.a_bias, u.n_bias, t3);\n"
-    "  float t5 = (float)t4;\n  float t6 = t5 * 0.125f;\n  return t2 + t6;\n}\n"
-    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
-    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
-    "  return FJ_TILE_FULL;\n}\n";
-
-static char *slurp(const char *rel) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/%s", FJ_SOURCE_DIR, rel);
-  FILE *f = fopen(path, "rb");
-  if (!f) fail_msg("cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  assert_non_null(s);
-  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-  s[n] = '\0';
-  fclose(f);
-  return s;
-}
-
-static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
-                      const char *prologue) {
-  char *common = slurp("templates/common/fj_common.cuh");
-  char *params = slurp("templates/common/fj_fwd.cuh");
-  char *fwd = slurp("templates/sm80/fwd.cuh");
-  char defs[512];
-  snprintf(defs, sizeof defs,
-           "#define FJ_HEAD_DIM %d\n#define %s 1\n#define FJ_BLOCK_M %d\n"
-           "#define FJ_BLOCK_N %d\n#define FJ_NUM_WARPS %d\n#define FJ_NUM_STAGES %d\n"
-           "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD %d\n",
-           c->head_dim, c->dtype == FJ_DTYPE_F16 ? "FJ_DTYPE_F16" : "FJ_DTYPE_BF16",
-           c->block_m, c->block_n, c->num_warps, c->num_stages, has_mask,
-           has_score_mod);
-  size_t n = strlen(defs) + strlen(common) + strlen(prologue) + strlen(params) +
-             strlen(fwd) + 8;
-  char *tu = malloc(n);
-  assert_non_null(tu);
-  snprintf(tu, n, "%s%s\n%s\n%s\n%s", defs, common, prologue, params, fwd);
-  free(common);
-  free(params);
-  free(fwd);
-  return tu;
-}
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "tests/unit/template_tu.h"
 
 /* Compiles one kernel and checks that a non-empty cubin comes out; returns
  * the NVRTC time in milliseconds. */
@@ -111,7 +35,7 @@ static double compile_one(const char *arch, int head_dim, fj_dtype dt, int has_m
   char err[256];
   if (fjg_config_choose(head_dim, dt, arch, &c, err, sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
-  char *tu = build_tu(&c, has_mask, has_score_mod, prologue);
+  char *tu = fjt_build_tu(&c, has_mask, has_score_mod, prologue, "");
   const char *dump = getenv("FJ_TEST_NVRTC_DUMP");
   if (dump && *dump) {
     char path[1024];
@@ -127,17 +51,12 @@ static double compile_one(const char *arch, int head_dim, fj_dtype dt, int has_m
   snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
   const char *opts[] = {"-std=c++17", "-default-device", archopt};
 
-  double t0 = now_ms();
+  double t0 = fjt_now_ms();
   nvrtcProgram prog;
   assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd.cu", 0, NULL, NULL), NVRTC_SUCCESS);
   nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
-  double ms = now_ms() - t0;
-  size_t log_size = 0;
-  nvrtcGetProgramLogSize(prog, &log_size);
-  char *log = malloc(log_size + 1);
-  assert_non_null(log);
-  log[0] = '\0';
-  if (log_size) nvrtcGetProgramLog(prog, log);
+  double ms = fjt_now_ms() - t0;
+  char *log = fjt_program_log(prog);
   if (r != NVRTC_SUCCESS) {
     fprintf(stderr, "NVRTC log (%s, D=%d, %s, %s):\n%s\n", what, head_dim,
             dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch, log);
@@ -177,45 +96,32 @@ static void run_matrix(int has_mask, int has_score_mod, const char *prologue,
 
 static void test_causal(void **state) {
   (void)state;
-  run_matrix(1, 1, kCausal, "causal");
+  run_matrix(1, 1, fjt_causal, "causal");
 }
 
 static void test_softcap_bias(void **state) {
   (void)state;
-  run_matrix(0, 1, kSoftcapBias, "softcap+bias");
+  run_matrix(0, 1, fjt_softcap_bias, "softcap+bias");
 }
 
 /* The template must reject a configuration it cannot run, at compile time. */
 static void test_bad_config_rejected(void **state) {
   (void)state;
-  const char *tu =
-      "#define FJ_HEAD_DIM 96\n#define FJ_DTYPE_BF16 1\n#define FJ_BLOCK_M 128\n"
-      "#define FJ_BLOCK_N 64\n#define FJ_NUM_WARPS 4\n#define FJ_NUM_STAGES 2\n"
-      "#define FJ_HAS_MASK 0\n#define FJ_HAS_SCORE_MOD 0\n";
-  char *common = slurp("templates/common/fj_common.cuh");
-  char *params = slurp("templates/common/fj_fwd.cuh");
-  char *fwd = slurp("templates/sm80/fwd.cuh");
-  const char *pro = "struct fj_user_params { long long fj_reserved_; };\n";
-  size_t n = strlen(tu) + strlen(common) + strlen(pro) + strlen(params) + strlen(fwd) + 8;
-  char *src = malloc(n);
-  assert_non_null(src);
-  snprintf(src, n, "%s%s\n%s\n%s\n%s", tu, common, pro, params, fwd);
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose(64, FJ_DTYPE_BF16, "sm_80", &c, err, sizeof err) != FJ_OK)
+    fail_msg("config: %s", err);
+  c.head_dim = 96;  /* what fjg_config_choose refuses; the template must too */
+  char *src = fjt_build_tu(&c, 0, 0, "struct fj_user_params { long long fj_reserved_; };\n", "");
   nvrtcProgram prog;
   assert_int_equal(nvrtcCreateProgram(&prog, src, "bad.cu", 0, NULL, NULL), NVRTC_SUCCESS);
   const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_80"};
   assert_int_not_equal(nvrtcCompileProgram(prog, 3, opts), NVRTC_SUCCESS);
-  size_t log_size = 0;
-  nvrtcGetProgramLogSize(prog, &log_size);
-  char *log = calloc(1, log_size + 1);
-  assert_non_null(log);
-  nvrtcGetProgramLog(prog, log);
+  char *log = fjt_program_log(prog);
   assert_non_null(strstr(log, "head dim 64 or 128"));
   free(log);
   nvrtcDestroyProgram(&prog);
   free(src);
-  free(common);
-  free(params);
-  free(fwd);
 }
 
 int main(void) {

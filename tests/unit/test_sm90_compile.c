@@ -31,38 +31,7 @@
 #include "gen/config.h"
 #include "runtime/nvrtc.h"
 #include "runtime/tma.h"
-
-#ifndef FJ_SOURCE_DIR
-#error "FJ_SOURCE_DIR must name the source tree"
-#endif
-
-static const char kCausal[] =
-    "struct fj_user_params {\n  long long fj_reserved_;\n};\n"
-    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
-    "    int b, int h, int q, int kv) {\n  bool t0 = kv <= q;\n  return t0;\n}\n"
-    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
-    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
-    "  return score;\n}\n"
-    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
-    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
-    "  if (kv0 > q1) return FJ_TILE_EMPTY;\n"
-    "  if (kv1 <= q0) return FJ_TILE_FULL;\n"
-    "  return FJ_TILE_PARTIAL;\n}\n";
-
-static const char kSoftcapBias[] =
-    "struct fj_user_params {\n  long long fj_reserved_;\n  int a_period;\n"
-    "  const int *a_bias;\n  long long n_bias;\n};\n"
-    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
-    "    int b, int h, int q, int kv) {\n  return true;\n}\n"
-    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
-    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
-    "  float t0 = score * 0.0333333351f;\n  float t1 = fj_tanh_f32(t0);\n  float t2 = t1 * 30.0f;\n"
-    "  int t3 = fj_mod_i32(kv, u.a_period);\n"
-    "  int t4 = fj_load_i32(u.a_bias, u.n_bias, t3);\n"
-    "  float t5 = (float)t4;\n  float t6 = t5 * 0.125f;\n  return t2 + t6;\n}\n"
-    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
-    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
-    "  return FJ_TILE_FULL;\n}\n";
+#include "tests/unit/template_tu.h"
 
 /* Sliding window with an i32 param: tile classes from interval analysis. */
 static const char kSliding[] =
@@ -108,56 +77,16 @@ static const char kDocumentSoftcap[] =
     "  const float t0 = score * 0.0333333351f;\n  const float t1 = fj_tanh_f32(t0);\n"
     "  return t1 * 30.0f;\n}\n" DOC_CLASS;
 
-static char *slurp(const char *rel) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/%s", FJ_SOURCE_DIR, rel);
-  FILE *f = fopen(path, "rb");
-  if (!f) fail_msg("cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  assert_non_null(s);
-  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-  s[n] = '\0';
-  fclose(f);
-  return s;
-}
-
-/* The translation unit as gen/emit_cuda.c assembles it, plus a check that
- * the template's shared-memory size is the configuration's. */
+/* The translation unit, plus a check that the template's shared-memory size
+ * is the configuration's. */
 static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
                       const char *prologue) {
-  char *common = slurp("templates/common/fj_common.cuh");
-  char *params = slurp("templates/common/fj_fwd.cuh");
-  char *fwd = slurp("templates/sm90/fwd.cuh");
-  char defs[512], tail[256];
-  snprintf(defs, sizeof defs,
-           "#define FJ_HEAD_DIM %d\n#define %s 1\n#define FJ_BLOCK_M %d\n"
-           "#define FJ_BLOCK_N %d\n#define FJ_NUM_WARPS %d\n#define FJ_NUM_STAGES %d\n"
-           "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD %d\n",
-           c->head_dim, c->dtype == FJ_DTYPE_F16 ? "FJ_DTYPE_F16" : "FJ_DTYPE_BF16",
-           c->block_m, c->block_n, c->num_warps, c->num_stages, has_mask,
-           has_score_mod);
+  char tail[256];
   snprintf(tail, sizeof tail,
            "\nstatic_assert(FJH_SMEM_BYTES == %d, \"smem size differs from gen/config.c\");\n"
            "static_assert(sizeof(fj_tma_maps) == 384, \"tensor map block\");\n",
            c->smem_bytes);
-  size_t n = strlen(defs) + strlen(common) + strlen(prologue) + strlen(params) +
-             strlen(fwd) + strlen(tail) + 8;
-  char *tu = malloc(n);
-  assert_non_null(tu);
-  snprintf(tu, n, "%s%s\n%s\n%s\n%s%s", defs, common, prologue, params, fwd, tail);
-  free(common);
-  free(params);
-  free(fwd);
-  return tu;
-}
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+  return fjt_build_tu(c, has_mask, has_score_mod, prologue, tail);
 }
 
 static void dump(const char *what, int d, fj_dtype dt, const char *ext, const char *text) {
@@ -171,15 +100,6 @@ static void dump(const char *what, int d, fj_dtype dt, const char *ext, const ch
     fputs(text, f);
     fclose(f);
   }
-}
-
-static char *program_log(nvrtcProgram prog) {
-  size_t n = 0;
-  nvrtcGetProgramLogSize(prog, &n);
-  char *log = calloc(1, n + 1);
-  assert_non_null(log);
-  if (n) nvrtcGetProgramLog(prog, log);
-  return log;
 }
 
 /* ptxas -v says "N bytes spill stores, M bytes spill loads" per function;
@@ -219,13 +139,13 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
   int nopts = 4;
   if (!overlap) opts[nopts++] = "-DFJ_INTRA_WG_OVERLAP=0";
   if (persistent) opts[nopts++] = "-DFJ_PERSISTENT=1";
-  double t0 = now_ms();
+  double t0 = fjt_now_ms();
   nvrtcProgram prog;
   assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd_sm90.cu", 0, NULL, NULL),
                    NVRTC_SUCCESS);
   nvrtcResult r = nvrtcCompileProgram(prog, nopts, opts);
-  double ms = now_ms() - t0;
-  char *log = program_log(prog);
+  double ms = fjt_now_ms() - t0;
+  char *log = fjt_program_log(prog);
   if (r == NVRTC_SUCCESS && overlap && has_score_mod &&
       fjr_nvrtc_log_spill_bytes(log) > 0) {
     /* What the runtime does with such a kernel: compile it without the
@@ -301,7 +221,7 @@ static void run_matrix(int has_mask, int has_score_mod, const char *prologue,
 
 static void test_causal(void **state) {
   (void)state;
-  run_matrix(1, 0, kCausal, "causal");
+  run_matrix(1, 0, fjt_causal, "causal");
 }
 
 static void test_sliding(void **state) {
@@ -311,7 +231,7 @@ static void test_sliding(void **state) {
 
 static void test_softcap_bias(void **state) {
   (void)state;
-  run_matrix(0, 1, kSoftcapBias, "softcap+bias");
+  run_matrix(0, 1, fjt_softcap_bias, "softcap+bias");
 }
 
 static void test_document(void **state) {

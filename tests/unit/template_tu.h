@@ -1,0 +1,116 @@
+/*
+ * tests/unit/template_tu.h: what the template compile tests (test_nvrtc_templates
+ * for sm80, test_sm90_compile for sm90) share: hand-written prologues in the
+ * generator's format, and the translation unit assembled the way
+ * gen/emit_cuda.c does (defines, fj_common.cuh, prologue, fj_fwd.cuh, the
+ * architecture template), from the source tree's templates.
+ * Include after <cmocka.h> and <nvrtc.h>; needs FJ_SOURCE_DIR.
+ */
+#ifndef FJ_TESTS_TEMPLATE_TU_H
+#define FJ_TESTS_TEMPLATE_TU_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gen/config.h"
+
+#ifndef FJ_SOURCE_DIR
+#error "FJ_SOURCE_DIR must name the source tree"
+#endif
+
+/* A causal mask, score_mod = score. */
+static const char fjt_causal[] =
+    "struct fj_user_params {\n  long long fj_reserved_;\n};\n"
+    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
+    "    int b, int h, int q, int kv) {\n  bool t0 = kv <= q;\n  return t0;\n}\n"
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  return score;\n}\n"
+    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
+    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
+    "  if (kv0 > q1) return FJ_TILE_EMPTY;\n"
+    "  if (kv1 <= q0) return FJ_TILE_FULL;\n"
+    "  return FJ_TILE_PARTIAL;\n}\n";
+
+/* No mask; a tanh softcap (as the emitter writes it: the constant division
+ * as a multiplication) plus a bias read from an i32 buffer at an index taken
+ * modulo an i32 param. */
+static const char fjt_softcap_bias[] =
+    "struct fj_user_params {\n  long long fj_reserved_;\n  int a_period;\n"
+    "  const int *a_bias;\n  long long n_bias;\n};\n"
+    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
+    "    int b, int h, int q, int kv) {\n  return true;\n}\n"
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  float t0 = score * 0.0333333351f;\n  float t1 = fj_tanh_f32(t0);\n  float t2 = t1 * 30.0f;\n"
+    "  int t3 = fj_mod_i32(kv, u.a_period);\n"
+    "  int t4 = fj_load_i32(u.a_bias, u.n_bias, t3);\n"
+    "  float t5 = (float)t4;\n  float t6 = t5 * 0.125f;\n  return t2 + t6;\n}\n"
+    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
+    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
+    "  return FJ_TILE_FULL;\n}\n";
+
+/* A file of the source tree, NUL-terminated (malloc'd). */
+static char *fjt_slurp(const char *rel) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", FJ_SOURCE_DIR, rel);
+  FILE *f = fopen(path, "rb");
+  if (!f) fail_msg("cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  assert_non_null(s);
+  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+  s[n] = '\0';
+  fclose(f);
+  return s;
+}
+
+/* The translation unit of c->template_name's forward template with this
+ * prologue, then `tail` (extra checks; may be ""). malloc'd. */
+static char *fjt_build_tu(const fjg_config *c, int has_mask, int has_score_mod,
+                          const char *prologue, const char *tail) {
+  char fwd_path[128];
+  snprintf(fwd_path, sizeof fwd_path, "templates/%s/fwd.cuh", c->template_name);
+  char *common = fjt_slurp("templates/common/fj_common.cuh");
+  char *shared = fjt_slurp("templates/common/fj_fwd.cuh");
+  char *fwd = fjt_slurp(fwd_path);
+  char defs[512];
+  snprintf(defs, sizeof defs,
+           "#define FJ_HEAD_DIM %d\n#define %s 1\n#define FJ_BLOCK_M %d\n"
+           "#define FJ_BLOCK_N %d\n#define FJ_NUM_WARPS %d\n#define FJ_NUM_STAGES %d\n"
+           "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD %d\n",
+           c->head_dim, c->dtype == FJ_DTYPE_F16 ? "FJ_DTYPE_F16" : "FJ_DTYPE_BF16",
+           c->block_m, c->block_n, c->num_warps, c->num_stages, has_mask,
+           has_score_mod);
+  size_t n = strlen(defs) + strlen(common) + strlen(prologue) + strlen(shared) +
+             strlen(fwd) + strlen(tail) + 8;
+  char *tu = malloc(n);
+  assert_non_null(tu);
+  snprintf(tu, n, "%s%s\n%s\n%s\n%s%s", defs, common, prologue, shared, fwd, tail);
+  free(common);
+  free(shared);
+  free(fwd);
+  return tu;
+}
+
+/* NVRTC's log of a program (malloc'd, "" when empty). */
+static char *fjt_program_log(nvrtcProgram prog) {
+  size_t n = 0;
+  nvrtcGetProgramLogSize(prog, &n);
+  char *log = calloc(1, n + 1);
+  assert_non_null(log);
+  if (n) nvrtcGetProgramLog(prog, log);
+  return log;
+}
+
+static double fjt_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+#endif /* FJ_TESTS_TEMPLATE_TU_H */
