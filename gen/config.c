@@ -98,6 +98,7 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   out->block_m = 128;
   out->block_n = 128;
   out->num_stages = out->head_dim == 128 ? 2 : 3;
+  out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
   /* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the
    * swizzle atom, Q, the K and V stages, and 1 + 4 * stages mbarriers. */
   out->smem_bytes = 1024 +
@@ -109,6 +110,12 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
                 "configuration needs %d bytes of shared memory, more than %s allows",
                 out->smem_bytes, a);
   return FJ_OK;
+}
+
+void fjg_config_set_persistent(fjg_config *c, int on) {
+  if (!c || !c->uses_tma) return;
+  c->persistent = on ? 1 : 0;
+  c->spill_fallback = on ? NULL : "-DFJ_INTRA_WG_OVERLAP=0";
 }
 
 fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,

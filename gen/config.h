@@ -41,7 +41,17 @@ typedef struct fjg_config {
    * work items. 0 (the default; FLEXJIT_PERSISTENT=1 asks for it, see
    * runtime/forward.c): one CTA per query block, grid as above. */
   int persistent;
+  /* An NVRTC option (a -D of the template, a static string) that makes the
+   * kernel keep fewer registers live, or NULL: when ptxas reports spills the
+   * runtime compiles again with it and keeps the cubin that spills less
+   * (runtime/forward.c). sm90: "-DFJ_INTRA_WG_OVERLAP=0"; none for the
+   * persistent kernel, which is measured as written. */
+  const char *spill_fallback;
 } fjg_config;
+
+/* Asks for (on = 1) or against the persistent kernel; only the sm90
+ * template has one (others are left as they are). */
+void fjg_config_set_persistent(fjg_config *c, int on);
 
 /*
  * Chooses the configuration for head_dim (64 or 128), dtype and arch

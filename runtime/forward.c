@@ -192,43 +192,36 @@ static void dump_source(fj_context *ctx, const char *name, const fjc_key *key,
   fclose(f);
 }
 
-/* The sm90 template overlaps the softmax of tile j + 1 with P V of tile j
- * (FJ_INTRA_WG_OVERLAP), which keeps S, P and O live together; a heavy
- * score_mod or mask on top of that can make ptxas spill, and a spilling
- * kernel is slower than one without the overlap. When ptxas reports spills
- * and the overlap was not set by hand, compile again without it and keep
- * that cubin if it spills less. Deterministic for a given source and NVRTC,
- * so the key (taken before compiling) still names one cubin. */
-static fj_status refit_spilling(fj_context *ctx, const char *name,
-                                const fjg_buf *src, fjr_kernel *k,
-                                const char **opts, int nopt, char **log,
-                                char *err, size_t errlen) {
+/* When ptxas reports spills and the configuration names an option that
+ * keeps fewer registers live (fjg_config.spill_fallback: for sm90, no
+ * intra-warpgroup overlap), compiles again with it, unless the caller's
+ * options already set that macro, and keeps the cubin that spills less.
+ * Deterministic for a given source and NVRTC, so the key (taken before
+ * compiling) still names one cubin. */
+static void refit_spilling(fj_context *ctx, const char *name, const fjg_buf *src,
+                           fjr_kernel *k, const char **opts, int nopt, char **log) {
+  const char *fallback = k->cfg.spill_fallback;
   long spilled = fjr_nvrtc_log_spill_bytes(*log);
-  /* The persistent kernel is an experiment (FLEXJIT_PERSISTENT=1) and
-   * keeps its overlap, spills or not, so that it is measured as written. */
-  if (spilled <= 0 || strcmp(k->cfg.template_name, "sm90") != 0 || k->cfg.persistent)
-    return FJ_OK;
+  if (!fallback || spilled <= 0 || nopt >= FJR_MAX_OPTIONS) return;
+  size_t macro = strcspn(fallback, "=");
   for (int i = 0; i < nopt; i++)
-    if (strncmp(opts[i], "-DFJ_INTRA_WG_OVERLAP", 21) == 0) return FJ_OK;
-  if (nopt >= FJR_MAX_OPTIONS) return FJ_OK;
+    if (strncmp(opts[i], fallback, macro) == 0) return;
   const char *opts2[FJR_MAX_OPTIONS + 1];
   for (int i = 0; i < nopt; i++) opts2[i] = opts[i];
-  opts2[nopt] = "-DFJ_INTRA_WG_OVERLAP=0";
+  opts2[nopt] = fallback;
   void *cubin = NULL;
   size_t size = 0;
   char *log2 = NULL;
-  fj_status st = fjr_nvrtc_compile(src->data, name, k->cfg.arch, opts2,
-                                   nopt + 1, &cubin, &size, &log2, err, errlen);
-  if (st != FJ_OK) { /* keep the first cubin; it compiled */
-    free(log2);
-    err[0] = '\0';
-    return FJ_OK;
+  if (fjr_nvrtc_compile(src->data, name, k->cfg.arch, opts2, nopt + 1, &cubin,
+                        &size, &log2, NULL, 0) != FJ_OK) {
+    free(log2); /* keep the first cubin; it compiled */
+    return;
   }
   long spilled2 = fjr_nvrtc_log_spill_bytes(log2);
   if (spilled2 >= 0 && spilled2 < spilled) {
     fjr_log(ctx, FJ_LOG_INFO,
-            "%s: %ld bytes of spills with intra-warpgroup overlap, %ld "
-            "without: compiled without it", name, spilled, spilled2);
+            "%s: %ld bytes of spills, %ld with %s: compiled with it", name,
+            spilled, spilled2, fallback);
     free(k->cubin);
     k->cubin = cubin;
     k->cubin_size = size;
@@ -238,7 +231,6 @@ static fj_status refit_spilling(fj_context *ctx, const char *name,
     free(cubin);
     free(log2);
   }
-  return FJ_OK;
 }
 
 static fj_status meta_json(const fj_spec *spec, const char *name,
@@ -306,9 +298,9 @@ static const char *choose_template(const fj_context *ctx,
 }
 
 /* The context's persistence request ($FLEXJIT_PERSISTENT, read when it was
- * created) applied to a configuration: sm90 kernels only. */
+ * created), if any, applied to a configuration. */
 static void apply_persistent(const fj_context *ctx, fjg_config *cfg) {
-  if (ctx->persistent_opt >= 0 && cfg->uses_tma) cfg->persistent = ctx->persistent_opt;
+  if (ctx->persistent_opt >= 0) fjg_config_set_persistent(cfg, ctx->persistent_opt);
 }
 
 /* "sm80" when the default choice must avoid sm90 for this block mask: its
@@ -444,9 +436,7 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   double t0 = now_ms();
   st = fjr_nvrtc_compile(src.data, name, k->cfg.arch, nvrtc_opts, nopt,
                          &k->cubin, &k->cubin_size, &log, err, sizeof(err));
-  if (st == FJ_OK)
-    st = refit_spilling(ctx, name, &src, k, nvrtc_opts, nopt, &log, err,
-                        sizeof(err));
+  if (st == FJ_OK) refit_spilling(ctx, name, &src, k, nvrtc_opts, nopt, &log);
   compile_ms = now_ms() - t0;
   if (st != FJ_OK) {
     st = fjr_fail(ctx, st, "compiling %s (key %s) failed: %s%s%s", name,
