@@ -140,11 +140,35 @@ static void test_template_contract(void **state) {
       }
 }
 
+/* The spill fallback is the sm90 template's, and the persistent kernel has
+ * none; persistence applies to sm90 only. */
+static void test_spill_fallback_and_persistence(void **state) {
+  (void)state;
+  fjg_config c90, c80;
+  assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c90,
+                                              NULL, 0), FJ_OK);
+  assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm80", &c80,
+                                              NULL, 0), FJ_OK);
+  assert_string_equal(c90.spill_fallback, "-DFJ_INTRA_WG_OVERLAP=0");
+  assert_int_equal(c90.persistent, 0);
+  assert_null(c80.spill_fallback);
+  fjg_config_set_persistent(&c90, 1);
+  assert_int_equal(c90.persistent, 1);
+  assert_null(c90.spill_fallback);
+  fjg_config_set_persistent(&c90, 0);
+  assert_int_equal(c90.persistent, 0);
+  assert_string_equal(c90.spill_fallback, "-DFJ_INTRA_WG_OVERLAP=0");
+  fjg_config_set_persistent(&c80, 1);
+  assert_int_equal(c80.persistent, 0);
+  fjg_config_set_persistent(NULL, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_h100_class),        cmocka_unit_test(test_arch_parsing),
       cmocka_unit_test(test_old_arch_rejected), cmocka_unit_test(test_head_dim_and_dtype),
       cmocka_unit_test(test_null_arguments),    cmocka_unit_test(test_template_contract),
+      cmocka_unit_test(test_spill_fallback_and_persistence),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
