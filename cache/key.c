@@ -78,7 +78,7 @@ void fjc_key_with_nvrtc(const fjc_key *source_key, const char *nvrtc_version,
   fjc_key_finish(&b, out);
 }
 
-static int hex_value(char c) {
+int fjc_hex_value(char c) {
   if (c >= '0' && c <= '9')
     return c - '0';
   if (c >= 'a' && c <= 'f')
@@ -92,13 +92,13 @@ int fjc_key_from_hex(const char *hex, fjc_key *out) {
   if (!hex || strlen(hex) != 32)
     return -1;
   for (int i = 0; i < 16; i++) {
-    int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
+    int hi = fjc_hex_value(hex[2 * i]), lo = fjc_hex_value(hex[2 * i + 1]);
     if (hi < 0 || lo < 0)
       return -1;
     out->bytes[i] = (uint8_t)(hi << 4 | lo);
   }
   for (int i = 0; i < 32; i++)
-    out->hex[i] = (char)(hex_value(hex[i]) < 10 ? hex[i] : (hex[i] | 0x20));
+    out->hex[i] = (char)(fjc_hex_value(hex[i]) < 10 ? hex[i] : (hex[i] | 0x20));
   out->hex[32] = '\0';
   return 0;
 }

@@ -50,4 +50,7 @@ void fjc_key_with_nvrtc(const fjc_key *source_key, const char *nvrtc_version,
  * not a key. */
 int fjc_key_from_hex(const char *hex, fjc_key *out);
 
+/* The value of one hex digit (either case), or -1. */
+int fjc_hex_value(char c);
+
 #endif /* FJC_KEY_H */

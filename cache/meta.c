@@ -2,6 +2,7 @@
  * cache/meta.c: top-level string fields of a sidecar's JSON (see meta.h).
  */
 #include "cache/meta.h"
+#include "cache/key.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,16 +16,6 @@ static void skip_space(scanner *s) {
   while (s->p < s->end &&
          (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
     s->p++;
-}
-
-static int hex_digit(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
 }
 
 /* Appends one code point as UTF-8 (surrogate halves are kept as they come:
@@ -72,7 +63,7 @@ static int scan_string(scanner *s, char *out, size_t outlen) {
       if (e == 'u') {
         unsigned cp = 0;
         for (int i = 0; i < 4; i++) {
-          int d = s->p < s->end ? hex_digit(*s->p++) : -1;
+          int d = s->p < s->end ? fjc_hex_value(*s->p++) : -1;
           if (d < 0)
             return -1;
           cp = cp << 4 | (unsigned)d;
