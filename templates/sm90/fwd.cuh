@@ -891,6 +891,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_fence_regs(pf);
       fjh_mbar_arrive(sm.v_empty(s0));
     }
+    n_io = n + 1;  // n was the last tile
 #else
     // Without the overlap: S, softmax, P V, one tile after the other.
     while (j >= lo) {
@@ -924,9 +925,8 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       cls = cls_n;
       ++n;
     }
-    --n;  // the loop counted one past the last tile
+    n_io = n;  // one past the last tile
 #endif
-    n_io = n + 1;
   }
 #if FJ_PERSISTENT
   if (lo > hi) {

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "d5ad39d1daee616d1f95c56724577e8d"
+#define PINNED_SOURCE_KEY "df9b764dd805e05a84d514206812fbec"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
