@@ -25,8 +25,8 @@
 //                      0 when ptxas reports spills, runtime/forward.c)
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
-//   FJ_BM_CACHE, FJ_DROP_MODE optional, each described where it is
-//                      defined below
+//   FJ_BM_CACHE, FJ_DROP_MODE, FJ_RESCALE_SLACK optional, each described
+//                      where it is defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
@@ -253,11 +253,18 @@ __device__ __forceinline__ void fjh_fence_regs(unsigned (&r)[N][4]) {
 // (Q, K) lbo is unused and sbo = 1024 (8 rows of 128 bytes); for the
 // MN-major V, lbo is the distance between 64-column blocks and sbo = 1024
 // (8 kv rows). Tile bases are 1024-byte aligned, so the base offset is 0.
-__device__ __forceinline__ unsigned long long fjh_desc(unsigned addr, unsigned lbo,
-                                                       unsigned sbo) {
-  return (unsigned long long)((addr & 0x3FFFFu) >> 4) |
-         ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
-         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+// A descriptor is built from its low word (address >> 4 in bits 0-13, lbo
+// in 16-29) and a constant high word: fjh_desc_lo once for a tile, then
+// fjh_desc adds each k step's byte offset to the low word. That is exact
+// because shared memory ends below 256 KiB (no carry out of bits 0-13), and
+// costs one add a wgmma instead of rebuilding all fields (the D=64 kernel
+// is issue-bound).
+__device__ __forceinline__ unsigned fjh_desc_lo(unsigned addr, unsigned lbo) {
+  return ((addr & 0x3FFFFu) >> 4) | (((lbo >> 4) & 0x3FFFu) << 16);
+}
+__device__ __forceinline__ unsigned long long fjh_desc(unsigned lo, unsigned byte_off) {
+  constexpr unsigned hi = ((1024u >> 4) & 0x3FFFu) | (1u << 30);  // sbo, swizzle 128B
+  return ((unsigned long long)hi << 32) | (lo + (byte_off >> 4));
 }
 
 // The accumulator operands of a wgmma m64nN (N / 2 floats a thread): the
@@ -483,14 +490,28 @@ __device__ __forceinline__ fjh_persist &fjh_persist_smem() {
 }
 #endif
 
+// A K/V stage and the parity of its mbarriers' current phase for the n-th
+// tile a role walks (n counts on across the persistent kernel's items).
+// Roles step it along instead of dividing n by the stage count each tile.
+struct fjh_stage {
+  int s;
+  unsigned ph;
+};
+__device__ __forceinline__ fjh_stage fjh_stage_of(int n) {
+  return fjh_stage{n % FJ_NUM_STAGES, (unsigned)(n / FJ_NUM_STAGES) & 1u};
+}
+__device__ __forceinline__ fjh_stage fjh_stage_next(fjh_stage st) {
+  return st.s == FJ_NUM_STAGES - 1 ? fjh_stage{0, st.ph ^ 1u} : fjh_stage{st.s + 1, st.ph};
+}
+
 // ---- producer: one thread issues every TMA load --------------------------
 
-// Loads kv block j into stage n % S of K (or V) once the consumers have
-// released that stage's previous use.
+// Loads kv block j into stage st of K (or V) once the consumers have
+// released that stage's previous use (the empty barrier's phase before).
 __device__ __forceinline__ void fjh_load_kv(const fjh_tensor_map *map, unsigned tile,
-                                            unsigned full, unsigned empty, int n, int j,
-                                            int hk, int b) {
-  fjh_mbar_wait(empty, ((n / FJ_NUM_STAGES) & 1) ^ 1);
+                                            unsigned full, unsigned empty, fjh_stage st,
+                                            int j, int hk, int b) {
+  fjh_mbar_wait(empty, st.ph ^ 1u);
   fjh_mbar_arrive_expect_tx(full, FJH_KV_BYTES);
 #pragma unroll
   for (int c = 0; c < FJH_CHUNKS64; ++c)
@@ -519,13 +540,11 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   const int hk = h / p.kv_group;
   int cls = FJ_TILE_FULL;
   int j = hi;
+  fjh_stage st0 = fjh_stage_of(n);  // tile j's stage
 #if FJ_PERSISTENT
   // K of the first tile may go in while the consumers still finish the
   // previous item; Q waits for them to leave the Q area.
-  {
-    const int s = n % FJ_NUM_STAGES;
-    fjh_load_kv(&maps.k, sm.k_tile(s), sm.k_full(s), sm.k_empty(s), n, j, hk, b);
-  }
+  fjh_load_kv(&maps.k, sm.k_tile(st0.s), sm.k_full(st0.s), sm.k_empty(st0.s), st0, j, hk, b);
   if (kq > 0) fjh_mbar_wait(sm.q_empty(), (kq - 1) & 1);
   fjh_load_q(maps, sm, b, h, q0);
 #else
@@ -534,43 +553,45 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   fjh_tma_prefetch_desc(&maps.k);
   fjh_tma_prefetch_desc(&maps.v);
   fjh_load_q(maps, sm, b, h, q0);
-  fjh_load_kv(&maps.k, sm.k_tile(0), sm.k_full(0), sm.k_empty(0), 0, j, hk, b);
+  fjh_load_kv(&maps.k, sm.k_tile(st0.s), sm.k_full(st0.s), sm.k_empty(st0.s), st0, j, hk, b);
 #endif
   for (int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls); jn >= lo;
        jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls)) {
-    const int s1 = (n + 1) % FJ_NUM_STAGES, s0 = n % FJ_NUM_STAGES;
-    fjh_load_kv(&maps.k, sm.k_tile(s1), sm.k_full(s1), sm.k_empty(s1), n + 1, jn, hk, b);
-    fjh_load_kv(&maps.v, sm.v_tile(s0), sm.v_full(s0), sm.v_empty(s0), n, j, hk, b);
+    const fjh_stage st1 = fjh_stage_next(st0);
+    fjh_load_kv(&maps.k, sm.k_tile(st1.s), sm.k_full(st1.s), sm.k_empty(st1.s), st1, jn, hk,
+                b);
+    fjh_load_kv(&maps.v, sm.v_tile(st0.s), sm.v_full(st0.s), sm.v_empty(st0.s), st0, j, hk, b);
     j = jn;
+    st0 = st1;
     ++n;
   }
-  const int s0 = n % FJ_NUM_STAGES;
-  fjh_load_kv(&maps.v, sm.v_tile(s0), sm.v_full(s0), sm.v_empty(s0), n, j, hk, b);
+  fjh_load_kv(&maps.v, sm.v_tile(st0.s), sm.v_full(st0.s), sm.v_empty(st0.s), st0, j, hk, b);
   ++n;
 }
 
 // ---- consumers ------------------------------------------------------------
 
-// S = Q K^T for one consumer: its 64 Q rows at sq, the K tile at sk.
-__device__ __forceinline__ void fjh_issue_qk(float (&s)[FJH_S_REGS], unsigned sq,
-                                             unsigned sk) {
+// S = Q K^T for one consumer: descriptor low words of its 64 Q rows (dq)
+// and of the K tile (dk).
+__device__ __forceinline__ void fjh_issue_qk(float (&s)[FJH_S_REGS], unsigned dq,
+                                             unsigned dk) {
 #pragma unroll
   for (int kk = 0; kk < FJ_HEAD_DIM / 16; ++kk) {
-    const unsigned qa = sq + (kk / 4) * (FJ_BLOCK_M * 128) + (kk % 4) * 32;
-    const unsigned kb = sk + (kk / 4) * (FJ_BLOCK_N * 128) + (kk % 4) * 32;
+    const unsigned qa = (kk / 4) * (FJ_BLOCK_M * 128) + (kk % 4) * 32;
+    const unsigned kb = (kk / 4) * (FJ_BLOCK_N * 128) + (kk % 4) * 32;
     if (kk == 0)
-      fjh_wgmma_ss<true>(s, fjh_desc(qa, 16, 1024), fjh_desc(kb, 16, 1024));
+      fjh_wgmma_ss<true>(s, fjh_desc(dq, qa), fjh_desc(dk, kb));
     else
-      fjh_wgmma_ss<false>(s, fjh_desc(qa, 16, 1024), fjh_desc(kb, 16, 1024));
+      fjh_wgmma_ss<false>(s, fjh_desc(dq, qa), fjh_desc(dk, kb));
   }
 }
 
-// O += P V with P (this thread's A fragments) in registers, V tile at sv.
+// O += P V with P (this thread's A fragments) in registers; dv is the
+// descriptor low word of the V tile.
 __device__ __forceinline__ void fjh_issue_pv(float (&o)[FJH_O_REGS],
-                                             const unsigned (&pf)[FJH_PK][4], unsigned sv) {
+                                             const unsigned (&pf)[FJH_PK][4], unsigned dv) {
 #pragma unroll
-  for (int kk = 0; kk < FJH_PK; ++kk)
-    fjh_wgmma_rs(o, pf[kk], fjh_desc(sv + kk * 16 * 128, FJ_BLOCK_N * 128, 1024));
+  for (int kk = 0; kk < FJH_PK; ++kk) fjh_wgmma_rs(o, pf[kk], fjh_desc(dv, kk * 16 * 128));
 }
 
 // Ping-pong: consumer c may issue its GEMMs once the other consumer has
@@ -603,6 +624,13 @@ __device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
 #define FJ_DROP_MODE 1
 #endif
 enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1, FJH_TILE_DROP = 2 };
+
+// FJ_RESCALE_SLACK (optional, default 0): with N > 0 the softmax keeps its
+// running max until a row's scores exceed it by more than N (log2 units),
+// so O is rescaled only then (see fjh_softmax). Exponents stay below 2^N.
+#ifndef FJ_RESCALE_SLACK
+#define FJ_RESCALE_SLACK 0
+#endif
 
 __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int h,
                                              int wq0, int kv0, int cls) {
@@ -678,7 +706,16 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_old = row_m[hh];
+#if FJ_RESCALE_SLACK > 0
+    // The running max moves only when a score exceeds it by more than the
+    // slack; below that, exponents stay at most 2^slack and O keeps its
+    // scale (FlashAttention-4's conditional rescaling). l and the LSE use
+    // the same stale max, so the result is unchanged but for rounding.
+    const float m_cand = mx * exp_scale;
+    const float m_new = m_cand > m_old + (float)FJ_RESCALE_SLACK ? m_cand : m_old;
+#else
     const float m_new = fmaxf(m_old, mx * exp_scale);
+#endif
     // m_old = -inf: alpha = 0 (O and l are 0 anyway); both -inf: shift by 0
     // instead of computing (-inf) - (-inf) = NaN, all terms are 0 then.
     alpha[hh] = m_new == m_old ? 1.0f : fj_exp2(m_old - m_new);
@@ -829,101 +866,105 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #endif
     fjh_mbar_wait_warp(sm.q_full(), kq & 1);
     int n = n_io, j = hi, cls = hi_cls;
+    // Descriptor low words: this consumer's Q rows, and stage 0 of K and V
+    // (stage s is s * FJH_KV_BYTES further).
+    const unsigned dq = fjh_desc_lo(sq, 16);
+    const unsigned dk = fjh_desc_lo(sm.k, 16), dv = fjh_desc_lo(sm.v, FJ_BLOCK_N * 128);
+    constexpr unsigned DS = FJH_KV_BYTES >> 4;
+    fjh_stage st0 = fjh_stage_of(n);  // tile j's stage, st1 the next tile's
 #if FJ_INTRA_WG_OVERLAP
     // Tile 0: S alone.
     fjh_sched_wait(c);
-    fjh_mbar_wait_warp(sm.k_full(n % FJ_NUM_STAGES), (n / FJ_NUM_STAGES) & 1);
+    fjh_mbar_wait_warp(sm.k_full(st0.s), st0.ph);
     fjh_wgmma_fence();
-    fjh_issue_qk(s, sq, sm.k_tile(n % FJ_NUM_STAGES));
+    fjh_issue_qk(s, dq, dk + st0.s * DS);
     fjh_wgmma_commit();
     fjh_sched_arrive(c, false);
     fjh_wgmma_wait<0>();
     fjh_fence_regs(s);
-    fjh_mbar_arrive(sm.k_empty(n % FJ_NUM_STAGES));
+    fjh_mbar_arrive(sm.k_empty(st0.s));
     fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
                 exp_scale, s, row_m, row_l, alpha);
     fjh_pack_p(s, pf);
     int cls_n;
     int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
+    fjh_stage st1 = fjh_stage_next(st0);
     // Steady state: Q K^T of tile jn and P V of tile j in flight together;
     // the softmax of jn runs while P V of j is still on the tensor cores. No
     // register an in-flight wgmma reads or writes is defined in between: P
     // is packed and O rescaled only after P V completed (ptxas would
     // serialize every wgmma of the kernel otherwise, C7513).
     while (jn >= lo) {
-      const int s0 = n % FJ_NUM_STAGES, s1 = (n + 1) % FJ_NUM_STAGES;
       // Classified before S exists: fewer registers live in the softmax.
       const int mode_n = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
       fjh_sched_wait(c);
-      fjh_mbar_wait_warp(sm.k_full(s1), ((n + 1) / FJ_NUM_STAGES) & 1);
+      fjh_mbar_wait_warp(sm.k_full(st1.s), st1.ph);
       fjh_wgmma_fence();
-      fjh_issue_qk(s, sq, sm.k_tile(s1));
+      fjh_issue_qk(s, dq, dk + st1.s * DS);
       fjh_wgmma_commit();
-      fjh_mbar_wait_warp(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
-      fjh_issue_pv(o, pf, sm.v_tile(s0));
+      fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
+      fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_sched_arrive(c, false);
       fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
       fjh_fence_regs(s);
-      fjh_mbar_arrive(sm.k_empty(s1));
+      fjh_mbar_arrive(sm.k_empty(st1.s));
       fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
       fjh_fence_regs(pf);  // P stays put until its P V completed
-      fjh_mbar_arrive(sm.v_empty(s0));
+      fjh_mbar_arrive(sm.v_empty(st0.s));
       fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
       j = jn;
       ++n;
+      st0 = st1;
+      st1 = fjh_stage_next(st1);
       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
     }
     // Last tile: P V alone.
-    {
-      const int s0 = n % FJ_NUM_STAGES;
-      fjh_sched_wait(c);
-      fjh_mbar_wait_warp(sm.v_full(s0), (n / FJ_NUM_STAGES) & 1);
-      fjh_wgmma_fence();
-      fjh_issue_pv(o, pf, sm.v_tile(s0));
-      fjh_wgmma_commit();
-      fjh_sched_arrive(c, true);
-      fjh_wgmma_wait<0>();
-      fjh_fence_regs(o);
-      fjh_fence_regs(pf);
-      fjh_mbar_arrive(sm.v_empty(s0));
-    }
+    fjh_sched_wait(c);
+    fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
+    fjh_wgmma_fence();
+    fjh_issue_pv(o, pf, dv + st0.s * DS);
+    fjh_wgmma_commit();
+    fjh_sched_arrive(c, true);
+    fjh_wgmma_wait<0>();
+    fjh_fence_regs(o);
+    fjh_fence_regs(pf);
+    fjh_mbar_arrive(sm.v_empty(st0.s));
     n_io = n + 1;  // n was the last tile
 #else
     // Without the overlap: S, softmax, P V, one tile after the other.
     while (j >= lo) {
-      const int s0 = n % FJ_NUM_STAGES;
-      const unsigned ph = (n / FJ_NUM_STAGES) & 1;
       int cls_n;
       const int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
       fjh_sched_wait(c);
-      fjh_mbar_wait_warp(sm.k_full(s0), ph);
+      fjh_mbar_wait_warp(sm.k_full(st0.s), st0.ph);
       fjh_wgmma_fence();
-      fjh_issue_qk(s, sq, sm.k_tile(s0));
+      fjh_issue_qk(s, dq, dk + st0.s * DS);
       fjh_wgmma_commit();
       fjh_sched_arrive(c, jn < lo);
       fjh_wgmma_wait<0>();
       fjh_fence_regs(s);
-      fjh_mbar_arrive(sm.k_empty(s0));
+      fjh_mbar_arrive(sm.k_empty(st0.s));
       fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N,
                   fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls), exp_scale, s, row_m,
                   row_l, alpha);
       fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
-      fjh_mbar_wait_warp(sm.v_full(s0), ph);
+      fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
       fjh_wgmma_fence();
-      fjh_issue_pv(o, pf, sm.v_tile(s0));
+      fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
       fjh_fence_regs(pf);
-      fjh_mbar_arrive(sm.v_empty(s0));
+      fjh_mbar_arrive(sm.v_empty(st0.s));
       j = jn;
       cls = cls_n;
       ++n;
+      st0 = fjh_stage_next(st0);
     }
     n_io = n;  // one past the last tile
 #endif

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "df9b764dd805e05a84d514206812fbec"
+#define PINNED_SOURCE_KEY "88f98c0005d6ab65f3f433126d9e8d66"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Nsight Compute profile of one flexjit kernel and of cuDNN's on the same
+# problem, on the GPU machine from a carried build. Writes the reports to
+# $OUT/profile-*.txt. Usage: bash bench/profile.sh CASE...
+#   CASE: causal64 (8 x 4096, H=32, D=64) | causal128 (2 x 16384, H=16, D=128)
+#   Set PROFILE_DEFINES to profile a template variant (FLEXJIT_KERNEL_DEFINES).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flexjit-out}; mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/build/lib:${LD_LIBRARY_PATH:-}"
+export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
+sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis
+          --section SchedulerStats --section WarpStateStats
+          --section InstructionStats --section LaunchStats --section Occupancy)
+for c in "$@"; do
+  case $c in
+    causal64) B=8; H=32; S=4096; D=64 ;;
+    causal128) B=2; H=16; S=16384; D=128 ;;
+    *) echo "unknown case $c"; continue ;;
+  esac
+  # Compile (and cache) first so the profiled process only launches.
+  FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" build/flexjit run examples/causal.lua \
+    --batch $B --heads $H --q-len $S --head-dim $D >/dev/null 2>&1
+  FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" timeout 300 ncu --clock-control none \
+    -k regex:fj_attention "${sections[@]}" -c 1 \
+    build/flexjit run examples/causal.lua --batch $B --heads $H --q-len $S --head-dim $D \
+    > "$OUT/profile-flexjit-$c.txt" 2>&1
+  echo "flexjit $c: exit $?"
+  timeout 300 ncu --clock-control none -k regex:'sdpa|fmha|flash|cudnn|sm90' \
+    "${sections[@]}" -c 1 python3 - $B $H $S $D > "$OUT/profile-cudnn-$c.txt" 2>&1 <<'PY'
+import sys, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+B, H, S, D = map(int, sys.argv[1:])
+q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+torch.cuda.synchronize()
+PY
+  echo "cudnn $c: exit $?"
+done
