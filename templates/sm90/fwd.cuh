@@ -25,8 +25,8 @@
 //                      0 when ptxas reports spills, runtime/forward.c)
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
-//   FJ_BM_CACHE, FJ_DROP_MODE, FJ_RESCALE_SLACK optional, each described
-//                      where it is defined below
+//   FJ_BM_CACHE, FJ_RESCALE_SLACK optional, each described where it is
+//                      defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
@@ -610,42 +610,31 @@ __device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
 }
 
 // What a consumer does to the scores of a tile: 0 nothing (FULL for its
-// rows), 1 evaluate the mask, 2 mask everything (EMPTY for its rows).
-//
-// FJ_DROP_MODE (optional, default 1): 0 removes mode 2. ptxas turns its
-// per-element "s = -inf" into moves and selects it pays on every tile (at
-// D=64 a consumer warp issues 559 instructions per FULL tile with it, 497
-// without, and there the issue rate, not the tensor cores, is the limit);
-// without it, a tile
-// that is EMPTY for the warpgroup's rows evaluates the mask (all false:
-// the same result) and rows past Lq, which are never stored, are computed
-// as if FULL. Not measured on a GPU yet.
-#ifndef FJ_DROP_MODE
-#define FJ_DROP_MODE 1
-#endif
-enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1, FJH_TILE_DROP = 2 };
+// rows), 1 evaluate the mask. There is no "mask everything" mode: ptxas
+// turned its per-element s = -inf into moves and selects paid on every
+// tile (11% of a D=64 consumer's instructions per FULL tile); a tile EMPTY
+// for the warpgroup's rows evaluates the mask instead (all false: the same
+// result), and rows past Lq, which are never stored, are computed as if
+// FULL (bench/RESULTS.md, session 3, run 1: full 8 x 4096 +9%).
+enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1 };
 
-// FJ_RESCALE_SLACK (optional, default 0): with N > 0 the softmax keeps its
-// running max until a row's scores exceed it by more than N (log2 units),
-// so O is rescaled only then (see fjh_softmax). Exponents stay below 2^N.
+// FJ_RESCALE_SLACK (optional, default 8; 0 turns it off): the softmax keeps
+// its running max until a row's scores exceed it by more than this many
+// log2 units, so O is rescaled only then (see fjh_softmax). Exponents stay
+// below 2^FJ_RESCALE_SLACK.
 #ifndef FJ_RESCALE_SLACK
-#define FJ_RESCALE_SLACK 0
+#define FJ_RESCALE_SLACK 8
 #endif
 
 __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int h,
                                              int wq0, int kv0, int cls) {
-#if FJ_DROP_MODE
-  if (wq0 >= p.sz.Lq) return FJH_TILE_DROP;  // no stored rows: skip the work
-#else
   if (wq0 >= p.sz.Lq) return FJH_TILE_KEEP;  // never stored
-#endif
 #if FJ_HAS_MASK
   if (cls == FJ_TILE_PARTIAL) {
     const int wq1 = min(wq0 + FJH_WG_ROWS, p.sz.Lq) - 1;
     const int wc = fj_tile_class(p.user, p.sz, b, h, wq0, wq1, kv0,
                                  min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1);
-    return wc == FJ_TILE_EMPTY ? (FJ_DROP_MODE ? FJH_TILE_DROP : FJH_TILE_MASK)
-           : wc == FJ_TILE_FULL ? FJH_TILE_KEEP : FJH_TILE_MASK;
+    return wc == FJ_TILE_FULL ? FJH_TILE_KEEP : FJH_TILE_MASK;
   }
 #endif
   (void)b; (void)h; (void)kv0; (void)cls;
@@ -671,29 +660,24 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
   const int qr = wq0 + 16 * ((tid & 127) >> 5) + ((tid & 31) >> 2);
   const int Lk = p.sz.Lk;
   (void)b; (void)h; (void)qr;
-  if (FJ_DROP_MODE && mode == FJH_TILE_DROP) {
-#pragma unroll
-    for (int i = 0; i < FJH_S_REGS; ++i) s[i] = fj_neg_inf();
-  } else {
 #if FJ_HAS_SCORE_MOD
 #pragma unroll
-    for (int i = 0; i < FJH_S_REGS; ++i) {
-      const int qi = qr + 8 * ((i & 3) >> 1);
-      const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-      s[i] = fj_score_mod(p.user, p.sz, s[i] * p.scale, b, h, qi, ki) * FJH_LOG2E;
-    }
+  for (int i = 0; i < FJH_S_REGS; ++i) {
+    const int qi = qr + 8 * ((i & 3) >> 1);
+    const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+    s[i] = fj_score_mod(p.user, p.sz, s[i] * p.scale, b, h, qi, ki) * FJH_LOG2E;
+  }
 #endif
-    if (mode == FJH_TILE_MASK || kv0 + FJ_BLOCK_N > Lk) {
+  if (mode == FJH_TILE_MASK || kv0 + FJ_BLOCK_N > Lk) {
 #pragma unroll
-      for (int i = 0; i < FJH_S_REGS; ++i) {
-        const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-        bool keep = ki < Lk;
+    for (int i = 0; i < FJH_S_REGS; ++i) {
+      const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+      bool keep = ki < Lk;
 #if FJ_HAS_MASK
-        if (mode == FJH_TILE_MASK && keep)
-          keep = fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
+      if (mode == FJH_TILE_MASK && keep)
+        keep = fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
 #endif
-        if (!keep) s[i] = fj_neg_inf();
-      }
+      if (!keep) s[i] = fj_neg_inf();
     }
   }
 #pragma unroll
