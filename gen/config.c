@@ -114,11 +114,6 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
 
 void fjg_config_set_persistent(fjg_config *c, int on) {
   if (!c || !c->uses_tma) return;
-  /* The persistent kernel stages O in its own block_m x head_dim area
-   * (FJH_O_BYTES), the other over its Q tile. */
-  const int o_bytes = c->block_m * c->head_dim * 2;
-  if (on && !c->persistent) c->smem_bytes += o_bytes;
-  if (!on && c->persistent) c->smem_bytes -= o_bytes;
   c->persistent = on ? 1 : 0;
   c->spill_fallback = on ? NULL : "-DFJ_INTRA_WG_OVERLAP=0";
 }

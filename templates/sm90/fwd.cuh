@@ -57,7 +57,6 @@
 //   384 threads, no cluster, and FJH_SMEM_BYTES of dynamic shared memory:
 //     1024 + (FJ_BLOCK_M + 2 * FJ_NUM_STAGES * FJ_BLOCK_N) * FJ_HEAD_DIM * 2
 //          + 8 * (1 + 4 * FJ_NUM_STAGES)        (gen/config.c computes it)
-//   plus FJ_BLOCK_M * FJ_HEAD_DIM * 2 (O staging) for the persistent kernel
 //   maps.q/k/v are CUtensorMaps (runtime/tma.c builds them) over the 4-D
 //   tensors (D, L, H, B), innermost first, with 128-byte swizzle, boxes of
 //   (64, FJ_BLOCK_M, 1, 1) for q and (64, FJ_BLOCK_N, 1, 1) for k and v,
@@ -101,12 +100,8 @@ constexpr int FJH_CHUNKS64 = FJ_HEAD_DIM / 64;    // 128-byte column blocks
 constexpr int FJH_Q_BYTES = FJ_BLOCK_M * FJ_HEAD_DIM * 2;
 constexpr int FJH_KV_BYTES = FJ_BLOCK_N * FJ_HEAD_DIM * 2;
 constexpr int FJH_BAR_BYTES = 8 * (1 + 4 * FJ_NUM_STAGES);
-// The persistent kernel stages O in its own area, so that the next item's
-// Q can load while this one's last P V and epilogue run; the other kernel
-// stages O over its Q tile.
-constexpr int FJH_O_BYTES = FJ_PERSISTENT ? FJH_Q_BYTES : 0;
-constexpr int FJH_SMEM_BYTES = 1024 + FJH_Q_BYTES + 2 * FJ_NUM_STAGES * FJH_KV_BYTES +
-                               FJH_O_BYTES + FJH_BAR_BYTES;
+constexpr int FJH_SMEM_BYTES =
+    1024 + FJH_Q_BYTES + 2 * FJ_NUM_STAGES * FJH_KV_BYTES + FJH_BAR_BYTES;
 constexpr int FJH_S_REGS = FJ_BLOCK_N / 2;        // S accumulators a thread
 constexpr int FJH_O_REGS = FJ_HEAD_DIM / 2;       // O accumulators a thread
 constexpr int FJH_PK = FJ_BLOCK_N / 16;           // k16 steps of P V
@@ -344,49 +339,6 @@ __device__ __forceinline__ void fjh_wgmma_rs(float (&d)[64], const unsigned (&a)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// FJ_ROWSUM_MMA (optional, default 0): 1 sums the rows of P on the tensor
-// cores instead of in the softmax's FADDs: next to each P V k step, a
-// wgmma m64n8k16 multiplies the same P fragments by a K-major 16 x 8 tile
-// of ones (no swizzle), so every column of the 4-float accumulator holds
-// the row sum of the bf16/fp16 P that P V used. It is rescaled with O.
-#ifndef FJ_ROWSUM_MMA
-#define FJ_ROWSUM_MMA 0
-#endif
-#if FJ_ROWSUM_MMA
-__device__ __forceinline__ void fjh_wgmma_rs(float (&d)[4], const unsigned (&a)[4],
-                                             unsigned long long db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n8k16.f32" FJH_AB
-               " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-// 1024 bytes of ones (more than the 256 a 16 x 8 tile reads, whatever the
-// strides), written before the CTA's first barrier.
-__device__ __forceinline__ unsigned fjh_ones() {
-  __shared__ __align__(1024) unsigned ones[256];
-  return fj_smem_u32(ones);
-}
-__device__ __forceinline__ void fjh_ones_init() {
-#if defined(FJ_DTYPE_BF16)
-  constexpr unsigned one2 = 0x3F803F80u;
-#else
-  constexpr unsigned one2 = 0x3C003C00u;
-#endif
-  if (threadIdx.x < 256) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(fjh_ones() + 4 * threadIdx.x), "r"(one2)
-                 : "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  }
-}
-// No swizzle: core matrices of 8 rows x 16 bytes, lbo 128 (the next 8 k),
-// sbo 256.
-__device__ __forceinline__ unsigned long long fjh_ones_desc() {
-  return (unsigned long long)(((fjh_ones() & 0x3FFFFu) >> 4) | ((128u >> 4) << 16)) |
-         ((unsigned long long)(256u >> 4) << 32);
-}
-#endif
-
 // ---- tile walk: the producer and both consumers visit the same tiles -----
 
 // A work item: query block m of head h, batch b. The non-persistent grid has
@@ -505,10 +457,9 @@ __device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, int b, int h,
 
 // Shared-memory map: Q (FJ_BLOCK_M rows), then FJ_NUM_STAGES K tiles, then
 // FJ_NUM_STAGES V tiles, each stored as FJH_CHUNKS64 blocks of (rows x 64
-// elements) in TMA's 128-byte swizzle; then O staging in Q's layout (the
-// persistent kernel; o == q otherwise); then the mbarriers.
+// elements) in TMA's 128-byte swizzle; then the mbarriers.
 struct fjh_smem_map {
-  unsigned q, k, v, o, bar;
+  unsigned q, k, v, bar;
   __device__ unsigned k_tile(int s) const { return k + s * FJH_KV_BYTES; }
   __device__ unsigned v_tile(int s) const { return v + s * FJH_KV_BYTES; }
   __device__ unsigned q_full() const { return bar; }
@@ -637,19 +588,10 @@ __device__ __forceinline__ void fjh_issue_qk(float (&s)[FJH_S_REGS], unsigned dq
 
 // O += P V with P (this thread's A fragments) in registers; dv is the
 // descriptor low word of the V tile.
-// With FJ_ROWSUM_MMA, also l += P 1 (see fjh_wgmma_rs for m64n8k16).
-__device__ __forceinline__ void fjh_issue_pv(float (&o)[FJH_O_REGS], float (&lacc)[4],
-                                             const unsigned (&pf)[FJH_PK][4], unsigned dv,
-                                             unsigned long long d1) {
+__device__ __forceinline__ void fjh_issue_pv(float (&o)[FJH_O_REGS],
+                                             const unsigned (&pf)[FJH_PK][4], unsigned dv) {
 #pragma unroll
-  for (int kk = 0; kk < FJH_PK; ++kk) {
-    fjh_wgmma_rs(o, pf[kk], fjh_desc(dv, kk * 16 * 128));
-#if FJ_ROWSUM_MMA
-    fjh_wgmma_rs(lacc, pf[kk], d1);
-#endif
-  }
-  (void)lacc;
-  (void)d1;
+  for (int kk = 0; kk < FJH_PK; ++kk) fjh_wgmma_rs(o, pf[kk], fjh_desc(dv, kk * 16 * 128));
 }
 
 // Ping-pong: consumer c may issue its GEMMs once the other consumer has
@@ -768,11 +710,11 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     for (int i = 0; i < FJH_S_REGS / 4; ++i) {
       s[4 * i + 2 * hh] = fj_exp2(fmaf(s[4 * i + 2 * hh], exp_scale, -shift));
       s[4 * i + 2 * hh + 1] = fj_exp2(fmaf(s[4 * i + 2 * hh + 1], exp_scale, -shift));
-      if (!FJ_ROWSUM_MMA) sum += s[4 * i + 2 * hh] + s[4 * i + 2 * hh + 1];
+      sum += s[4 * i + 2 * hh] + s[4 * i + 2 * hh + 1];
     }
     // Row sums of the f32 P (the LSE must be the log of the true sum) stay
     // per lane; the quad is summed once in the epilogue.
-    if (!FJ_ROWSUM_MMA) row_l[hh] = row_l[hh] * alpha[hh] + sum;
+    row_l[hh] = row_l[hh] * alpha[hh] + sum;
   }
 }
 
@@ -790,25 +732,18 @@ __device__ __forceinline__ void fjh_pack_p(const float (&s)[FJH_S_REGS],
   }
 }
 
-__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], float (&lacc)[4],
-                                              const float (&alpha)[2]) {
+__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], const float (&alpha)[2]) {
   // Skipped when no row of the warp moved its max (the common case once
   // the first tiles are done).
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
     for (int i = 0; i < FJH_O_REGS; ++i) o[i] *= alpha[(i & 3) >> 1];
-#if FJ_ROWSUM_MMA
-#pragma unroll
-    for (int i = 0; i < 4; ++i) lacc[i] *= alpha[i >> 1];
-#endif
   }
-  (void)lacc;
 }
 
-// Epilogue of consumer c: O / l into its 64 rows of the staging area at sq
-// (the Q area, dead once its last Q K^T completed, or the persistent
-// kernel's O area), then 16-byte coalesced stores of the rows below Lq, and
-// the LSE.
+// Epilogue of consumer c: O / l into its 64 rows of the Q area (the Q tile
+// is dead once its last Q K^T completed), then 16-byte coalesced stores of
+// the rows below Lq, and the LSE.
 __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int b, int h,
                                              int wq0, unsigned sq, float (&o)[FJH_O_REGS],
                                              const float (&row_m)[2], float (&row_l)[2]) {
@@ -818,10 +753,8 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     float l = row_l[hh];
-#if !FJ_ROWSUM_MMA  // the tensor cores' row sums are whole rows already
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-#endif
     row_l[hh] = l;
     inv_l[hh] = l > 0.f ? 1.f / l : 0.f;
   }
@@ -900,7 +833,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #pragma unroll
   for (int i = 0; i < FJH_O_REGS; ++i) o[i] = 0.f;
   float row_m[2] = {fj_neg_inf(), fj_neg_inf()}, row_l[2] = {0.f, 0.f};
-  float lacc[4] = {0.f, 0.f, 0.f, 0.f};  // FJ_ROWSUM_MMA's row sums
   // Without a score_mod the exponent is fma(qk, scale_log2, -m) and the max
   // is taken on unscaled q.k; with one, scores are in log2 units already.
 #if FJ_HAS_SCORE_MOD
@@ -923,11 +855,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     const unsigned dq = fjh_desc_lo(sq, 16);
     const unsigned dk = fjh_desc_lo(sm.k, 16), dv = fjh_desc_lo(sm.v, FJ_BLOCK_N * 128);
     constexpr unsigned DS = FJH_KV_BYTES >> 4;
-#if FJ_ROWSUM_MMA
-    const unsigned long long d1 = fjh_ones_desc();
-#else
-    const unsigned long long d1 = 0;
-#endif
     fjh_stage st0 = fjh_stage_of(n);  // tile j's stage, st1 the next tile's
 #if FJ_INTRA_WG_OVERLAP
     // Tile 0: S alone.
@@ -960,7 +887,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_issue_qk(s, dq, dk + st1.s * DS);
       fjh_wgmma_commit();
       fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
-      fjh_issue_pv(o, lacc, pf, dv + st0.s * DS, d1);
+      fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_sched_arrive(c, false);
       fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
@@ -969,10 +896,9 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
-      if (FJ_ROWSUM_MMA) fjh_fence_regs(lacc);
       fjh_fence_regs(pf);  // P stays put until its P V completed
       fjh_mbar_arrive(sm.v_empty(st0.s));
-      fjh_rescale_o(o, lacc, alpha);
+      fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
       j = jn;
       ++n;
@@ -980,21 +906,15 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       st1 = fjh_stage_next(st1);
       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
     }
-#if FJ_PERSISTENT
-    // Every Q K^T of the item is complete: the producer may load the next
-    // item's Q (O is staged elsewhere).
-    fjh_mbar_arrive(sm.q_empty());
-#endif
     // Last tile: P V alone.
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
     fjh_wgmma_fence();
-    fjh_issue_pv(o, lacc, pf, dv + st0.s * DS, d1);
+    fjh_issue_pv(o, pf, dv + st0.s * DS);
     fjh_wgmma_commit();
     fjh_sched_arrive(c, true);
     fjh_wgmma_wait<0>();
     fjh_fence_regs(o);
-    if (FJ_ROWSUM_MMA) fjh_fence_regs(lacc);
     fjh_fence_regs(pf);
     fjh_mbar_arrive(sm.v_empty(st0.s));
     n_io = n + 1;  // n was the last tile
@@ -1015,15 +935,14 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N,
                   fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls), exp_scale, s, row_m,
                   row_l, alpha);
-      fjh_rescale_o(o, lacc, alpha);
+      fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
       fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
       fjh_wgmma_fence();
-      fjh_issue_pv(o, lacc, pf, dv + st0.s * DS, d1);
+      fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
-      if (FJ_ROWSUM_MMA) fjh_fence_regs(lacc);
       fjh_fence_regs(pf);
       fjh_mbar_arrive(sm.v_empty(st0.s));
       j = jn;
@@ -1031,9 +950,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       ++n;
       st0 = fjh_stage_next(st0);
     }
-#if FJ_PERSISTENT
-    fjh_mbar_arrive(sm.q_empty());  // every Q K^T of the item is complete
-#endif
     n_io = n;  // one past the last tile
 #endif
   }
@@ -1044,16 +960,12 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_epilogue_empty(p, b, h, wq0);
     return;
   }
-#if FJ_ROWSUM_MMA
-  row_l[0] = lacc[0];
-  row_l[1] = lacc[2];
-#endif
-  fjh_epilogue(p, c, b, h, wq0, sm.o + c * FJH_WG_ROWS * 128, o, row_m, row_l);
+  fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+  // Done with the Q area (read by the last Q K^T, written and read by the
+  // epilogue): the producer may load the next Q over it.
+  fjh_fence_proxy_async();
+  fjh_mbar_arrive(sm.q_empty());
 #else
-#if FJ_ROWSUM_MMA
-  row_l[0] = lacc[0];
-  row_l[1] = lacc[2];
-#endif
   fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
 #endif
 }
@@ -1064,8 +976,7 @@ __device__ __forceinline__ fjh_smem_map fjh_smem_layout(unsigned char *smem) {
   sm.q = (fj_smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
   sm.k = sm.q + FJH_Q_BYTES;
   sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
-  sm.o = FJ_PERSISTENT ? sm.v + FJ_NUM_STAGES * FJH_KV_BYTES : sm.q;
-  sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES + FJH_O_BYTES;
+  sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
   return sm;
 }
 
@@ -1173,9 +1084,6 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   extern __shared__ __align__(1024) unsigned char fjh_smem[];
   fjh_smem_map sm = fjh_smem_layout(fjh_smem);
   sm.pbar = fj_smem_u32(&fjh_persist_smem().bar[0]);
-#if FJ_ROWSUM_MMA
-  fjh_ones_init();
-#endif
   if (threadIdx.x == 0) {
     fjh_init_pipeline_barriers(sm);
     fjh_mbar_init(sm.q_empty(), 256);
@@ -1225,9 +1133,6 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
 #endif
   }
 
-#if FJ_ROWSUM_MMA
-  fjh_ones_init();
-#endif
   if (threadIdx.x == 0) {
     fjh_init_pipeline_barriers(sm);
     fjh_fence_barrier_init();

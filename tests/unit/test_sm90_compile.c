@@ -132,13 +132,13 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
   if (fjg_config_choose_template(head_dim, dt, "sm_90a", "sm90", &c, err, sizeof err) !=
       FJ_OK)
     fail_msg("config: %s", err);
-  fjg_config_set_persistent(&c, persistent);  /* FJ_PERSISTENT 1 in the TU */
   char *tu = build_tu(&c, has_mask, has_score_mod, prologue);
   dump(what, head_dim, dt, "cu", tu);
   const char *opts[6] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
                          "--ptxas-options=-v"};
   int nopts = 4;
   if (!overlap) opts[nopts++] = "-DFJ_INTRA_WG_OVERLAP=0";
+  if (persistent) opts[nopts++] = "-DFJ_PERSISTENT=1";
   double t0 = fjt_now_ms();
   nvrtcProgram prog;
   assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd_sm90.cu", 0, NULL, NULL),
