@@ -343,8 +343,6 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
       if (info) {
         memset(info, 0, sizeof(*info));
         snprintf(info->key, sizeof(info->key), "%s", k->key.hex);
-    snprintf(info->source_key, sizeof(info->source_key), "%s",
-             k->source_key.hex);
         snprintf(info->source_key, sizeof(info->source_key), "%s",
                  k->source_key.hex);
         kernel_name(spec, &k->cfg, info->name, sizeof(info->name));
