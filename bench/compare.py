@@ -86,6 +86,10 @@ def make_cases(shapes, quick):
     if not quick:
         cases.append(("causal, D=64, H=32", 8, 32, 4096, 64, "causal.lua", [],
                       {"mask": "causal", "sdpa": "causal"}))
+        cases.append(("causal, D=256, H=8", 8, 8, 4096, 256, "causal.lua", [],
+                      {"mask": "causal", "sdpa": "causal"}))
+        cases.append(("full, D=256, H=8", 8, 8, 4096, 256, "full.lua", [],
+                      {"sdpa": "full"}))
     return cases
 
 

@@ -18,7 +18,7 @@ static const char compile_usage[] =
     "\n"
     "options:\n"
     "  --arch ARCH         target, e.g. sm_80, sm_90a (default: the GPU's)\n"
-    "  --head-dim D        64 or 128 (default 128)\n"
+    "  --head-dim D        64, 128, or 256 (sm_90a only; default 128)\n"
     "  --dtype T           bf16 or fp16 (default bf16)\n"
     "  --emit-cuda FILE    also write the generated CUDA source to FILE\n"
     "  --cache-dir DIR     kernel cache root (default $FLEXJIT_CACHE_DIR, else\n"

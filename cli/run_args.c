@@ -20,7 +20,7 @@ static const char run_usage[] =
     "  --kv-heads Hkv      key/value heads, dividing H (default H; GQA/MQA)\n"
     "  --q-len Lq          query length\n"
     "  --kv-len Lk         key/value length (default Lq)\n"
-    "  --head-dim D        64 or 128 (default 128)\n"
+    "  --head-dim D        64, 128, or 256 (sm_90a only; default 128)\n"
     "  --dtype T           bf16 or fp16 (default bf16)\n"
     "  --layout L          bhsd (default) or bshd (a strided [B, S, H, D] view)\n"
     "  --scale S           softmax scale (default 1/sqrt(D))\n"

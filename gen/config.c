@@ -61,6 +61,10 @@ static int small_smem(int sm) { return max_smem_per_block(sm) < 128 * 1024; }
 /* The sm80 shapes (see the comment at the top). */
 static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
   const int sm = out->sm, head_dim = out->head_dim;
+  if (head_dim == 256)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "head dim 256 needs the sm90 template (target sm_90a); the sm80 "
+                "template (%s) has 64 and 128", out->arch);
   out->template_name = "sm80";
   out->num_warps = 4;
   out->num_stages = 2;
@@ -83,9 +87,11 @@ static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
 }
 
 /* The sm90 template (templates/sm90/fwd.cuh): one producer and two consumer
- * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal;
- * D=128 fits only two K/V stages next to the Q tile. Not yet tuned on a
- * GPU: the stage counts and the 128-row kv tile are first guesses. */
+ * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal,
+ * two K/V stages at D=128 and three at D=64 (64-row kv tiles and twice the
+ * stages measured slower everywhere: bench/RESULTS.md, session 3, run 3).
+ * D=256 takes 128 x 64 tiles and two stages: 64 + 128 KiB of Q and K/V, and
+ * a consumer thread holds 128 O accumulators next to 32 of S. */
 static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   const char *a = out->arch;
   if (out->sm != 90 || a[strlen(a) - 1] != 'a')
@@ -96,8 +102,8 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   out->num_warps = 12;
   out->threads = 384;
   out->block_m = 128;
-  out->block_n = 128;
-  out->num_stages = out->head_dim == 128 ? 2 : 3;
+  out->block_n = out->head_dim == 256 ? 64 : 128;
+  out->num_stages = out->head_dim == 64 ? 3 : 2;
   out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
   /* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the
    * swizzle atom, Q, the K and V stages, and 1 + 4 * stages mbarriers. */
@@ -132,9 +138,10 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
   if (err && errlen) err[0] = '\0';
   if (!out) return fail(err, errlen, FJ_EINVAL, "no output configuration");
   memset(out, 0, sizeof *out);
-  if (head_dim != 64 && head_dim != 128)
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     return fail(err, errlen, FJ_EUNSUPPORTED,
-                "head dim %d is not supported (supported: 64, 128)", head_dim);
+                "head dim %d is not supported (supported: 64, 128, and 256 on sm_90a)",
+                head_dim);
   if (dtype != FJ_DTYPE_BF16 && dtype != FJ_DTYPE_F16)
     return fail(err, errlen, FJ_EUNSUPPORTED,
                 "dtype %d is not supported (supported: bf16, f16)", (int)dtype);

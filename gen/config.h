@@ -16,7 +16,7 @@
 #include "flexjit.h"
 
 typedef struct fjg_config {
-  int head_dim;   /* FJ_HEAD_DIM: 64 or 128 */
+  int head_dim;   /* FJ_HEAD_DIM: 64, 128, or 256 (sm90 only) */
   fj_dtype dtype; /* FJ_DTYPE_BF16 or FJ_DTYPE_F16 */
   char arch[16];  /* target as given, e.g. "sm_90a" (NVRTC --gpu-architecture) */
   int sm;         /* its number: 80, 86, 89, 90, 100, 120 ... */
@@ -54,7 +54,7 @@ typedef struct fjg_config {
 void fjg_config_set_persistent(fjg_config *c, int on);
 
 /*
- * Chooses the configuration for head_dim (64 or 128), dtype and arch
+ * Chooses the configuration for head_dim (64, 128; 256 on sm90), dtype and arch
  * ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", ...: "sm_", a
  * number >= 80 and an optional one-letter suffix). Every arch uses the sm80
  * template for now. On failure returns FJ_EINVAL (bad argument) or

@@ -161,7 +161,7 @@ typedef struct fj_arg {
 
 /* What a compiled kernel is specialized on. */
 typedef struct fj_kernel_options {
-  int head_dim;     /* 64 or 128 */
+  int head_dim;     /* 64 or 128; 256 with the sm90 template (sm_90a) */
   fj_dtype dtype;   /* of q, k, v and o */
   const char *arch; /* NULL: the context's arch */
   /* "sm80" or "sm90"; NULL: the context's choice (see fj_context_options). */

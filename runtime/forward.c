@@ -317,6 +317,9 @@ static const char *block_mask_template(const fj_context *ctx,
                                  0) != FJ_OK)
     return NULL;
   if (mi.block_q % c.block_m == 0 && mi.block_kv % c.block_n == 0) return NULL;
+  /* Only if sm80 has this head dim (not 256): else sm90's bind says why. */
+  if (fjg_config_choose_template(head_dim, dtype, "sm_90a", "sm80", &c, NULL, 0) != FJ_OK)
+    return NULL;
   return "sm80";
 }
 
@@ -763,9 +766,9 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2],
                 D = q->shape[3];
   const int64_t Hkv = args->k->shape[1], Lk = args->k->shape[2];
-  if (D != 64 && D != 128)
+  if (D != 64 && D != 128 && D != 256)
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                    "head dim %lld is not supported (64 or 128)",
+                    "head dim %lld is not supported (64, 128, or 256 on sm_90a)",
                     (long long)D);
   int64_t kshape[4] = {B, Hkv, Lk, D};
   if ((st = check_shape(ctx, "k", args->k, kshape)) != FJ_OK) return st;

@@ -2,7 +2,7 @@
 //
 // The generator (gen/emit_cuda.c) assembles one translation unit, in order:
 //   1. #defines of the kernel configuration (C decides, templates obey):
-//        FJ_HEAD_DIM       64 | 128
+//        FJ_HEAD_DIM       64 | 128 | 256 (256: sm90 only)
 //        FJ_DTYPE_BF16 1   or   FJ_DTYPE_F16 1
 //        FJ_BLOCK_M, FJ_BLOCK_N, FJ_NUM_WARPS, FJ_NUM_STAGES
 //        FJ_HAS_MASK       0 | 1   (0: every in-range pair is allowed)

@@ -8,7 +8,7 @@
 //
 // ---- Contract with the generator -----------------------------------------
 // Macros (all required unless marked optional):
-//   FJ_HEAD_DIM        64 | 128
+//   FJ_HEAD_DIM        64 | 128 | 256
 //   FJ_DTYPE_BF16 1  or  FJ_DTYPE_F16 1
 //   FJ_BLOCK_M         128: 64 query rows per consumer warpgroup
 //   FJ_BLOCK_N         64 | 128: kv rows per tile (the N of S = Q K^T)
@@ -106,7 +106,8 @@ constexpr int FJH_S_REGS = FJ_BLOCK_N / 2;        // S accumulators a thread
 constexpr int FJH_O_REGS = FJ_HEAD_DIM / 2;       // O accumulators a thread
 constexpr int FJH_PK = FJ_BLOCK_N / 16;           // k16 steps of P V
 
-static_assert(FJ_HEAD_DIM == 64 || FJ_HEAD_DIM == 128, "head dim 64 or 128");
+static_assert(FJ_HEAD_DIM == 64 || FJ_HEAD_DIM == 128 || FJ_HEAD_DIM == 256,
+              "head dim 64, 128 or 256");
 static_assert(FJ_BLOCK_M == 128, "sm90: BLOCK_M is 128 (two consumer warpgroups)");
 static_assert(FJ_BLOCK_N == 64 || FJ_BLOCK_N == 128, "sm90: BLOCK_N 64 or 128");
 static_assert(FJ_NUM_WARPS == 12, "sm90: 12 warps (one producer, two consumer warpgroups)");
@@ -337,6 +338,17 @@ __device__ __forceinline__ void fjh_wgmma_rs(float (&d)[64], const unsigned (&a)
                ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
                : FJH_F64(FJH_RW, d)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// D=256: O += P V as two m64n128k16, columns 0-127 from V's 64-column
+// blocks 0 and 1, columns 128-255 from blocks 2 and 3 (2 * FJ_BLOCK_N * 128
+// bytes further); the per-thread layout is that of one m64n256k16, whose
+// 128 accumulators one asm statement would have to carry.
+__device__ __forceinline__ void fjh_wgmma_rs(float (&d)[128], const unsigned (&a)[4],
+                                             unsigned long long db) {
+  fjh_wgmma_rs(*reinterpret_cast<float(*)[64]>(&d[0]), a, db);
+  fjh_wgmma_rs(*reinterpret_cast<float(*)[64]>(&d[64]), a,
+               db + ((2u * FJ_BLOCK_N * 128u) >> 4));
 }
 
 // ---- tile walk: the producer and both consumers visit the same tiles -----

@@ -268,6 +268,15 @@ static void test_forward(fj_context *ctx, const fjr_driver *drv) {
   cases[n++] = (fwd_case){3, BF, 128, 1, 2, 2, 1000, 1000, 1, 1, 128, 128};
   cases[n++] = (fwd_case){6, BF, 128, 2, 3, 3, 500, 500, 2, 3, 128, 128};
   cases[n++] = (fwd_case){0, BF, 128, 1, 4, 1, 4096, 4096, 1, 1, 128, 128};
+  /* D = 256 where the template has it (sm90: 64-row kv tiles, so a block of
+   * 128 is two tiles and one of 64 is one). */
+  fj_kernel_options ko = {.head_dim = 256, .dtype = BF};
+  if (fj_compile_forward(ctx, specs[0], &ko, NULL) != FJ_EUNSUPPORTED) {
+    cases[n++] = (fwd_case){0, BF, 256, 1, 2, 2, 1000, 1000, 1, 1, 128, 128};
+    cases[n++] = (fwd_case){1, FP, 256, 1, 2, 1, 700, 700, 1, 1, 128, 64};
+  } else {
+    printf("[fwd]   D=256 skipped: %s\n", fj_context_last_error(ctx));
+  }
   for (int i = 0; i < n; i++) forward_case(ctx, drv, &cases[i], 0xf00d + i);
 }
 

@@ -171,6 +171,14 @@ static void build_matrix(void) {
   add_case("document", BF, 128, 1, 8, 1, 257, 257, 1);
   add_case("sliding_window", FP, 64, 1, 8, 1, 257, 257, 0);
   add_case("relative_bias", BF, 128, 1, 8, 1, 300, 257, 0);
+  /* D = 256 (the sm90 template; under sm80 each must be refused, see
+   * run_case): both dtypes and layouts, GQA, Lq != Lk, odd sizes. */
+  add_case("causal", BF, 256, 2, 4, 2, 129, 129, 0);
+  add_case("full", FP, 256, 1, 2, 1, 17, 17, 1);
+  add_case("document", BF, 256, 1, 2, 2, 300, 300, 1);
+  add_case("sliding_window", FP, 256, 1, 4, 1, 129, 1000, 0);
+  add_case("softcap_causal", BF, 256, 1, 2, 1, 1000, 129, 0);
+  add_case("alibi_causal", BF, 256, 1, 2, 2, 1337, 1337, 0);
 }
 
 /* ---- compiling ahead, in parallel ---- */
@@ -317,6 +325,22 @@ static void print_problems(const fjg_check_report *r, const char *what) {
          what, r->nonfinite, r->inf_mismatch, r->zero_mismatch, r->worst);
 }
 
+/* Whether the context's template has head dim 256 (sm90 does, sm80 not). */
+static int has_d256(fj_context *ctx, const fj_spec *spec) {
+  fj_kernel_options ko = {.head_dim = 256, .dtype = FJ_DTYPE_BF16};
+  return fj_compile_forward(ctx, spec, &ko, NULL) != FJ_EUNSUPPORTED;
+}
+
+/* Without D = 256, compiling for it must fail with an error that says so. */
+static int expect_d256_refused(fj_context *ctx, const fj_spec *spec, const tcase *c) {
+  fj_kernel_options ko = {.head_dim = 256, .dtype = c->dt};
+  fj_status st = fj_compile_forward(ctx, spec, &ko, NULL);
+  const char *why = fj_context_last_error(ctx);
+  int ok = st == FJ_EUNSUPPORTED && strstr(why, "head dim 256") != NULL;
+  printf("refused: %s  %s\n", why, ok ? "PASS" : "FAIL");
+  return ok;
+}
+
 static int run_case(fj_context *ctx, const fjr_driver *drv,
                     fj_spec *const *loaded, int idx) {
   const tcase *c = &cases[idx];
@@ -334,6 +358,8 @@ static int run_case(fj_context *ctx, const fjr_driver *drv,
     printf("FAIL (spec did not load)\n");
     return 0;
   }
+  if (c->D == 256 && !has_d256(ctx, loaded[c->spec]))
+    return expect_d256_refused(ctx, loaded[c->spec], c);
   if (case_launch(ctx, drv, loaded[c->spec], c, 0x5eed0000ull + idx, &io))
     pass = case_check(loaded[c->spec], c, &io, &ro, &rl);
   else

@@ -79,7 +79,7 @@ static void test_old_arch_rejected(void **state) {
 
 static void test_head_dim_and_dtype(void **state) {
   (void)state;
-  static const int bad[] = {0, 32, 96, 127, 256, -64};
+  static const int bad[] = {0, 32, 96, 127, 512, -64};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     fjg_config c;
     char err[256] = "";
@@ -87,8 +87,21 @@ static void test_head_dim_and_dtype(void **state) {
                      FJ_EUNSUPPORTED);
     assert_non_null(strstr(err, "supported: 64, 128"));
   }
+  /* 256: the sm90 template only, with 64-row kv tiles. */
   fjg_config c;
   char err[256] = "";
+  assert_int_equal(fjg_config_choose_template(256, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
+                                              sizeof err), FJ_OK);
+  assert_int_equal(c.block_m, 128);
+  assert_int_equal(c.block_n, 64);
+  assert_int_equal(c.num_stages, 2);
+  assert_true(c.smem_bytes <= 227 * 1024);
+  static const char *sm80_archs[] = {"sm_80", "sm_89", "sm_90a"};
+  for (size_t i = 0; i < 3; i++) {
+    assert_int_equal(fjg_config_choose_template(256, FJ_DTYPE_F16, sm80_archs[i], "sm80", &c,
+                                                err, sizeof err), FJ_EUNSUPPORTED);
+    assert_non_null(strstr(err, "head dim 256 needs the sm90 template"));
+  }
   assert_int_equal(fjg_config_choose(64, (fj_dtype)7, "sm_90", &c, err, sizeof err),
                    FJ_EUNSUPPORTED);
   assert_non_null(strstr(err, "dtype"));

@@ -205,8 +205,8 @@ static void compile_one(int head_dim, fj_dtype dt, int has_mask, int has_score_m
                         const char *prologue, const char *what) {
   compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 1, 0);
   /* The persistent kernel (FJ_PERSISTENT, fjg_config.persistent): one dtype,
-   * which changes no code path. */
-  if (dt == FJ_DTYPE_BF16)
+   * which changes no code path, at D = 64 and 128. */
+  if (dt == FJ_DTYPE_BF16 && head_dim != 256)
     compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 1, 1);
 }
 
@@ -217,6 +217,9 @@ static void run_matrix(int has_mask, int has_score_mod, const char *prologue,
   for (size_t d = 0; d < 2; d++)
     for (size_t t = 0; t < 2; t++)
       compile_one(dims[d], dts[t], has_mask, has_score_mod, prologue, what);
+  /* D = 256 (128 O accumulators a consumer thread): one dtype, which
+   * changes no code path; keeps the CI time down. */
+  compile_one(256, FJ_DTYPE_BF16, has_mask, has_score_mod, prologue, what);
 }
 
 static void test_causal(void **state) {
