@@ -86,6 +86,13 @@ static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
   return FJ_OK;
 }
 
+/* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the swizzle
+ * atom, Q, the K and V stages, and 1 + 4 * stages mbarriers. */
+static int sm90_smem_bytes(const fjg_config *c, int stages) {
+  return 1024 + (c->block_m + 2 * stages * c->block_n) * c->head_dim * 2 +
+         8 * (1 + 4 * stages);
+}
+
 /* The sm90 template (templates/sm90/fwd.cuh): one producer and two consumer
  * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal,
  * two K/V stages at D=128 and three at D=64 (64-row kv tiles and twice the
@@ -105,12 +112,7 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   out->block_n = out->head_dim == 256 ? 64 : 128;
   out->num_stages = out->head_dim == 64 ? 3 : 2;
   out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
-  /* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the
-   * swizzle atom, Q, the K and V stages, and 1 + 4 * stages mbarriers. */
-  out->smem_bytes = 1024 +
-                    (out->block_m + 2 * out->num_stages * out->block_n) *
-                        out->head_dim * 2 +
-                    8 * (1 + 4 * out->num_stages);
+  out->smem_bytes = sm90_smem_bytes(out, out->num_stages);
   if (out->smem_bytes > max_smem_per_block(out->sm))
     return fail(err, errlen, FJ_EUNSUPPORTED,
                 "configuration needs %d bytes of shared memory, more than %s allows",
@@ -122,6 +124,15 @@ void fjg_config_set_persistent(fjg_config *c, int on) {
   if (!c || !c->uses_tma) return;
   c->persistent = on ? 1 : 0;
   c->spill_fallback = on ? NULL : "-DFJ_INTRA_WG_OVERLAP=0";
+}
+
+int fjg_config_set_stages(fjg_config *c, int num_stages) {
+  if (!c || !c->uses_tma || num_stages < 2 ||
+      sm90_smem_bytes(c, num_stages) > max_smem_per_block(c->sm))
+    return -1;
+  c->num_stages = num_stages;
+  c->smem_bytes = sm90_smem_bytes(c, num_stages);
+  return 0;
 }
 
 fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,

@@ -52,6 +52,9 @@ typedef struct fjg_config {
 /* Asks for (on = 1) or against the persistent kernel; only the sm90
  * template has one (others are left as they are). */
 void fjg_config_set_persistent(fjg_config *c, int on);
+/* sm90 only: num_stages K/V stages (>= 2) when they fit the target's shared
+ * memory; returns 0 when it set them, -1 (and changes nothing) otherwise. */
+int fjg_config_set_stages(fjg_config *c, int num_stages);
 
 /*
  * Chooses the configuration for head_dim (64, 128; 256 on sm90), dtype and arch

@@ -39,6 +39,10 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
    * kernel; unset or anything else: the configuration's default (-1). */
   const char *pe = getenv("FLEXJIT_PERSISTENT");
   ctx->persistent_opt = pe && !strcmp(pe, "1") ? 1 : pe && !strcmp(pe, "0") ? 0 : -1;
+  /* FLEXJIT_STAGES=N: the sm90 kernel's K/V pipeline depth (tuning and
+   * ablation); a depth that does not fit is refused when a kernel is made. */
+  const char *ns = getenv("FLEXJIT_STAGES");
+  ctx->stages_opt = ns && ns[0] >= '2' && ns[0] <= '9' && !ns[1] ? ns[0] - '0' : 0;
   if ((opts && opts->cache_dir && !ctx->cache_dir) ||
       (opts && opts->arch && !ctx->arch_opt) || (tmpl && !ctx->template_opt)) {
     fj_context_destroy(ctx);

@@ -297,10 +297,17 @@ static const char *choose_template(const fj_context *ctx,
   return "sm80";
 }
 
-/* The context's persistence request ($FLEXJIT_PERSISTENT, read when it was
- * created), if any, applied to a configuration. */
-static void apply_persistent(const fj_context *ctx, fjg_config *cfg) {
+/* The context's overrides of the configuration, read from the environment
+ * when it was created: the K/V pipeline depth ($FLEXJIT_STAGES) and
+ * persistence ($FLEXJIT_PERSISTENT), each when set. */
+static fj_status apply_context_overrides(fj_context *ctx, fjg_config *cfg) {
+  if (ctx->stages_opt && cfg->uses_tma && fjg_config_set_stages(cfg, ctx->stages_opt) != 0)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "FLEXJIT_STAGES=%d does not fit: the %s kernel at head dim %d "
+                    "would need more shared memory than %s allows",
+                    ctx->stages_opt, cfg->template_name, cfg->head_dim, cfg->arch);
   if (ctx->persistent_opt >= 0) fjg_config_set_persistent(cfg, ctx->persistent_opt);
+  return FJ_OK;
 }
 
 /* "sm80" when the default choice must avoid sm90 for this block mask: its
@@ -341,7 +348,8 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
         strcmp(k->cfg.arch, arch) == 0 &&
         strcmp(k->cfg.template_name, tmpl) == 0 &&
         (ctx->persistent_opt < 0 || !k->cfg.uses_tma ||
-         k->cfg.persistent == ctx->persistent_opt)) {
+         k->cfg.persistent == ctx->persistent_opt) &&
+        (!ctx->stages_opt || !k->cfg.uses_tma || k->cfg.num_stages == ctx->stages_opt)) {
       *out = k;
       if (info) {
         memset(info, 0, sizeof(*info));
@@ -368,7 +376,11 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     free(k);
     return fjr_fail(ctx, st, "%s", err);
   }
-  apply_persistent(ctx, &k->cfg);
+  st = apply_context_overrides(ctx, &k->cfg);
+  if (st != FJ_OK) {
+    free(k);
+    return st;
+  }
   k->head_dim = opts->head_dim;
   k->dtype = opts->dtype;
 
@@ -528,7 +540,8 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
                                   choose_template(ctx, opts, arch), &cfg,
                                   err, sizeof(err));
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
-  apply_persistent(ctx, &cfg);
+  st = apply_context_overrides(ctx, &cfg);
+  if (st != FJ_OK) return st;
   char nvrtc_version[32] = "unavailable";
   int major = 0, minor = 0;
   if (fjr_nvrtc_version(&major, &minor, err, sizeof(err)) == FJ_OK)

@@ -176,11 +176,37 @@ static void test_spill_fallback_and_persistence(void **state) {
   fjg_config_set_persistent(NULL, 1);
 }
 
+/* $FLEXJIT_STAGES's setter: sm90 only, and only depths that fit. */
+static void test_set_stages(void **state) {
+  (void)state;
+  fjg_config c;
+  assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
+                                              NULL, 0), FJ_OK);
+  const int smem2 = c.smem_bytes;
+  assert_int_equal(fjg_config_set_stages(&c, 3), 0);
+  assert_int_equal(c.num_stages, 3);
+  /* One more K and one more V tile of 128 x 128, and four more barriers. */
+  assert_int_equal(c.smem_bytes, smem2 + 2 * 128 * 128 * 2 + 4 * 8);
+  assert_int_equal(fjg_config_set_stages(&c, 4), -1); /* over 227 KiB */
+  assert_int_equal(fjg_config_set_stages(&c, 1), -1);
+  assert_int_equal(c.num_stages, 3);
+  assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
+                                              NULL, 0), FJ_OK);
+  assert_int_equal(fjg_config_set_stages(&c, 6), 0);
+  assert_int_equal(c.num_stages, 6);
+  assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_BF16, "sm_90a", "sm80", &c,
+                                              NULL, 0), FJ_OK);
+  assert_int_equal(fjg_config_set_stages(&c, 3), -1);
+  assert_int_equal(c.num_stages, 2);
+  assert_int_equal(fjg_config_set_stages(NULL, 3), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_h100_class),        cmocka_unit_test(test_arch_parsing),
       cmocka_unit_test(test_old_arch_rejected), cmocka_unit_test(test_head_dim_and_dtype),
       cmocka_unit_test(test_null_arguments),    cmocka_unit_test(test_template_contract),
+      cmocka_unit_test(test_set_stages),
       cmocka_unit_test(test_spill_fallback_and_persistence),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
