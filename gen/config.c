@@ -86,6 +86,10 @@ static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
   return FJ_OK;
 }
 
+/* The sm90 kernel's static shared memory next to the dynamic: its
+ * block-mask row copy (FJ_BM_CACHE) as ptxas reports it, 5120 bytes. */
+#define SM90_STATIC_SMEM 5120
+
 /* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the swizzle
  * atom, Q, the K and V stages, and 1 + 4 * stages mbarriers. */
 static int sm90_smem_bytes(const fjg_config *c, int stages) {
@@ -113,7 +117,7 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   out->num_stages = out->head_dim == 64 ? 3 : 2;
   out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
   out->smem_bytes = sm90_smem_bytes(out, out->num_stages);
-  if (out->smem_bytes > max_smem_per_block(out->sm))
+  if (out->smem_bytes + SM90_STATIC_SMEM > max_smem_per_block(out->sm))
     return fail(err, errlen, FJ_EUNSUPPORTED,
                 "configuration needs %d bytes of shared memory, more than %s allows",
                 out->smem_bytes, a);
@@ -128,7 +132,7 @@ void fjg_config_set_persistent(fjg_config *c, int on) {
 
 int fjg_config_set_stages(fjg_config *c, int num_stages) {
   if (!c || !c->uses_tma || num_stages < 2 ||
-      sm90_smem_bytes(c, num_stages) > max_smem_per_block(c->sm))
+      sm90_smem_bytes(c, num_stages) + SM90_STATIC_SMEM > max_smem_per_block(c->sm))
     return -1;
   c->num_stages = num_stages;
   c->smem_bytes = sm90_smem_bytes(c, num_stages);

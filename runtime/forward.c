@@ -721,11 +721,18 @@ static fj_status load_module(fj_context *ctx, fjr_kernel *k) {
   }
   r = d->cuModuleGetFunction(&k->fn, k->module, "fj_attention_fwd");
   if (r != CUDA_SUCCESS) goto fail;
-  if (k->cfg.smem_bytes > ctx->max_smem_optin) {
+  /* Dynamic plus the kernel's static shared memory (sm90's block-mask row
+   * copy) must fit the block's opt-in limit. */
+  int static_smem = 0;
+  if (d->cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, k->fn) !=
+      CUDA_SUCCESS)
+    static_smem = 0;
+  if (k->cfg.smem_bytes + static_smem > ctx->max_smem_optin) {
     fj_status st = fjr_fail(ctx, FJ_EUNSUPPORTED,
-                            "kernel needs %d bytes of shared memory, the "
-                            "device allows %d",
-                            k->cfg.smem_bytes, ctx->max_smem_optin);
+                            "kernel needs %d bytes of shared memory (%d dynamic, %d "
+                            "static), the device allows %d",
+                            k->cfg.smem_bytes + static_smem, k->cfg.smem_bytes,
+                            static_smem, ctx->max_smem_optin);
     d->cuModuleUnload(k->module);
     k->module = NULL;
     return st;

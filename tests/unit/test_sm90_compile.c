@@ -191,6 +191,13 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
   if (strstr(log, "serialized") || strstr(log, "C7513") || strstr(log, "C7515"))
     fail_msg("%s D=%d: ptxas serialized wgmma:\n%s", what, head_dim, log);
   if (strstr(log, "C7508")) fail_msg("%s D=%d: setmaxnreg ignored:\n%s", what, head_dim, log);
+  /* gen/config.c reserves 5120 bytes of static shared memory next to the
+   * dynamic (SM90_STATIC_SMEM): ptxas's "N bytes smem" must not exceed it. */
+  const char *sm = strstr(log, "bytes smem");
+  assert_non_null(sm);
+  while (sm > log && sm[-1] == ' ') sm--;
+  while (sm > log && sm[-1] >= '0' && sm[-1] <= '9') sm--;
+  if (atoi(sm) > 5120) fail_msg("%s D=%d: %d bytes of static shared memory", what, head_dim, atoi(sm));
   printf("  %-12s D=%-3d %-4s sm_90a %d x %d, %d stages, smem %d%s%s: %6.0f ms, cubin %zu B\n",
          what, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", c.block_m, c.block_n,
          c.num_stages, c.smem_bytes, overlap ? "" : ", no overlap",
