@@ -41,7 +41,8 @@ static const char top_usage[] =
     "library to load), FLEXJIT_TEMPLATE (sm80 or sm90: force a kernel template),\n"
     "FLEXJIT_DUMP_DIR (write compiled CUDA source there), FLEXJIT_KERNEL_DEFINES\n"
     "(\"NAME=VALUE ...\": optional template macros, e.g. FJ_PINGPONG=0),\n"
-    "FLEXJIT_PERSISTENT (1: the experimental persistent sm90 kernel).\n";
+    "FLEXJIT_PERSISTENT (1: the experimental persistent sm90 kernel),\n"
+    "FLEXJIT_STAGES (2..9: the sm90 kernel's K/V pipeline depth, when it fits).\n";
 
 int main(int argc, char **argv) {
   if (argc < 2) {
