@@ -267,6 +267,9 @@ def main():
     ap.add_argument("--only", choices=["all", "flexjit"], default="all",
                     help="flexjit: skip the PyTorch baselines")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--cases", default="",
+                    help="comma-separated substrings: run only the cases "
+                    "whose name contains one (e.g. 'D=64,document')")
     ap.add_argument("--also-sm80", action="store_true",
                     help="also time flexjit with FLEXJIT_TEMPLATE=sm80")
     args = ap.parse_args()
@@ -289,7 +292,13 @@ def main():
     skip_torch = args.only == "flexjit" or not have_torch
 
     rows = []
-    for name, B, H, S, D, spec, extra, desc in make_cases(shapes, args.quick):
+    wanted = [w.strip() for w in args.cases.split(",") if w.strip()]
+    cases = [c for c in make_cases(shapes, args.quick)
+             if not wanted or any(w in c[0] for w in wanted)]
+    if not cases:
+        print("no case matches --cases %r" % args.cases, file=sys.stderr)
+        return 2
+    for name, B, H, S, D, spec, extra, desc in cases:
         doc = None
         extra = list(extra)
         if desc.get("mask") == "document":
