@@ -150,8 +150,8 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
       fjr_nvrtc_log_spill_bytes(log) > 0) {
     /* What the runtime does with such a kernel: compile it without the
      * overlap, which must not spill. */
-    printf("  %-12s D=%-3d spills with the overlap (%ld bytes): without it\n", what,
-           head_dim, fjr_nvrtc_log_spill_bytes(log));
+    printf("  %-12s D=%-3d%s spills with the overlap (%ld bytes): without it\n", what,
+           head_dim, persistent ? " persistent" : "", fjr_nvrtc_log_spill_bytes(log));
     free(log);
     nvrtcDestroyProgram(&prog);
     free(tu);
