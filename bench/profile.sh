@@ -3,6 +3,7 @@
 # problem, on the GPU machine from a carried build. Writes the reports to
 # $OUT/profile-*.txt. Usage: bash bench/profile.sh CASE...
 #   CASE: causal64 (8 x 4096, H=32, D=64) | causal128 (2 x 16384, H=16, D=128)
+#         | sliding (window 1024, 2 x 16384, H=16, D=128; flexjit only)
 #   Set PROFILE_DEFINES to profile a template variant (FLEXJIT_KERNEL_DEFINES).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,21 +12,26 @@ export LD_LIBRARY_PATH="$PWD/build/lib:${LD_LIBRARY_PATH:-}"
 export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis
           --section SchedulerStats --section WarpStateStats
-          --section InstructionStats --section LaunchStats --section Occupancy)
+          --section InstructionStats --section LaunchStats --section Occupancy
+          --print-details all)
 for c in "$@"; do
+  spec=examples/causal.lua; extra=()
   case $c in
     causal64) B=8; H=32; S=4096; D=64 ;;
     causal128) B=2; H=16; S=16384; D=128 ;;
+    sliding) B=2; H=16; S=16384; D=128; spec=examples/sliding_window.lua
+             extra=(--param window=1024) ;;
     *) echo "unknown case $c"; continue ;;
   esac
   # Compile (and cache) first so the profiled process only launches.
-  FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" build/flexjit run examples/causal.lua \
+  FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" build/flexjit run $spec "${extra[@]}" \
     --batch $B --heads $H --q-len $S --head-dim $D >/dev/null 2>&1
   FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" timeout 300 ncu --clock-control none \
     -k regex:fj_attention "${sections[@]}" -c 1 \
-    build/flexjit run examples/causal.lua --batch $B --heads $H --q-len $S --head-dim $D \
+    build/flexjit run $spec "${extra[@]}" --batch $B --heads $H --q-len $S --head-dim $D \
     > "$OUT/profile-flexjit-$c.txt" 2>&1
   echo "flexjit $c: exit $?"
+  [ "$spec" = examples/causal.lua ] || continue  # cuDNN has causal and full only
   timeout 300 ncu --clock-control none -k regex:'sdpa|fmha|flash|cudnn|sm90' \
     "${sections[@]}" -c 1 python3 - $B $H $S $D > "$OUT/profile-cudnn-$c.txt" 2>&1 <<'PY'
 import sys, torch
