@@ -97,6 +97,13 @@ static int sm90_smem_bytes(const fjg_config *c, int stages) {
          8 * (1 + 4 * stages);
 }
 
+int fjg_sm90_tile(int head_dim, int *block_m, int *block_n) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return -1;
+  *block_m = 128;
+  *block_n = head_dim == 256 ? 64 : 128;
+  return 0;
+}
+
 /* The sm90 template (templates/sm90/fwd.cuh): one producer and two consumer
  * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal,
  * two K/V stages at D=128 and three at D=64 (64-row kv tiles and twice the
@@ -112,8 +119,7 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   out->uses_tma = 1;
   out->num_warps = 12;
   out->threads = 384;
-  out->block_m = 128;
-  out->block_n = out->head_dim == 256 ? 64 : 128;
+  fjg_sm90_tile(out->head_dim, &out->block_m, &out->block_n);
   out->num_stages = out->head_dim == 64 ? 3 : 2;
   out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
   out->smem_bytes = sm90_smem_bytes(out, out->num_stages);

@@ -52,6 +52,10 @@ typedef struct fjg_config {
 /* Asks for (on = 1) or against the persistent kernel; only the sm90
  * template has one (others are left as they are). */
 void fjg_config_set_persistent(fjg_config *c, int on);
+/* The sm90 kernel's query x kv tile for a head dim (what choose_sm90 sets):
+ * 0, or -1 for a head dim it does not have. Cheap: the launch path asks it
+ * whether a block mask's blocks are whole tiles. */
+int fjg_sm90_tile(int head_dim, int *block_m, int *block_n);
 /* sm90 only: num_stages K/V stages (>= 2) when they fit the target's shared
  * memory; returns 0 when it set them, -1 (and changes nothing) otherwise. */
 int fjg_config_set_stages(fjg_config *c, int num_stages);

@@ -311,20 +311,22 @@ static fj_status apply_context_overrides(fj_context *ctx, fjg_config *cfg) {
 }
 
 /* "sm80" when the default choice must avoid sm90 for this block mask: its
- * blocks are not whole sm90 tiles (128 x 128; e.g. block_kv 64), which sm80's
- * smaller tiles still fit. NULL otherwise, and always when the context names
- * a template (its choice stands; the bind then says why it does not fit). */
+ * blocks are not whole sm90 tiles (128 x 128, 128 x 64 at D=256; e.g.
+ * block_kv 64), which sm80's smaller tiles still fit. NULL otherwise, and
+ * always when the context names a template (its choice stands; the bind
+ * then says why it does not fit). Runs on every launch with a mask: the
+ * usual answer takes two integer checks, no configuration. */
 static const char *block_mask_template(const fj_context *ctx,
                                        const fj_block_mask *bm, int head_dim,
                                        fj_dtype dtype) {
   fj_block_mask_info mi;
-  fjg_config c;
+  int bm90 = 0, bn90 = 0;
   if (!bm || ctx->template_opt || fj_block_mask_get_info(bm, &mi) != FJ_OK ||
-      fjg_config_choose_template(head_dim, dtype, "sm_90a", "sm90", &c, NULL,
-                                 0) != FJ_OK)
+      fjg_sm90_tile(head_dim, &bm90, &bn90) != 0)
     return NULL;
-  if (mi.block_q % c.block_m == 0 && mi.block_kv % c.block_n == 0) return NULL;
+  if (mi.block_q % bm90 == 0 && mi.block_kv % bn90 == 0) return NULL;
   /* Only if sm80 has this head dim (not 256): else sm90's bind says why. */
+  fjg_config c;
   if (fjg_config_choose_template(head_dim, dtype, "sm_90a", "sm80", &c, NULL, 0) != FJ_OK)
     return NULL;
   return "sm80";

@@ -176,6 +176,23 @@ static void test_spill_fallback_and_persistence(void **state) {
   fjg_config_set_persistent(NULL, 1);
 }
 
+/* The launch path's tile lookup says what the sm90 configuration says. */
+static void test_sm90_tile(void **state) {
+  (void)state;
+  static const int dims[] = {64, 128, 256};
+  for (size_t i = 0; i < 3; i++) {
+    fjg_config c;
+    int m = 0, n = 0;
+    assert_int_equal(fjg_config_choose_template(dims[i], FJ_DTYPE_F16, "sm_90a", "sm90", &c,
+                                                NULL, 0), FJ_OK);
+    assert_int_equal(fjg_sm90_tile(dims[i], &m, &n), 0);
+    assert_int_equal(m, c.block_m);
+    assert_int_equal(n, c.block_n);
+  }
+  int m = 0, n = 0;
+  assert_int_equal(fjg_sm90_tile(96, &m, &n), -1);
+}
+
 /* $FLEXJIT_STAGES's setter: sm90 only, and only depths that fit. */
 static void test_set_stages(void **state) {
   (void)state;
@@ -209,6 +226,7 @@ int main(void) {
       cmocka_unit_test(test_h100_class),        cmocka_unit_test(test_arch_parsing),
       cmocka_unit_test(test_old_arch_rejected), cmocka_unit_test(test_head_dim_and_dtype),
       cmocka_unit_test(test_null_arguments),    cmocka_unit_test(test_template_contract),
+      cmocka_unit_test(test_sm90_tile),
       cmocka_unit_test(test_set_stages),
       cmocka_unit_test(test_spill_fallback_and_persistence),
   };
