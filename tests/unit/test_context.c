@@ -44,6 +44,15 @@ static void test_status_table(void **state) {
   fj_spec_destroy(NULL);
 }
 
+/* window_spec, loaded (the load must succeed). */
+static fj_spec *load_window(fj_context *ctx) {
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, window_spec, strlen(window_spec),
+                                       "win.lua", &spec),
+                   FJ_OK);
+  return spec;
+}
+
 static void test_spec_errors_name_the_line(void **state) {
   (void)state;
   fj_context *ctx = new_context();
@@ -64,10 +73,7 @@ static void test_spec_errors_name_the_line(void **state) {
 static void test_arg_introspection(void **state) {
   (void)state;
   fj_context *ctx = new_context();
-  fj_spec *spec = NULL;
-  assert_int_equal(fj_spec_load_string(ctx, window_spec, strlen(window_spec),
-                                       "win.lua", &spec),
-                   FJ_OK);
+  fj_spec *spec = load_window(ctx);
   assert_string_equal(fj_spec_name(spec), "win");
   assert_int_equal(fj_spec_num_args(spec), 2);
   const char *name;
@@ -91,10 +97,7 @@ static void test_arg_introspection(void **state) {
 static void test_compile_options(void **state) {
   (void)state;
   fj_context *ctx = new_context();
-  fj_spec *spec = NULL;
-  assert_int_equal(fj_spec_load_string(ctx, window_spec, strlen(window_spec),
-                                       "win.lua", &spec),
-                   FJ_OK);
+  fj_spec *spec = load_window(ctx);
   fj_kernel_options ko = {.head_dim = 96, .dtype = FJ_DTYPE_BF16,
                           .arch = "sm_80"};
   assert_int_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_EUNSUPPORTED);
@@ -162,10 +165,7 @@ static void expect_bad(fj_context *ctx, fj_spec *spec, tensors *t,
 static void test_forward_rejects_bad_input(void **state) {
   (void)state;
   fj_context *ctx = new_context();
-  fj_spec *spec = NULL;
-  assert_int_equal(fj_spec_load_string(ctx, window_spec, strlen(window_spec),
-                                       "win.lua", &spec),
-                   FJ_OK);
+  fj_spec *spec = load_window(ctx);
   int64_t doc_shape[1] = {100};
   DLTensor doc = make(doc_shape, 1, (DLDataType){kDLInt, 32, 1}, 0x60000);
   fj_arg args[2] = {{.name = "window", .i32 = 16}, {.name = "doc", .buffer = &doc}};

@@ -39,8 +39,10 @@ static void collect(void *user, fj_log_level level, const char *msg) {
 }
 
 /* Compiles kSpec for sm_90a, D=128, with FLEXJIT_KERNEL_DEFINES = defines;
- * the log lands in *m. */
+ * the log lands in *m. Skips the test without NVRTC. */
 static void compile_with(const char *defines, messages *m) {
+  char err[256];
+  if (fjr_nvrtc_version(NULL, NULL, err, sizeof err) != FJ_OK) skip();
   setenv("FLEXJIT_KERNEL_DEFINES", defines, 1);
   fj_context_options o;
   fj_context_options_init(&o);
@@ -62,8 +64,6 @@ static void compile_with(const char *defines, messages *m) {
 
 static void test_spilling_kernel_is_refit(void **state) {
   (void)state;
-  char err[256];
-  if (fjr_nvrtc_version(NULL, NULL, err, sizeof err) != FJ_OK) skip();
   static messages m;
   compile_with("FJ_CONSUMER_REGS=168", &m);
   if (!strstr(m.text, "with -DFJ_INTRA_WG_OVERLAP=0: compiled with it"))
@@ -72,8 +72,6 @@ static void test_spilling_kernel_is_refit(void **state) {
 
 static void test_fallback_already_set(void **state) {
   (void)state;
-  char err[256];
-  if (fjr_nvrtc_version(NULL, NULL, err, sizeof err) != FJ_OK) skip();
   static messages m;
   compile_with("FJ_CONSUMER_REGS=168 FJ_INTRA_WG_OVERLAP=0", &m);
   assert_null(strstr(m.text, "compiled with it"));
