@@ -529,6 +529,22 @@ __device__ __forceinline__ void fjh_load_kv(const fjh_tensor_map *map, unsigned 
   for (int c = 0; c < FJH_CHUNKS64; ++c)
     fjh_tma_load_4d(tile + c * FJ_BLOCK_N * 128, map, c * 64, j * FJ_BLOCK_N, hk, b, full);
 }
+__device__ __forceinline__ void fjh_load_k(const fj_tma_maps &maps, const fjh_smem_map &sm,
+                                           fjh_stage st, int j, int hk, int b) {
+  fjh_load_kv(&maps.k, sm.k_tile(st.s), sm.k_full(st.s), sm.k_empty(st.s), st, j, hk, b);
+}
+__device__ __forceinline__ void fjh_load_v(const fj_tma_maps &maps, const fjh_smem_map &sm,
+                                           fjh_stage st, int j, int hk, int b) {
+  fjh_load_kv(&maps.v, sm.v_tile(st.s), sm.v_full(st.s), sm.v_empty(st.s), st, j, hk, b);
+}
+
+__device__ __forceinline__ void fjh_load_q(const fj_tma_maps &maps, const fjh_smem_map &sm,
+                                           int b, int h, int q0) {
+  fjh_mbar_arrive_expect_tx(sm.q_full(), FJH_Q_BYTES);
+#pragma unroll
+  for (int c = 0; c < FJH_CHUNKS64; ++c)
+    fjh_tma_load_4d(sm.q + c * FJ_BLOCK_M * 128, &maps.q, c * 64, q0, h, b, sm.q_full());
+}
 
 // Order of loads: Q, K(0), then K(n+1) before V(n), which is the order in
 // which the consumers need them (Q K^T of the next tile is issued before
@@ -538,14 +554,6 @@ __device__ __forceinline__ void fjh_load_kv(const fjh_tensor_map *map, unsigned 
 // item's number among the CTA's items with work (the phase of q_full, and
 // of q_empty, which the persistent kernel's consumers complete once they
 // are done with the Q area of their previous item).
-__device__ __forceinline__ void fjh_load_q(const fj_tma_maps &maps, const fjh_smem_map &sm,
-                                           int b, int h, int q0) {
-  fjh_mbar_arrive_expect_tx(sm.q_full(), FJH_Q_BYTES);
-#pragma unroll
-  for (int c = 0; c < FJH_CHUNKS64; ++c)
-    fjh_tma_load_4d(sm.q + c * FJ_BLOCK_M * 128, &maps.q, c * 64, q0, h, b, sm.q_full());
-}
-
 __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma_maps &maps,
                                          const fjh_smem_map &sm, int b, int h, int q0,
                                          int q1, int lo, int hi, int t, int &n, int kq) {
@@ -556,7 +564,7 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
 #if FJ_PERSISTENT
   // K of the first tile may go in while the consumers still finish the
   // previous item; Q waits for them to leave the Q area.
-  fjh_load_kv(&maps.k, sm.k_tile(st0.s), sm.k_full(st0.s), sm.k_empty(st0.s), st0, j, hk, b);
+  fjh_load_k(maps, sm, st0, j, hk, b);
   if (kq > 0) fjh_mbar_wait(sm.q_empty(), (kq - 1) & 1);
   fjh_load_q(maps, sm, b, h, q0);
 #else
@@ -565,19 +573,18 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   fjh_tma_prefetch_desc(&maps.k);
   fjh_tma_prefetch_desc(&maps.v);
   fjh_load_q(maps, sm, b, h, q0);
-  fjh_load_kv(&maps.k, sm.k_tile(st0.s), sm.k_full(st0.s), sm.k_empty(st0.s), st0, j, hk, b);
+  fjh_load_k(maps, sm, st0, j, hk, b);
 #endif
   for (int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls); jn >= lo;
        jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls)) {
     const fjh_stage st1 = fjh_stage_next(st0);
-    fjh_load_kv(&maps.k, sm.k_tile(st1.s), sm.k_full(st1.s), sm.k_empty(st1.s), st1, jn, hk,
-                b);
-    fjh_load_kv(&maps.v, sm.v_tile(st0.s), sm.v_full(st0.s), sm.v_empty(st0.s), st0, j, hk, b);
+    fjh_load_k(maps, sm, st1, jn, hk, b);
+    fjh_load_v(maps, sm, st0, j, hk, b);
     j = jn;
     st0 = st1;
     ++n;
   }
-  fjh_load_kv(&maps.v, sm.v_tile(st0.s), sm.v_full(st0.s), sm.v_empty(st0.s), st0, j, hk, b);
+  fjh_load_v(maps, sm, st0, j, hk, b);
   ++n;
 }
 
