@@ -73,13 +73,20 @@ __device__ __forceinline__ float fj_tanh_f32(float x) {
 // The load itself is unconditional (index 0 when out of range; buffers are
 // never empty at launch) so that the compiler can share the loads of one row
 // or column across a tile instead of keeping each behind its own branch.
+// The bound is taken in 32 bits (an int index is below 2^31 whatever the
+// length) and the offset is unsigned: one compare and one wide multiply-add
+// an element instead of 64-bit compares and sign extensions.
+__device__ __forceinline__ bool fj_buf_in(long long len, int i) {
+  const unsigned n = len > 0x7fffffffLL ? 0x80000000u : (unsigned)len;
+  return (unsigned)i < n;
+}
 __device__ __forceinline__ int fj_load_i32(const int *p, long long len, int i) {
-  const bool in = (unsigned long long)(long long)i < (unsigned long long)len;
-  const int v = __ldg(p + (in ? i : 0));
+  const bool in = fj_buf_in(len, i);
+  const int v = __ldg(p + (in ? (unsigned)i : 0u));
   return in ? v : 0;
 }
 __device__ __forceinline__ float fj_load_f32(const float *p, long long len, int i) {
-  const bool in = (unsigned long long)(long long)i < (unsigned long long)len;
-  const float v = __ldg(p + (in ? i : 0));
+  const bool in = fj_buf_in(len, i);
+  const float v = __ldg(p + (in ? (unsigned)i : 0u));
   return in ? v : 0.0f;
 }

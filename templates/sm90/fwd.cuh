@@ -29,6 +29,9 @@
 //                      defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
+//   FJ_TRACE           optional, timing only (bench/trace.py): SM clock
+//                      stamps of each CTA's phases written over the LSE
+//                      (which is then not computed); not persistent
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
 //                      (default 24 and 240; 40 and 232 for the persistent
 //                      kernel, whose producer warp classifies tiles). The
@@ -125,6 +128,35 @@ static_assert(FJ_PRODUCER_REGS % 8 == 0 && FJ_CONSUMER_REGS % 8 == 0 &&
 #define FJH_AB ".bf16.bf16"
 #else
 #define FJH_AB ".f16.f16"
+#endif
+
+// FJ_TRACE: raw %clock stamps (one SM's counter, so comparable between the
+// CTAs of one SM) kept in registers by one thread of each role and written
+// at the end into the LSE of the CTA's rows q0 + slot: consumer c at slots
+// 32 c + 0.., the producer at 64.. (bench/trace.py reads them back).
+#ifdef FJ_TRACE
+#if FJ_PERSISTENT
+#error "FJ_TRACE: the non-persistent kernel only"
+#endif
+__device__ __forceinline__ unsigned fjh_clock() {
+  unsigned c;
+  asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c) :: "memory");
+  return c;
+}
+__device__ __forceinline__ unsigned fjh_smid() {
+  unsigned c;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(c));
+  return c;
+}
+#define FJH_TR(k) (fjh_tr[k] = fjh_clock())
+// A stamp stored at once (loop iterations): slot k of the role's area.
+#define FJH_TRG(k) \
+  do { \
+    if (fjh_trg != nullptr) fjh_trg[k] = __uint_as_float(fjh_clock()); \
+  } while (0)
+#else
+#define FJH_TR(k) ((void)0)
+#define FJH_TRG(k) ((void)0)
 #endif
 
 // Named barrier ids: 0 is __syncthreads; 1 + c orders consumer c's GEMMs
@@ -575,11 +607,22 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   fjh_load_q(maps, sm, b, h, q0);
   fjh_load_k(maps, sm, st0, j, hk, b);
 #endif
+#ifdef FJ_TRACE
+  float *fjh_trg = p.lse != nullptr ? p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 64 : nullptr;
+  int fjh_it = 0;
+#endif
   for (int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls); jn >= lo;
        jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls)) {
     const fjh_stage st1 = fjh_stage_next(st0);
     fjh_load_k(maps, sm, st1, jn, hk, b);
+#ifdef FJ_TRACE
+    if (fjh_it < 24) FJH_TRG(8 + 2 * fjh_it);
+#endif
     fjh_load_v(maps, sm, st0, j, hk, b);
+#ifdef FJ_TRACE
+    if (fjh_it < 24) FJH_TRG(9 + 2 * fjh_it);
+    ++fjh_it;
+#endif
     j = jn;
     st0 = st1;
     ++n;
@@ -687,16 +730,27 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     s[i] = fj_score_mod(p.user, p.sz, s[i] * p.scale, b, h, qi, ki) * FJH_LOG2E;
   }
 #endif
-  if (mode == FJH_TILE_MASK || kv0 + FJ_BLOCK_N > Lk) {
+  // The mask is evaluated on every element, past Lk too (fj_mask is total;
+  // such results are dropped), without a branch per element: with one
+  // (a short-circuit around the call) ptxas kept a branch and a
+  // convergence barrier per element and a buffer mask's loads ran one after
+  // the other; without, they issue together (bench/RESULTS.md, session 4).
+#if FJ_HAS_MASK
+  if (mode == FJH_TILE_MASK) {
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS; ++i) {
       const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-      bool keep = ki < Lk;
-#if FJ_HAS_MASK
-      if (mode == FJH_TILE_MASK && keep)
-        keep = fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
+      const bool keep =
+          (ki < Lk) & fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
+      s[i] = keep ? s[i] : fj_neg_inf();
+    }
+  } else
 #endif
-      if (!keep) s[i] = fj_neg_inf();
+  if (kv0 + FJ_BLOCK_N > Lk) {
+#pragma unroll
+    for (int i = 0; i < FJH_S_REGS; ++i) {
+      const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+      if (ki >= Lk) s[i] = fj_neg_inf();
     }
   }
 #pragma unroll
@@ -809,6 +863,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
       *dst = fj_u32x4{v0, v1, v2, v3};
     }
   }
+#ifndef FJ_TRACE
   if (p.lse != nullptr && t4 == 0) {
     float *gl = p.lse + b * p.lse_sb + h * p.lse_sh;
 #pragma unroll
@@ -820,6 +875,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
       }
     }
   }
+#endif
 }
 
 #if FJ_PERSISTENT
@@ -848,6 +904,14 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
                                             int hi, int hi_cls, int t, int &n_io, int kq) {
   const int wq0 = q0 + FJH_WG_ROWS * c;
   const unsigned sq = sm.q + c * FJH_WG_ROWS * 128;
+#ifdef FJ_TRACE
+  unsigned fjh_tr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int fjh_ntiles = 0;
+  float *fjh_trg = (threadIdx.x & 127) == 0 && p.lse != nullptr
+                       ? p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 32 * c
+                       : nullptr;
+  FJH_TR(0);
+#endif
   float o[FJH_O_REGS];
 #pragma unroll
   for (int i = 0; i < FJH_O_REGS; ++i) o[i] = 0.f;
@@ -868,6 +932,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     if (c == 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);  // consumer 0 goes first
 #endif
     fjh_mbar_wait_warp(sm.q_full(), kq & 1);
+    FJH_TR(1);
     int n = n_io, j = hi, cls = hi_cls;
     // Descriptor low words: this consumer's Q rows, and stage 0 of K and V
     // (stage s is s * FJH_KV_BYTES further).
@@ -879,6 +944,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     // Tile 0: S alone.
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.k_full(st0.s), st0.ph);
+    FJH_TR(2);
     fjh_wgmma_fence();
     fjh_issue_qk(s, dq, dk + st0.s * DS);
     fjh_wgmma_commit();
@@ -889,6 +955,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
                 exp_scale, s, row_m, row_l, alpha);
     fjh_pack_p(s, pf);
+    FJH_TR(3);
     int cls_n;
     int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
     fjh_stage st1 = fjh_stage_next(st0);
@@ -901,7 +968,14 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       // Classified before S exists: fewer registers live in the softmax.
       const int mode_n = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
       fjh_sched_wait(c);
+#ifdef FJ_TRACE
+      const int fjh_it = n - n_io;
+      if (fjh_it < 8) FJH_TRG(8 + 3 * fjh_it);
+#endif
       fjh_mbar_wait_warp(sm.k_full(st1.s), st1.ph);
+#ifdef FJ_TRACE
+      if (fjh_it < 8) FJH_TRG(9 + 3 * fjh_it);
+#endif
       fjh_wgmma_fence();
       fjh_issue_qk(s, dq, dk + st1.s * DS);
       fjh_wgmma_commit();
@@ -913,6 +987,9 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_fence_regs(s);
       fjh_mbar_arrive(sm.k_empty(st1.s));
       fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
+#ifdef FJ_TRACE
+      if (fjh_it < 8) FJH_TRG(10 + 3 * fjh_it);
+#endif
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
       fjh_fence_regs(pf);  // P stays put until its P V completed
@@ -926,6 +1003,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
     }
     // Last tile: P V alone.
+    FJH_TR(4);
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
     fjh_wgmma_fence();
@@ -936,6 +1014,10 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_fence_regs(o);
     fjh_fence_regs(pf);
     fjh_mbar_arrive(sm.v_empty(st0.s));
+    FJH_TR(5);
+#ifdef FJ_TRACE
+    fjh_ntiles = n + 1 - n_io;
+#endif
     n_io = n + 1;  // n was the last tile
 #else
     // Without the overlap: S, softmax, P V, one tile after the other.
@@ -986,6 +1068,14 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
   fjh_mbar_arrive(sm.q_empty());
 #else
   fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+#ifdef FJ_TRACE
+  FJH_TR(6);
+  if ((threadIdx.x & 127) == 0 && p.lse != nullptr) {
+    float *gl = p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 32 * c;
+    for (int k = 0; k < 7; ++k) gl[k] = __uint_as_float(fjh_tr[k]);
+    gl[7] = __uint_as_float((unsigned)fjh_ntiles);
+  }
+#endif
 #endif
 }
 
@@ -1129,6 +1219,10 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
                  const __grid_constant__ fj_tma_maps maps) {
   extern __shared__ __align__(1024) unsigned char fjh_smem[];
   const fjh_smem_map sm = fjh_smem_layout(fjh_smem);
+#ifdef FJ_TRACE
+  unsigned fjh_tr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  FJH_TR(0);
+#endif
 
   const fjh_work w = fjh_work_of_cta();
   const int m_block = w.m, h = w.h, b = w.b;
@@ -1163,7 +1257,21 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   if (wg == 0) {
     fjh_setmaxnreg_dec<FJ_PRODUCER_REGS>();
     int n = 0;
+    FJH_TR(1);
     if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n, 0);
+#ifdef FJ_TRACE
+    FJH_TR(2);
+    if (threadIdx.x == 0 && p.lse != nullptr) {
+      float *gl = p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 64;
+      for (int k = 0; k < 3; ++k) gl[k] = __uint_as_float(fjh_tr[k]);
+      gl[3] = __uint_as_float(fjh_smid());
+      unsigned long long ns;
+      asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns));
+      gl[4] = __uint_as_float((unsigned)ns);
+      gl[5] = __uint_as_float((unsigned)(ns >> 32));
+      gl[6] = __uint_as_float((unsigned)n);
+    }
+#endif
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
     int n = 0;

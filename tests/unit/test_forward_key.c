@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "9253728faa81f286041d3a62ad8f534a"
+#define PINNED_SOURCE_KEY "cb06605b04dea54679b6a27c018c5e15"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Where a CTA's time goes: phase timings of the sm90 forward kernel.
+
+Builds the kernel with FJ_TRACE (templates/sm90/fwd.cuh), which writes SM
+clock stamps of each CTA's phases over the LSE, runs one launch through
+`flexjit run --dump`, and prints the median of each phase over the CTAs
+and the idle time between consecutive CTAs on one SM. Timing only: the
+traced kernel's LSE is not an LSE. Runs on the GPU machine.
+
+    python3 bench/trace.py [CASE...]   (sliding causal causal64 document full)
+"""
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASES = {
+    "causal": ("causal.lua", [], 1, 16, 16384, 128),
+    "full": ("full.lua", [], 1, 16, 16384, 128),
+    "sliding": ("sliding_window.lua", ["--param", "window=1024"], 1, 16, 16384, 128),
+    "document": ("document.lua", [], 1, 16, 16384, 128),
+    "causal64": ("causal.lua", [], 4, 32, 4096, 64),
+}
+# Consumer c's stamps at 32 c + k, the producer's at 64 + k (fwd.cuh).
+C_ENTRY, C_Q, C_K, C_FIRST, C_LOOP, C_LASTPV, C_EPI, C_TILES = range(8)
+P_ENTRY, P_ROLE, P_ISSUED, P_SMID, P_NS_LO, P_NS_HI = 64, 65, 66, 67, 68, 69
+# Loop iteration i of consumer c: 32 c + 8 + 3 i (its turn), + 9 (K ready),
+# + 10 (softmax done), i < 8; the producer's tile i: 64 + 8 + 2 i (K of
+# tile i + 1 issued), + 9 (V of tile i issued), i < 24.
+
+
+def read_npy_u32(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    hlen = struct.unpack("<H", data[8:10])[0]
+    body = data[10 + hlen:]
+    return struct.unpack("<%dI" % (len(body) // 4), body)
+
+
+def diff(a, b):
+    """b - a on the 32-bit clock."""
+    return (b - a) & 0xFFFFFFFF
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def clock_ghz(ctas):
+    """SM clock from each SM's first and last CTA: clock stamps against
+    the global timer (ns) read next to them."""
+    per_sm = {}
+    for t in ctas:
+        ns = t[P_NS_LO] | (t[P_NS_HI] << 32)
+        per_sm.setdefault(t[P_SMID], []).append((ns, t[P_ISSUED]))
+    rates = []
+    for lst in per_sm.values():
+        lst.sort()
+        (n0, c0), (n1, c1) = lst[0], lst[-1]
+        if n1 - n0 > 20000:
+            rates.append(diff(c0, c1) / (n1 - n0))
+    return median(rates) if rates else 1.98
+
+
+def run_case(name):
+    spec, extra, B, H, S, D = CASES[name]
+    env = dict(os.environ, FLEXJIT_KERNEL_DEFINES="FJ_TRACE=1")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [os.path.join(REPO, "build", "flexjit"), "run", os.path.join(REPO, "examples", spec),
+               "--batch", str(B), "--heads", str(H), "--q-len", str(S), "--head-dim", str(D),
+               "--dump", tmp, "--warmup", "0"] + extra
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            print("%s: flexjit run failed: %s" % (name, p.stderr.strip()[-400:]))
+            return
+        lse = read_npy_u32(os.path.join(tmp, "lse.npy"))
+    nm = S // 128
+    ctas = []
+    for b in range(B):
+        for h in range(H):
+            for m in range(nm):
+                base = (b * H + h) * S + m * 128
+                ctas.append(lse[base:base + 128])
+    ghz = clock_ghz(ctas)
+    us = 1.0 / (ghz * 1000.0)
+    rows = {k: [] for k in ("range+init", "Q arrives", "K0 after Q", "tile 0 (S, softmax)",
+                            "loop per tile", "last P V", "epilogue", "CTA span")}
+    per_sm = {}
+    tiles = []
+    for t in ctas:
+        p0 = t[P_ENTRY]
+        rows["range+init"].append(diff(p0, t[P_ROLE]))
+        span = 0
+        for c in (0, 1):
+            s = t[32 * c:32 * c + 8]
+            n = s[C_TILES]
+            if n == 0:
+                continue
+            tiles.append(n)
+            rows["Q arrives"].append(diff(t[P_ROLE], s[C_Q]))
+            rows["K0 after Q"].append(diff(s[C_Q], s[C_K]))
+            rows["tile 0 (S, softmax)"].append(diff(s[C_K], s[C_FIRST]))
+            if n > 1:
+                rows["loop per tile"].append(diff(s[C_FIRST], s[C_LOOP]) / (n - 1))
+            rows["last P V"].append(diff(s[C_LOOP], s[C_LASTPV]))
+            rows["epilogue"].append(diff(s[C_LASTPV], s[C_EPI]))
+            span = max(span, diff(p0, s[C_EPI]))
+        rows["CTA span"].append(span)
+        per_sm.setdefault(t[P_SMID], []).append((p0, span))
+    gaps = []
+    busy = 0
+    for sm, lst in per_sm.items():
+        # Stamps are one SM's clock: order that SM's CTAs by their start.
+        base = lst[0][0]
+        lst = sorted(lst, key=lambda x: diff(base, x[0]) if diff(base, x[0]) < 2**31 else -diff(x[0], base))
+        for (a, sa), (bb, _) in zip(lst, lst[1:]):
+            g = diff(a, bb)
+            if g < 2**31:
+                gaps.append(g - sa)
+        busy += sum(sa for _, sa in lst)
+    print("\n%s: B=%d H=%d S=%d D=%d, %d CTAs on %d SMs, median %d tiles a consumer, "
+          "clock %.2f GHz (stamps against the global timer)"
+          % (name, B, H, S, D, len(ctas), len(per_sm), median(tiles), ghz))
+    print("| phase | median us | p90 us |")
+    print("|---|---:|---:|")
+    for k, v in rows.items():
+        v = sorted(v)
+        if v:
+            print("| %s | %.2f | %.2f |" % (k, median(v) * us, v[int(len(v) * 0.9)] * us))
+    if gaps:
+        g = sorted(gaps)
+        print("| gap between CTAs on an SM | %.2f | %.2f |" % (median(g) * us, g[int(len(g) * 0.9)] * us))
+    # Loop iterations (consumers with at least i + 2 tiles), in order.
+    print("\n| loop iteration | turn wait | K wait | S + softmax | producer: K issued | V issued |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for i in range(8):
+        turn, kw, sm_, pk, pv = [], [], [], [], []
+        for t in ctas:
+            for c in (0, 1):
+                s = t[32 * c:32 * c + 32]
+                if s[C_TILES] < i + 2:
+                    continue
+                prev = s[C_FIRST] if i == 0 else s[10 + 3 * (i - 1)]
+                turn.append(diff(prev, s[8 + 3 * i]))
+                kw.append(diff(s[8 + 3 * i], s[9 + 3 * i]))
+                sm_.append(diff(s[9 + 3 * i], s[10 + 3 * i]))
+            if t[32 + C_TILES] >= i + 2 or t[C_TILES] >= i + 2:
+                pk.append(diff(t[P_ROLE], t[64 + 8 + 2 * i]))
+                pv.append(diff(t[P_ROLE], t[64 + 9 + 2 * i]))
+        if turn:
+            print("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+                i, median(turn) * us, median(kw) * us, median(sm_) * us,
+                median(pk) * us, median(pv) * us))
+
+
+def main():
+    names = sys.argv[1:] or ["sliding", "causal"]
+    for n in names:
+        if n not in CASES:
+            print("unknown case %s (%s)" % (n, " ".join(CASES)))
+            continue
+        run_case(n)
+
+
+if __name__ == "__main__":
+    main()
