@@ -26,9 +26,9 @@ CASES = {
 # Consumer c's stamps at 32 c + k, the producer's at 64 + k (fwd.cuh).
 C_ENTRY, C_Q, C_K, C_FIRST, C_LOOP, C_LASTPV, C_EPI, C_TILES = range(8)
 P_ENTRY, P_ROLE, P_ISSUED, P_SMID, P_NS_LO, P_NS_HI = 64, 65, 66, 67, 68, 69
-# Loop iteration i of consumer c: 32 c + 8 + 3 i (its turn), + 9 (K ready),
-# + 10 (softmax done), i < 8; the producer's tile i: 64 + 8 + 2 i (K of
-# tile i + 1 issued), + 9 (V of tile i issued), i < 24.
+# Loop iterations 1 and 2 of consumer c: nine stamps each at 32 c + 8 and
+# 32 c + 17 (fwd.cuh); the producer's tile i: 64 + 8 + 2 i (K of tile i + 1
+# issued), + 9 (V of tile i issued), i < 24.
 
 
 def read_npy_u32(path):
@@ -133,27 +133,38 @@ def run_case(name):
     if gaps:
         g = sorted(gaps)
         print("| gap between CTAs on an SM | %.2f | %.2f |" % (median(g) * us, g[int(len(g) * 0.9)] * us))
-    # Loop iterations (consumers with at least i + 2 tiles), in order.
-    print("\n| loop iteration | turn wait | K wait | S + softmax | producer: K issued | V issued |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for i in range(8):
-        turn, kw, sm_, pk, pv = [], [], [], [], []
-        for t in ctas:
-            for c in (0, 1):
-                s = t[32 * c:32 * c + 32]
-                if s[C_TILES] < i + 2:
-                    continue
-                prev = s[C_FIRST] if i == 0 else s[10 + 3 * (i - 1)]
-                turn.append(diff(prev, s[8 + 3 * i]))
-                kw.append(diff(s[8 + 3 * i], s[9 + 3 * i]))
-                sm_.append(diff(s[9 + 3 * i], s[10 + 3 * i]))
-            if t[32 + C_TILES] >= i + 2 or t[C_TILES] >= i + 2:
-                pk.append(diff(t[P_ROLE], t[64 + 8 + 2 * i]))
-                pv.append(diff(t[P_ROLE], t[64 + 9 + 2 * i]))
-        if turn:
-            print("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
-                i, median(turn) * us, median(kw) * us, median(sm_) * us,
-                median(pk) * us, median(pv) * us))
+    # Loop iterations 1 and 2 (consumers with at least 4 tiles): where the
+    # time between consecutive stamps goes.
+    steps = ["tile mode", "turn (ping-pong)", "K ready", "issue QK, V wait, PV",
+             "S ready", "softmax", "P V done", "rescale, pack, next tile"]
+    cols = {k: [] for k in steps}
+    loop = []
+    for t in ctas:
+        for c in (0, 1):
+            s = t[32 * c:32 * c + 32]
+            if s[C_TILES] < 4:
+                continue
+            for it in (0, 1):
+                base = 8 + 9 * it
+                for k, name in enumerate(steps):
+                    cols[name].append(diff(s[base + k], s[base + k + 1]))
+                loop.append(diff(s[base], s[base + 8]))
+    if loop:
+        print("\n| loop iteration (1 and 2) | median us |")
+        print("|---|---:|")
+        for name in steps:
+            print("| %s | %.3f |" % (name, median(cols[name]) * us))
+        print("| whole iteration | %.3f |" % (median(loop) * us))
+    pk, pv = [], []
+    for t in ctas:
+        if t[C_TILES] >= 4:
+            pk.append([diff(t[P_ROLE], t[64 + 8 + 2 * i]) for i in range(4)])
+            pv.append([diff(t[P_ROLE], t[64 + 9 + 2 * i]) for i in range(4)])
+    if pk:
+        print("producer, us after its start: K(i+1) issued " +
+              " ".join("%.2f" % (median([x[i] for x in pk]) * us) for i in range(4)) +
+              "; V(i) issued " +
+              " ".join("%.2f" % (median([x[i] for x in pv]) * us) for i in range(4)))
 
 
 def main():

@@ -469,7 +469,9 @@ __device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, int b, int h,
   const int n = cn * r;
   for (; *t < n; ++*t) {
     const bool partial = *t < np;
-    const int k = *t / r;
+    // r is 1 unless the mask's blocks are wider than a tile: no division
+    // by a runtime value on every tile then.
+    const int k = r == 1 ? *t : *t / r;
     int blk;
     if (cached) {
       blk = cblk[k];
@@ -478,7 +480,7 @@ __device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, int b, int h,
       blk = partial ? __ldg(p.bm_kv_idx + base + k)
                     : __ldg(p.bm_full_idx + base + k - cnp);
     }
-    const int j = blk * r + *t % r;
+    const int j = r == 1 ? blk : blk * r + *t % r;
     if (j * FJ_BLOCK_N < p.sz.Lk) {
       *cls = partial ? FJ_TILE_PARTIAL : FJ_TILE_FULL;
       return j;
@@ -600,11 +602,7 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   if (kq > 0) fjh_mbar_wait(sm.q_empty(), (kq - 1) & 1);
   fjh_load_q(maps, sm, b, h, q0);
 #else
-  (void)kq;
-  fjh_tma_prefetch_desc(&maps.q);
-  fjh_tma_prefetch_desc(&maps.k);
-  fjh_tma_prefetch_desc(&maps.v);
-  fjh_load_q(maps, sm, b, h, q0);
+  (void)kq;  // Q: loaded at the start of the kernel
   fjh_load_k(maps, sm, st0, j, hk, b);
 #endif
 #ifdef FJ_TRACE
@@ -879,6 +877,38 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
 }
 
 #if FJ_PERSISTENT
+// Epilogue of the persistent kernel: O / l straight from registers to
+// global memory (each quad of lanes writes 16 contiguous bytes of a row),
+// without the Q area, which the producer refills with the next item's Q
+// while this runs.
+__device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, int b, int h,
+                                                  int wq0, const float (&o)[FJH_O_REGS],
+                                                  const float (&row_m)[2],
+                                                  float (&row_l)[2]) {
+  const int tid = threadIdx.x & 127;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int Lq = p.sz.Lq;
+  fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = row_l[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    row_l[hh] = l;
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    const int qi = wq0 + 16 * warp + g + 8 * hh;
+    if (qi < Lq) {
+      unsigned *row = (unsigned *)(go + (long long)qi * p.o_ss) + t4;
+#pragma unroll
+      for (int i = 0; i < FJH_O_REGS / 4; ++i)
+        row[4 * i] = fj_pack2(o[4 * i + 2 * hh] * inv_l, o[4 * i + 2 * hh + 1] * inv_l);
+      if (p.lse != nullptr && t4 == 0)
+        p.lse[b * p.lse_sb + h * p.lse_sh + qi] =
+            l > 0.f ? (row_m[hh] + log2f(l)) * FJH_LN2 : fj_neg_inf();
+    }
+  }
+}
+
 // Epilogue of a work item without tiles: O = 0 and LSE = -inf for the
 // consumer's rows below Lq, without shared memory.
 __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b, int h,
@@ -965,17 +995,25 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     // is packed and O rescaled only after P V completed (ptxas would
     // serialize every wgmma of the kernel otherwise, C7513).
     while (jn >= lo) {
+#ifdef FJ_TRACE
+      // Loop iterations 1 and 2: nine stamps each (bench/trace.py).
+      const int fjh_it = n - n_io;
+      const int fjh_k = fjh_it == 1 || fjh_it == 2 ? 8 + 9 * (fjh_it - 1) : -1;
+#define FJH_TRL(x) \
+  do { \
+    if (fjh_k >= 0) FJH_TRG(fjh_k + (x)); \
+  } while (0)
+#else
+#define FJH_TRL(x) ((void)0)
+#endif
+      FJH_TRL(0);
       // Classified before S exists: fewer registers live in the softmax.
       const int mode_n = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
+      FJH_TRL(1);
       fjh_sched_wait(c);
-#ifdef FJ_TRACE
-      const int fjh_it = n - n_io;
-      if (fjh_it < 8) FJH_TRG(8 + 3 * fjh_it);
-#endif
+      FJH_TRL(2);
       fjh_mbar_wait_warp(sm.k_full(st1.s), st1.ph);
-#ifdef FJ_TRACE
-      if (fjh_it < 8) FJH_TRG(9 + 3 * fjh_it);
-#endif
+      FJH_TRL(3);
       fjh_wgmma_fence();
       fjh_issue_qk(s, dq, dk + st1.s * DS);
       fjh_wgmma_commit();
@@ -983,16 +1021,17 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_sched_arrive(c, false);
+      FJH_TRL(4);
       fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
       fjh_fence_regs(s);
+      FJH_TRL(5);
       fjh_mbar_arrive(sm.k_empty(st1.s));
       fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
-#ifdef FJ_TRACE
-      if (fjh_it < 8) FJH_TRG(10 + 3 * fjh_it);
-#endif
+      FJH_TRL(6);
       fjh_wgmma_wait<0>();
       fjh_fence_regs(o);
       fjh_fence_regs(pf);  // P stays put until its P V completed
+      FJH_TRL(7);
       fjh_mbar_arrive(sm.v_empty(st0.s));
       fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
@@ -1001,9 +1040,16 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       st0 = st1;
       st1 = fjh_stage_next(st1);
       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
+      FJH_TRL(8);
+#undef FJH_TRL
     }
     // Last tile: P V alone.
     FJH_TR(4);
+#if FJ_PERSISTENT
+    // Every Q K^T of the item has completed: the producer may load the
+    // next item's Q while this P V and the epilogue run.
+    fjh_mbar_arrive(sm.q_empty());
+#endif
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
     fjh_wgmma_fence();
@@ -1052,6 +1098,9 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       st0 = fjh_stage_next(st0);
     }
     n_io = n;  // one past the last tile
+#if FJ_PERSISTENT
+    fjh_mbar_arrive(sm.q_empty());  // as above: the item's Q K^T are done
+#endif
 #endif
   }
 #if FJ_PERSISTENT
@@ -1061,12 +1110,11 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_epilogue_empty(p, b, h, wq0);
     return;
   }
-  fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
-  // Done with the Q area (read by the last Q K^T, written and read by the
-  // epilogue): the producer may load the next Q over it.
-  fjh_fence_proxy_async();
-  fjh_mbar_arrive(sm.q_empty());
+  fjh_epilogue_regs(p, b, h, wq0, o, row_m, row_l);
 #else
+  // A row without tiles still had its Q loaded (at the start of the
+  // kernel): the epilogue writes over the Q area only once it has landed.
+  if (lo > hi) fjh_mbar_wait_warp(sm.q_full(), 0);
   fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
 #ifdef FJ_TRACE
   FJH_TR(6);
@@ -1103,21 +1151,34 @@ __device__ __forceinline__ void fjh_init_pipeline_barriers(const fjh_smem_map &s
 #if FJ_PERSISTENT
 // ---- persistent kernel ------------------------------------------------------
 // gridDim.x CTAs (the host launches min(SMs, work items)) share the work
-// items, query block m of head h, batch b, in the order of the
-// non-persistent grid: items i = blockIdx.x, blockIdx.x + gridDim.x, ...,
-// with i = (m from the last down) + nm * (h + Hq * b). The producer warp
-// finds each item's tiles and hands them to the consumers through a
-// two-slot ring, then streams K and V; the K/V stages and their phases run
-// on from item to item, so the loads of the next item overlap the
-// consumers' epilogue of this one.
+// items, query block m of head h, batch b, in the order of fjh_item and
+// fjh_item_pos. The producer warp finds each item's tiles and hands them to
+// the consumers through a two-slot ring, then streams K and V; the K/V
+// stages and their phases run on from item to item, and the next item's Q
+// is loaded as soon as both consumers have issued their last Q K^T (the
+// epilogue writes O from registers, not through the Q area), so the loads
+// of the next item overlap the last P V and the epilogue of this one.
 
 __device__ __forceinline__ int fjh_num_m(const fj_fwd_params &p) {
   return (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
 }
-__device__ __forceinline__ fjh_work fjh_item(const fj_fwd_params &p, int item) {
+// The item at position i of the order: the query blocks of one head from
+// the last down (under a causal mask, the longest rows first), then the
+// next head: the CTAs at work at one time share a head's K and V in L2
+// (all heads' query block m together was measured 24% slower on full
+// attention, bench/RESULTS.md, session 4).
+__device__ __forceinline__ fjh_work fjh_item(const fj_fwd_params &p, int i) {
   const int nm = fjh_num_m(p);
-  const int hb = item / nm;
-  return fjh_work{nm - 1 - (item - hb * nm), hb % p.sz.Hq, hb / p.sz.Hq};
+  const int hb = i / nm;
+  return fjh_work{nm - 1 - (i - hb * nm), hb % p.sz.Hq, hb / p.sz.Hq};
+}
+// Position of this CTA's k-th item: rounds of gridDim.x positions, every
+// other round in reverse (a snake), so that where rows shorten along the
+// order each CTA's items add up to about the same work (a static stand-in
+// for longest-processing-time-first). Increasing in k.
+__device__ __forceinline__ int fjh_item_pos(int k) {
+  const int g = (int)gridDim.x, x = (int)blockIdx.x;
+  return k * g + ((k & 1) ? g - 1 - x : x);
 }
 
 
@@ -1135,7 +1196,7 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
   const int total = fjh_num_m(p) * p.sz.Hq * p.sz.B;
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
   int n = 0, kq = 0, k = 0;
-  for (int item = blockIdx.x; item < total; item += gridDim.x, ++k) {
+  for (int item = fjh_item_pos(0); item < total; item = fjh_item_pos(++k)) {
     const fjh_work w = fjh_item(p, item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
     int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1, hi_cls = FJ_TILE_FULL, t = 0;
@@ -1170,9 +1231,8 @@ __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
   int n = 0, kq = 0;
   // Only k, kq and n live across an item (the rest is recomputed from the
   // parameters): these registers come out of the softmax's.
-  for (int k = 0; (int)blockIdx.x + k * (int)gridDim.x < fjh_num_m(p) * p.sz.Hq * p.sz.B;
-       ++k) {
-    const int item = (int)blockIdx.x + k * (int)gridDim.x;
+  for (int k = 0; fjh_item_pos(k) < fjh_num_m(p) * p.sz.Hq * p.sz.B; ++k) {
+    const int item = fjh_item_pos(k);
     const int slot = k & 1;
     fjh_mbar_wait_warp(sm.item_full(slot), (k >> 1) & 1);
     const int lo = ((volatile const int *)ps.item[slot])[0];
@@ -1230,6 +1290,17 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   const int q0 = m_block * FJ_BLOCK_M;
   const int q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
 
+  // Q is on its way before the CTA looks for its tiles: its load latency
+  // (about 1 us) overlaps the scan below. The barriers are initialized
+  // first; the __syncthreads after the scan publishes them to the others.
+  if (threadIdx.x == 0) {
+    fjh_init_pipeline_barriers(sm);
+    fjh_fence_barrier_init();
+    fjh_tma_prefetch_desc(&maps.k);
+    fjh_tma_prefetch_desc(&maps.v);
+    fjh_load_q(maps, sm, b, h, q0);
+  }
+
   // kv blocks [lo, hi] that are not EMPTY for the CTA, walked from hi down
   // (a causal diagonal first). Every role computes the same walk. With a
   // block mask, hi is the first listed tile (t its position) or -1 for a
@@ -1244,11 +1315,6 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
 #if FJ_HAS_MASK
     fj_tile_range(p, b, h, q0, q1, &lo, &hi, &hi_cls);
 #endif
-  }
-
-  if (threadIdx.x == 0) {
-    fjh_init_pipeline_barriers(sm);
-    fjh_fence_barrier_init();
   }
   __syncthreads();
 

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "cb06605b04dea54679b6a27c018c5e15"
+#define PINNED_SOURCE_KEY "c84d8abcec9b5e1d6206db7c7f79e0fa"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
