@@ -157,6 +157,22 @@ static void test_persistent(void **state) {
   assert_string_equal(plain80.source_key, persistent80.source_key);
 }
 
+/* FLEXJIT_FAST_COMPILE=1 compiles with NVRTC's --Ofast-compile=max: its
+ * own key, so a fast-compiled kernel never stands in for an optimized one. */
+static void test_fast_compile(void **state) {
+  (void)state;
+  if (!have_nvrtc()) skip();
+  const variant v = {"sm80", kPinnedSpec, 64, FJ_DTYPE_BF16, "sm_80", "sm80"};
+  fj_kernel_info plain, fast;
+  key_of(&v, &plain);
+  setenv("FLEXJIT_FAST_COMPILE", "1", 1);
+  key_of(&v, &fast);
+  unsetenv("FLEXJIT_FAST_COMPILE");
+  assert_string_not_equal(plain.source_key, fast.source_key);
+  assert_string_not_equal(plain.key, fast.key);
+  assert_int_equal(fast.from_cache, 0);
+}
+
 static void test_pinned_key(void **state) {
   (void)state;
   if (!have_nvrtc()) skip();
@@ -179,6 +195,7 @@ int main(void) {
       cmocka_unit_test(test_each_ingredient_changes_the_key),
       cmocka_unit_test(test_kernel_defines),
       cmocka_unit_test(test_persistent),
+      cmocka_unit_test(test_fast_compile),
       cmocka_unit_test(test_pinned_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
