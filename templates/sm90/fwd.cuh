@@ -812,6 +812,24 @@ __device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], const floa
   }
 }
 
+// The quad's partial row sums of this thread's two rows summed (in place),
+// and 1 / l (0 for a row with no allowed pair, whose O is then 0).
+__device__ __forceinline__ void fjh_row_sums(float (&row_l)[2], float (&inv_l)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = row_l[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    row_l[hh] = l;
+    inv_l[hh] = l > 0.f ? 1.f / l : 0.f;
+  }
+}
+// The natural-log LSE of a row from its max (log2 units) and summed l;
+// -inf for a row with no allowed pair.
+__device__ __forceinline__ float fjh_lse(float m, float l) {
+  return l > 0.f ? (m + log2f(l)) * FJH_LN2 : fj_neg_inf();
+}
+
 // Epilogue of consumer c: O / l into its 64 rows of the Q area (the Q tile
 // is dead once its last Q K^T completed), then 16-byte coalesced stores of
 // the rows below Lq, and the LSE.
@@ -821,14 +839,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
   const int tid = threadIdx.x & 127;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   float inv_l[2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float l = row_l[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    row_l[hh] = l;
-    inv_l[hh] = l > 0.f ? 1.f / l : 0.f;
-  }
+  fjh_row_sums(row_l, inv_l);
   // Every warp of this consumer is past its last wgmma before Q is reused.
   fjh_bar_sync(FJH_BAR_EPI + c, 128);
 #pragma unroll
@@ -868,8 +879,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
     for (int hh = 0; hh < 2; ++hh) {
       const int qi = wq0 + 16 * warp + g + 8 * hh;
       if (qi < Lq) {
-        const float l = row_l[hh];
-        gl[qi] = l > 0.f ? (row_m[hh] + log2f(l)) * FJH_LN2 : fj_neg_inf();
+        gl[qi] = fjh_lse(row_m[hh], row_l[hh]);
       }
     }
   }
@@ -889,22 +899,19 @@ __device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, int b,
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int Lq = p.sz.Lq;
   fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+  float inv_l[2];
+  fjh_row_sums(row_l, inv_l);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float l = row_l[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    row_l[hh] = l;
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
     const int qi = wq0 + 16 * warp + g + 8 * hh;
     if (qi < Lq) {
       unsigned *row = (unsigned *)(go + (long long)qi * p.o_ss) + t4;
 #pragma unroll
       for (int i = 0; i < FJH_O_REGS / 4; ++i)
-        row[4 * i] = fj_pack2(o[4 * i + 2 * hh] * inv_l, o[4 * i + 2 * hh + 1] * inv_l);
+        row[4 * i] =
+            fj_pack2(o[4 * i + 2 * hh] * inv_l[hh], o[4 * i + 2 * hh + 1] * inv_l[hh]);
       if (p.lse != nullptr && t4 == 0)
-        p.lse[b * p.lse_sb + h * p.lse_sh + qi] =
-            l > 0.f ? (row_m[hh] + log2f(l)) * FJH_LN2 : fj_neg_inf();
+        p.lse[b * p.lse_sb + h * p.lse_sh + qi] = fjh_lse(row_m[hh], row_l[hh]);
     }
   }
 }
