@@ -154,9 +154,16 @@ __device__ __forceinline__ unsigned fjh_smid() {
   do { \
     if (fjh_trg != nullptr) fjh_trg[k] = __uint_as_float(fjh_clock()); \
   } while (0)
+// Stamp x of the consumer loop's iteration 1 or 2 (fjh_k: its first slot,
+// -1 for the other iterations).
+#define FJH_TRL(x) \
+  do { \
+    if (fjh_k >= 0) FJH_TRG(fjh_k + (x)); \
+  } while (0)
 #else
 #define FJH_TR(k) ((void)0)
 #define FJH_TRG(k) ((void)0)
+#define FJH_TRL(x) ((void)0)
 #endif
 
 // Named barrier ids: 0 is __syncthreads; 1 + c orders consumer c's GEMMs
@@ -1006,12 +1013,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       // Loop iterations 1 and 2: nine stamps each (bench/trace.py).
       const int fjh_it = n - n_io;
       const int fjh_k = fjh_it == 1 || fjh_it == 2 ? 8 + 9 * (fjh_it - 1) : -1;
-#define FJH_TRL(x) \
-  do { \
-    if (fjh_k >= 0) FJH_TRG(fjh_k + (x)); \
-  } while (0)
-#else
-#define FJH_TRL(x) ((void)0)
 #endif
       FJH_TRL(0);
       // Classified before S exists: fewer registers live in the softmax.
@@ -1048,7 +1049,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       st1 = fjh_stage_next(st1);
       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
       FJH_TRL(8);
-#undef FJH_TRL
     }
     // Last tile: P V alone.
     FJH_TR(4);

@@ -256,6 +256,39 @@ static void test_document_softcap(void **state) {
   compile_one(128, FJ_DTYPE_BF16, 1, 1, kDocumentSoftcap, "doc+softcap");
 }
 
+/* FJ_TRACE (timing only, bench/trace.py) must keep compiling: the causal
+ * and the block-mask walks, at D = 128; its stamps read %clock. */
+static void test_trace_compiles(void **state) {
+  (void)state;
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
+                                 sizeof err) != FJ_OK)
+    fail_msg("config: %s", err);
+  char *tu = build_tu(&c, 1, 0, fjt_causal);
+  const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
+                        "-DFJ_TRACE=1"};
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd_sm90_trace.cu", 0, NULL, NULL),
+                   NVRTC_SUCCESS);
+  nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+  if (r != NVRTC_SUCCESS) {
+    char *log = fjt_program_log(prog);
+    fprintf(stderr, "NVRTC log (FJ_TRACE):\n%s\n", log);
+    free(log);
+    fail_msg("nvrtcCompileProgram with FJ_TRACE: %s", nvrtcGetErrorString(r));
+  }
+  size_t ptx_size = 0;
+  assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
+  char *ptx = malloc(ptx_size);
+  assert_non_null(ptx);
+  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  assert_non_null(strstr(ptx, "%clock"));
+  free(ptx);
+  nvrtcDestroyProgram(&prog);
+  free(tu);
+}
+
 static void test_choose_template(void **state) {
   (void)state;
   fjg_config c;
@@ -328,6 +361,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_choose_template),
       cmocka_unit_test(test_tma_host_mirror),
+      cmocka_unit_test(test_trace_compiles),
       cmocka_unit_test(test_causal),
       cmocka_unit_test(test_sliding),
       cmocka_unit_test(test_softcap_bias),
