@@ -2,12 +2,15 @@
 """Where a CTA's time goes: phase timings of the sm90 forward kernel.
 
 Builds the kernel with FJ_TRACE (templates/sm90/fwd.cuh), which writes SM
-clock stamps of each CTA's phases over the LSE, runs one launch through
-`flexjit run --dump`, and prints the median of each phase over the CTAs
-and the idle time between consecutive CTAs on one SM. Timing only: the
-traced kernel's LSE is not an LSE. Runs on the GPU machine.
+clock stamps of each work item's phases over the LSE (an item is a CTA, or
+one query block of the persistent kernel), runs one launch through
+`flexjit run --dump`, and prints the median of each phase over the items,
+of each step of loop iterations 1 and 2, and how long a consumer warpgroup
+waits between the end of one item and the start of the next on its SM.
+Timing only: the traced kernel's LSE is not an LSE. Runs on the GPU machine.
 
-    python3 bench/trace.py [CASE...]   (sliding causal causal64 document full)
+    python3 bench/trace.py [--persistent] [CASE...]
+    (CASE: sliding causal causal64 document full)
 """
 import os
 import struct
@@ -65,9 +68,13 @@ def clock_ghz(ctas):
     return median(rates) if rates else 1.98
 
 
-def run_case(name):
+def run_case(name, persistent):
     spec, extra, B, H, S, D = CASES[name]
     env = dict(os.environ, FLEXJIT_KERNEL_DEFINES="FJ_TRACE=1")
+    if persistent:
+        # The overlap named, so that the spill fallback cannot swap the variant.
+        env.update(FLEXJIT_PERSISTENT="1",
+                   FLEXJIT_KERNEL_DEFINES="FJ_TRACE=1 FJ_INTRA_WG_OVERLAP=1")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [os.path.join(REPO, "build", "flexjit"), "run", os.path.join(REPO, "examples", spec),
                "--batch", str(B), "--heads", str(H), "--q-len", str(S), "--head-dim", str(D),
@@ -87,9 +94,10 @@ def run_case(name):
     ghz = clock_ghz(ctas)
     us = 1.0 / (ghz * 1000.0)
     rows = {k: [] for k in ("range+init", "Q arrives", "K0 after Q", "tile 0 (S, softmax)",
-                            "loop per tile", "last P V", "epilogue", "CTA span")}
+                            "loop per tile", "last P V", "epilogue", "item span")}
     per_sm = {}
     tiles = []
+    idle = {}  # SM -> [(consumer 0's entry, Q ready, epilogue end)]
     for t in ctas:
         p0 = t[P_ENTRY]
         rows["range+init"].append(diff(p0, t[P_ROLE]))
@@ -97,8 +105,10 @@ def run_case(name):
         for c in (0, 1):
             s = t[32 * c:32 * c + 8]
             n = s[C_TILES]
-            if n == 0:
+            if n == 0 or n > 1 << 24:  # no tile, or not written (the NaN poison)
                 continue
+            if c == 0:
+                idle.setdefault(t[P_SMID], []).append((s[C_ENTRY], s[C_Q], s[C_EPI]))
             tiles.append(n)
             rows["Q arrives"].append(diff(t[P_ROLE], s[C_Q]))
             rows["K0 after Q"].append(diff(s[C_Q], s[C_K]))
@@ -108,7 +118,7 @@ def run_case(name):
             rows["last P V"].append(diff(s[C_LOOP], s[C_LASTPV]))
             rows["epilogue"].append(diff(s[C_LASTPV], s[C_EPI]))
             span = max(span, diff(p0, s[C_EPI]))
-        rows["CTA span"].append(span)
+        rows["item span"].append(span)
         per_sm.setdefault(t[P_SMID], []).append((p0, span))
     gaps = []
     busy = 0
@@ -121,18 +131,31 @@ def run_case(name):
             if g < 2**31:
                 gaps.append(g - sa)
         busy += sum(sa for _, sa in lst)
-    print("\n%s: B=%d H=%d S=%d D=%d, %d CTAs on %d SMs, median %d tiles a consumer, "
+    waits = []
+    for lst in idle.values():
+        base = lst[0][0]
+        lst.sort(key=lambda x: diff(base, x[0]) if diff(base, x[0]) < 2**31 else -diff(x[0], base))
+        for prev, nxt in zip(lst, lst[1:]):
+            w = diff(prev[2], nxt[1])
+            if w < 2**31:
+                waits.append(w)
+    print("\n%s%s: B=%d H=%d S=%d D=%d, %d items on %d SMs, median %d tiles a consumer, "
           "clock %.2f GHz (stamps against the global timer)"
-          % (name, B, H, S, D, len(ctas), len(per_sm), median(tiles), ghz))
+          % (name, " (persistent)" if persistent else "", B, H, S, D, len(ctas), len(per_sm),
+             median(tiles), ghz))
     print("| phase | median us | p90 us |")
     print("|---|---:|---:|")
     for k, v in rows.items():
         v = sorted(v)
         if v:
             print("| %s | %.2f | %.2f |" % (k, median(v) * us, v[int(len(v) * 0.9)] * us))
-    if gaps:
+    if gaps and not persistent:
         g = sorted(gaps)
         print("| gap between CTAs on an SM | %.2f | %.2f |" % (median(g) * us, g[int(len(g) * 0.9)] * us))
+    if waits:
+        w = sorted(waits)
+        print("| consumer 0: epilogue end to next item's Q ready | %.2f | %.2f |"
+              % (median(w) * us, w[int(len(w) * 0.9)] * us))
     # Loop iterations 1 and 2 (consumers with at least 4 tiles): where the
     # time between consecutive stamps goes.
     steps = ["tile mode", "turn (ping-pong)", "K ready", "issue QK, V wait, PV",
@@ -142,7 +165,7 @@ def run_case(name):
     for t in ctas:
         for c in (0, 1):
             s = t[32 * c:32 * c + 32]
-            if s[C_TILES] < 4:
+            if s[C_TILES] < 4 or s[C_TILES] > 1 << 24:
                 continue
             for it in (0, 1):
                 base = 8 + 9 * it
@@ -157,7 +180,7 @@ def run_case(name):
         print("| whole iteration | %.3f |" % (median(loop) * us))
     pk, pv = [], []
     for t in ctas:
-        if t[C_TILES] >= 4:
+        if 4 <= t[C_TILES] <= 1 << 24:
             pk.append([diff(t[P_ROLE], t[64 + 8 + 2 * i]) for i in range(4)])
             pv.append([diff(t[P_ROLE], t[64 + 9 + 2 * i]) for i in range(4)])
     if pk:
@@ -168,12 +191,14 @@ def run_case(name):
 
 
 def main():
-    names = sys.argv[1:] or ["sliding", "causal"]
+    args = sys.argv[1:]
+    persistent = "--persistent" in args
+    names = [a for a in args if a != "--persistent"] or ["sliding", "causal"]
     for n in names:
         if n not in CASES:
             print("unknown case %s (%s)" % (n, " ".join(CASES)))
             continue
-        run_case(n)
+        run_case(n, persistent)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@
 //                      (debugging only: the counter makes the kernel spill)
 //   FJ_TRACE           optional, timing only (bench/trace.py): SM clock
 //                      stamps of each CTA's phases written over the LSE
-//                      (which is then not computed); not persistent
+//                      (which is then not computed); in the persistent
+//                      kernel, per work item
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
 //                      (default 24 and 240; 40 and 232 for the persistent
 //                      kernel, whose producer warp classifies tiles). The
@@ -135,9 +136,6 @@ static_assert(FJ_PRODUCER_REGS % 8 == 0 && FJ_CONSUMER_REGS % 8 == 0 &&
 // at the end into the LSE of the CTA's rows q0 + slot: consumer c at slots
 // 32 c + 0.., the producer at 64.. (bench/trace.py reads them back).
 #ifdef FJ_TRACE
-#if FJ_PERSISTENT
-#error "FJ_TRACE: the non-persistent kernel only"
-#endif
 __device__ __forceinline__ unsigned fjh_clock() {
   unsigned c;
   asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c) :: "memory");
@@ -164,6 +162,25 @@ __device__ __forceinline__ unsigned fjh_smid() {
 #define FJH_TR(k) ((void)0)
 #define FJH_TRG(k) ((void)0)
 #define FJH_TRL(x) ((void)0)
+#endif
+
+#ifdef FJ_TRACE
+// The producer's stamps of a work item (entry, start of its loads, last
+// load issued), its SM, the global timer (ns, to convert clock cycles) and
+// its tile count, at slots 64.. of the item's rows.
+__device__ __forceinline__ void fjh_trace_producer(const fj_fwd_params &p, int b, int h,
+                                                   int q0, const unsigned (&tr)[8],
+                                                   int ntiles) {
+  if (p.lse == nullptr) return;
+  float *gl = p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 64;
+  for (int k = 0; k < 3; ++k) gl[k] = __uint_as_float(tr[k]);
+  gl[3] = __uint_as_float(fjh_smid());
+  unsigned long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns));
+  gl[4] = __uint_as_float((unsigned)ns);
+  gl[5] = __uint_as_float((unsigned)(ns >> 32));
+  gl[6] = __uint_as_float((unsigned)ntiles);
+}
 #endif
 
 // Named barrier ids: 0 is __syncthreads; 1 + c orders consumer c's GEMMs
@@ -917,8 +934,10 @@ __device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, int b,
       for (int i = 0; i < FJH_O_REGS / 4; ++i)
         row[4 * i] =
             fj_pack2(o[4 * i + 2 * hh] * inv_l[hh], o[4 * i + 2 * hh + 1] * inv_l[hh]);
+#ifndef FJ_TRACE
       if (p.lse != nullptr && t4 == 0)
         p.lse[b * p.lse_sb + h * p.lse_sh + qi] = fjh_lse(row_m[hh], row_l[hh]);
+#endif
     }
   }
 }
@@ -1123,6 +1142,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
   // kernel): the epilogue writes over the Q area only once it has landed.
   if (lo > hi) fjh_mbar_wait_warp(sm.q_full(), 0);
   fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+#endif
 #ifdef FJ_TRACE
   FJH_TR(6);
   if ((threadIdx.x & 127) == 0 && p.lse != nullptr) {
@@ -1130,7 +1150,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     for (int k = 0; k < 7; ++k) gl[k] = __uint_as_float(fjh_tr[k]);
     gl[7] = __uint_as_float((unsigned)fjh_ntiles);
   }
-#endif
 #endif
 }
 
@@ -1204,6 +1223,10 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
   int n = 0, kq = 0, k = 0;
   for (int item = fjh_item_pos(0); item < total; item = fjh_item_pos(++k)) {
+#ifdef FJ_TRACE
+    unsigned fjh_tr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    FJH_TR(0);
+#endif
     const fjh_work w = fjh_item(p, item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
     int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1, hi_cls = FJ_TILE_FULL, t = 0;
@@ -1225,7 +1248,15 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
       ps.item[slot][2] = hi_cls;
       ps.item[slot][3] = t;
       fjh_mbar_arrive(sm.item_full(slot));  // release: the slot is written
+      FJH_TR(1);
+#ifdef FJ_TRACE
+      const int n0 = n;
+#endif
       if (lo <= hi) fjh_produce(p, maps, sm, w.b, w.h, q0, q1, lo, hi, t, n, kq++);
+#ifdef FJ_TRACE
+      FJH_TR(2);
+      fjh_trace_producer(p, w.b, w.h, q0, fjh_tr, n - n0);
+#endif
     }
     __syncwarp();
   }
@@ -1334,16 +1365,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
     if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n, 0);
 #ifdef FJ_TRACE
     FJH_TR(2);
-    if (threadIdx.x == 0 && p.lse != nullptr) {
-      float *gl = p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 64;
-      for (int k = 0; k < 3; ++k) gl[k] = __uint_as_float(fjh_tr[k]);
-      gl[3] = __uint_as_float(fjh_smid());
-      unsigned long long ns;
-      asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns));
-      gl[4] = __uint_as_float((unsigned)ns);
-      gl[5] = __uint_as_float((unsigned)(ns >> 32));
-      gl[6] = __uint_as_float((unsigned)n);
-    }
+    if (threadIdx.x == 0) fjh_trace_producer(p, b, h, q0, fjh_tr, n);
 #endif
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();

@@ -256,10 +256,9 @@ static void test_document_softcap(void **state) {
   compile_one(128, FJ_DTYPE_BF16, 1, 1, kDocumentSoftcap, "doc+softcap");
 }
 
-/* FJ_TRACE (timing only, bench/trace.py) must keep compiling: the causal
- * and the block-mask walks, at D = 128; its stamps read %clock. */
-static void test_trace_compiles(void **state) {
-  (void)state;
+/* FJ_TRACE (timing only, bench/trace.py) must keep compiling, in both
+ * kernels (D = 128, causal); its stamps read %clock. */
+static void compile_traced(int persistent) {
   fjg_config c;
   char err[256];
   if (fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
@@ -267,14 +266,14 @@ static void test_trace_compiles(void **state) {
     fail_msg("config: %s", err);
   char *tu = build_tu(&c, 1, 0, fjt_causal);
   const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
-                        "-DFJ_TRACE=1"};
+                        "-DFJ_TRACE=1", "-DFJ_PERSISTENT=1"};
   nvrtcProgram prog;
   assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd_sm90_trace.cu", 0, NULL, NULL),
                    NVRTC_SUCCESS);
-  nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+  nvrtcResult r = nvrtcCompileProgram(prog, persistent ? 5 : 4, opts);
   if (r != NVRTC_SUCCESS) {
     char *log = fjt_program_log(prog);
-    fprintf(stderr, "NVRTC log (FJ_TRACE):\n%s\n", log);
+    fprintf(stderr, "NVRTC log (FJ_TRACE, persistent %d):\n%s\n", persistent, log);
     free(log);
     fail_msg("nvrtcCompileProgram with FJ_TRACE: %s", nvrtcGetErrorString(r));
   }
@@ -287,6 +286,12 @@ static void test_trace_compiles(void **state) {
   free(ptx);
   nvrtcDestroyProgram(&prog);
   free(tu);
+}
+
+static void test_trace_compiles(void **state) {
+  (void)state;
+  compile_traced(0);
+  compile_traced(1);
 }
 
 static void test_choose_template(void **state) {
