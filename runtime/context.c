@@ -43,6 +43,9 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
    * ablation); a depth that does not fit is refused when a kernel is made. */
   const char *ns = getenv("FLEXJIT_STAGES");
   ctx->stages_opt = ns && ns[0] >= '2' && ns[0] <= '9' && !ns[1] ? ns[0] - '0' : 0;
+  /* FLEXJIT_FAST_COMPILE=1: NVRTC's --Ofast-compile=max (runtime/forward.c). */
+  const char *fc = getenv("FLEXJIT_FAST_COMPILE");
+  ctx->fast_compile = fc && !strcmp(fc, "1");
   if ((opts && opts->cache_dir && !ctx->cache_dir) ||
       (opts && opts->arch && !ctx->arch_opt) || (tmpl && !ctx->template_opt)) {
     fj_context_destroy(ctx);

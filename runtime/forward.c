@@ -58,16 +58,13 @@ static void kernel_name(const fj_spec *spec, const fjg_config *cfg, char *buf,
  * part of the key. Returns the count, or -1 with the context's error set. */
 enum { FJR_MAX_OPTIONS = 24, FJR_DEFINES_BYTES = 1024 };
 
-/* FLEXJIT_FAST_COMPILE=1: NVRTC's --Ofast-compile=max, for iterating on a
- * spec. About three times faster to compile (an sm90 kernel in about half a
- * second on the 2-core CI machine) and much slower to run: no inlining,
- * serialized wgmma, setmaxnreg ignored. The option is in the key, so these
- * kernels never stand in for optimized ones. */
+/* FLEXJIT_FAST_COMPILE=1 (ctx->fast_compile): NVRTC's --Ofast-compile=max,
+ * for iterating on a spec. About three times faster to compile (an sm90
+ * kernel in about half a second on the 2-core CI machine) and hundreds of
+ * times slower to run: no inlining, serialized wgmma, setmaxnreg ignored.
+ * The option is in the key, so these kernels never stand in for optimized
+ * ones. */
 #define FJR_FAST_COMPILE_OPTION "--Ofast-compile=max"
-static int fast_compile(void) {
-  const char *e = getenv("FLEXJIT_FAST_COMPILE");
-  return e && strcmp(e, "1") == 0;
-}
 
 static int compile_options(fj_context *ctx, const char **opts,
                            char storage[FJR_DEFINES_BYTES]) {
@@ -77,7 +74,7 @@ static int compile_options(fj_context *ctx, const char **opts,
   /* ptxas's resource report (log only; the cubin is the same): the sm90
    * compile reads its spill counts (compile_sm90). */
   opts[n++] = "--ptxas-options=-v";
-  if (fast_compile()) opts[n++] = FJR_FAST_COMPILE_OPTION;
+  if (ctx->fast_compile) opts[n++] = FJR_FAST_COMPILE_OPTION;
   const char *env = getenv("FLEXJIT_KERNEL_DEFINES");
   if (!env || !*env) return n;
   size_t used = 0;
@@ -215,7 +212,7 @@ static void refit_spilling(fj_context *ctx, const char *name, const fjg_buf *src
   const char *fallback = k->cfg.spill_fallback;
   long spilled = fjr_nvrtc_log_spill_bytes(*log);
   /* A fast compile spills by design; a second compile would only cost time. */
-  if (!fallback || spilled <= 0 || nopt >= FJR_MAX_OPTIONS || fast_compile()) return;
+  if (!fallback || spilled <= 0 || nopt >= FJR_MAX_OPTIONS || ctx->fast_compile) return;
   size_t macro = strcspn(fallback, "=");
   for (int i = 0; i < nopt; i++)
     if (strncmp(opts[i], fallback, macro) == 0) return;
