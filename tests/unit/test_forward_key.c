@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "a837e8e959d935d88f0bc09095e2e401"
+#define PINNED_SOURCE_KEY "afd61ee4393e461a5a668e8354b44623"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

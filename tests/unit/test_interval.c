@@ -234,6 +234,58 @@ static void test_random_expressions_sound(void **state) {
   assert_true(decided > 1000);
 }
 
+/* ---- inclusion: a decided range decides its sub-ranges ---- */
+
+/* The sm90 kernel's FJ_EARLY_K trusts one classification of a whole kv range
+ * (everything after a row's first block) to say that each block in it is
+ * EMPTY as well: interval analysis must be inclusion-monotonic, not only
+ * sound. A range classified EMPTY or FULL must give every sub-tile the same
+ * class. */
+static void check_subtiles(const fjg_graph *g, const fjg_env *env, int n, int *decided) {
+  for (int i = 0; i < n; i++) {
+    int b = range(0, 1), h = range(0, 3);
+    int q0 = range(-70, 330), kv0 = range(-70, 330);
+    int q1 = q0 + range(0, 60), kv1 = kv0 + range(0, 300);
+    int cls = fjg_tile_class_cpu(g, env, b, h, q0, q1, kv0, kv1);
+    if (cls == FJG_TILE_PARTIAL) continue;
+    ++*decided;
+    for (int j = 0; j < 8; j++) {
+      int sq0 = range(q0, q1), skv0 = range(kv0, kv1);
+      int sq1 = range(sq0, q1), skv1 = range(skv0, kv1);
+      int sub = fjg_tile_class_cpu(g, env, b, h, sq0, sq1, skv0, skv1);
+      if (sub != cls)
+        fail_msg("q[%d,%d] kv[%d,%d] classified %d, its sub-tile q[%d,%d] kv[%d,%d] %d",
+                 q0, q1, kv0, kv1, cls, sq0, sq1, skv0, skv1, sub);
+    }
+  }
+}
+
+static void test_subranges_keep_the_class(void **state) {
+  (void)state;
+  int decided = 0;
+  for (int which = 0; which < NUM_MASKS; which++) {
+    fjg_graph *g = fjg_graph_create();
+    nodes n = leaves(g);
+    assert_int_equal(fjg_set_mask_root(g, standard_mask(g, &n, which)), 0);
+    world w;
+    world_init(&w, range(1, 300), range(1, 300));
+    w.params[0] = range(1, 100);
+    check_subtiles(g, &w.env, 400, &decided);
+    fjg_graph_destroy(g);
+  }
+  for (int t = 0; t < 200; t++) {
+    fjg_graph *g = fjg_graph_create();
+    nodes n = leaves(g);
+    assert_int_equal(fjg_set_mask_root(g, rand_bool(g, &n, range(1, 4))), 0);
+    world w;
+    world_init(&w, range(1, 300), range(1, 300));
+    check_subtiles(g, &w.env, 20, &decided);
+    fjg_graph_destroy(g);
+  }
+  print_message("sub-ranges: %d decided ranges checked\n", decided);
+  assert_true(decided > 500);
+}
+
 /* ---- precision ---- */
 
 static void test_causal_precision(void **state) {
@@ -296,6 +348,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_standard_masks_sound),
       cmocka_unit_test(test_random_expressions_sound),
+      cmocka_unit_test(test_subranges_keep_the_class),
       cmocka_unit_test(test_causal_precision),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

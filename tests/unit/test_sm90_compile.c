@@ -256,42 +256,58 @@ static void test_document_softcap(void **state) {
   compile_one(128, FJ_DTYPE_BF16, 1, 1, kDocumentSoftcap, "doc+softcap");
 }
 
-/* FJ_TRACE (timing only, bench/trace.py) must keep compiling, in both
- * kernels (D = 128, causal); its stamps read %clock. */
-static void compile_traced(int persistent) {
+/* A variant built from optional macros (defs: "-DNAME=VALUE" options) must
+ * keep compiling: the FJ_TRACE builds (timing only, bench/trace.py; their
+ * stamps read %clock) and the FJ_EARLY_K experiment, which must not spill
+ * on its register budget either. */
+static void compile_variant(const char *what, int head_dim, int has_mask,
+                            const char *prologue, const char *const *defs, int ndefs,
+                            int check_spills) {
   fjg_config c;
   char err[256];
-  if (fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
+  if (fjg_config_choose_template(head_dim, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
                                  sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
-  char *tu = build_tu(&c, 1, 0, fjt_causal);
-  const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
-                        "-DFJ_TRACE=1", "-DFJ_PERSISTENT=1"};
+  char *tu = build_tu(&c, has_mask, 0, prologue);
+  const char *opts[10] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
+                          "--ptxas-options=-v"};
+  int nopts = 4;
+  for (int i = 0; i < ndefs && nopts < 10; i++) opts[nopts++] = defs[i];
   nvrtcProgram prog;
-  assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd_sm90_trace.cu", 0, NULL, NULL),
+  assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_fwd_sm90_variant.cu", 0, NULL, NULL),
                    NVRTC_SUCCESS);
-  nvrtcResult r = nvrtcCompileProgram(prog, persistent ? 5 : 4, opts);
+  nvrtcResult r = nvrtcCompileProgram(prog, nopts, opts);
+  char *log = fjt_program_log(prog);
   if (r != NVRTC_SUCCESS) {
-    char *log = fjt_program_log(prog);
-    fprintf(stderr, "NVRTC log (FJ_TRACE, persistent %d):\n%s\n", persistent, log);
-    free(log);
-    fail_msg("nvrtcCompileProgram with FJ_TRACE: %s", nvrtcGetErrorString(r));
+    fprintf(stderr, "NVRTC log (%s):\n%s\n", what, log);
+    fail_msg("nvrtcCompileProgram (%s): %s", what, nvrtcGetErrorString(r));
   }
+  if (check_spills) assert_true(check_no_spills(log, what) >= 1);
   size_t ptx_size = 0;
   assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
   char *ptx = malloc(ptx_size);
   assert_non_null(ptx);
   assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
-  assert_non_null(strstr(ptx, "%clock"));
+  for (int i = 0; i < ndefs; i++)
+    if (!strcmp(defs[i], "-DFJ_TRACE=1")) assert_non_null(strstr(ptx, "%clock"));
+  printf("  %-24s D=%-3d compiled%s\n", what, head_dim, check_spills ? ", no spills" : "");
   free(ptx);
+  free(log);
   nvrtcDestroyProgram(&prog);
   free(tu);
 }
 
-static void test_trace_compiles(void **state) {
+static void test_variants_compile(void **state) {
   (void)state;
-  compile_traced(0);
-  compile_traced(1);
+  static const char *const trace[] = {"-DFJ_TRACE=1"};
+  static const char *const trace_p[] = {"-DFJ_TRACE=1", "-DFJ_PERSISTENT=1"};
+  static const char *const early[] = {"-DFJ_EARLY_K=1", "-DFJ_CONSUMER_REGS=232",
+                                      "-DFJ_PRODUCER_REGS=40"};
+  compile_variant("causal, FJ_TRACE", 128, 1, fjt_causal, trace, 1, 0);
+  compile_variant("causal, FJ_TRACE persistent", 128, 1, fjt_causal, trace_p, 2, 0);
+  compile_variant("causal, FJ_EARLY_K", 128, 1, fjt_causal, early, 3, 1);
+  compile_variant("causal, FJ_EARLY_K", 256, 1, fjt_causal, early, 3, 1);
+  compile_variant("document, FJ_EARLY_K", 64, 1, kDocument, early, 3, 1);
 }
 
 static void test_choose_template(void **state) {
@@ -366,7 +382,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_choose_template),
       cmocka_unit_test(test_tma_host_mirror),
-      cmocka_unit_test(test_trace_compiles),
+      cmocka_unit_test(test_variants_compile),
       cmocka_unit_test(test_causal),
       cmocka_unit_test(test_sliding),
       cmocka_unit_test(test_softcap_bias),
