@@ -47,6 +47,14 @@ def diff(a, b):
     return (b - a) & 0xFFFFFFFF
 
 
+def by_clock(lst):
+    """lst (tuples whose first field is a 32-bit clock stamp of one SM) in
+    time order, wrap-around included."""
+    base = lst[0][0]
+    return sorted(lst, key=lambda x: diff(base, x[0]) if diff(base, x[0]) < 2**31
+                  else -diff(x[0], base))
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else float("nan")
@@ -121,20 +129,16 @@ def run_case(name, persistent):
         rows["item span"].append(span)
         per_sm.setdefault(t[P_SMID], []).append((p0, span))
     gaps = []
-    busy = 0
-    for sm, lst in per_sm.items():
+    for lst in per_sm.values():
         # Stamps are one SM's clock: order that SM's CTAs by their start.
-        base = lst[0][0]
-        lst = sorted(lst, key=lambda x: diff(base, x[0]) if diff(base, x[0]) < 2**31 else -diff(x[0], base))
+        lst = by_clock(lst)
         for (a, sa), (bb, _) in zip(lst, lst[1:]):
             g = diff(a, bb)
             if g < 2**31:
                 gaps.append(g - sa)
-        busy += sum(sa for _, sa in lst)
     waits = []
     for lst in idle.values():
-        base = lst[0][0]
-        lst.sort(key=lambda x: diff(base, x[0]) if diff(base, x[0]) < 2**31 else -diff(x[0], base))
+        lst = by_clock(lst)
         for prev, nxt in zip(lst, lst[1:]):
             w = diff(prev[2], nxt[1])
             if w < 2**31:

@@ -46,8 +46,13 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
   /* FLEXJIT_FAST_COMPILE=1: NVRTC's --Ofast-compile=max (runtime/forward.c). */
   const char *fc = getenv("FLEXJIT_FAST_COMPILE");
   ctx->fast_compile = fc && !strcmp(fc, "1");
+  /* FLEXJIT_KERNEL_DEFINES: optional template macros (runtime/forward.c,
+   * compile_options, says which are accepted). */
+  const char *kd = getenv("FLEXJIT_KERNEL_DEFINES");
+  ctx->kernel_defines = kd && *kd ? strdup(kd) : NULL;
   if ((opts && opts->cache_dir && !ctx->cache_dir) ||
-      (opts && opts->arch && !ctx->arch_opt) || (tmpl && !ctx->template_opt)) {
+      (opts && opts->arch && !ctx->arch_opt) || (tmpl && !ctx->template_opt) ||
+      (kd && *kd && !ctx->kernel_defines)) {
     fj_context_destroy(ctx);
     return FJ_ENOMEM;
   }
@@ -67,6 +72,7 @@ void fj_context_destroy(fj_context *ctx) {
   free(ctx->cache_dir);
   free(ctx->arch_opt);
   free(ctx->template_opt);
+  free(ctx->kernel_defines);
   free(ctx);
 }
 

@@ -35,6 +35,7 @@ struct fj_context {
   int persistent_opt; /* $FLEXJIT_PERSISTENT: 1, 0, or -1 (the default) */
   int stages_opt;     /* $FLEXJIT_STAGES: sm90 K/V stages, 0: the default */
   int fast_compile;   /* $FLEXJIT_FAST_COMPILE=1: NVRTC --Ofast-compile=max */
+  char *kernel_defines; /* $FLEXJIT_KERNEL_DEFINES, checked when compiling */
   char err[8192];
   fjc_store *store;
   int store_opened;

@@ -75,8 +75,8 @@ static int compile_options(fj_context *ctx, const char **opts,
    * compile reads its spill counts (compile_sm90). */
   opts[n++] = "--ptxas-options=-v";
   if (ctx->fast_compile) opts[n++] = FJR_FAST_COMPILE_OPTION;
-  const char *env = getenv("FLEXJIT_KERNEL_DEFINES");
-  if (!env || !*env) return n;
+  const char *env = ctx->kernel_defines; /* $FLEXJIT_KERNEL_DEFINES */
+  if (!env) return n;
   size_t used = 0;
   for (const char *p = env; *p;) {
     while (*p == ' ') p++;

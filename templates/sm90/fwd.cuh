@@ -171,14 +171,20 @@ __device__ __forceinline__ unsigned fjh_smid() {
 #endif
 
 #ifdef FJ_TRACE
+// A role's trace slots: the LSE of rows q0 + first .. (nullptr without an
+// LSE). Consumer c's start at 32 c, the producer's at 64.
+__device__ __forceinline__ float *fjh_trace_slots(const fj_fwd_params &p, int b, int h,
+                                                  int q0, int first) {
+  return p.lse != nullptr ? p.lse + b * p.lse_sb + h * p.lse_sh + q0 + first : nullptr;
+}
 // The producer's stamps of a work item (entry, start of its loads, last
 // load issued), its SM, the global timer (ns, to convert clock cycles) and
 // its tile count, at slots 64.. of the item's rows.
 __device__ __forceinline__ void fjh_trace_producer(const fj_fwd_params &p, int b, int h,
                                                    int q0, const unsigned (&tr)[8],
                                                    int ntiles) {
-  if (p.lse == nullptr) return;
-  float *gl = p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 64;
+  float *gl = fjh_trace_slots(p, b, h, q0, 64);
+  if (gl == nullptr) return;
   for (int k = 0; k < 3; ++k) gl[k] = __uint_as_float(tr[k]);
   gl[3] = __uint_as_float(fjh_smid());
   unsigned long long ns;
@@ -612,7 +618,8 @@ __device__ __forceinline__ void fjh_load_q(const fj_tma_maps &maps, const fjh_sm
 
 // Order of loads: Q, K(0), then K(n+1) before V(n), which is the order in
 // which the consumers need them (Q K^T of the next tile is issued before
-// P V of the current one).
+// P V of the current one). The non-persistent kernel issues Q itself
+// before its tile scan (and K(0) too with FJ_EARLY_K).
 // n counts the K/V tiles loaded before this work item (0 but in the
 // persistent kernel, whose stages and phases run on across items); kq is the
 // item's number among the CTA's items with work (the phase of q_full, and
@@ -638,7 +645,7 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   fjh_load_k(maps, sm, st0, j, hk, b);
 #endif
 #ifdef FJ_TRACE
-  float *fjh_trg = p.lse != nullptr ? p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 64 : nullptr;
+  float *fjh_trg = fjh_trace_slots(p, b, h, q0, 64);
   int fjh_it = 0;
 #endif
   for (int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls); jn >= lo;
@@ -978,9 +985,8 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #ifdef FJ_TRACE
   unsigned fjh_tr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int fjh_ntiles = 0;
-  float *fjh_trg = (threadIdx.x & 127) == 0 && p.lse != nullptr
-                       ? p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 32 * c
-                       : nullptr;
+  float *fjh_trg =
+      (threadIdx.x & 127) == 0 ? fjh_trace_slots(p, b, h, q0, 32 * c) : nullptr;
   FJH_TR(0);
 #endif
   float o[FJH_O_REGS];
@@ -1153,10 +1159,9 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #endif
 #ifdef FJ_TRACE
   FJH_TR(6);
-  if ((threadIdx.x & 127) == 0 && p.lse != nullptr) {
-    float *gl = p.lse + b * p.lse_sb + h * p.lse_sh + q0 + 32 * c;
-    for (int k = 0; k < 7; ++k) gl[k] = __uint_as_float(fjh_tr[k]);
-    gl[7] = __uint_as_float((unsigned)fjh_ntiles);
+  if (fjh_trg != nullptr) {
+    for (int k = 0; k < 7; ++k) fjh_trg[k] = __uint_as_float(fjh_tr[k]);
+    fjh_trg[7] = __uint_as_float((unsigned)fjh_ntiles);
   }
 #endif
 }
@@ -1412,9 +1417,9 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
 #if FJ_EARLY_K
     if (threadIdx.x == 0 && lo <= hi) {
       const int e = *(volatile int *)&fjh_early_block();
-      if (e < 0) fjh_load_k(maps, sm, fjh_stage_of(0), hi, h / p.kv_group, b);
       // The scan agrees with the proof (interval analysis is inclusion-
       // monotonic); were it not so the consumers would get the wrong K.
+      if (e < 0) fjh_load_k(maps, sm, fjh_stage_of(0), hi, h / p.kv_group, b);
       else if (e != hi) __trap();
       fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n, 0);
     }

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "afd61ee4393e461a5a668e8354b44623"
+#define PINNED_SOURCE_KEY "1c989312cc48c86b5eb613bf03c04145"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
