@@ -78,11 +78,11 @@ def clock_ghz(ctas):
 
 def run_case(name, persistent):
     spec, extra, B, H, S, D = CASES[name]
-    env = dict(os.environ, FLEXJIT_KERNEL_DEFINES="FJ_TRACE=1")
+    # The overlap named, so that the spill fallback cannot swap the variant
+    # (the stamps may cost a traced kernel a spill the shipped one has not).
+    env = dict(os.environ, FLEXJIT_KERNEL_DEFINES="FJ_TRACE=1 FJ_INTRA_WG_OVERLAP=1")
     if persistent:
-        # The overlap named, so that the spill fallback cannot swap the variant.
-        env.update(FLEXJIT_PERSISTENT="1",
-                   FLEXJIT_KERNEL_DEFINES="FJ_TRACE=1 FJ_INTRA_WG_OVERLAP=1")
+        env.update(FLEXJIT_PERSISTENT="1")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [os.path.join(REPO, "build", "flexjit"), "run", os.path.join(REPO, "examples", spec),
                "--batch", str(B), "--heads", str(H), "--q-len", str(S), "--head-dim", str(D),

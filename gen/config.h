@@ -41,6 +41,10 @@ typedef struct fjg_config {
    * work items. 0 (the default; FLEXJIT_PERSISTENT=1 asks for it, see
    * runtime/forward.c): one CTA per query block, grid as above. */
   int persistent;
+  /* Q tiles in shared memory (FJ_Q_BUFS): 2 for the persistent sm90 kernel
+   * where they fit (the next item's Q loads while the current one is read),
+   * else 1. Counted in smem_bytes. */
+  int q_bufs;
   /* An NVRTC option (a -D of the template, a static string) that makes the
    * kernel keep fewer registers live, or NULL: when ptxas reports spills the
    * runtime compiles again with it and keeps the cubin that spills less

@@ -536,6 +536,7 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n", has_mask(g));
   fjg_buf_printf(out, "#define FJ_HAS_SCORE_MOD %d\n", has_score_mod(g));
   if (cfg->persistent) fjg_buf_printf(out, "#define FJ_PERSISTENT 1\n");
+  if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
 }
 
 fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,

@@ -95,13 +95,25 @@
 #ifndef FJ_PERSISTENT
 #define FJ_PERSISTENT 0
 #endif
-// The persistent producer warp also classifies tiles (fj_tile_scan_warp),
-// which spills in 24 registers.
+// The persistent producer warps also classify tiles (fj_tile_scan_warp)
+// and walk them in two threads, which spills in 24 registers (and in 40 at
+// D=128); at D=256 the consumers need 232.
 #ifndef FJ_PRODUCER_REGS
-#define FJ_PRODUCER_REGS (FJ_PERSISTENT ? 40 : 24)
+#define FJ_PRODUCER_REGS (FJ_PERSISTENT ? (FJ_HEAD_DIM == 256 ? 40 : 48) : 24)
 #endif
 #ifndef FJ_CONSUMER_REGS
-#define FJ_CONSUMER_REGS (FJ_PERSISTENT ? 232 : 240)
+#define FJ_CONSUMER_REGS (FJ_PERSISTENT ? (FJ_HEAD_DIM == 256 ? 232 : 224) : 240)
+#endif
+// The epilogue writes O / l to shared memory with stmatrix (1) or one
+// 32-bit store per pair of elements (0).
+#ifndef FJ_EPI_STMATRIX
+#define FJ_EPI_STMATRIX 1
+#endif
+// Q buffers: the persistent kernel takes two where shared memory allows
+// (the host's configuration decides, gen/config.c), so that the next
+// item's Q loads while this item still reads its own.
+#ifndef FJ_Q_BUFS
+#define FJ_Q_BUFS 1
 #endif
 
 constexpr int FJH_THREADS = 384;
@@ -111,7 +123,7 @@ constexpr int FJH_Q_BYTES = FJ_BLOCK_M * FJ_HEAD_DIM * 2;
 constexpr int FJH_KV_BYTES = FJ_BLOCK_N * FJ_HEAD_DIM * 2;
 constexpr int FJH_BAR_BYTES = 8 * (1 + 4 * FJ_NUM_STAGES);
 constexpr int FJH_SMEM_BYTES =
-    1024 + FJH_Q_BYTES + 2 * FJ_NUM_STAGES * FJH_KV_BYTES + FJH_BAR_BYTES;
+    1024 + FJ_Q_BUFS * FJH_Q_BYTES + 2 * FJ_NUM_STAGES * FJH_KV_BYTES + FJH_BAR_BYTES;
 constexpr int FJH_S_REGS = FJ_BLOCK_N / 2;        // S accumulators a thread
 constexpr int FJH_O_REGS = FJ_HEAD_DIM / 2;       // O accumulators a thread
 constexpr int FJH_PK = FJ_BLOCK_N / 16;           // k16 steps of P V
@@ -122,6 +134,8 @@ static_assert(FJ_BLOCK_M == 128, "sm90: BLOCK_M is 128 (two consumer warpgroups)
 static_assert(FJ_BLOCK_N == 64 || FJ_BLOCK_N == 128, "sm90: BLOCK_N 64 or 128");
 static_assert(FJ_NUM_WARPS == 12, "sm90: 12 warps (one producer, two consumer warpgroups)");
 static_assert(FJ_NUM_STAGES >= 2, "sm90: at least two K/V stages");
+static_assert(FJ_Q_BUFS == 1 || (FJ_Q_BUFS == 2 && FJ_PERSISTENT),
+              "sm90: two Q buffers only in the persistent kernel");
 static_assert(FJH_SMEM_BYTES <= 227 * 1024, "sm90: shared memory over 227 KiB");
 static_assert(FJ_PRODUCER_REGS + 2 * FJ_CONSUMER_REGS <= 3 * 168,
               "sm90: register split over the CTA's pool (setmaxnreg.inc would hang)");
@@ -544,26 +558,30 @@ struct fjh_smem_map {
   unsigned q, k, v, bar;
   __device__ unsigned k_tile(int s) const { return k + s * FJH_KV_BYTES; }
   __device__ unsigned v_tile(int s) const { return v + s * FJH_KV_BYTES; }
-  __device__ unsigned q_full() const { return bar; }
+  __device__ unsigned q_tile(int i) const { return q + i * FJH_Q_BYTES; }
+#if FJ_PERSISTENT
+  unsigned pbar;  // fjh_persist's barriers (static shared memory)
+  __device__ unsigned q_full(int i) const { return i == 0 ? bar : pbar + 8 * 5; }
+  __device__ unsigned q_empty(int i) const { return pbar + 8 * 6 * i; }
+  __device__ unsigned item_full(int s) const { return pbar + 8 * (1 + s); }
+  __device__ unsigned item_empty(int s) const { return pbar + 8 * (3 + s); }
+#else
+  __device__ unsigned q_full(int i) const { return (void)i, bar; }
+#endif
   __device__ unsigned k_full(int s) const { return bar + 8 * (1 + s); }
   __device__ unsigned v_full(int s) const { return bar + 8 * (1 + FJ_NUM_STAGES + s); }
   __device__ unsigned k_empty(int s) const { return bar + 8 * (1 + 2 * FJ_NUM_STAGES + s); }
   __device__ unsigned v_empty(int s) const { return bar + 8 * (1 + 3 * FJ_NUM_STAGES + s); }
-#if FJ_PERSISTENT
-  unsigned pbar;  // fjh_persist's barriers (static shared memory)
-  __device__ unsigned q_empty() const { return pbar; }
-  __device__ unsigned item_full(int s) const { return pbar + 8 * (1 + s); }
-  __device__ unsigned item_empty(int s) const { return pbar + 8 * (3 + s); }
-#endif
 };
 
 #if FJ_PERSISTENT
-// The persistent kernel's own shared state: barriers (q_empty: 256 consumer
-// arrivals once they are done with the Q area; item_full / item_empty: a
-// two-slot ring of work items from the producer warp to the consumers) and
-// the ring's slots (lo, hi, class of hi, block-mask position t).
+// The persistent kernel's own shared state: barriers (q_empty(i): 256
+// consumer arrivals once they are done with Q buffer i; item_full /
+// item_empty: a two-slot ring of work items from the producer warp to the
+// consumers; q_full(1): Q buffer 1 loaded) and the ring's slots (lo, hi,
+// class of hi, block-mask position t).
 struct fjh_persist {
-  unsigned long long bar[5];
+  unsigned long long bar[7];
   int item[2][4];
 };
 __device__ __forceinline__ fjh_persist &fjh_persist_smem() {
@@ -608,40 +626,30 @@ __device__ __forceinline__ void fjh_load_v(const fj_tma_maps &maps, const fjh_sm
   fjh_load_kv(&maps.v, sm.v_tile(st.s), sm.v_full(st.s), sm.v_empty(st.s), st, j, hk, b);
 }
 
+// Q of query block q0 into Q buffer i.
 __device__ __forceinline__ void fjh_load_q(const fj_tma_maps &maps, const fjh_smem_map &sm,
-                                           int b, int h, int q0) {
-  fjh_mbar_arrive_expect_tx(sm.q_full(), FJH_Q_BYTES);
+                                           int i, int b, int h, int q0) {
+  fjh_mbar_arrive_expect_tx(sm.q_full(i), FJH_Q_BYTES);
 #pragma unroll
   for (int c = 0; c < FJH_CHUNKS64; ++c)
-    fjh_tma_load_4d(sm.q + c * FJ_BLOCK_M * 128, &maps.q, c * 64, q0, h, b, sm.q_full());
+    fjh_tma_load_4d(sm.q_tile(i) + c * FJ_BLOCK_M * 128, &maps.q, c * 64, q0, h, b,
+                    sm.q_full(i));
 }
 
-// Order of loads: Q, K(0), then K(n+1) before V(n), which is the order in
+// Order of loads: K(0), then K(n+1) before V(n), which is the order in
 // which the consumers need them (Q K^T of the next tile is issued before
-// P V of the current one). The non-persistent kernel issues Q itself
-// before its tile scan (and K(0) too with FJ_EARLY_K).
-// n counts the K/V tiles loaded before this work item (0 but in the
-// persistent kernel, whose stages and phases run on across items); kq is the
-// item's number among the CTA's items with work (the phase of q_full, and
-// of q_empty, which the persistent kernel's consumers complete once they
-// are done with the Q area of their previous item).
+// P V of the current one). Q is the caller's: issued before the tile scan
+// (and K(0) too with FJ_EARLY_K). n counts the K/V tiles loaded before this
+// work item (0 but in the persistent kernel, whose stages and phases run on
+// across items).
 __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma_maps &maps,
                                          const fjh_smem_map &sm, int b, int h, int q0,
-                                         int q1, int lo, int hi, int t, int &n, int kq) {
+                                         int q1, int lo, int hi, int t, int &n) {
   const int hk = h / p.kv_group;
   int cls = FJ_TILE_FULL;
   int j = hi;
   fjh_stage st0 = fjh_stage_of(n);  // tile j's stage
-#if FJ_PERSISTENT
-  // K of the first tile may go in while the consumers still finish the
-  // previous item; Q waits for them to leave the Q area.
-  fjh_load_k(maps, sm, st0, j, hk, b);
-  if (kq > 0) fjh_mbar_wait(sm.q_empty(), (kq - 1) & 1);
-  fjh_load_q(maps, sm, b, h, q0);
-#elif FJ_EARLY_K
-  (void)kq;  // Q and the first K: loaded by the caller
-#else
-  (void)kq;  // Q: loaded at the start of the kernel
+#if !FJ_EARLY_K
   fjh_load_k(maps, sm, st0, j, hk, b);
 #endif
 #ifdef FJ_TRACE
@@ -667,6 +675,40 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   fjh_load_v(maps, sm, st0, j, hk, b);
   ++n;
 }
+
+#if FJ_PERSISTENT
+// The persistent kernel's K and V loads come from two threads, each
+// walking the item's tiles on its own, so that a V load never waits behind
+// a K load for a stage (at an item's start the stages are still held by
+// the consumer that trails in the ping-pong: with one thread, V of tile 1
+// waited for K of tile 2, that is for both consumers' first Q K^T).
+// which: 0 loads K, 1 loads V; n as for fjh_produce.
+__device__ __forceinline__ void fjh_produce_one(const fj_fwd_params &p,
+                                                const fj_tma_maps &maps,
+                                                const fjh_smem_map &sm, int which, int b,
+                                                int h, int q0, int q1, int lo, int hi, int t,
+                                                int &n) {
+  const int hk = h / p.kv_group;
+  int cls = FJ_TILE_FULL;
+  fjh_stage st = fjh_stage_of(n);
+#ifdef FJ_TRACE
+  // The stamps of fjh_produce: K(i + 1) at slot 8 + 2 i, V(i) at 9 + 2 i.
+  float *fjh_trg = fjh_trace_slots(p, b, h, q0, 64);
+  int fjh_it = 0;
+#endif
+  for (int j = hi; j >= lo; j = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls)) {
+    if (which == 0) fjh_load_k(maps, sm, st, j, hk, b);
+    else fjh_load_v(maps, sm, st, j, hk, b);
+#ifdef FJ_TRACE
+    const int fjh_s = which == 0 ? 6 + 2 * fjh_it : 9 + 2 * fjh_it;
+    if (fjh_s >= 8 && fjh_s < 56) FJH_TRG(fjh_s);
+    ++fjh_it;
+#endif
+    st = fjh_stage_next(st);
+    ++n;
+  }
+}
+#endif
 
 // ---- consumers ------------------------------------------------------------
 
@@ -881,6 +923,27 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
   fjh_row_sums(row_l, inv_l);
   // Every warp of this consumer is past its last wgmma before Q is reused.
   fjh_bar_sync(FJH_BAR_EPI + c, 128);
+#if FJ_EPI_STMATRIX
+  // One stmatrix.x4 stores four 8 x 8 blocks: 8-column groups i and i + 1,
+  // rows g and g + 8 of the warp's 16 (the accumulator's own layout); lane
+  // l gives the address of row l % 8 of block l / 8.
+  {
+    const int mi = lane >> 3, rr = lane & 7;
+    const int r = 16 * warp + rr + 8 * (mi & 1);  // r & 7 == rr
+#pragma unroll
+    for (int i = 0; i < FJH_O_REGS / 4; i += 2) {
+      const int d = 8 * (i + (mi >> 1));
+      const unsigned addr =
+          sq + (d / 64) * (FJ_BLOCK_M * 128) + r * 128 + ((((d % 64) / 8) ^ rr) << 4);
+      const unsigned v0 = fj_pack2(o[4 * i] * inv_l[0], o[4 * i + 1] * inv_l[0]);
+      const unsigned v1 = fj_pack2(o[4 * i + 2] * inv_l[1], o[4 * i + 3] * inv_l[1]);
+      const unsigned v2 = fj_pack2(o[4 * i + 4] * inv_l[0], o[4 * i + 5] * inv_l[0]);
+      const unsigned v3 = fj_pack2(o[4 * i + 6] * inv_l[1], o[4 * i + 7] * inv_l[1]);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                   :: "r"(addr), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
+    }
+  }
+#else
 #pragma unroll
   for (int i = 0; i < FJH_O_REGS / 4; ++i)
 #pragma unroll
@@ -893,6 +956,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
                                    o[4 * i + 2 * hh + 1] * inv_l[hh]);
       asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
     }
+#endif
   fjh_bar_sync(FJH_BAR_EPI + c, 128);
   const int Lq = p.sz.Lq;
   fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
@@ -976,12 +1040,15 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
 #endif
 
 // Consumer c (0 or 1) owns query rows q0 + 64 c .. + 63 of the CTA's tile.
-// n and kq as for fjh_produce.
+// n as for fjh_produce; kq: the item's number among the CTA's items (0 in
+// the non-persistent kernel), which picks the Q buffer and its phase.
 __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_smem_map &sm,
                                             int c, int b, int h, int q0, int q1, int lo,
                                             int hi, int hi_cls, int t, int &n_io, int kq) {
   const int wq0 = q0 + FJH_WG_ROWS * c;
-  const unsigned sq = sm.q + c * FJH_WG_ROWS * 128;
+  const int qb = kq % FJ_Q_BUFS;
+  const unsigned q_ph = (unsigned)(kq / FJ_Q_BUFS) & 1u;
+  const unsigned sq = sm.q_tile(qb) + c * FJH_WG_ROWS * 128;
 #ifdef FJ_TRACE
   unsigned fjh_tr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int fjh_ntiles = 0;
@@ -1008,7 +1075,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #if FJ_PINGPONG
     if (c == 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);  // consumer 0 goes first
 #endif
-    fjh_mbar_wait_warp(sm.q_full(), kq & 1);
+    fjh_mbar_wait_warp(sm.q_full(qb), q_ph);
     FJH_TR(1);
     int n = n_io, j = hi, cls = hi_cls;
     // Descriptor low words: this consumer's Q rows, and stage 0 of K and V
@@ -1086,9 +1153,9 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     // Last tile: P V alone.
     FJH_TR(4);
 #if FJ_PERSISTENT
-    // Every Q K^T of the item has completed: the producer may load the
-    // next item's Q while this P V and the epilogue run.
-    fjh_mbar_arrive(sm.q_empty());
+    // Every Q K^T of the item has completed: the producer may load Q into
+    // this buffer again.
+    fjh_mbar_arrive(sm.q_empty(qb));
 #endif
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
@@ -1137,16 +1204,22 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       ++n;
       st0 = fjh_stage_next(st0);
     }
+#ifdef FJ_TRACE
+    fjh_ntiles = n - n_io;
+#endif
     n_io = n;  // one past the last tile
 #if FJ_PERSISTENT
-    fjh_mbar_arrive(sm.q_empty());  // as above: the item's Q K^T are done
+    fjh_mbar_arrive(sm.q_empty(qb));  // as above: the item's Q K^T are done
 #endif
 #endif
   }
 #if FJ_PERSISTENT
   if (lo > hi) {
-    // No tile: O = 0 and LSE = -inf straight to global memory (the Q area
-    // may hold the next item's Q already).
+    // No tile: the item's Q was loaded all the same (the producer issues it
+    // before the scan); once it has landed the buffer is free again. O = 0
+    // and LSE = -inf straight to global memory.
+    fjh_mbar_wait_warp(sm.q_full(qb), q_ph);
+    fjh_mbar_arrive(sm.q_empty(qb));
     fjh_epilogue_empty(p, b, h, wq0);
     return;
   }
@@ -1154,7 +1227,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #else
   // A row without tiles still had its Q loaded (at the start of the
   // kernel): the epilogue writes over the Q area only once it has landed.
-  if (lo > hi) fjh_mbar_wait_warp(sm.q_full(), 0);
+  if (lo > hi) fjh_mbar_wait_warp(sm.q_full(0), 0);
   fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
 #endif
 #ifdef FJ_TRACE
@@ -1166,11 +1239,11 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #endif
 }
 
-// The dynamic shared memory's map (Q, K stages, V stages, barriers).
+// The dynamic shared memory's map (Q buffers, K stages, V stages, barriers).
 __device__ __forceinline__ fjh_smem_map fjh_smem_layout(unsigned char *smem) {
   fjh_smem_map sm;
   sm.q = (fj_smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
-  sm.k = sm.q + FJH_Q_BYTES;
+  sm.k = sm.q + FJ_Q_BUFS * FJH_Q_BYTES;
   sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
   sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
   return sm;
@@ -1178,7 +1251,7 @@ __device__ __forceinline__ fjh_smem_map fjh_smem_layout(unsigned char *smem) {
 
 // Thread 0 initializes the Q and K/V barriers (the caller synchronizes).
 __device__ __forceinline__ void fjh_init_pipeline_barriers(const fjh_smem_map &sm) {
-  fjh_mbar_init(sm.q_full(), 1);
+  fjh_mbar_init(sm.q_full(0), 1);
   for (int s = 0; s < FJ_NUM_STAGES; ++s) {
     fjh_mbar_init(sm.k_full(s), 1);
     fjh_mbar_init(sm.v_full(s), 1);
@@ -1191,12 +1264,13 @@ __device__ __forceinline__ void fjh_init_pipeline_barriers(const fjh_smem_map &s
 // ---- persistent kernel ------------------------------------------------------
 // gridDim.x CTAs (the host launches min(SMs, work items)) share the work
 // items, query block m of head h, batch b, in the order of fjh_item and
-// fjh_item_pos. The producer warp finds each item's tiles and hands them to
-// the consumers through a two-slot ring, then streams K and V; the K/V
-// stages and their phases run on from item to item, and the next item's Q
-// is loaded as soon as both consumers have issued their last Q K^T (the
-// epilogue writes O from registers, not through the Q area), so the loads
-// of the next item overlap the last P V and the epilogue of this one.
+// fjh_item_pos. One producer warp finds each item's tiles and hands them to
+// the consumers through a two-slot ring; three producer threads stream Q,
+// K and V (fjh_produce_all); the K/V stages and their phases run on from
+// item to item. Q has two buffers where shared memory allows (FJ_Q_BUFS):
+// the next item's Q is in place before this one ends. With one, it loads
+// once both consumers have issued their last Q K^T (the epilogue writes O
+// from registers, not through the Q area).
 
 __device__ __forceinline__ int fjh_num_m(const fj_fwd_params &p) {
   return (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
@@ -1221,20 +1295,55 @@ __device__ __forceinline__ int fjh_item_pos(int k) {
 }
 
 
-// Warp 0 of the producer warpgroup: lane 0 issues the loads.
+// The producer warpgroup over the CTA's items: warp 0 finds each item's
+// tiles (all its lanes classify) and hands them to the consumers and to
+// warp 2 through a two-slot ring, and its lane 0 loads K; lane 0 of warp 1
+// loads every item's Q as soon as its buffer is free, lane 0 of warp 2 loads
+// V. Each walks the items on its own: none waits behind another's load.
+__device__ __forceinline__ int fjh_num_items(const fj_fwd_params &p) {
+  return fjh_num_m(p) * p.sz.Hq * p.sz.B;
+}
 __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
                                                 const fj_tma_maps &maps,
                                                 const fjh_smem_map &sm) {
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   fjh_persist &ps = fjh_persist_smem();
-  if (lane == 0) {
+  const int total = fjh_num_items(p);
+  if (warp == 1) {
+    if (lane != 0) return;
     fjh_tma_prefetch_desc(&maps.q);
-    fjh_tma_prefetch_desc(&maps.k);
-    fjh_tma_prefetch_desc(&maps.v);
+    // Every item's Q is loaded (an item without tiles too: its consumers
+    // wait for it and free the buffer), into buffer k % FJ_Q_BUFS once the
+    // consumers are done with that buffer's previous item.
+    for (int k = 0; fjh_item_pos(k) < total; ++k) {
+      const fjh_work w = fjh_item(p, fjh_item_pos(k));
+      const int qb = k % FJ_Q_BUFS;
+      fjh_mbar_wait(sm.q_empty(qb), ((unsigned)(k / FJ_Q_BUFS) & 1u) ^ 1u);
+      fjh_load_q(maps, sm, qb, w.b, w.h, w.m * FJ_BLOCK_M);
+    }
+    return;
   }
-  const int total = fjh_num_m(p) * p.sz.Hq * p.sz.B;
+  if (warp == 2) {
+    if (lane != 0) return;
+    fjh_tma_prefetch_desc(&maps.v);
+    int n = 0;
+    for (int k = 0; fjh_item_pos(k) < total; ++k) {
+      const int slot = k & 1;
+      fjh_mbar_wait(sm.item_full(slot), (k >> 1) & 1);
+      const int lo = ((volatile const int *)ps.item[slot])[0];
+      const int hi = ((volatile const int *)ps.item[slot])[1];
+      const int t = ((volatile const int *)ps.item[slot])[3];
+      fjh_mbar_arrive(sm.item_empty(slot));
+      const fjh_work w = fjh_item(p, fjh_item_pos(k));
+      const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
+      fjh_produce_one(p, maps, sm, 1, w.b, w.h, q0, q1, lo, hi, t, n);
+    }
+    return;
+  }
+  if (warp != 0) return;
+  if (lane == 0) fjh_tma_prefetch_desc(&maps.k);
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
-  int n = 0, kq = 0, k = 0;
+  int n = 0, k = 0;
   for (int item = fjh_item_pos(0); item < total; item = fjh_item_pos(++k)) {
 #ifdef FJ_TRACE
     unsigned fjh_tr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -1255,6 +1364,7 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
     }
     if (lane == 0) {
       const int slot = k & 1;
+      // Free once both consumers and the V thread have read it.
       fjh_mbar_wait(sm.item_empty(slot), ((k >> 1) & 1) ^ 1);
       ps.item[slot][0] = lo;
       ps.item[slot][1] = hi;
@@ -1265,7 +1375,7 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
 #ifdef FJ_TRACE
       const int n0 = n;
 #endif
-      if (lo <= hi) fjh_produce(p, maps, sm, w.b, w.h, q0, q1, lo, hi, t, n, kq++);
+      fjh_produce_one(p, maps, sm, 0, w.b, w.h, q0, q1, lo, hi, t, n);
 #ifdef FJ_TRACE
       FJH_TR(2);
       fjh_trace_producer(p, w.b, w.h, q0, fjh_tr, n - n0);
@@ -1279,10 +1389,10 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
 __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
                                                 const fjh_smem_map &sm, int c) {
   const fjh_persist &ps = fjh_persist_smem();
-  int n = 0, kq = 0;
-  // Only k, kq and n live across an item (the rest is recomputed from the
+  int n = 0;
+  // Only k and n live across an item (the rest is recomputed from the
   // parameters): these registers come out of the softmax's.
-  for (int k = 0; fjh_item_pos(k) < fjh_num_m(p) * p.sz.Hq * p.sz.B; ++k) {
+  for (int k = 0; fjh_item_pos(k) < fjh_num_items(p); ++k) {
     const int item = fjh_item_pos(k);
     const int slot = k & 1;
     fjh_mbar_wait_warp(sm.item_full(slot), (k >> 1) & 1);
@@ -1293,8 +1403,7 @@ __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
     fjh_mbar_arrive(sm.item_empty(slot));
     const fjh_work w = fjh_item(p, item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
-    fjh_consume(p, sm, c, w.b, w.h, q0, q1, lo, hi, hi_cls, t, n, kq);
-    if (lo <= hi) ++kq;
+    fjh_consume(p, sm, c, w.b, w.h, q0, q1, lo, hi, hi_cls, t, n, k);
   }
 }
 
@@ -1306,10 +1415,12 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   sm.pbar = fj_smem_u32(&fjh_persist_smem().bar[0]);
   if (threadIdx.x == 0) {
     fjh_init_pipeline_barriers(sm);
-    fjh_mbar_init(sm.q_empty(), 256);
+    fjh_mbar_init(sm.q_full(1), 1);
+    fjh_mbar_init(sm.q_empty(0), 256);
+    fjh_mbar_init(sm.q_empty(1), 256);
     for (int s = 0; s < 2; ++s) {
       fjh_mbar_init(sm.item_full(s), 1);
-      fjh_mbar_init(sm.item_empty(s), 256);
+      fjh_mbar_init(sm.item_empty(s), 257);  // the consumers and the V thread
     }
     fjh_fence_barrier_init();
   }
@@ -1317,7 +1428,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {
     fjh_setmaxnreg_dec<FJ_PRODUCER_REGS>();
-    if (threadIdx.x < 32) fjh_produce_all(p, maps, sm);
+    if (threadIdx.x < 96) fjh_produce_all(p, maps, sm);
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
     fjh_consume_all(p, sm, wg - 1);
@@ -1383,7 +1494,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
     fjh_fence_barrier_init();
     fjh_tma_prefetch_desc(&maps.k);
     fjh_tma_prefetch_desc(&maps.v);
-    fjh_load_q(maps, sm, b, h, q0);
+    fjh_load_q(maps, sm, 0, b, h, q0);
 #if FJ_EARLY_K
     const int e = fjh_early_hi(p, b, h, q0, q1);
     if (e >= 0) fjh_load_k(maps, sm, fjh_stage_of(0), e, h / p.kv_group, b);
@@ -1421,10 +1532,10 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
       // monotonic); were it not so the consumers would get the wrong K.
       if (e < 0) fjh_load_k(maps, sm, fjh_stage_of(0), hi, h / p.kv_group, b);
       else if (e != hi) __trap();
-      fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n, 0);
+      fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n);
     }
 #else
-    if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n, 0);
+    if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n);
 #endif
 #ifdef FJ_TRACE
     FJH_TR(2);

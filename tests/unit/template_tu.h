@@ -82,10 +82,11 @@ static char *fjt_build_tu(const fjg_config *c, int has_mask, int has_score_mod,
   snprintf(defs, sizeof defs,
            "#define FJ_HEAD_DIM %d\n#define %s 1\n#define FJ_BLOCK_M %d\n"
            "#define FJ_BLOCK_N %d\n#define FJ_NUM_WARPS %d\n#define FJ_NUM_STAGES %d\n"
-           "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD %d\n",
+           "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD %d\n"
+           "#define FJ_PERSISTENT %d\n#define FJ_Q_BUFS %d\n",
            c->head_dim, c->dtype == FJ_DTYPE_F16 ? "FJ_DTYPE_F16" : "FJ_DTYPE_BF16",
            c->block_m, c->block_n, c->num_warps, c->num_stages, has_mask,
-           has_score_mod);
+           has_score_mod, c->persistent, c->q_bufs > 1 ? c->q_bufs : 1);
   size_t n = strlen(defs) + strlen(common) + strlen(prologue) + strlen(shared) +
              strlen(fwd) + strlen(tail) + 8;
   char *tu = malloc(n);
