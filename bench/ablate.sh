@@ -6,7 +6,9 @@
 # Usage: bash bench/ablate.sh [repeats [variant...]]
 #   a variant is a FLEXJIT_KERNEL_DEFINES value, or "env:NAME=VALUE ..." for
 #   environment settings (env:FLEXJIT_PERSISTENT=1); "" is the shipped kernel.
-#   ABLATE_CASES=sched adds sliding window and document at 2 x 16384.
+#   ABLATE_CASES=sched adds sliding window and document at 2 x 16384;
+#   ABLATE_CASES=softmax runs only causal D=64, causal and sliding window
+#   at 2 x 16384 (the softmax-bound and the short-row cases).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-2}
@@ -27,6 +29,13 @@ c.write_npy_i32('/tmp/flexjit-doc16384.npy', c.document_ids(16384).tolist()); \
     "full 2x16384 D128|examples/full.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
     "sliding 1024 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=1024"
     "document 2x16384|examples/document.lua --batch 2 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
+  )
+fi
+if [ "${ABLATE_CASES:-}" = softmax ]; then
+  cases=(
+    "causal 8x4096 D64 H32|examples/causal.lua --batch 8 --heads 32 --q-len 4096 --head-dim 64"
+    "causal 2x16384 D128|examples/causal.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
+    "sliding 1024 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=1024"
   )
 fi
 shift || true

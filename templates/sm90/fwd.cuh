@@ -767,6 +767,56 @@ enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1 };
 #define FJ_RESCALE_SLACK 8
 #endif
 
+// FJ_EXP2_EMU (0: off): one exponential in every FJ_EXP2_EMU of a row is
+// computed on the FMA pipe (fjh_exp2_poly) instead of the MUFU unit (16
+// results a clock per SM), FlashAttention-4's trick. It pays at D=64, where
+// the softmax outweighs the two GEMMs: 1 in 4 measured +3% there, 1 in 2
+// even, all of them -13%; at D=128 1 in 4 cost 4% (bench/RESULTS.md,
+// session 5, run 5). Default: 4 at D=64, off otherwise.
+#ifndef FJ_EXP2_EMU
+#define FJ_EXP2_EMU (FJ_HEAD_DIM == 64 ? 4 : 0)
+#endif
+// 2^x for x <= 2^22: x = j + f with j = round(x) (the 1.5 * 2^23 rounding
+// trick: j lands in t's low mantissa bits) and f in [-1/2, 1/2]; 2^f by a
+// degree-3 polynomial (fitted to relative error, at most 1.1e-4: below a
+// bf16 rounding of P), 2^j added to its exponent field. x is clamped at
+// -127, where j = -127 and p = 1 give exactly +0 (the field wraps to 0),
+// so masked scores (-inf) and underflows come out as 0, as ex2.approx.ftz
+// gives.
+__device__ __forceinline__ float fjh_exp2_poly(float x) {
+  const float xc = fmaxf(x, -127.f);
+  const float t = xc + 12582912.f;
+  const float f = xc - (t - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.0550088269f, f, 0.242211024f), f, 0.693282951f), f, 1.0f);
+  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
+}
+// Element e (0 ..) of a row of this thread's scores: 2^x on MUFU or, with
+// FJ_EXP2_EMU, every FJ_EXP2_EMU-th one on the FMA pipe.
+template <int E>
+__device__ __forceinline__ float fjh_exp2_at(float x) {
+#if FJ_EXP2_EMU > 0
+  if (E % FJ_EXP2_EMU == FJ_EXP2_EMU - 1) return fjh_exp2_poly(x);
+#endif
+  return fj_exp2(x);
+}
+template <int I, int N>
+struct fjh_exp_row {
+  // Row hh of s: elements 4 i + 2 hh and 4 i + 2 hh + 1, i = I .. N - 1.
+  __device__ __forceinline__ static void run(float (&s)[FJH_S_REGS], int hh,
+                                             float exp_scale, float shift, float &sum) {
+    s[4 * I + 2 * hh] = fjh_exp2_at<2 * I>(fmaf(s[4 * I + 2 * hh], exp_scale, -shift));
+    s[4 * I + 2 * hh + 1] =
+        fjh_exp2_at<2 * I + 1>(fmaf(s[4 * I + 2 * hh + 1], exp_scale, -shift));
+    sum += s[4 * I + 2 * hh] + s[4 * I + 2 * hh + 1];
+    fjh_exp_row<I + 1, N>::run(s, hh, exp_scale, shift, sum);
+  }
+};
+template <int N>
+struct fjh_exp_row<N, N> {
+  __device__ __forceinline__ static void run(float (&)[FJH_S_REGS], int, float, float,
+                                             float &) {}
+};
+
 __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int h,
                                              int wq0, int kv0, int cls) {
   if (wq0 >= p.sz.Lq) return FJH_TILE_KEEP;  // never stored
@@ -858,12 +908,16 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     row_m[hh] = m_new;
     const float shift = m_new == fj_neg_inf() ? 0.f : m_new;
     float sum = 0.f;
+#if FJ_EXP2_EMU > 0
+    fjh_exp_row<0, FJH_S_REGS / 4>::run(s, hh, exp_scale, shift, sum);
+#else
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS / 4; ++i) {
       s[4 * i + 2 * hh] = fj_exp2(fmaf(s[4 * i + 2 * hh], exp_scale, -shift));
       s[4 * i + 2 * hh + 1] = fj_exp2(fmaf(s[4 * i + 2 * hh + 1], exp_scale, -shift));
       sum += s[4 * i + 2 * hh] + s[4 * i + 2 * hh + 1];
     }
+#endif
     // Row sums of the f32 P (the LSE must be the log of the true sum) stay
     // per lane; the quad is summed once in the epilogue.
     row_l[hh] = row_l[hh] * alpha[hh] + sum;

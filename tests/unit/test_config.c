@@ -176,6 +176,51 @@ static void test_spill_fallback_and_persistence(void **state) {
   fjg_config_set_persistent(NULL, 1);
 }
 
+/* The persistent kernel's second Q buffer: where it fits beside the K/V
+ * stages (D=64 and 128), counted in smem_bytes, and given up for stages. */
+static void test_persistent_q_buffers(void **state) {
+  (void)state;
+  static const int dims[] = {64, 128, 256};
+  for (size_t i = 0; i < 3; i++) {
+    fjg_config c;
+    assert_int_equal(fjg_config_choose_template(dims[i], FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
+                                                NULL, 0), FJ_OK);
+    const int plain = c.smem_bytes;
+    assert_true(c.q_bufs <= 1);
+    fjg_config_set_persistent(&c, 1);
+    const int q_tile = c.block_m * c.head_dim * 2;
+    if (dims[i] == 256) {  /* Q 64 KiB + two 64 KiB stages: no room */
+      assert_int_equal(c.q_bufs, 1);
+      assert_int_equal(c.smem_bytes, plain);
+    } else {
+      assert_int_equal(c.q_bufs, 2);
+      assert_int_equal(c.smem_bytes, plain + q_tile);
+    }
+    assert_true(c.smem_bytes + 5120 <= 227 * 1024);
+    fjg_config_set_persistent(&c, 0);
+    assert_int_equal(c.q_bufs, 1);
+    assert_int_equal(c.smem_bytes, plain);
+  }
+  /* D=64: six stages leave room for one Q buffer only, whichever is set
+   * first; five stages keep two. */
+  fjg_config c;
+  assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, NULL,
+                                              0), FJ_OK);
+  fjg_config_set_persistent(&c, 1);
+  assert_int_equal(fjg_config_set_stages(&c, 5), 0);
+  assert_int_equal(c.q_bufs, 2);
+  assert_int_equal(fjg_config_set_stages(&c, 6), 0);
+  assert_int_equal(c.q_bufs, 1);
+  assert_int_equal(c.smem_bytes, 1024 + (128 + 12 * 128) * 64 * 2 + 8 * (1 + 24));
+  assert_int_equal(fjg_config_set_stages(&c, 7), -1);
+  assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, NULL,
+                                              0), FJ_OK);
+  assert_int_equal(fjg_config_set_stages(&c, 6), 0);
+  fjg_config_set_persistent(&c, 1);
+  assert_int_equal(c.q_bufs, 1);
+  assert_int_equal(c.num_stages, 6);
+}
+
 /* The launch path's tile lookup says what the sm90 configuration says. */
 static void test_sm90_tile(void **state) {
   (void)state;
@@ -229,6 +274,7 @@ int main(void) {
       cmocka_unit_test(test_sm90_tile),
       cmocka_unit_test(test_set_stages),
       cmocka_unit_test(test_spill_fallback_and_persistence),
+      cmocka_unit_test(test_persistent_q_buffers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
