@@ -578,8 +578,8 @@ struct fjh_smem_map {
 // The persistent kernel's own shared state: barriers (q_empty(i): 256
 // consumer arrivals once they are done with Q buffer i; item_full /
 // item_empty: a two-slot ring of work items from the producer warp to the
-// consumers; q_full(1): Q buffer 1 loaded) and the ring's slots (lo, hi,
-// class of hi, block-mask position t).
+// consumers and the V thread; q_full(1): Q buffer 1 loaded) and the ring's
+// slots (lo, hi, class of hi, block-mask position t).
 struct fjh_persist {
   unsigned long long bar[7];
   int item[2][4];
