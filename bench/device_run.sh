@@ -19,6 +19,14 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     # The sm90 walk of block-mask rows too long for its shared-memory copy.
     echo "== build/gpu_test_blockmask FJ_BM_CACHE=2"
     FLEXJIT_KERNEL_DEFINES="FJ_BM_CACHE=2" build/gpu_test_blockmask; echo "exit $?"
+    # Every exponential on the FMA pipe (the default does one in four at
+    # D=64 only), and the persistent kernel (FLEXJIT_PERSISTENT=1).
+    echo "== build/gpu_test_forward FJ_EXP2_EMU=1"
+    FLEXJIT_KERNEL_DEFINES="FJ_EXP2_EMU=1" build/gpu_test_forward; echo "exit $?"
+    for t in build/gpu_test_*; do
+      echo "== $t FLEXJIT_PERSISTENT=1"
+      FLEXJIT_PERSISTENT=1 "$t"; echo "exit $?"
+    done
   ) 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^==|passed|FAIL|exit" | tail -n 40
   build/flexjit demo 2>&1 | tee "$OUT/demo.log" | tail -n 30
 fi
