@@ -97,12 +97,26 @@
 #endif
 // The persistent producer warps also classify tiles (fj_tile_scan_warp)
 // and walk them in two threads, which spills in 24 registers (and in 40 at
-// D=128); at D=256 the consumers need 232.
+// D=128); at D=256 the consumers need 232. The FJ_TRACE build's stamps
+// spill in a 24-register producer too: it takes 40 (232 for the consumers
+// measured the same speed, bench/RESULTS.md, session 5, run 1).
 #ifndef FJ_PRODUCER_REGS
-#define FJ_PRODUCER_REGS (FJ_PERSISTENT ? (FJ_HEAD_DIM == 256 ? 40 : 48) : 24)
+#if FJ_PERSISTENT
+#define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 48)
+#elif defined(FJ_TRACE)
+#define FJ_PRODUCER_REGS 40
+#else
+#define FJ_PRODUCER_REGS 24
+#endif
 #endif
 #ifndef FJ_CONSUMER_REGS
-#define FJ_CONSUMER_REGS (FJ_PERSISTENT ? (FJ_HEAD_DIM == 256 ? 232 : 224) : 240)
+#if FJ_PERSISTENT
+#define FJ_CONSUMER_REGS (FJ_HEAD_DIM == 256 ? 232 : 224)
+#elif defined(FJ_TRACE)
+#define FJ_CONSUMER_REGS 232
+#else
+#define FJ_CONSUMER_REGS 240
+#endif
 #endif
 // The epilogue writes O / l to shared memory with stmatrix (1) or one
 // 32-bit store per pair of elements (0).

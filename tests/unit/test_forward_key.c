@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "593d9fb09e0f9640b5802f7265b0e8bc"
+#define PINNED_SOURCE_KEY "f87e4e865d0dc225709002702a074695"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
