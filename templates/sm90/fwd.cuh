@@ -652,10 +652,10 @@ __device__ __forceinline__ void fjh_load_q(const fj_tma_maps &maps, const fjh_sm
 
 // Order of loads: K(0), then K(n+1) before V(n), which is the order in
 // which the consumers need them (Q K^T of the next tile is issued before
-// P V of the current one). Q is the caller's: issued before the tile scan
-// (and K(0) too with FJ_EARLY_K). n counts the K/V tiles loaded before this
-// work item (0 but in the persistent kernel, whose stages and phases run on
-// across items).
+// P V of the current one), from one thread (the non-persistent kernel's;
+// the persistent kernel splits them, fjh_produce_one). Q is the caller's:
+// issued before the tile scan (and K(0) too with FJ_EARLY_K). n counts the
+// K/V tiles loaded so far.
 __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma_maps &maps,
                                          const fjh_smem_map &sm, int b, int h, int q0,
                                          int q1, int lo, int hi, int t, int &n) {
