@@ -14,11 +14,11 @@ cd "$(dirname "$0")/.."
 reps=${1:-2}
 export LD_LIBRARY_PATH="$PWD/build/lib:${LD_LIBRARY_PATH:-}"
 export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
-cases=(
-  "full 8x4096 D128|examples/full.lua --batch 8 --heads 16 --q-len 4096 --head-dim 128"
-  "causal 2x16384 D128|examples/causal.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
-  "causal 8x4096 D64 H32|examples/causal.lua --batch 8 --heads 32 --q-len 4096 --head-dim 64"
-)
+full4k="full 8x4096 D128|examples/full.lua --batch 8 --heads 16 --q-len 4096 --head-dim 128"
+causal16k="causal 2x16384 D128|examples/causal.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
+causal64="causal 8x4096 D64 H32|examples/causal.lua --batch 8 --heads 32 --q-len 4096 --head-dim 64"
+sliding16k="sliding 1024 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=1024"
+cases=("$full4k" "$causal16k" "$causal64")
 if [ "${ABLATE_CASES:-}" = sched ]; then
   python3 -c "import sys; sys.path.insert(0, 'bench'); import compare as c; \
 c.write_npy_i32('/tmp/flexjit-doc16384.npy', c.document_ids(16384).tolist()); \
@@ -27,16 +27,12 @@ c.write_npy_i32('/tmp/flexjit-doc16384.npy', c.document_ids(16384).tolist()); \
     "causal 8x4096 D128|examples/causal.lua --batch 8 --heads 16 --q-len 4096 --head-dim 128"
     "document 8x4096|examples/document.lua --batch 8 --heads 16 --q-len 4096 --buffer doc=/tmp/flexjit-doc4096.npy"
     "full 2x16384 D128|examples/full.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
-    "sliding 1024 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=1024"
+    "$sliding16k"
     "document 2x16384|examples/document.lua --batch 2 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
   )
 fi
 if [ "${ABLATE_CASES:-}" = softmax ]; then
-  cases=(
-    "causal 8x4096 D64 H32|examples/causal.lua --batch 8 --heads 32 --q-len 4096 --head-dim 64"
-    "causal 2x16384 D128|examples/causal.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
-    "sliding 1024 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=1024"
-  )
+  cases=("$causal64" "$causal16k" "$sliding16k")
 fi
 shift || true
 if [ $# -gt 0 ]; then variants=("$@")

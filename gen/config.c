@@ -91,11 +91,22 @@ static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
 #define SM90_STATIC_SMEM 5120
 
 /* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the swizzle
- * atom, Q, the K and V stages, and 1 + 4 * stages mbarriers. */
-static int sm90_smem_bytes(const fjg_config *c, int stages) {
-  const int q_bufs = c->q_bufs > 1 ? c->q_bufs : 1;
+ * atom, the Q buffers, the K and V stages, and 1 + 4 * stages mbarriers. */
+static int sm90_smem_bytes(const fjg_config *c, int q_bufs, int stages) {
   return 1024 + (q_bufs * c->block_m + 2 * stages * c->block_n) * c->head_dim * 2 +
          8 * (1 + 4 * stages);
+}
+
+static int sm90_fits(const fjg_config *c, int q_bufs, int stages) {
+  return sm90_smem_bytes(c, q_bufs, stages) + SM90_STATIC_SMEM <= max_smem_per_block(c->sm);
+}
+
+/* q_bufs and smem_bytes from persistent and num_stages: the persistent
+ * kernel takes a second Q buffer where it fits beside the K/V stages (D=64
+ * and 128; not D=256, whose Q and two stages take 192 KiB). */
+static void sm90_layout(fjg_config *c) {
+  c->q_bufs = c->persistent && sm90_fits(c, 2, c->num_stages) ? 2 : 1;
+  c->smem_bytes = sm90_smem_bytes(c, c->q_bufs, c->num_stages);
 }
 
 int fjg_sm90_tile(int head_dim, int *block_m, int *block_n) {
@@ -123,7 +134,7 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   fjg_sm90_tile(out->head_dim, &out->block_m, &out->block_n);
   out->num_stages = out->head_dim == 64 ? 3 : 2;
   out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
-  out->smem_bytes = sm90_smem_bytes(out, out->num_stages);
+  sm90_layout(out);
   if (out->smem_bytes + SM90_STATIC_SMEM > max_smem_per_block(out->sm))
     return fail(err, errlen, FJ_EUNSUPPORTED,
                 "configuration needs %d bytes of shared memory, more than %s allows",
@@ -135,30 +146,14 @@ void fjg_config_set_persistent(fjg_config *c, int on) {
   if (!c || !c->uses_tma) return;
   c->persistent = on ? 1 : 0;
   c->spill_fallback = on ? NULL : "-DFJ_INTRA_WG_OVERLAP=0";
-  /* A second Q buffer where it fits beside the K/V stages (D=64 and 128;
-   * not D=256, whose Q and two stages take 192 KiB). */
-  c->q_bufs = 1;
-  if (on) {
-    c->q_bufs = 2;
-    if (sm90_smem_bytes(c, c->num_stages) + SM90_STATIC_SMEM > max_smem_per_block(c->sm))
-      c->q_bufs = 1;
-  }
-  c->smem_bytes = sm90_smem_bytes(c, c->num_stages);
+  sm90_layout(c);
 }
 
+/* The persistent kernel's second Q buffer gives way to the stages. */
 int fjg_config_set_stages(fjg_config *c, int num_stages) {
-  if (!c || !c->uses_tma || num_stages < 2) return -1;
-  if (sm90_smem_bytes(c, num_stages) + SM90_STATIC_SMEM > max_smem_per_block(c->sm)) {
-    /* The persistent kernel's second Q buffer gives way to the stages. */
-    if (c->q_bufs < 2) return -1;
-    fjg_config tmp = *c;
-    tmp.q_bufs = 1;
-    if (sm90_smem_bytes(&tmp, num_stages) + SM90_STATIC_SMEM > max_smem_per_block(c->sm))
-      return -1;
-    c->q_bufs = 1;
-  }
+  if (!c || !c->uses_tma || num_stages < 2 || !sm90_fits(c, 1, num_stages)) return -1;
   c->num_stages = num_stages;
-  c->smem_bytes = sm90_smem_bytes(c, num_stages);
+  sm90_layout(c);
   return 0;
 }
 

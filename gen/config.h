@@ -41,9 +41,11 @@ typedef struct fjg_config {
    * work items. 0 (the default; FLEXJIT_PERSISTENT=1 asks for it, see
    * runtime/forward.c): one CTA per query block, grid as above. */
   int persistent;
-  /* Q tiles in shared memory (FJ_Q_BUFS): 2 for the persistent sm90 kernel
-   * where they fit (the next item's Q loads while the current one is read),
-   * else 1. Counted in smem_bytes. */
+  /* sm90's Q tiles in shared memory (FJ_Q_BUFS), derived from persistent
+   * and num_stages by the setters: 2 for the persistent kernel where they
+   * fit (the next item's Q loads while the current one is read), else 1 (0
+   * for the sm80 template). Counted in smem_bytes; not a key ingredient of
+   * its own (persistent and num_stages are). */
   int q_bufs;
   /* An NVRTC option (a -D of the template, a static string) that makes the
    * kernel keep fewer registers live, or NULL: when ptxas reports spills the

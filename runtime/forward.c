@@ -150,7 +150,6 @@ static fj_status forward_keys(fj_context *ctx, const fj_spec *spec,
   fjc_key_add_int(&b, "smem_bytes", cfg->smem_bytes);
   fjc_key_add_str(&b, "arch", cfg->arch);
   fjc_key_add_int(&b, "persistent", cfg->persistent);
-  fjc_key_add_int(&b, "q_bufs", cfg->q_bufs);
   const char *opts[FJR_MAX_OPTIONS];
   char defines[FJR_DEFINES_BYTES];
   int nopt = compile_options(ctx, opts, defines);

@@ -118,11 +118,6 @@
 #define FJ_CONSUMER_REGS 240
 #endif
 #endif
-// The epilogue writes O / l to shared memory with stmatrix (1) or one
-// 32-bit store per pair of elements (0).
-#ifndef FJ_EPI_STMATRIX
-#define FJ_EPI_STMATRIX 1
-#endif
 // Q buffers: the persistent kernel takes two where shared memory allows
 // (the host's configuration decides, gen/config.c), so that the next
 // item's Q loads while this item still reads its own.
@@ -594,13 +589,22 @@ struct fjh_smem_map {
 // item_empty: a two-slot ring of work items from the producer warp to the
 // consumers and the V thread; q_full(1): Q buffer 1 loaded) and the ring's
 // slots (lo, hi, class of hi, block-mask position t).
+struct fjh_item_tiles {
+  int lo, hi, hi_cls, t;
+};
 struct fjh_persist {
   unsigned long long bar[7];
-  int item[2][4];
+  fjh_item_tiles item[2];
 };
 __device__ __forceinline__ fjh_persist &fjh_persist_smem() {
   __shared__ fjh_persist ps;
   return ps;
+}
+// A slot of the ring, read once its item_full phase completed (volatile:
+// the producer warp wrote it, the barrier ordered it).
+__device__ __forceinline__ fjh_item_tiles fjh_item_read(int slot) {
+  const volatile fjh_item_tiles &v = fjh_persist_smem().item[slot];
+  return fjh_item_tiles{v.lo, v.hi, v.hi_cls, v.t};
 }
 #endif
 
@@ -804,8 +808,9 @@ __device__ __forceinline__ float fjh_exp2_poly(float x) {
   const float p = fmaf(fmaf(fmaf(0.0550088269f, f, 0.242211024f), f, 0.693282951f), f, 1.0f);
   return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
 }
-// Element e (0 ..) of a row of this thread's scores: 2^x on MUFU or, with
-// FJ_EXP2_EMU, every FJ_EXP2_EMU-th one on the FMA pipe.
+// Element E (0 ..) of a row of this thread's scores: 2^x on MUFU or, with
+// FJ_EXP2_EMU, every FJ_EXP2_EMU-th one on the FMA pipe. A template so
+// that the choice is made at compile time for each element.
 template <int E>
 __device__ __forceinline__ float fjh_exp2_at(float x) {
 #if FJ_EXP2_EMU > 0
@@ -813,9 +818,10 @@ __device__ __forceinline__ float fjh_exp2_at(float x) {
 #endif
   return fj_exp2(x);
 }
+// P = 2^(s * exp_scale - shift) for row hh of s (elements 4 i + 2 hh and
+// 4 i + 2 hh + 1, i = I .. N - 1), summed into sum.
 template <int I, int N>
 struct fjh_exp_row {
-  // Row hh of s: elements 4 i + 2 hh and 4 i + 2 hh + 1, i = I .. N - 1.
   __device__ __forceinline__ static void run(float (&s)[FJH_S_REGS], int hh,
                                              float exp_scale, float shift, float &sum) {
     s[4 * I + 2 * hh] = fjh_exp2_at<2 * I>(fmaf(s[4 * I + 2 * hh], exp_scale, -shift));
@@ -922,16 +928,7 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     row_m[hh] = m_new;
     const float shift = m_new == fj_neg_inf() ? 0.f : m_new;
     float sum = 0.f;
-#if FJ_EXP2_EMU > 0
     fjh_exp_row<0, FJH_S_REGS / 4>::run(s, hh, exp_scale, shift, sum);
-#else
-#pragma unroll
-    for (int i = 0; i < FJH_S_REGS / 4; ++i) {
-      s[4 * i + 2 * hh] = fj_exp2(fmaf(s[4 * i + 2 * hh], exp_scale, -shift));
-      s[4 * i + 2 * hh + 1] = fj_exp2(fmaf(s[4 * i + 2 * hh + 1], exp_scale, -shift));
-      sum += s[4 * i + 2 * hh] + s[4 * i + 2 * hh + 1];
-    }
-#endif
     // Row sums of the f32 P (the LSE must be the log of the true sum) stay
     // per lane; the quad is summed once in the epilogue.
     row_l[hh] = row_l[hh] * alpha[hh] + sum;
@@ -991,40 +988,25 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
   fjh_row_sums(row_l, inv_l);
   // Every warp of this consumer is past its last wgmma before Q is reused.
   fjh_bar_sync(FJH_BAR_EPI + c, 128);
-#if FJ_EPI_STMATRIX
   // One stmatrix.x4 stores four 8 x 8 blocks: 8-column groups i and i + 1,
   // rows g and g + 8 of the warp's 16 (the accumulator's own layout); lane
-  // l gives the address of row l % 8 of block l / 8.
-  {
-    const int mi = lane >> 3, rr = lane & 7;
-    const int r = 16 * warp + rr + 8 * (mi & 1);  // r & 7 == rr
+  // l gives the address of row l % 8 of block l / 8 (measured as fast as a
+  // 32-bit store per element pair, with 8 instructions instead of 64 at
+  // D=128: bench/RESULTS.md, session 5, run 4).
+  const int mi = lane >> 3, rr = lane & 7;
+  const int sr = 16 * warp + rr + 8 * (mi & 1);  // its row; sr & 7 == rr
 #pragma unroll
-    for (int i = 0; i < FJH_O_REGS / 4; i += 2) {
-      const int d = 8 * (i + (mi >> 1));
-      const unsigned addr =
-          sq + (d / 64) * (FJ_BLOCK_M * 128) + r * 128 + ((((d % 64) / 8) ^ rr) << 4);
-      const unsigned v0 = fj_pack2(o[4 * i] * inv_l[0], o[4 * i + 1] * inv_l[0]);
-      const unsigned v1 = fj_pack2(o[4 * i + 2] * inv_l[1], o[4 * i + 3] * inv_l[1]);
-      const unsigned v2 = fj_pack2(o[4 * i + 4] * inv_l[0], o[4 * i + 5] * inv_l[0]);
-      const unsigned v3 = fj_pack2(o[4 * i + 6] * inv_l[1], o[4 * i + 7] * inv_l[1]);
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                   :: "r"(addr), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
-    }
+  for (int i = 0; i < FJH_O_REGS / 4; i += 2) {
+    const int d = 8 * (i + (mi >> 1));
+    const unsigned addr =
+        sq + (d / 64) * (FJ_BLOCK_M * 128) + sr * 128 + ((((d % 64) / 8) ^ rr) << 4);
+    const unsigned v0 = fj_pack2(o[4 * i] * inv_l[0], o[4 * i + 1] * inv_l[0]);
+    const unsigned v1 = fj_pack2(o[4 * i + 2] * inv_l[1], o[4 * i + 3] * inv_l[1]);
+    const unsigned v2 = fj_pack2(o[4 * i + 4] * inv_l[0], o[4 * i + 5] * inv_l[0]);
+    const unsigned v3 = fj_pack2(o[4 * i + 6] * inv_l[1], o[4 * i + 7] * inv_l[1]);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
   }
-#else
-#pragma unroll
-  for (int i = 0; i < FJH_O_REGS / 4; ++i)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * warp + g + 8 * hh;  // row within the consumer, r & 7 == g
-      const int d = 8 * i + 2 * t4;
-      const unsigned addr = sq + (d / 64) * (FJ_BLOCK_M * 128) + r * 128 +
-                            ((((d % 64) / 8) ^ (r & 7)) << 4) + (d % 8) * 2;
-      const unsigned v = fj_pack2(o[4 * i + 2 * hh] * inv_l[hh],
-                                   o[4 * i + 2 * hh + 1] * inv_l[hh]);
-      asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
-    }
-#endif
   fjh_bar_sync(FJH_BAR_EPI + c, 128);
   const int Lq = p.sz.Lq;
   fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
@@ -1398,13 +1380,11 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
     for (int k = 0; fjh_item_pos(k) < total; ++k) {
       const int slot = k & 1;
       fjh_mbar_wait(sm.item_full(slot), (k >> 1) & 1);
-      const int lo = ((volatile const int *)ps.item[slot])[0];
-      const int hi = ((volatile const int *)ps.item[slot])[1];
-      const int t = ((volatile const int *)ps.item[slot])[3];
+      const fjh_item_tiles it = fjh_item_read(slot);
       fjh_mbar_arrive(sm.item_empty(slot));
       const fjh_work w = fjh_item(p, fjh_item_pos(k));
       const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
-      fjh_produce_one(p, maps, sm, 1, w.b, w.h, q0, q1, lo, hi, t, n);
+      fjh_produce_one(p, maps, sm, 1, w.b, w.h, q0, q1, it.lo, it.hi, it.t, n);
     }
     return;
   }
@@ -1434,10 +1414,7 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
       const int slot = k & 1;
       // Free once both consumers and the V thread have read it.
       fjh_mbar_wait(sm.item_empty(slot), ((k >> 1) & 1) ^ 1);
-      ps.item[slot][0] = lo;
-      ps.item[slot][1] = hi;
-      ps.item[slot][2] = hi_cls;
-      ps.item[slot][3] = t;
+      ps.item[slot] = fjh_item_tiles{lo, hi, hi_cls, t};
       fjh_mbar_arrive(sm.item_full(slot));  // release: the slot is written
       FJH_TR(1);
 #ifdef FJ_TRACE
@@ -1456,7 +1433,6 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
 // Consumer warpgroup c over the same items.
 __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
                                                 const fjh_smem_map &sm, int c) {
-  const fjh_persist &ps = fjh_persist_smem();
   int n = 0;
   // Only k and n live across an item (the rest is recomputed from the
   // parameters): these registers come out of the softmax's.
@@ -1464,14 +1440,11 @@ __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
     const int item = fjh_item_pos(k);
     const int slot = k & 1;
     fjh_mbar_wait_warp(sm.item_full(slot), (k >> 1) & 1);
-    const int lo = ((volatile const int *)ps.item[slot])[0];
-    const int hi = ((volatile const int *)ps.item[slot])[1];
-    const int hi_cls = ((volatile const int *)ps.item[slot])[2];
-    const int t = ((volatile const int *)ps.item[slot])[3];
+    const fjh_item_tiles it = fjh_item_read(slot);
     fjh_mbar_arrive(sm.item_empty(slot));
     const fjh_work w = fjh_item(p, item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
-    fjh_consume(p, sm, c, w.b, w.h, q0, q1, lo, hi, hi_cls, t, n, k);
+    fjh_consume(p, sm, c, w.b, w.h, q0, q1, it.lo, it.hi, it.hi_cls, it.t, n, k);
   }
 }
 

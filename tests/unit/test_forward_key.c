@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "42c7dbcc21c833d9f1834d5a36df1239"
+#define PINNED_SOURCE_KEY "0eeb03ae2ad6c12017078549cbfe3bd4"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
