@@ -163,7 +163,7 @@ def run_case(name, persistent):
     # Loop iterations 1 and 2 (consumers with at least 4 tiles): where the
     # time between consecutive stamps goes.
     steps = ["tile mode", "turn (ping-pong)", "K ready", "issue QK, V wait, PV",
-             "S ready", "softmax", "P V done", "rescale, pack, next tile"]
+             "S ready", "softmax", "P V done, rescale", "pack, next tile"]
     cols = {k: [] for k in steps}
     loop = []
     for t in ctas:

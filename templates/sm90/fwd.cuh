@@ -837,6 +837,21 @@ struct fjh_exp_row<N, N> {
                                              float &) {}
 };
 
+// The max of m[0 .. 2W-1] by a tree of halvings (a compile-time walk: a
+// loop over the levels left the array in local memory).
+template <int W>
+struct fjh_max_tree {
+  __device__ __forceinline__ static float run(float (&m)[FJH_S_REGS / 4]) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) m[i] = fmaxf(m[i], m[i + W]);
+    return fjh_max_tree<W / 2>::run(m);
+  }
+};
+template <>
+struct fjh_max_tree<0> {
+  __device__ __forceinline__ static float run(float (&m)[FJH_S_REGS / 4]) { return m[0]; }
+};
+
 __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int h,
                                              int wq0, int kv0, int cls) {
   if (wq0 >= p.sz.Lq) return FJH_TILE_KEEP;  // never stored
@@ -904,10 +919,12 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
   }
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float mx = fj_neg_inf();
+    // A tree: log2 of the row's length deep instead of a chain through
+    // all of it.
+    float mt[FJH_S_REGS / 4];
 #pragma unroll
-    for (int i = 0; i < FJH_S_REGS / 4; ++i)
-      mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]));
+    for (int i = 0; i < FJH_S_REGS / 4; ++i) mt[i] = fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]);
+    float mx = fjh_max_tree<FJH_S_REGS / 8>::run(mt);
     // The four lanes of a quad hold the row between them.
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -949,12 +966,50 @@ __device__ __forceinline__ void fjh_pack_p(const float (&s)[FJH_S_REGS],
   }
 }
 
-__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], const float (&alpha)[2]) {
-  // Skipped when no row of the warp moved its max (the common case once
-  // the first tiles are done).
-  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+// O *= alpha, skipped when no row of the warp moved its max (the common
+// case once the first tiles are done).
+__device__ __forceinline__ bool fjh_rescale_needed(const float (&alpha)[2]) {
+  return __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+}
+__device__ __forceinline__ void fjh_rescale_by(float (&o)[FJH_O_REGS], const float (&alpha)[2]) {
 #pragma unroll
-    for (int i = 0; i < FJH_O_REGS; ++i) o[i] *= alpha[(i & 3) >> 1];
+  for (int i = 0; i < FJH_O_REGS; ++i) o[i] *= alpha[(i & 3) >> 1];
+}
+__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], const float (&alpha)[2]) {
+  if (fjh_rescale_needed(alpha)) fjh_rescale_by(o, alpha);
+}
+
+// The end of a steady-state iteration, after the softmax of the next tile:
+// wait for P V of the current one, free its V stage, rescale O. The vote
+// comes first and each of its branches waits on its own: with the wait in
+// the softmax's basic block, ptxas scheduled it (WARPGROUP.DEPBAR) above
+// the softmax's exponentials, and the softmax ran after P V instead of
+// beside it (SASS, bench/RESULTS.md, session 6).
+// FJ_PV_WAIT_SPLIT=0 (an ablation) puts the wait back in that block.
+#ifndef FJ_PV_WAIT_SPLIT
+#define FJ_PV_WAIT_SPLIT 1
+#endif
+__device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS], unsigned (&pf)[FJH_PK][4],
+                                            const float (&alpha)[2], unsigned v_empty) {
+#if !FJ_PV_WAIT_SPLIT
+  fjh_wgmma_wait<0>();
+  fjh_fence_regs(o);
+  fjh_fence_regs(pf);
+  fjh_mbar_arrive(v_empty);
+  fjh_rescale_o(o, alpha);
+  return;
+#endif
+  if (fjh_rescale_needed(alpha)) {
+    fjh_wgmma_wait<0>();
+    fjh_fence_regs(o);
+    fjh_fence_regs(pf);  // P stays put until its P V completed
+    fjh_mbar_arrive(v_empty);
+    fjh_rescale_by(o, alpha);
+  } else {
+    fjh_wgmma_wait<0>();
+    fjh_fence_regs(o);
+    fjh_fence_regs(pf);
+    fjh_mbar_arrive(v_empty);
   }
 }
 
@@ -1186,12 +1241,8 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_mbar_arrive(sm.k_empty(st1.s));
       fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
       FJH_TRL(6);
-      fjh_wgmma_wait<0>();
-      fjh_fence_regs(o);
-      fjh_fence_regs(pf);  // P stays put until its P V completed
+      fjh_pv_done(o, pf, alpha, sm.v_empty(st0.s));
       FJH_TRL(7);
-      fjh_mbar_arrive(sm.v_empty(st0.s));
-      fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
       j = jn;
       ++n;
