@@ -69,10 +69,16 @@ __device__ __forceinline__ float fj_exp2(float x) {
   return r;
 }
 
-// A 16-byte vector for the output stores (no vector_types.h needed).
-struct __align__(16) fj_u32x4 {
-  unsigned x, y, z, w;
-};
+// One 16-byte store to global memory (the runtime checks that O and its
+// strides are 16-byte aligned). Through PTX: a store of a 16-byte struct
+// came out of NVVM as four 4-byte stores (SASS STG.E x 4).
+__device__ __forceinline__ void fj_st_global_v4(void *dst, unsigned a, unsigned b,
+                                                unsigned c, unsigned d) {
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " st.global.v4.b32 [g], {%1, %2, %3, %4};\n}\n"
+      :: "l"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
 
 // threadIdx.x through a volatile read: values derived from it are recomputed
 // where they are used (a few integer ops per tile) instead of being kept in

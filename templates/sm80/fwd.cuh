@@ -651,8 +651,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
         asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
                      : "r"(s_q + r * FJK_ROW_BYTES + ((c ^ (r & 7)) << 4)));
-        fj_u32x4 *dst = (fj_u32x4 *)(go + (q0 + r) * p.o_ss + c * 8);
-        *dst = fj_u32x4{v0, v1, v2, v3};
+        fj_st_global_v4(go + (q0 + r) * p.o_ss + c * 8, v0, v1, v2, v3);
       }
     }
   }

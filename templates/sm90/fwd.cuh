@@ -1076,8 +1076,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
       unsigned v0, v1, v2, v3;
       asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                    : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(addr));
-      fj_u32x4 *dst = (fj_u32x4 *)(go + (long long)(wq0 + r) * p.o_ss + ch * 8);
-      *dst = fj_u32x4{v0, v1, v2, v3};
+      fj_st_global_v4(go + (long long)(wq0 + r) * p.o_ss + ch * 8, v0, v1, v2, v3);
     }
   }
 #ifndef FJ_TRACE
@@ -1137,7 +1136,7 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
   for (int idx = tid; idx < FJH_WG_ROWS * CH; idx += 128) {
     const int r = idx / CH, ch = idx % CH;
     if (wq0 + r < Lq)
-      *(fj_u32x4 *)(go + (long long)(wq0 + r) * p.o_ss + ch * 8) = fj_u32x4{0u, 0u, 0u, 0u};
+      fj_st_global_v4(go + (long long)(wq0 + r) * p.o_ss + ch * 8, 0u, 0u, 0u, 0u);
   }
   if (p.lse != nullptr && tid < FJH_WG_ROWS && wq0 + tid < Lq)
     p.lse[b * p.lse_sb + h * p.lse_sh + wq0 + tid] = fj_neg_inf();

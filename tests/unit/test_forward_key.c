@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "01cf7765f3deafd6f29091a9e726c1e1"
+#define PINNED_SOURCE_KEY "0ed936f0ef183205167c3d8641671427"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
