@@ -494,13 +494,21 @@ __device__ __forceinline__ void fjh_bm_stage(const fj_fwd_params &p, int b, int 
   const int np = __ldg(p.bm_kv_num + row);
   const int n = np + __ldg(p.bm_full_num + row);
   const long long base = (long long)row * p.bm_nkv;
+  // Entry i of both lists is loaded before the counts are known (the lists
+  // are nkv long, read past their counts too): one round trip to global
+  // memory before the CTA's first K load instead of two.
+  const int m = min(p.bm_nkv, FJH_BM_CACHE);
+  for (int i = threadIdx.x; i < m; i += blockDim.x) {
+    const int a = __ldg(p.bm_kv_idx + base + i);
+    const int f = __ldg(p.bm_full_idx + base + i);
+    // Past FJH_BM_CACHE blocks the walk reads global memory instead.
+    if (i < np) c.blk[i] = a;
+    if (i < n - np && np + i < FJH_BM_CACHE) c.blk[np + i] = f;
+  }
   if (threadIdx.x == 0) {
     c.np = np;
     c.n = n;
   }
-  if (n <= FJH_BM_CACHE)
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-      c.blk[i] = i < np ? __ldg(p.bm_kv_idx + base + i) : __ldg(p.bm_full_idx + base + i - np);
   __syncthreads();
 }
 
