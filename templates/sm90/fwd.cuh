@@ -25,7 +25,8 @@
 //                      0 when ptxas reports spills, runtime/forward.c)
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
-//   FJ_BM_CACHE, FJ_RESCALE_SLACK optional, each described where it is
+//   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT optional,
+//                      each described where it is
 //                      defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
