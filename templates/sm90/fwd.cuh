@@ -26,8 +26,7 @@
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
 //   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT optional,
-//                      each described where it is
-//                      defined below
+//                      each described where it is defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
 //   FJ_TRACE           optional, timing only (bench/trace.py): SM clock
@@ -932,7 +931,8 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     // all of it.
     float mt[FJH_S_REGS / 4];
 #pragma unroll
-    for (int i = 0; i < FJH_S_REGS / 4; ++i) mt[i] = fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]);
+    for (int i = 0; i < FJH_S_REGS / 4; ++i)
+      mt[i] = fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]);
     float mx = fjh_max_tree<FJH_S_REGS / 8>::run(mt);
     // The four lanes of a quad hold the row between them.
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -980,11 +980,13 @@ __device__ __forceinline__ void fjh_pack_p(const float (&s)[FJH_S_REGS],
 __device__ __forceinline__ bool fjh_rescale_needed(const float (&alpha)[2]) {
   return __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
 }
-__device__ __forceinline__ void fjh_rescale_by(float (&o)[FJH_O_REGS], const float (&alpha)[2]) {
+__device__ __forceinline__ void fjh_rescale_by(float (&o)[FJH_O_REGS],
+                                               const float (&alpha)[2]) {
 #pragma unroll
   for (int i = 0; i < FJH_O_REGS; ++i) o[i] *= alpha[(i & 3) >> 1];
 }
-__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], const float (&alpha)[2]) {
+__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS],
+                                              const float (&alpha)[2]) {
   if (fjh_rescale_needed(alpha)) fjh_rescale_by(o, alpha);
 }
 
@@ -998,7 +1000,8 @@ __device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], const floa
 #ifndef FJ_PV_WAIT_SPLIT
 #define FJ_PV_WAIT_SPLIT 1
 #endif
-__device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS], unsigned (&pf)[FJH_PK][4],
+__device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS],
+                                            unsigned (&pf)[FJH_PK][4],
                                             const float (&alpha)[2], unsigned v_empty) {
 #if !FJ_PV_WAIT_SPLIT
   fjh_wgmma_wait<0>();
@@ -1006,8 +1009,7 @@ __device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS], unsigned (&p
   fjh_fence_regs(pf);
   fjh_mbar_arrive(v_empty);
   fjh_rescale_o(o, alpha);
-  return;
-#endif
+#else
   if (fjh_rescale_needed(alpha)) {
     fjh_wgmma_wait<0>();
     fjh_fence_regs(o);
@@ -1020,6 +1022,7 @@ __device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS], unsigned (&p
     fjh_fence_regs(pf);
     fjh_mbar_arrive(v_empty);
   }
+#endif
 }
 
 // The quad's partial row sums of this thread's two rows summed (in place),
