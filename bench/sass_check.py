@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Checks the SASS of the shipped sm90 kernels without a GPU.
+
+For each example spec and head dim, `flexjit compile --arch sm_90a` builds the
+kernel exactly as the runtime does (NVRTC, flexjit's options) into a scratch
+cache; the cubin is taken out of its cache entry and disassembled with
+`cuobjdump -sass`. Checked, per kernel:
+
+  wait   in the steady-state loop, every MUFU.EX2 (the softmax's exponentials)
+         comes before the wait for P V (WARPGROUP.DEPBAR.LE gsb0, 0x0): the
+         softmax of tile j+1 overlaps P V of tile j (ptxas once scheduled the
+         wait above them; docs/architecture.md)
+  local  no local memory (STL / LDL: spills or a stack array)
+  store  O leaves in 16-byte stores (STG.E.128)
+
+cuobjdump (with nvdisasm beside it) comes with the CUDA toolkit or PyPI's
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (13.0 series). Without it the
+check is skipped (exit 77). Usage: python3 bench/sass_check.py [--cuobjdump PATH]
+[--nvdisasm PATH] [--specs causal,...] [--head-dims 64,...]
+"""
+import argparse
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECS = ["causal", "full", "sliding_window", "document", "prefix_lm", "alibi",
+         "softcap"]
+HEAD_DIMS = [64, 128, 256]
+LINE = re.compile(r"^\s*/\*([0-9a-f]{4,6})\*/\s*(.*?)\s*;")
+BRANCH = re.compile(r"BRA (?:\S+ )?0x([0-9a-f]+)")
+
+
+def find_tool(name, given, env):
+    """given (a path), then $env, PATH, the CUDA toolkit's bin."""
+    cuda_bin = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin")
+    for c in [given, os.environ.get(env), shutil.which(name), os.path.join(cuda_bin, name)]:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def cubin_of_entry(path, out):
+    """The cubin inside a cache entry: a header (magic FJCUBIN1, version, its
+    own length at byte 12), then the cubin."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"FJCUBIN1":
+        raise RuntimeError("%s: not a flexjit cache entry" % path)
+    (hlen,) = struct.unpack_from("<I", data, 12)
+    with open(out, "wb") as f:
+        f.write(data[hlen:])
+
+
+def sass(cuobjdump, nvdisasm, cubin):
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
+    r = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
+                       env=env)
+    if r.returncode != 0 or "does not contain" in r.stdout + r.stderr:
+        raise RuntimeError("cuobjdump failed: " + (r.stderr or r.stdout).strip()[:200])
+    rows = []
+    for line in r.stdout.splitlines():
+        m = LINE.match(line)
+        if m:
+            rows.append((int(m.group(1), 16), m.group(2)))
+    if not rows:
+        raise RuntimeError("cuobjdump printed no instructions (is nvdisasm beside it?)")
+    return rows
+
+
+def steady_loop(rows):
+    """The smallest loop (a backward branch's body) holding both waits of
+    the steady state: for S (gsb0, 0x1) and for P V (gsb0, 0x0)."""
+    best = None
+    for addr, ins in rows:
+        m = BRANCH.search(ins)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target >= addr:
+            continue
+        body = [x for x in rows if target <= x[0] <= addr]
+        if (any("DEPBAR.LE gsb0, 0x1" in i for _, i in body) and
+                any("DEPBAR.LE gsb0, 0x0" in i for _, i in body) and
+                (best is None or len(body) < len(best))):
+            best = body
+    return best
+
+
+def check(rows):
+    problems = []
+    loop = steady_loop(rows)
+    if loop is None:
+        problems.append("wait: no steady-state loop found")
+    else:
+        exps, late = 0, 0
+        waited = False
+        for _, ins in loop:
+            if "DEPBAR.LE gsb0, 0x0" in ins:
+                waited = True
+            elif "MUFU.EX2" in ins:
+                exps += 1
+                late += waited
+        if exps == 0:
+            problems.append("wait: no MUFU.EX2 in the loop")
+        elif late:
+            problems.append("wait: %d of %d exponentials after the P V wait" % (late, exps))
+    local = sum(1 for _, i in rows if re.search(r"\b(STL|LDL)\b", i))
+    if local:
+        problems.append("local: %d local-memory instructions" % local)
+    if not any("STG.E.128" in i for _, i in rows):
+        problems.append("store: no 16-byte global store")
+    return problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--flexjit", default=os.path.join(REPO, "build", "flexjit"))
+    ap.add_argument("--examples", default=os.path.join(REPO, "examples"))
+    ap.add_argument("--cuobjdump", default=None, help="default: $CUOBJDUMP, PATH")
+    ap.add_argument("--nvdisasm", default=None,
+                    help="the nvdisasm cuobjdump runs (default: $NVDISASM, PATH)")
+    ap.add_argument("--specs", default=",".join(SPECS))
+    ap.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
+    a = ap.parse_args()
+    cuobjdump = find_tool("cuobjdump", a.cuobjdump, "CUOBJDUMP")
+    nvdisasm = find_tool("nvdisasm", a.nvdisasm, "NVDISASM")
+    if cuobjdump is None or nvdisasm is None:
+        print("sass_check: skipped (no %s: the CUDA toolkit's bin, PATH, $%s or --%s)" %
+              (("cuobjdump", "CUOBJDUMP", "cuobjdump") if cuobjdump is None
+               else ("nvdisasm", "NVDISASM", "nvdisasm")))
+        return 77
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="flexjit-sass-") as tmp:
+        for spec in a.specs.split(","):
+            for d in a.head_dims.split(","):
+                name = "%s D=%s" % (spec, d)
+                r = subprocess.run(
+                    [a.flexjit, "compile", os.path.join(a.examples, spec + ".lua"),
+                     "--arch", "sm_90a", "--head-dim", d, "--cache-dir",
+                     os.path.join(tmp, "cache")], capture_output=True, text=True)
+                m = re.search(r"^cubin\s+(\S+)", r.stdout, re.M)
+                if r.returncode != 0 or not m:
+                    print("FAIL %s: flexjit compile: %s" % (name, (r.stderr or r.stdout)
+                                                           .strip()[-200:]))
+                    failed += 1
+                    continue
+                cubin = os.path.join(tmp, "k.cubin")
+                try:
+                    cubin_of_entry(m.group(1), cubin)
+                    problems = check(sass(cuobjdump, nvdisasm, cubin))
+                except RuntimeError as e:
+                    problems = [str(e)]
+                print("%s %s%s" % ("FAIL" if problems else "ok  ", name,
+                                   ": " + "; ".join(problems) if problems else ""))
+                failed += bool(problems)
+    print("sass_check: %d kernel(s) failed" % failed if failed else
+          "sass_check: all kernels pass")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
