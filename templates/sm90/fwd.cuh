@@ -33,12 +33,6 @@
 //                      stamps of each CTA's phases written over the LSE
 //                      (which is then not computed); in the persistent
 //                      kernel, per work item
-//   FJ_EARLY_K         optional, 0 | 1 (default 0, an experiment not yet
-//                      run on a GPU): load the first K tile before the tile
-//                      scan when fjh_early_hi proves where the row starts.
-//                      Spills at 24 producer registers in some
-//                      configurations; meant with FJ_CONSUMER_REGS=232
-//                      FJ_PRODUCER_REGS=40 (no spills there, CPU-checked)
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
 //                      (default 24 and 240; 40 and 232 for the persistent
 //                      kernel, whose producer warp classifies tiles). The
@@ -666,8 +660,7 @@ __device__ __forceinline__ void fjh_load_q(const fj_tma_maps &maps, const fjh_sm
 // which the consumers need them (Q K^T of the next tile is issued before
 // P V of the current one), from one thread (the non-persistent kernel's;
 // the persistent kernel splits them, fjh_produce_one). Q is the caller's:
-// issued before the tile scan (and K(0) too with FJ_EARLY_K). n counts the
-// K/V tiles loaded so far.
+// issued before the tile scan. n counts the K/V tiles loaded so far.
 __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma_maps &maps,
                                          const fjh_smem_map &sm, int b, int h, int q0,
                                          int q1, int lo, int hi, int t, int &n) {
@@ -675,9 +668,7 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   int cls = FJ_TILE_FULL;
   int j = hi;
   fjh_stage st0 = fjh_stage_of(n);  // tile j's stage
-#if !FJ_EARLY_K
   fjh_load_k(maps, sm, st0, j, hk, b);
-#endif
 #ifdef FJ_TRACE
   float *fjh_trg = fjh_trace_slots(p, b, h, q0, 64);
   int fjh_it = 0;
@@ -1539,39 +1530,6 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
 }
 #else  // !FJ_PERSISTENT
 
-#ifndef FJ_EARLY_K
-#define FJ_EARLY_K 0
-#endif
-#if FJ_EARLY_K
-// The CTA's first tile without the scan when that is cheap to prove: with
-// no mask, the last block; with a mask, the block holding row q1 (the
-// diagonal of a causal or sliding-window mask when Lq == Lk) if it is not
-// EMPTY and everything after it is (one classification of the whole range:
-// interval analysis is sound on any range). -1 when unproven (the scan
-// decides; a block mask always).
-__device__ __forceinline__ int fjh_early_hi(const fj_fwd_params &p, int b, int h, int q0,
-                                            int q1) {
-  const int nb = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
-  if (p.bm_kv_num != nullptr || nb <= 0) return -1;
-#if FJ_HAS_MASK
-  const int jg = min(nb - 1, q1 / FJ_BLOCK_N);
-  if (fj_block_class(p, b, h, q0, q1, jg) == FJ_TILE_EMPTY) return -1;
-  if (jg + 1 < nb && fj_tile_class(p.user, p.sz, b, h, q0, q1, (jg + 1) * FJ_BLOCK_N,
-                                   p.sz.Lk - 1) != FJ_TILE_EMPTY)
-    return -1;
-  return jg;
-#else
-  (void)b; (void)h; (void)q0; (void)q1;
-  return nb - 1;
-#endif
-}
-// The block whose K is loading already (-1: none), in shared memory so that
-// no register carries it across the scan.
-__device__ __forceinline__ int &fjh_early_block() {
-  __shared__ int e;
-  return e;
-}
-#endif
 
 extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
 fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
@@ -1598,11 +1556,6 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
     fjh_tma_prefetch_desc(&maps.k);
     fjh_tma_prefetch_desc(&maps.v);
     fjh_load_q(maps, sm, 0, b, h, q0);
-#if FJ_EARLY_K
-    const int e = fjh_early_hi(p, b, h, q0, q1);
-    if (e >= 0) fjh_load_k(maps, sm, fjh_stage_of(0), e, h / p.kv_group, b);
-    fjh_early_block() = e;
-#endif
   }
 
   // kv blocks [lo, hi] that are not EMPTY for the CTA, walked from hi down
@@ -1628,18 +1581,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
     fjh_setmaxnreg_dec<FJ_PRODUCER_REGS>();
     int n = 0;
     FJH_TR(1);
-#if FJ_EARLY_K
-    if (threadIdx.x == 0 && lo <= hi) {
-      const int e = *(volatile int *)&fjh_early_block();
-      // The scan agrees with the proof (interval analysis is inclusion-
-      // monotonic); were it not so the consumers would get the wrong K.
-      if (e < 0) fjh_load_k(maps, sm, fjh_stage_of(0), hi, h / p.kv_group, b);
-      else if (e != hi) __trap();
-      fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n);
-    }
-#else
     if (threadIdx.x == 0 && lo <= hi) fjh_produce(p, maps, sm, b, h, q0, q1, lo, hi, t, n);
-#endif
 #ifdef FJ_TRACE
     FJH_TR(2);
     if (threadIdx.x == 0) fjh_trace_producer(p, b, h, q0, fjh_tr, n);

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "15f069a2091423ab80b4b7c0e31d3619"
+#define PINNED_SOURCE_KEY "398d3ed1d3c5b291592b62aa70a460e2"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

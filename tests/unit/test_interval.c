@@ -236,11 +236,10 @@ static void test_random_expressions_sound(void **state) {
 
 /* ---- inclusion: a decided range decides its sub-ranges ---- */
 
-/* The sm90 kernel's FJ_EARLY_K trusts one classification of a whole kv range
- * (everything after a row's first block) to say that each block in it is
- * EMPTY as well: interval analysis must be inclusion-monotonic, not only
- * sound. A range classified EMPTY or FULL must give every sub-tile the same
- * class. */
+/* Interval analysis must be inclusion-monotonic, not only sound: a range
+ * classified EMPTY or FULL must give every sub-tile the same class (so one
+ * classification of a whole kv range can stand for each block in it, as a
+ * CTA's tile range does). */
 static void check_subtiles(const fjg_graph *g, const fjg_env *env, int n, int *decided) {
   for (int i = 0; i < n; i++) {
     int b = range(0, 1), h = range(0, 3);

@@ -258,8 +258,8 @@ static void test_document_softcap(void **state) {
 
 /* A variant built from optional macros (defs: "-DNAME=VALUE" options) must
  * keep compiling: the FJ_TRACE builds (timing only, bench/trace.py; their
- * stamps read %clock) and the FJ_EARLY_K experiment, which must not spill
- * on their register budgets (check_spills); persistent: the configuration of the
+ * stamps read %clock) and the FJ_PV_WAIT_SPLIT=0 ablation, which must not
+ * spill on their register budgets (check_spills); persistent: the configuration of the
  * persistent kernel (FLEXJIT_PERSISTENT=1), with its Q buffers. */
 static void compile_variant(const char *what, int head_dim, int has_mask,
                             const char *prologue, const char *const *defs, int ndefs,
@@ -307,15 +307,13 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
 static void test_variants_compile(void **state) {
   (void)state;
   static const char *const trace[] = {"-DFJ_TRACE=1"};
-  static const char *const early[] = {"-DFJ_EARLY_K=1", "-DFJ_CONSUMER_REGS=232",
-                                      "-DFJ_PRODUCER_REGS=40"};
+  static const char *const wait[] = {"-DFJ_PV_WAIT_SPLIT=0"};
   /* The traces must not spill either: a spill would time another kernel. */
   compile_variant("causal, FJ_TRACE", 128, 1, fjt_causal, trace, 1, 1, 0);
   compile_variant("document, FJ_TRACE", 64, 1, kDocument, trace, 1, 1, 0);
   compile_variant("causal, FJ_TRACE persistent", 128, 1, fjt_causal, trace, 1, 1, 1);
-  compile_variant("causal, FJ_EARLY_K", 128, 1, fjt_causal, early, 3, 1, 0);
-  compile_variant("causal, FJ_EARLY_K", 256, 1, fjt_causal, early, 3, 1, 0);
-  compile_variant("document, FJ_EARLY_K", 64, 1, kDocument, early, 3, 1, 0);
+  compile_variant("causal, FJ_PV_WAIT_SPLIT=0", 128, 1, fjt_causal, wait, 1, 1, 0);
+  compile_variant("document, FJ_PV_WAIT_SPLIT=0", 64, 1, kDocument, wait, 1, 1, 0);
   /* The persistent kernel at D=256, with one Q buffer (compile_one covers
    * D=64 and 128, with two). Not shipped: its producer threads spill a few
    * bytes at 40 registers (the consumers need 232), which is allowed. */
