@@ -991,27 +991,27 @@ __device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS],
 #ifndef FJ_PV_WAIT_SPLIT
 #define FJ_PV_WAIT_SPLIT 1
 #endif
-__device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS],
-                                            unsigned (&pf)[FJH_PK][4],
-                                            const float (&alpha)[2], unsigned v_empty) {
-#if !FJ_PV_WAIT_SPLIT
+// P V of a tile has completed: O and P may be touched again (P stays put
+// until then: its wgmma reads it from registers), and V's stage is free.
+__device__ __forceinline__ void fjh_pv_wait(float (&o)[FJH_O_REGS],
+                                            unsigned (&pf)[FJH_PK][4], unsigned v_empty) {
   fjh_wgmma_wait<0>();
   fjh_fence_regs(o);
   fjh_fence_regs(pf);
   fjh_mbar_arrive(v_empty);
+}
+__device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS],
+                                            unsigned (&pf)[FJH_PK][4],
+                                            const float (&alpha)[2], unsigned v_empty) {
+#if !FJ_PV_WAIT_SPLIT
+  fjh_pv_wait(o, pf, v_empty);
   fjh_rescale_o(o, alpha);
 #else
   if (fjh_rescale_needed(alpha)) {
-    fjh_wgmma_wait<0>();
-    fjh_fence_regs(o);
-    fjh_fence_regs(pf);  // P stays put until its P V completed
-    fjh_mbar_arrive(v_empty);
+    fjh_pv_wait(o, pf, v_empty);
     fjh_rescale_by(o, alpha);
   } else {
-    fjh_wgmma_wait<0>();
-    fjh_fence_regs(o);
-    fjh_fence_regs(pf);
-    fjh_mbar_arrive(v_empty);
+    fjh_pv_wait(o, pf, v_empty);
   }
 #endif
 }
@@ -1266,10 +1266,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_issue_pv(o, pf, dv + st0.s * DS);
     fjh_wgmma_commit();
     fjh_sched_arrive(c, true);
-    fjh_wgmma_wait<0>();
-    fjh_fence_regs(o);
-    fjh_fence_regs(pf);
-    fjh_mbar_arrive(sm.v_empty(st0.s));
+    fjh_pv_wait(o, pf, sm.v_empty(st0.s));
     FJH_TR(5);
 #ifdef FJ_TRACE
     fjh_ntiles = n + 1 - n_io;
@@ -1298,10 +1295,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_wgmma_fence();
       fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
-      fjh_wgmma_wait<0>();
-      fjh_fence_regs(o);
-      fjh_fence_regs(pf);
-      fjh_mbar_arrive(sm.v_empty(st0.s));
+      fjh_pv_wait(o, pf, sm.v_empty(st0.s));
       j = jn;
       cls = cls_n;
       ++n;
@@ -1396,7 +1390,6 @@ __device__ __forceinline__ int fjh_item_pos(int k) {
   const int g = (int)gridDim.x, x = (int)blockIdx.x;
   return k * g + ((k & 1) ? g - 1 - x : x);
 }
-
 
 // The producer warpgroup over the CTA's items: warp 0 finds each item's
 // tiles (all its lanes classify) and hands them to the consumers and to
@@ -1529,7 +1522,6 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   }
 }
 #else  // !FJ_PERSISTENT
-
 
 extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
 fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
