@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Checks the SASS of the shipped sm90 kernels without a GPU.
 
-For each example spec and head dim, `flexjit compile --arch sm_90a` builds the
-kernel exactly as the runtime does (NVRTC, flexjit's options) into a scratch
-cache; the cubin is taken out of its cache entry and disassembled with
-`cuobjdump -sass`. Checked, per kernel:
+For each example spec and head dim, `flexjit compile --arch sm_90a
+--emit-cubin` builds the kernel exactly as the runtime does (NVRTC, flexjit's
+options) into a scratch cache and writes its cubin, which `cuobjdump -sass`
+disassembles. Checked, per kernel:
 
   wait   in the steady-state loop, every MUFU.EX2 (the softmax's exponentials)
          comes before the wait for P V (WARPGROUP.DEPBAR.LE gsb0, 0x0): the
@@ -22,7 +22,6 @@ import argparse
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -44,18 +43,6 @@ def find_tool(name, given, env):
     return None
 
 
-def cubin_of_entry(path, out):
-    """The cubin inside a cache entry: a header (magic FJCUBIN1, version, its
-    own length at byte 12), then the cubin."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:8] != b"FJCUBIN1":
-        raise RuntimeError("%s: not a flexjit cache entry" % path)
-    (hlen,) = struct.unpack_from("<I", data, 12)
-    with open(out, "wb") as f:
-        f.write(data[hlen:])
-
-
 def sass(cuobjdump, nvdisasm, cubin):
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
@@ -69,7 +56,7 @@ def sass(cuobjdump, nvdisasm, cubin):
         if m:
             rows.append((int(m.group(1), 16), m.group(2)))
     if not rows:
-        raise RuntimeError("cuobjdump printed no instructions (is nvdisasm beside it?)")
+        raise RuntimeError("cuobjdump printed no instructions (nvdisasm: %s)" % nvdisasm)
     return rows
 
 
@@ -140,19 +127,18 @@ def main():
         for spec in a.specs.split(","):
             for d in a.head_dims.split(","):
                 name = "%s D=%s" % (spec, d)
+                cubin = os.path.join(tmp, "k.cubin")
                 r = subprocess.run(
                     [a.flexjit, "compile", os.path.join(a.examples, spec + ".lua"),
                      "--arch", "sm_90a", "--head-dim", d, "--cache-dir",
-                     os.path.join(tmp, "cache")], capture_output=True, text=True)
-                m = re.search(r"^cubin\s+(\S+)", r.stdout, re.M)
-                if r.returncode != 0 or not m:
+                     os.path.join(tmp, "cache"), "--emit-cubin", cubin],
+                    capture_output=True, text=True)
+                if r.returncode != 0:
                     print("FAIL %s: flexjit compile: %s" % (name, (r.stderr or r.stdout)
                                                            .strip()[-200:]))
                     failed += 1
                     continue
-                cubin = os.path.join(tmp, "k.cubin")
                 try:
-                    cubin_of_entry(m.group(1), cubin)
                     problems = check(sass(cuobjdump, nvdisasm, cubin))
                 except RuntimeError as e:
                     problems = [str(e)]

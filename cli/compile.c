@@ -3,6 +3,7 @@
  * the forward kernel of a spec, optionally writing its CUDA source. Works
  * without a GPU when --arch is given.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,12 +22,14 @@ static const char compile_usage[] =
     "  --head-dim D        64, 128, or 256 (sm_90a only; default 128)\n"
     "  --dtype T           bf16 or fp16 (default bf16)\n"
     "  --emit-cuda FILE    also write the generated CUDA source to FILE\n"
+    "  --emit-cubin FILE   also write the kernel's cubin to FILE (for\n"
+    "                      cuobjdump -sass; bench/sass_check.py)\n"
     "  --cache-dir DIR     kernel cache root (default $FLEXJIT_CACHE_DIR, else\n"
     "                      $XDG_CACHE_HOME/flexjit, else ~/.cache/flexjit)\n"
     "  --help              this text\n";
 
 typedef struct compile_opts {
-  const char *spec, *arch, *emit, *cache_dir;
+  const char *spec, *arch, *emit, *emit_cubin, *cache_dir;
   fj_kernel_options k;
 } compile_opts;
 
@@ -73,6 +76,9 @@ static int parse_compile(int argc, char **argv, compile_opts *o) {
     } else if (m == 0 &&
                (m = cli_opt_value(argc, argv, &i, "--emit-cuda", &v)) > 0) {
       o->emit = v;
+    } else if (m == 0 &&
+               (m = cli_opt_value(argc, argv, &i, "--emit-cubin", &v)) > 0) {
+      o->emit_cubin = v;
     } else if (m == 0 &&
                (m = cli_opt_value(argc, argv, &i, "--cache-dir", &v)) > 0) {
       o->cache_dir = v;
@@ -130,6 +136,30 @@ int cli_compile_one(fj_context *ctx, const fj_spec *spec, const char *path,
   return CLI_OK;
 }
 
+/* --emit-cubin: the kernel's cubin, as NVRTC made it, to path. */
+static int write_cubin(fj_context *ctx, const fj_spec *spec, const fj_kernel_options *k,
+                       const char *path) {
+  const void *data;
+  size_t size;
+  if (fjr_forward_cubin(ctx, spec, k, &data, &size) != FJ_OK) {
+    cli_error("compile", "--emit-cubin %s: %s", path, fj_context_last_error(ctx));
+    return CLI_FAIL;
+  }
+  FILE *f = fopen(path, "wb");
+  int ok = f && fwrite(data, 1, size, f) == size;
+  int err = errno;
+  if (f && fclose(f) != 0 && ok) {
+    ok = 0;
+    err = errno;
+  }
+  if (!ok) {
+    cli_error("compile", "--emit-cubin %s: %s", path, strerror(err));
+    return CLI_FAIL;
+  }
+  printf("cubin   written to %s\n", path);
+  return CLI_OK;
+}
+
 int cmd_compile(int argc, char **argv) {
   compile_opts o;
   fj_context *ctx = NULL;
@@ -163,6 +193,7 @@ int cmd_compile(int argc, char **argv) {
   }
   rc = cli_compile_one(ctx, spec, o.spec, &o.k, 1, NULL, NULL);
   if (rc == CLI_OK && o.emit) printf("source  %s\n", o.emit);
+  if (rc == CLI_OK && o.emit_cubin) rc = write_cubin(ctx, spec, &o.k, o.emit_cubin);
 fail:
   fj_spec_destroy(spec);
   fj_context_destroy(ctx);

@@ -532,6 +532,22 @@ fj_status fj_compile_forward(fj_context *ctx, const fj_spec *spec,
   return get_kernel(ctx, spec, opts, &k, info);
 }
 
+fj_status fjr_forward_cubin(fj_context *ctx, const fj_spec *spec,
+                            const fj_kernel_options *opts, const void **data,
+                            size_t *size) {
+  fj_status st = fj_compile_forward(ctx, spec, opts, NULL);
+  if (st != FJ_OK) return st;
+  fjr_kernel *k = NULL;
+  st = get_kernel(ctx, spec, opts, &k, NULL);
+  if (st != FJ_OK) return st;
+  if (!k->cubin)
+    return fjr_fail(ctx, FJ_EINVAL, "the kernel is loaded already: its cubin was handed "
+                    "to the driver");
+  *data = k->cubin;
+  *size = k->cubin_size;
+  return FJ_OK;
+}
+
 fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
                                  const fj_kernel_options *opts,
                                  const char *path) {

@@ -184,10 +184,24 @@ static void test_compile_and_cache(void **state) {
   struct stat st;
   assert_int_equal(stat(cu, &st), 0);
   assert_true(st.st_size > 100);
-  /* Same spec again: found in the disk cache, NVRTC not called. */
-  assert_int_equal(fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64",
-                           spec), 0);
+  /* Same spec again: found in the disk cache, NVRTC not called; its cubin
+   * (an ELF file, as NVRTC made it, without the cache entry's header)
+   * written out. */
+  const char *cubin = fjt_path("causal.cubin");
+  assert_int_equal(fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
+                                   "--emit-cubin %s", spec, cubin), 0);
   fjt_expect_in(fjt_out, "from cache");
+  fjt_expect_in(fjt_out, "cubin   written to");
+  FILE *f = fopen(cubin, "rb");
+  assert_non_null(f);
+  unsigned char magic[4] = {0};
+  assert_int_equal(fread(magic, 1, 4, f), 4);
+  fclose(f);
+  assert_memory_equal(magic, "\x7f" "ELF", 4);
+  assert_int_equal(fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
+                                   "--emit-cubin %s/none/k.cubin", spec, fjt_tmpdir), 1);
+  fjt_expect_in(fjt_err, "--emit-cubin");
+  fjt_expect_in(fjt_err, "No such file or directory");
   /* Another dtype is another kernel. */
   assert_int_equal(fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
                                    "--dtype fp16", spec),
