@@ -520,25 +520,30 @@ static fj_status check_kernel_options(fj_context *ctx,
   return FJ_OK;
 }
 
-fj_status fj_compile_forward(fj_context *ctx, const fj_spec *spec,
-                             const fj_kernel_options *opts,
-                             fj_kernel_info *info) {
+/* fj_compile_forward's work, handing back the kernel. */
+static fj_status compile_forward(fj_context *ctx, const fj_spec *spec,
+                                 const fj_kernel_options *opts, fjr_kernel **k,
+                                 fj_kernel_info *info) {
   if (!ctx) return FJ_EINVAL;
   fjr_clear_error(ctx);
   if (!spec) return fjr_fail(ctx, FJ_EINVAL, "spec is NULL");
   fj_status st = check_kernel_options(ctx, opts);
   if (st != FJ_OK) return st;
+  return get_kernel(ctx, spec, opts, k, info);
+}
+
+fj_status fj_compile_forward(fj_context *ctx, const fj_spec *spec,
+                             const fj_kernel_options *opts,
+                             fj_kernel_info *info) {
   fjr_kernel *k = NULL;
-  return get_kernel(ctx, spec, opts, &k, info);
+  return compile_forward(ctx, spec, opts, &k, info);
 }
 
 fj_status fjr_forward_cubin(fj_context *ctx, const fj_spec *spec,
                             const fj_kernel_options *opts, const void **data,
                             size_t *size) {
-  fj_status st = fj_compile_forward(ctx, spec, opts, NULL);
-  if (st != FJ_OK) return st;
   fjr_kernel *k = NULL;
-  st = get_kernel(ctx, spec, opts, &k, NULL);
+  fj_status st = compile_forward(ctx, spec, opts, &k, NULL);
   if (st != FJ_OK) return st;
   if (!k->cubin)
     return fjr_fail(ctx, FJ_EINVAL, "the kernel is loaded already: its cubin was handed "
