@@ -91,11 +91,10 @@ static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
 #define SM90_STATIC_SMEM 5120
 
 /* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the swizzle
- * atom, the Q buffers, the K and V stages, a 2 KiB tile of ones (the row
- * sums on the tensor cores, FJ_PV_ROWSUM) and 1 + 4 * stages mbarriers. */
+ * atom, the Q buffers, the K and V stages, and 1 + 4 * stages mbarriers. */
 static int sm90_smem_bytes(const fjg_config *c, int q_bufs, int stages) {
   return 1024 + (q_bufs * c->block_m + 2 * stages * c->block_n) * c->head_dim * 2 +
-         2048 + 8 * (1 + 4 * stages);
+         8 * (1 + 4 * stages);
 }
 
 static int sm90_fits(const fjg_config *c, int q_bufs, int stages) {

@@ -25,8 +25,7 @@
 //                      0 when ptxas reports spills, runtime/forward.c)
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
-//   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT,
-//   FJ_PV_ROWSUM       optional,
+//   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT optional,
 //                      each described where it is defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
@@ -61,7 +60,7 @@
 //   CU_LAUNCH_PARAM_BUFFER_POINTER path), grid (ceil(Lq / FJ_BLOCK_M), Hq, B),
 //   384 threads, no cluster, and FJH_SMEM_BYTES of dynamic shared memory:
 //     1024 + (FJ_BLOCK_M + 2 * FJ_NUM_STAGES * FJ_BLOCK_N) * FJ_HEAD_DIM * 2
-//          + 2048 + 8 * (1 + 4 * FJ_NUM_STAGES)  (gen/config.c computes it)
+//          + 8 * (1 + 4 * FJ_NUM_STAGES)        (gen/config.c computes it)
 //   maps.q/k/v are CUtensorMaps (runtime/tma.c builds them) over the 4-D
 //   tensors (D, L, H, B), innermost first, with 128-byte swizzle, boxes of
 //   (64, FJ_BLOCK_M, 1, 1) for q and (64, FJ_BLOCK_N, 1, 1) for k and v,
@@ -126,12 +125,8 @@ constexpr int FJH_CHUNKS64 = FJ_HEAD_DIM / 64;    // 128-byte column blocks
 constexpr int FJH_Q_BYTES = FJ_BLOCK_M * FJ_HEAD_DIM * 2;
 constexpr int FJH_KV_BYTES = FJ_BLOCK_N * FJ_HEAD_DIM * 2;
 constexpr int FJH_BAR_BYTES = 8 * (1 + 4 * FJ_NUM_STAGES);
-// A 16 x 64 tile of ones (2 KiB, reserved whether FJ_PV_ROWSUM uses it or
-// not, so that the host's size does not depend on the macro).
-constexpr int FJH_ONES_BYTES = 2048;
-constexpr int FJH_SMEM_BYTES = 1024 + FJ_Q_BUFS * FJH_Q_BYTES +
-                               2 * FJ_NUM_STAGES * FJH_KV_BYTES + FJH_ONES_BYTES +
-                               FJH_BAR_BYTES;
+constexpr int FJH_SMEM_BYTES =
+    1024 + FJ_Q_BUFS * FJH_Q_BYTES + 2 * FJ_NUM_STAGES * FJH_KV_BYTES + FJH_BAR_BYTES;
 constexpr int FJH_S_REGS = FJ_BLOCK_N / 2;        // S accumulators a thread
 constexpr int FJH_O_REGS = FJ_HEAD_DIM / 2;       // O accumulators a thread
 constexpr int FJH_PK = FJ_BLOCK_N / 16;           // k16 steps of P V
@@ -441,35 +436,6 @@ __device__ __forceinline__ void fjh_wgmma_rs(float (&d)[128], const unsigned (&a
                db + ((2u * FJ_BLOCK_N * 128u) >> 4));
 }
 
-// FJ_PV_ROWSUM (0: off): the softmax's row sums come from the tensor cores,
-// not from the FMA pipe: beside P V, P times a 16-column tile of ones
-// (m64n16k16, its accumulators rescaled with O), so the softmax loses its
-// adds (one an element, a quarter of its instructions at D=64, where the
-// consumers are issue-bound) for an eighth more tensor work. Every column
-// of the product holds the row's sum, complete in each lane (no quad sum
-// in the epilogue). It sums P as rounded to 16 bits, the values P V
-// multiplies, rather than the f32 ones.
-#ifndef FJ_PV_ROWSUM
-#define FJ_PV_ROWSUM 0
-#endif
-constexpr int FJH_L_REGS = FJ_PV_ROWSUM ? 8 : 1;  // row-sum accumulators a thread
-
-// l += P * ones: m64n16k16 with A (P) in registers and B (the ones tile)
-// K-major in shared memory.
-__device__ __forceinline__ void fjh_wgmma_rs_sum(float (&d)[FJH_L_REGS],
-                                                 const unsigned (&a)[4],
-                                                 unsigned long long db) {
-#if FJ_PV_ROWSUM
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32" FJH_AB " "
-               "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-               : FJH_F8(FJH_RW, d, 0)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-#else
-  (void)d; (void)a; (void)db;
-#endif
-}
-
 // ---- tile walk: the producer and both consumers visit the same tiles -----
 
 // A work item: query block m of head h, batch b. The non-persistent grid has
@@ -598,10 +564,9 @@ __device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, int b, int h,
 
 // Shared-memory map: Q (FJ_BLOCK_M rows), then FJ_NUM_STAGES K tiles, then
 // FJ_NUM_STAGES V tiles, each stored as FJH_CHUNKS64 blocks of (rows x 64
-// elements) in TMA's 128-byte swizzle; then the ones tile (FJ_PV_ROWSUM)
-// and the mbarriers.
+// elements) in TMA's 128-byte swizzle; then the mbarriers.
 struct fjh_smem_map {
-  unsigned q, k, v, ones, bar;
+  unsigned q, k, v, bar;
   __device__ unsigned k_tile(int s) const { return k + s * FJH_KV_BYTES; }
   __device__ unsigned v_tile(int s) const { return v + s * FJH_KV_BYTES; }
   __device__ unsigned q_tile(int i) const { return q + i * FJH_Q_BYTES; }
@@ -780,19 +745,11 @@ __device__ __forceinline__ void fjh_issue_qk(float (&s)[FJH_S_REGS], unsigned dq
 }
 
 // O += P V with P (this thread's A fragments) in registers; dv is the
-// descriptor low word of the V tile. With FJ_PV_ROWSUM also ls += P ones
-// (dl: the ones tile's descriptor; every k step reads the same ones).
-__device__ __forceinline__ void fjh_issue_pv(float (&o)[FJH_O_REGS], float (&ls)[FJH_L_REGS],
-                                             const unsigned (&pf)[FJH_PK][4], unsigned dv,
-                                             unsigned long long dl) {
+// descriptor low word of the V tile.
+__device__ __forceinline__ void fjh_issue_pv(float (&o)[FJH_O_REGS],
+                                             const unsigned (&pf)[FJH_PK][4], unsigned dv) {
 #pragma unroll
   for (int kk = 0; kk < FJH_PK; ++kk) fjh_wgmma_rs(o, pf[kk], fjh_desc(dv, kk * 16 * 128));
-#if FJ_PV_ROWSUM
-#pragma unroll
-  for (int kk = 0; kk < FJH_PK; ++kk) fjh_wgmma_rs_sum(ls, pf[kk], dl);
-#else
-  (void)ls; (void)dl;
-#endif
 }
 
 // Ping-pong: consumer c may issue its GEMMs once the other consumer has
@@ -989,13 +946,9 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     const float shift = m_new == fj_neg_inf() ? 0.f : m_new;
     float sum = 0.f;
     fjh_exp_row<0, FJH_S_REGS / 4>::run(s, hh, exp_scale, shift, sum);
-#if FJ_PV_ROWSUM
-    (void)sum;  // the tensor cores sum P (dead code: the adds go)
-#else
-    // Row sums of the f32 P stay per lane; the quad is summed once in the
-    // epilogue.
+    // Row sums of the f32 P (the LSE must be the log of the true sum) stay
+    // per lane; the quad is summed once in the epilogue.
     row_l[hh] = row_l[hh] * alpha[hh] + sum;
-#endif
   }
 }
 
@@ -1018,21 +971,14 @@ __device__ __forceinline__ void fjh_pack_p(const float (&s)[FJH_S_REGS],
 __device__ __forceinline__ bool fjh_rescale_needed(const float (&alpha)[2]) {
   return __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
 }
-// The row-sum accumulators (FJ_PV_ROWSUM) share O's row layout and scale.
-__device__ __forceinline__ void fjh_rescale_by(float (&o)[FJH_O_REGS], float (&ls)[FJH_L_REGS],
+__device__ __forceinline__ void fjh_rescale_by(float (&o)[FJH_O_REGS],
                                                const float (&alpha)[2]) {
 #pragma unroll
   for (int i = 0; i < FJH_O_REGS; ++i) o[i] *= alpha[(i & 3) >> 1];
-#if FJ_PV_ROWSUM
-#pragma unroll
-  for (int i = 0; i < FJH_L_REGS; ++i) ls[i] *= alpha[(i & 3) >> 1];
-#else
-  (void)ls;
-#endif
 }
-__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], float (&ls)[FJH_L_REGS],
+__device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS],
                                               const float (&alpha)[2]) {
-  if (fjh_rescale_needed(alpha)) fjh_rescale_by(o, ls, alpha);
+  if (fjh_rescale_needed(alpha)) fjh_rescale_by(o, alpha);
 }
 
 // The end of a steady-state iteration, after the softmax of the next tile:
@@ -1047,45 +993,37 @@ __device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS], float (&ls
 #endif
 // P V of a tile has completed: O and P may be touched again (P stays put
 // until then: its wgmma reads it from registers), and V's stage is free.
-__device__ __forceinline__ void fjh_pv_wait(float (&o)[FJH_O_REGS], float (&ls)[FJH_L_REGS],
+__device__ __forceinline__ void fjh_pv_wait(float (&o)[FJH_O_REGS],
                                             unsigned (&pf)[FJH_PK][4], unsigned v_empty) {
   fjh_wgmma_wait<0>();
   fjh_fence_regs(o);
-#if FJ_PV_ROWSUM
-  fjh_fence_regs(ls);
-#else
-  (void)ls;
-#endif
   fjh_fence_regs(pf);
   fjh_mbar_arrive(v_empty);
 }
-__device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS], float (&ls)[FJH_L_REGS],
+__device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS],
                                             unsigned (&pf)[FJH_PK][4],
                                             const float (&alpha)[2], unsigned v_empty) {
 #if !FJ_PV_WAIT_SPLIT
-  fjh_pv_wait(o, ls, pf, v_empty);
-  fjh_rescale_o(o, ls, alpha);
+  fjh_pv_wait(o, pf, v_empty);
+  fjh_rescale_o(o, alpha);
 #else
   if (fjh_rescale_needed(alpha)) {
-    fjh_pv_wait(o, ls, pf, v_empty);
-    fjh_rescale_by(o, ls, alpha);
+    fjh_pv_wait(o, pf, v_empty);
+    fjh_rescale_by(o, alpha);
   } else {
-    fjh_pv_wait(o, ls, pf, v_empty);
+    fjh_pv_wait(o, pf, v_empty);
   }
 #endif
 }
 
-// The quad's partial row sums of this thread's two rows summed (in place;
-// with FJ_PV_ROWSUM each lane has its rows' whole sums already), and 1 / l
-// (0 for a row with no allowed pair, whose O is then 0).
+// The quad's partial row sums of this thread's two rows summed (in place),
+// and 1 / l (0 for a row with no allowed pair, whose O is then 0).
 __device__ __forceinline__ void fjh_row_sums(float (&row_l)[2], float (&inv_l)[2]) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     float l = row_l[hh];
-#if !FJ_PV_ROWSUM
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-#endif
     row_l[hh] = l;
     inv_l[hh] = l > 0.f ? 1.f / l : 0.f;
   }
@@ -1225,11 +1163,9 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       (threadIdx.x & 127) == 0 ? fjh_trace_slots(p, b, h, q0, 32 * c) : nullptr;
   FJH_TR(0);
 #endif
-  float o[FJH_O_REGS], ls[FJH_L_REGS];
+  float o[FJH_O_REGS];
 #pragma unroll
   for (int i = 0; i < FJH_O_REGS; ++i) o[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < FJH_L_REGS; ++i) ls[i] = 0.f;
   float row_m[2] = {fj_neg_inf(), fj_neg_inf()}, row_l[2] = {0.f, 0.f};
   // Without a score_mod the exponent is fma(qk, scale_log2, -m) and the max
   // is taken on unscaled q.k; with one, scores are in log2 units already.
@@ -1254,7 +1190,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     const unsigned dq = fjh_desc_lo(sq, 16);
     const unsigned dk = fjh_desc_lo(sm.k, 16), dv = fjh_desc_lo(sm.v, FJ_BLOCK_N * 128);
     constexpr unsigned DS = FJH_KV_BYTES >> 4;
-    const unsigned long long dl = fjh_desc(fjh_desc_lo(sm.ones, 16), 0);
     fjh_stage st0 = fjh_stage_of(n);  // tile j's stage, st1 the next tile's
 #if FJ_INTRA_WG_OVERLAP
     // Tile 0: S alone.
@@ -1298,7 +1233,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_issue_qk(s, dq, dk + st1.s * DS);
       fjh_wgmma_commit();
       fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
-      fjh_issue_pv(o, ls, pf, dv + st0.s * DS, dl);
+      fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_sched_arrive(c, false);
       FJH_TRL(4);
@@ -1308,7 +1243,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_mbar_arrive(sm.k_empty(st1.s));
       fjh_softmax(p, b, h, wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m, row_l, alpha);
       FJH_TRL(6);
-      fjh_pv_done(o, ls, pf, alpha, sm.v_empty(st0.s));
+      fjh_pv_done(o, pf, alpha, sm.v_empty(st0.s));
       FJH_TRL(7);
       fjh_pack_p(s, pf);
       j = jn;
@@ -1328,10 +1263,10 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
     fjh_wgmma_fence();
-    fjh_issue_pv(o, ls, pf, dv + st0.s * DS, dl);
+    fjh_issue_pv(o, pf, dv + st0.s * DS);
     fjh_wgmma_commit();
     fjh_sched_arrive(c, true);
-    fjh_pv_wait(o, ls, pf, sm.v_empty(st0.s));
+    fjh_pv_wait(o, pf, sm.v_empty(st0.s));
     FJH_TR(5);
 #ifdef FJ_TRACE
     fjh_ntiles = n + 1 - n_io;
@@ -1354,13 +1289,13 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N,
                   fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls), exp_scale, s, row_m,
                   row_l, alpha);
-      fjh_rescale_o(o, ls, alpha);
+      fjh_rescale_o(o, alpha);
       fjh_pack_p(s, pf);
       fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
       fjh_wgmma_fence();
-      fjh_issue_pv(o, ls, pf, dv + st0.s * DS, dl);
+      fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
-      fjh_pv_wait(o, ls, pf, sm.v_empty(st0.s));
+      fjh_pv_wait(o, pf, sm.v_empty(st0.s));
       j = jn;
       cls = cls_n;
       ++n;
@@ -1375,11 +1310,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #endif
 #endif
   }
-#if FJ_PV_ROWSUM
-  // The row sums: column 0 of the m64n16 product, rows qr and qr + 8.
-  row_l[0] = ls[0];
-  row_l[1] = ls[2];
-#endif
 #if FJ_PERSISTENT
   if (lo > hi) {
     // No tile: the item's Q was loaded all the same (the producer issues it
@@ -1406,32 +1336,13 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
 #endif
 }
 
-// FJ_PV_ROWSUM: the CTA's threads fill the ones tile (before the kernel's
-// __syncthreads; the fence makes the writes visible to wgmma's reads).
-__device__ __forceinline__ void fjh_fill_ones(const fjh_smem_map &sm) {
-#if FJ_PV_ROWSUM
-#if defined(FJ_DTYPE_BF16)
-  constexpr unsigned ONE2 = 0x3F803F80u;  // two bf16 1.0
-#else
-  constexpr unsigned ONE2 = 0x3C003C00u;  // two fp16 1.0
-#endif
-  for (int i = threadIdx.x; i < FJH_ONES_BYTES / 4; i += blockDim.x)
-    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sm.ones + 4 * i), "r"(ONE2) : "memory");
-  fjh_fence_proxy_async();
-#else
-  (void)sm;
-#endif
-}
-
-// The dynamic shared memory's map (Q buffers, K stages, V stages, the ones
-// tile, barriers).
+// The dynamic shared memory's map (Q buffers, K stages, V stages, barriers).
 __device__ __forceinline__ fjh_smem_map fjh_smem_layout(unsigned char *smem) {
   fjh_smem_map sm;
   sm.q = (fj_smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
   sm.k = sm.q + FJ_Q_BUFS * FJH_Q_BYTES;
   sm.v = sm.k + FJ_NUM_STAGES * FJH_KV_BYTES;
-  sm.ones = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;  // 1024-aligned too
-  sm.bar = sm.ones + FJH_ONES_BYTES;
+  sm.bar = sm.v + FJ_NUM_STAGES * FJH_KV_BYTES;
   return sm;
 }
 
@@ -1600,7 +1511,6 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
     }
     fjh_fence_barrier_init();
   }
-  fjh_fill_ones(sm);
   __syncthreads();
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {
@@ -1655,7 +1565,6 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
     fj_tile_range(p, b, h, q0, q1, &lo, &hi, &hi_cls);
 #endif
   }
-  fjh_fill_ones(sm);
   __syncthreads();
 
   // The role must be warp-uniform for setmaxnreg (.aligned): take lane 0's.

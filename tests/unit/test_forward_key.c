@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "bfcbe32edc4842ff0ab397adea5f9a24"
+#define PINNED_SOURCE_KEY "574ea6073cc42c0365bbd8484d9e714e"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

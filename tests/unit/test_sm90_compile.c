@@ -295,12 +295,8 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
   char *ptx = malloc(ptx_size);
   assert_non_null(ptx);
   assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
-  for (int i = 0; i < ndefs; i++) {
+  for (int i = 0; i < ndefs; i++)
     if (!strcmp(defs[i], "-DFJ_TRACE=1")) assert_non_null(strstr(ptx, "%clock"));
-    /* The row sums on the tensor cores: P times the ones tile. */
-    if (!strcmp(defs[i], "-DFJ_PV_ROWSUM=1")) assert_non_null(strstr(ptx, ".m64n16k16."));
-    if (!strcmp(defs[i], "-DFJ_PV_ROWSUM=0")) assert_null(strstr(ptx, ".m64n16k16."));
-  }
   printf("  %-24s D=%-3d compiled%s\n", what, head_dim, check_spills ? ", no spills" : "");
   free(ptx);
   free(log);
@@ -312,20 +308,12 @@ static void test_variants_compile(void **state) {
   (void)state;
   static const char *const trace[] = {"-DFJ_TRACE=1"};
   static const char *const wait[] = {"-DFJ_PV_WAIT_SPLIT=0"};
-  static const char *const rowsum[] = {"-DFJ_PV_ROWSUM=1"};
-  static const char *const no_rowsum[] = {"-DFJ_PV_ROWSUM=0"};
   /* The traces must not spill either: a spill would time another kernel. */
   compile_variant("causal, FJ_TRACE", 128, 1, fjt_causal, trace, 1, 1, 0);
   compile_variant("document, FJ_TRACE", 64, 1, kDocument, trace, 1, 1, 0);
   compile_variant("causal, FJ_TRACE persistent", 128, 1, fjt_causal, trace, 1, 1, 1);
   compile_variant("causal, FJ_PV_WAIT_SPLIT=0", 128, 1, fjt_causal, wait, 1, 1, 0);
   compile_variant("document, FJ_PV_WAIT_SPLIT=0", 64, 1, kDocument, wait, 1, 1, 0);
-  /* Row sums on the tensor cores, and without them, at each head dim. */
-  compile_variant("causal, FJ_PV_ROWSUM=1", 64, 1, fjt_causal, rowsum, 1, 1, 0);
-  compile_variant("document, FJ_PV_ROWSUM=1", 128, 1, kDocument, rowsum, 1, 1, 0);
-  compile_variant("causal, FJ_PV_ROWSUM=1", 256, 1, fjt_causal, rowsum, 1, 1, 0);
-  compile_variant("causal, FJ_PV_ROWSUM=0", 64, 1, fjt_causal, no_rowsum, 1, 1, 0);
-  compile_variant("causal, FJ_PV_ROWSUM=1 persistent", 128, 1, fjt_causal, rowsum, 1, 1, 1);
   /* The persistent kernel at D=256, with one Q buffer (compile_one covers
    * D=64 and 128, with two). Not shipped: its producer threads spill a few
    * bytes at 40 registers (the consumers need 232), which is allowed. */
@@ -356,7 +344,7 @@ static void test_choose_template(void **state) {
   assert_int_equal(c.threads, 384);
   assert_int_equal(c.num_warps, 12);
   assert_int_equal(c.block_m, 128);
-  assert_int_equal(c.smem_bytes, 1024 + (128 + 2 * 2 * 128) * 128 * 2 + 2048 + 8 * 9);
+  assert_int_equal(c.smem_bytes, 1024 + (128 + 2 * 2 * 128) * 128 * 2 + 8 * 9);
   assert_true(c.smem_bytes <= 227 * 1024);
   assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_F16, "sm_90a", "sm90", &c,
                                               err, sizeof err), FJ_OK);
