@@ -464,6 +464,9 @@ static int download(run_state *s) {
 /* Compiles up front so the output says whether NVRTC ran. */
 static int report_kernel(run_state *s) {
   fj_kernel_options ko = {.head_dim = s->c->D, .dtype = s->c->dtype};
+  fj_block_mask_info bmi; /* the launch picks the kernel its blocks fit */
+  if (s->bm && fj_block_mask_get_info(s->bm, &bmi) == FJ_OK)
+    ko.block_mask_block_q = bmi.block_q;
   fj_kernel_info info;
   if (fj_compile_forward(s->ctx, s->spec, &ko, &info) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));

@@ -111,13 +111,15 @@ static void sm90_layout(fjg_config *c) {
 
 int fjg_sm90_tile(int head_dim, int *block_m, int *block_n) {
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return -1;
-  *block_m = 128;
+  *block_m = head_dim == 64 ? 192 : 128;
   *block_n = head_dim == 256 ? 64 : 128;
   return 0;
 }
 
 /* The sm90 template (templates/sm90/fwd.cuh): one producer and two consumer
- * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal,
+ * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal;
+ * at D=64 three consumers and 192 x 128 tiles, FlashAttention-3's small-head
+ * tile (+7% over two at causal 8 x 4096, H=32: bench/RESULTS.md, session 7),
  * two K/V stages at D=128 and three at D=64 (64-row kv tiles and twice the
  * stages measured slower everywhere: bench/RESULTS.md, session 3, run 3).
  * D=256 takes 128 x 64 tiles and two stages: 64 + 128 KiB of Q and K/V, and
@@ -129,9 +131,9 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
                 "template sm90 needs target sm_90a (wgmma, setmaxnreg), not %s", a);
   out->template_name = "sm90";
   out->uses_tma = 1;
-  out->num_warps = 12;
-  out->threads = 384;
   fjg_sm90_tile(out->head_dim, &out->block_m, &out->block_n);
+  out->num_warps = 4 * (1 + out->block_m / 64); /* a producer, 64 rows a consumer */
+  out->threads = 32 * out->num_warps;
   out->num_stages = out->head_dim == 64 ? 3 : 2;
   out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
   sm90_layout(out);
@@ -142,8 +144,26 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   return FJ_OK;
 }
 
+int fjg_config_set_consumers(fjg_config *c, int n) {
+  if (!c || !c->uses_tma || (n != 2 && n != 3) ||
+      (n == 3 && (c->head_dim != 64 || c->persistent)))
+    return -1;
+  const fjg_config old = *c;
+  c->block_m = 64 * n;
+  c->num_warps = 4 * (n + 1);
+  c->threads = 32 * c->num_warps;
+  if (!sm90_fits(c, 1, c->num_stages)) {
+    *c = old;
+    return -1;
+  }
+  sm90_layout(c);
+  return 0;
+}
+
+/* The persistent kernel has two consumers. */
 void fjg_config_set_persistent(fjg_config *c, int on) {
   if (!c || !c->uses_tma) return;
+  if (on) fjg_config_set_consumers(c, 2);
   c->persistent = on ? 1 : 0;
   c->spill_fallback = on ? NULL : "-DFJ_INTRA_WG_OVERLAP=0";
   sm90_layout(c);

@@ -65,6 +65,11 @@ int fjg_sm90_tile(int head_dim, int *block_m, int *block_n);
 /* sm90 only: num_stages K/V stages (>= 2) when they fit the target's shared
  * memory; returns 0 when it set them, -1 (and changes nothing) otherwise. */
 int fjg_config_set_stages(fjg_config *c, int num_stages);
+/* sm90 only: n consumer warpgroups of 64 query rows each: 2 (block_m 128,
+ * 12 warps) or, at head dim 64 and not persistent, 3 (block_m 192, 16
+ * warps), when the stages still fit ($FLEXJIT_CONSUMERS). 0, else -1 with
+ * c unchanged. */
+int fjg_config_set_consumers(fjg_config *c, int n);
 
 /*
  * Chooses the configuration for head_dim (64, 128; 256 on sm90), dtype and arch

@@ -166,6 +166,11 @@ typedef struct fj_kernel_options {
   const char *arch; /* NULL: the context's arch */
   /* "sm80" or "sm90"; NULL: the context's choice (see fj_context_options). */
   const char *kernel_template;
+  /* 0: launched without a block mask; else the block_q of the block masks
+   * the kernel is launched with, whose blocks must be whole tiles: at head
+   * dim 64 the sm90 kernel's tile has 192 query rows, and block masks of
+   * 128-row blocks (FlexAttention's default) take its 128-row variant. */
+  int block_mask_block_q;
 } fj_kernel_options;
 
 typedef struct fj_kernel_info {

@@ -43,6 +43,10 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
    * ablation); a depth that does not fit is refused when a kernel is made. */
   const char *ns = getenv("FLEXJIT_STAGES");
   ctx->stages_opt = ns && ns[0] >= '2' && ns[0] <= '9' && !ns[1] ? ns[0] - '0' : 0;
+  /* FLEXJIT_CONSUMERS=2|3: the sm90 kernel's consumer warpgroups (3 at head
+   * dim 64 only); another value is refused when a kernel is made. */
+  const char *nc = getenv("FLEXJIT_CONSUMERS");
+  ctx->consumers_opt = nc && *nc ? atoi(nc) : 0;
   /* FLEXJIT_FAST_COMPILE=1: NVRTC's --Ofast-compile=max (runtime/forward.c). */
   const char *fc = getenv("FLEXJIT_FAST_COMPILE");
   ctx->fast_compile = fc && !strcmp(fc, "1");

@@ -34,7 +34,7 @@ static const char *dtype_name(fj_dtype d) {
   return d == FJ_DTYPE_BF16 ? "bf16" : "fp16";
 }
 
-/* Readable kernel name: fj_fwd_<spec>_d<D>_<dtype>_<template>_<arch>, the
+/* Readable kernel name: fj_fwd_<spec>_d<D>_<dtype>_<template>[p][_m<rows>]_<arch>, the
  * spec name reduced to [A-Za-z0-9_]. */
 static void kernel_name(const fj_spec *spec, const fjg_config *cfg, char *buf,
                         size_t n) {
@@ -47,9 +47,15 @@ static void kernel_name(const fj_spec *spec, const fjg_config *cfg, char *buf,
     clean[j++] = ok ? c : '_';
   }
   clean[j] = '\0';
-  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s_%s", clean, cfg->head_dim,
+  /* An sm90 tile of other than the default rows (D=64's 128-row kernel for
+   * block masks) says so: _m128. */
+  int bm = 0, bn = 0;
+  char rows[16] = "";
+  if (cfg->uses_tma && fjg_sm90_tile(cfg->head_dim, &bm, &bn) == 0 && bm != cfg->block_m)
+    snprintf(rows, sizeof rows, "_m%d", cfg->block_m);
+  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s%s_%s", clean, cfg->head_dim,
            dtype_name(cfg->dtype), cfg->template_name,
-           cfg->persistent ? "p" : "", cfg->arch);
+           cfg->persistent ? "p" : "", rows, cfg->arch);
 }
 
 /* NVRTC options of a kernel: the fixed ones, then one -DNAME=VALUE for each
@@ -320,9 +326,25 @@ static fj_status apply_context_overrides(fj_context *ctx, fjg_config *cfg) {
   return FJ_OK;
 }
 
+/* The query rows of an sm90 kernel's tile (64 a consumer warpgroup): the
+ * default (192 at head dim 64, 128 otherwise), else $FLEXJIT_CONSUMERS's;
+ * 128 for the persistent kernel, and for block masks whose block_q is a
+ * multiple of 128 but not of the tile. The table lookup and a new kernel's
+ * configuration both take it from here. */
+static int sm90_block_m(const fj_context *ctx, const fj_kernel_options *opts) {
+  int bm = 0, bn = 0;
+  if (fjg_sm90_tile(opts->head_dim, &bm, &bn) != 0) return 0;
+  if (ctx->consumers_opt) bm = 64 * ctx->consumers_opt;
+  if (ctx->persistent_opt == 1) bm = 128;
+  const int bq = opts->block_mask_block_q;
+  if (bq > 0 && bq % bm != 0 && bq % 128 == 0) bm = 128;
+  return bm;
+}
+
 /* "sm80" when the default choice must avoid sm90 for this block mask: its
- * blocks are not whole sm90 tiles (128 x 128, 128 x 64 at D=256; e.g.
- * block_kv 64), which sm80's smaller tiles still fit. NULL otherwise, and
+ * blocks are not whole sm90 tiles (128 x 128, 128 x 64 at D=256, 192 or
+ * 128 x 128 at D=64; e.g. block_kv 64), which sm80's smaller tiles still
+ * fit. NULL otherwise, and
  * always when the context names a template (its choice stands; the bind
  * then says why it does not fit). Runs on every launch with a mask: the
  * usual answer takes two integer checks, no configuration. */
@@ -334,7 +356,8 @@ static const char *block_mask_template(const fj_context *ctx,
   if (!bm || ctx->template_opt || fj_block_mask_get_info(bm, &mi) != FJ_OK ||
       fjg_sm90_tile(head_dim, &bm90, &bn90) != 0)
     return NULL;
-  if (mi.block_q % bm90 == 0 && mi.block_kv % bn90 == 0) return NULL;
+  if ((mi.block_q % bm90 == 0 || mi.block_q % 128 == 0) && mi.block_kv % bn90 == 0)
+    return NULL;
   /* Only if sm80 has this head dim (not 256): else sm90's bind says why. */
   fjg_config c;
   if (fjg_config_choose_template(head_dim, dtype, "sm_90a", "sm80", &c, NULL, 0) != FJ_OK)
@@ -361,7 +384,8 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
         strcmp(k->cfg.template_name, tmpl) == 0 &&
         (ctx->persistent_opt < 0 || !k->cfg.uses_tma ||
          k->cfg.persistent == ctx->persistent_opt) &&
-        (!ctx->stages_opt || !k->cfg.uses_tma || k->cfg.num_stages == ctx->stages_opt)) {
+        (!ctx->stages_opt || !k->cfg.uses_tma || k->cfg.num_stages == ctx->stages_opt) &&
+        (!k->cfg.uses_tma || k->cfg.block_m == sm90_block_m(ctx, opts))) {
       *out = k;
       if (info) {
         memset(info, 0, sizeof(*info));
@@ -389,6 +413,12 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     return fjr_fail(ctx, st, "%s", err);
   }
   st = apply_context_overrides(ctx, &k->cfg);
+  if (st == FJ_OK && k->cfg.uses_tma && k->cfg.block_m != sm90_block_m(ctx, opts) &&
+      fjg_config_set_consumers(&k->cfg, sm90_block_m(ctx, opts) / 64) != 0)
+    st = fjr_fail(ctx, FJ_EUNSUPPORTED,
+                  "FLEXJIT_CONSUMERS=%d: the sm90 kernel takes 2 consumer warpgroups, "
+                  "or 3 at head dim 64 (not persistent); head dim %d here",
+                  ctx->consumers_opt, k->cfg.head_dim);
   if (st != FJ_OK) {
     free(k);
     return st;
@@ -862,10 +892,14 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     return st;
 
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
+  fj_block_mask_info bmi;
+  const int bm_block_q =
+      args->block_mask && fj_block_mask_get_info(args->block_mask, &bmi) == FJ_OK
+          ? bmi.block_q : 0;
   fj_kernel_options kopts = {
       .head_dim = (int)D, .dtype = dtype,
-      .kernel_template =
-          block_mask_template(ctx, args->block_mask, (int)D, dtype)};
+      .kernel_template = block_mask_template(ctx, args->block_mask, (int)D, dtype),
+      .block_mask_block_q = bm_block_q};
   fjr_kernel *k = NULL;
   if ((st = get_kernel(ctx, spec, &kopts, &k, NULL)) != FJ_OK) return st;
   if (!k->module && (st = load_module(ctx, k)) != FJ_OK) return st;

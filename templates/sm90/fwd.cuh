@@ -12,7 +12,8 @@
 //   FJ_DTYPE_BF16 1  or  FJ_DTYPE_F16 1
 //   FJ_BLOCK_M         128: 64 query rows per consumer warpgroup
 //   FJ_BLOCK_N         64 | 128: kv rows per tile (the N of S = Q K^T)
-//   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute
+//   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute;
+//                      or 16 at head dim 64: warpgroups 1-3 compute
 //   FJ_NUM_STAGES      >= 2: K and V tiles in shared memory
 //   FJ_HAS_MASK        0 | 1: as in sm80/fwd.cuh
 //   FJ_HAS_SCORE_MOD   0 | 1: as in sm80/fwd.cuh
@@ -104,7 +105,9 @@
 #endif
 #endif
 #ifndef FJ_CONSUMER_REGS
-#if FJ_PERSISTENT
+#if FJ_NUM_WARPS == 16
+#define FJ_CONSUMER_REGS 160  // three consumers: (512 - 24) / 3, rounded down to 8
+#elif FJ_PERSISTENT
 #define FJ_CONSUMER_REGS (FJ_HEAD_DIM == 256 ? 232 : 224)
 #elif defined(FJ_TRACE)
 #define FJ_CONSUMER_REGS 232
@@ -119,7 +122,11 @@
 #define FJ_Q_BUFS 1
 #endif
 
-constexpr int FJH_THREADS = 384;
+// Consumer warpgroups: two (12 warps, BLOCK_M 128), or three at head dim
+// 64 (16 warps, BLOCK_M 192: FlashAttention-3's tile for small heads, a
+// third warp on each scheduler to hide the softmax's latencies).
+constexpr int FJH_NC = FJ_NUM_WARPS / 4 - 1;
+constexpr int FJH_THREADS = 128 * (FJH_NC + 1);
 constexpr int FJH_WG_ROWS = 64;                   // query rows of one consumer
 constexpr int FJH_CHUNKS64 = FJ_HEAD_DIM / 64;    // 128-byte column blocks
 constexpr int FJH_Q_BYTES = FJ_BLOCK_M * FJ_HEAD_DIM * 2;
@@ -133,14 +140,20 @@ constexpr int FJH_PK = FJ_BLOCK_N / 16;           // k16 steps of P V
 
 static_assert(FJ_HEAD_DIM == 64 || FJ_HEAD_DIM == 128 || FJ_HEAD_DIM == 256,
               "head dim 64, 128 or 256");
-static_assert(FJ_BLOCK_M == 128, "sm90: BLOCK_M is 128 (two consumer warpgroups)");
+static_assert(FJ_NUM_WARPS == 12 || (FJ_NUM_WARPS == 16 && FJ_HEAD_DIM == 64),
+              "sm90: 12 warps (one producer, two consumer warpgroups), or 16 (three) "
+              "at head dim 64");
+static_assert(FJ_BLOCK_M == FJH_WG_ROWS * FJH_NC, "sm90: BLOCK_M is 64 rows a consumer");
 static_assert(FJ_BLOCK_N == 64 || FJ_BLOCK_N == 128, "sm90: BLOCK_N 64 or 128");
-static_assert(FJ_NUM_WARPS == 12, "sm90: 12 warps (one producer, two consumer warpgroups)");
+#if FJ_NUM_WARPS == 16 && (FJ_PERSISTENT || defined(FJ_TRACE))
+#error "sm90: three consumers only in the non-persistent, untraced kernel"
+#endif
 static_assert(FJ_NUM_STAGES >= 2, "sm90: at least two K/V stages");
 static_assert(FJ_Q_BUFS == 1 || (FJ_Q_BUFS == 2 && FJ_PERSISTENT),
               "sm90: two Q buffers only in the persistent kernel");
 static_assert(FJH_SMEM_BYTES <= 227 * 1024, "sm90: shared memory over 227 KiB");
-static_assert(FJ_PRODUCER_REGS + 2 * FJ_CONSUMER_REGS <= 3 * 168,
+static_assert(FJ_PRODUCER_REGS + FJH_NC * FJ_CONSUMER_REGS <=
+                  (FJH_NC + 1) * ((65536 / FJH_THREADS) & ~7),
               "sm90: register split over the CTA's pool (setmaxnreg.inc would hang)");
 static_assert(FJ_PRODUCER_REGS % 8 == 0 && FJ_CONSUMER_REGS % 8 == 0 &&
               FJ_PRODUCER_REGS >= 24 && FJ_CONSUMER_REGS <= 256,
@@ -213,8 +226,8 @@ __device__ __forceinline__ void fjh_trace_producer(const fj_fwd_params &p, int b
 #endif
 
 // Named barrier ids: 0 is __syncthreads; 1 + c orders consumer c's GEMMs
-// (ping-pong); 3 + c is consumer c's own epilogue barrier.
-enum { FJH_BAR_SCHED = 1, FJH_BAR_EPI = 3 };
+// (ping-pong); 1 + FJH_NC + c is consumer c's own epilogue barrier.
+enum { FJH_BAR_SCHED = 1, FJH_BAR_EPI = 1 + FJH_NC };
 
 // ---- host-visible parameter: the tensor maps ------------------------------
 // Opaque 128-byte CUtensorMap images (cuda.h is not included); the host
@@ -752,18 +765,21 @@ __device__ __forceinline__ void fjh_issue_pv(float (&o)[FJH_O_REGS],
   for (int kk = 0; kk < FJH_PK; ++kk) fjh_wgmma_rs(o, pf[kk], fjh_desc(dv, kk * 16 * 128));
 }
 
-// Ping-pong: consumer c may issue its GEMMs once the other consumer has
-// issued its own (barrier 1 + c, 256 threads: 128 arrive, 128 wait).
+// Ping-pong: consumer c may issue its GEMMs once the one before it in the
+// ring 0, 1 (, 2), 0, ... has issued its own (barrier 1 + c, 256 threads:
+// 128 arrive, 128 wait).
 __device__ __forceinline__ void fjh_sched_wait(int c) {
 #if FJ_PINGPONG
   fjh_bar_sync(FJH_BAR_SCHED + c, 256);
 #endif
 }
-// Consumer 1 starts with an arrival for consumer 0 (see fjh_consume), so it
-// skips its very last arrival: every bar.sync gets exactly one arrival.
+// The last consumer starts with an arrival for consumer 0 (see
+// fjh_consume), so it skips its very last arrival: every bar.sync gets
+// exactly one arrival.
 __device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
 #if FJ_PINGPONG
-  if (!(last && c == 1)) fjh_bar_arrive(FJH_BAR_SCHED + (c ^ 1), 256);
+  if (!(last && c == FJH_NC - 1))
+    fjh_bar_arrive(FJH_BAR_SCHED + (c == FJH_NC - 1 ? 0 : c + 1), 256);
 #endif
 }
 
@@ -789,9 +805,11 @@ enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1 };
 // results a clock per SM), FlashAttention-4's trick. It pays at D=64, where
 // the softmax outweighs the two GEMMs: 1 in 4 measured +3% there, 1 in 2
 // even, all of them -13%; at D=128 1 in 4 cost 4% (bench/RESULTS.md,
-// session 5, run 5). Default: 4 at D=64, off otherwise.
+// session 5, run 5). With three consumers at D=64 it costs instead (415
+// off, 394 at 1 in 4, 411 at 1 in 6: session 7, run 4). Default: 4 for
+// two consumers at D=64, off otherwise.
 #ifndef FJ_EXP2_EMU
-#define FJ_EXP2_EMU (FJ_HEAD_DIM == 64 ? 4 : 0)
+#define FJ_EXP2_EMU (FJ_HEAD_DIM == 64 && FJ_NUM_WARPS == 12 ? 4 : 0)
 #endif
 // 2^x for x <= 2^22: x = j + f with j = round(x) (the 1.5 * 2^23 rounding
 // trick: j lands in t's low mantissa bits) and f in [-1/2, 1/2]; 2^f by a
@@ -1180,7 +1198,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     unsigned pf[FJH_PK][4];
     float alpha[2];
 #if FJ_PINGPONG
-    if (c == 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);  // consumer 0 goes first
+    if (c == FJH_NC - 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);  // consumer 0 goes first
 #endif
     fjh_mbar_wait_warp(sm.q_full(qb), q_ph);
     FJH_TR(1);
@@ -1352,8 +1370,8 @@ __device__ __forceinline__ void fjh_init_pipeline_barriers(const fjh_smem_map &s
   for (int s = 0; s < FJ_NUM_STAGES; ++s) {
     fjh_mbar_init(sm.k_full(s), 1);
     fjh_mbar_init(sm.v_full(s), 1);
-    fjh_mbar_init(sm.k_empty(s), 256);  // every consumer thread arrives
-    fjh_mbar_init(sm.v_empty(s), 256);
+    fjh_mbar_init(sm.k_empty(s), 128 * FJH_NC);  // every consumer thread arrives
+    fjh_mbar_init(sm.v_empty(s), 128 * FJH_NC);
   }
 }
 

@@ -185,6 +185,8 @@ static void test_persistent_q_buffers(void **state) {
     fjg_config c;
     assert_int_equal(fjg_config_choose_template(dims[i], FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
                                                 NULL, 0), FJ_OK);
+    /* The persistent kernel has two consumers (D=64's default has three). */
+    assert_int_equal(fjg_config_set_consumers(&c, 2), 0);
     const int plain = c.smem_bytes;
     assert_true(c.q_bufs <= 1);
     fjg_config_set_persistent(&c, 1);
@@ -219,6 +221,39 @@ static void test_persistent_q_buffers(void **state) {
   fjg_config_set_persistent(&c, 1);
   assert_int_equal(c.q_bufs, 1);
   assert_int_equal(c.num_stages, 6);
+}
+
+/* Consumer warpgroups: three at D=64 by default (192-row tiles, 16 warps),
+ * two elsewhere and in the persistent kernel; three nowhere else. */
+static void test_consumers(void **state) {
+  (void)state;
+  fjg_config c;
+  assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, NULL,
+                                              0), FJ_OK);
+  assert_int_equal(c.block_m, 192);
+  assert_int_equal(c.num_warps, 16);
+  assert_int_equal(c.threads, 512);
+  assert_int_equal(c.smem_bytes, 1024 + (192 + 6 * 128) * 64 * 2 + 8 * (1 + 12));
+  assert_int_equal(fjg_config_set_consumers(&c, 4), -1);
+  assert_int_equal(c.block_m, 192);
+  assert_int_equal(fjg_config_set_consumers(&c, 2), 0);
+  assert_int_equal(c.block_m, 128);
+  assert_int_equal(c.num_warps, 12);
+  assert_int_equal(c.threads, 384);
+  assert_int_equal(c.smem_bytes, 1024 + (128 + 6 * 128) * 64 * 2 + 8 * (1 + 12));
+  assert_int_equal(fjg_config_set_consumers(&c, 3), 0);
+  fjg_config_set_persistent(&c, 1);
+  assert_int_equal(c.block_m, 128);
+  assert_int_equal(fjg_config_set_consumers(&c, 3), -1);
+  assert_int_equal(c.block_m, 128);
+  assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, NULL,
+                                              0), FJ_OK);
+  assert_int_equal(c.block_m, 128);
+  assert_int_equal(c.num_warps, 12);
+  assert_int_equal(fjg_config_set_consumers(&c, 3), -1);
+  assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_BF16, "sm_80", NULL, &c, NULL, 0),
+                   FJ_OK);
+  assert_int_equal(fjg_config_set_consumers(&c, 2), -1); /* sm80: no consumers */
 }
 
 /* The launch path's tile lookup says what the sm90 configuration says. */
@@ -271,6 +306,7 @@ int main(void) {
       cmocka_unit_test(test_h100_class),        cmocka_unit_test(test_arch_parsing),
       cmocka_unit_test(test_old_arch_rejected), cmocka_unit_test(test_head_dim_and_dtype),
       cmocka_unit_test(test_null_arguments),    cmocka_unit_test(test_template_contract),
+      cmocka_unit_test(test_consumers),
       cmocka_unit_test(test_sm90_tile),
       cmocka_unit_test(test_set_stages),
       cmocka_unit_test(test_spill_fallback_and_persistence),

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "574ea6073cc42c0365bbd8484d9e714e"
+#define PINNED_SOURCE_KEY "d5da31742a3bdcb37197cda89188991c"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
@@ -41,7 +41,8 @@ typedef struct variant {
   const char *tmpl;
 } variant;
 
-static void key_of(const variant *v, fj_kernel_info *info) {
+/* block_q: fj_kernel_options.block_mask_block_q. */
+static void key_of_bq(const variant *v, int block_q, fj_kernel_info *info) {
   fj_context_options o;
   fj_context_options_init(&o);
   o.cache_dir = ""; /* memory only: every context compiles afresh */
@@ -52,12 +53,15 @@ static void key_of(const variant *v, fj_kernel_info *info) {
       fj_spec_load_string(ctx, v->spec, strlen(v->spec), "key.lua", &spec),
       FJ_OK);
   fj_kernel_options ko = {.head_dim = v->head_dim, .dtype = v->dtype,
-                          .arch = v->arch, .kernel_template = v->tmpl};
+                          .arch = v->arch, .kernel_template = v->tmpl,
+                          .block_mask_block_q = block_q};
   if (fj_compile_forward(ctx, spec, &ko, info) != FJ_OK)
     fail_msg("%s: %s", v->what, fj_context_last_error(ctx));
   fj_spec_destroy(spec);
   fj_context_destroy(ctx);
 }
+
+static void key_of(const variant *v, fj_kernel_info *info) { key_of_bq(v, 0, info); }
 
 static int have_nvrtc(void) {
   char err[256];
@@ -157,6 +161,29 @@ static void test_persistent(void **state) {
   assert_string_equal(plain80.source_key, persistent80.source_key);
 }
 
+/* Block masks' blocks must be whole tiles: at D=64, where the sm90 tile
+ * has 192 rows, masks of 128-row blocks get the 128-row kernel (its own key
+ * and name), masks of 192k-row blocks the default one; at D=128 the tile
+ * has 128 rows either way. */
+static void test_block_mask_rows(void **state) {
+  (void)state;
+  if (!have_nvrtc()) skip();
+  const variant d64 = {"d64", kPinnedSpec, 64, FJ_DTYPE_BF16, "sm_90a", "sm90"};
+  const variant d128 = {"d128", kPinnedSpec, 128, FJ_DTYPE_BF16, "sm_90a", "sm90"};
+  fj_kernel_info a, b, c, d, e;
+  key_of(&d64, &a);
+  key_of_bq(&d64, 128, &b);
+  key_of_bq(&d64, 384, &c);
+  key_of(&d128, &d);
+  key_of_bq(&d128, 128, &e);
+  assert_string_not_equal(a.source_key, b.source_key);
+  assert_non_null(strstr(b.name, "_sm90_m128_"));
+  assert_null(strstr(a.name, "_m128"));
+  assert_string_equal(a.source_key, c.source_key);
+  assert_string_equal(d.source_key, e.source_key);
+  assert_null(strstr(d.name, "_m128"));
+}
+
 /* FLEXJIT_FAST_COMPILE=1 compiles with NVRTC's --Ofast-compile=max: its
  * own key, so a fast-compiled kernel never stands in for an optimized one. */
 static void test_fast_compile(void **state) {
@@ -196,6 +223,7 @@ int main(void) {
       cmocka_unit_test(test_kernel_defines),
       cmocka_unit_test(test_persistent),
       cmocka_unit_test(test_fast_compile),
+      cmocka_unit_test(test_block_mask_rows),
       cmocka_unit_test(test_pinned_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -259,8 +259,10 @@ static void test_document_softcap(void **state) {
 /* A variant built from optional macros (defs: "-DNAME=VALUE" options) must
  * keep compiling: the FJ_TRACE builds (timing only, bench/trace.py; their
  * stamps read %clock) and the FJ_PV_WAIT_SPLIT=0 ablation, which must not
- * spill on their register budgets (check_spills); persistent: the configuration of the
- * persistent kernel (FLEXJIT_PERSISTENT=1), with its Q buffers. */
+ * spill on their register budgets (check_spills); persistent: 1, the
+ * configuration of the persistent kernel (FLEXJIT_PERSISTENT=1), with its Q
+ * buffers; 2, two consumer warpgroups (D=64's kernel for block masks of
+ * 128-row blocks, and its traced build: three consumers are not traced). */
 static void compile_variant(const char *what, int head_dim, int has_mask,
                             const char *prologue, const char *const *defs, int ndefs,
                             int check_spills, int persistent) {
@@ -269,7 +271,10 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
   if (fjg_config_choose_template(head_dim, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
                                  sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
-  if (persistent) {
+  if (persistent == 2) {
+    assert_int_equal(fjg_config_set_consumers(&c, 2), 0);
+    assert_int_equal(c.num_warps, 12);
+  } else if (persistent) {
     fjg_config_set_persistent(&c, 1);
     /* Two Q buffers beside the K/V stages where they fit: not at D=256. */
     assert_int_equal(c.q_bufs, head_dim == 256 ? 1 : 2);
@@ -310,7 +315,9 @@ static void test_variants_compile(void **state) {
   static const char *const wait[] = {"-DFJ_PV_WAIT_SPLIT=0"};
   /* The traces must not spill either: a spill would time another kernel. */
   compile_variant("causal, FJ_TRACE", 128, 1, fjt_causal, trace, 1, 1, 0);
-  compile_variant("document, FJ_TRACE", 64, 1, kDocument, trace, 1, 1, 0);
+  compile_variant("document, FJ_TRACE", 64, 1, kDocument, trace, 1, 1, 2);
+  /* D=64 with two consumers: the kernel block masks of 128-row blocks take. */
+  compile_variant("document, two consumers", 64, 1, kDocument, NULL, 0, 1, 2);
   compile_variant("causal, FJ_TRACE persistent", 128, 1, fjt_causal, trace, 1, 1, 1);
   compile_variant("causal, FJ_PV_WAIT_SPLIT=0", 128, 1, fjt_causal, wait, 1, 1, 0);
   compile_variant("document, FJ_PV_WAIT_SPLIT=0", 64, 1, kDocument, wait, 1, 1, 0);
