@@ -23,6 +23,10 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     # D=64 only), and the persistent kernel (FLEXJIT_PERSISTENT=1).
     echo "== build/gpu_test_forward FJ_EXP2_EMU=1"
     FLEXJIT_KERNEL_DEFINES="FJ_EXP2_EMU=1" build/gpu_test_forward; echo "exit $?"
+    # D=64's 128-row kernel (two consumers), which block masks of 128-row
+    # blocks take, on every forward case.
+    echo "== build/gpu_test_forward FLEXJIT_CONSUMERS=2"
+    FLEXJIT_CONSUMERS=2 build/gpu_test_forward; echo "exit $?"
     for t in build/gpu_test_*; do
       echo "== $t FLEXJIT_PERSISTENT=1"
       FLEXJIT_PERSISTENT=1 "$t"; echo "exit $?"
