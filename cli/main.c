@@ -43,6 +43,8 @@ static const char top_usage[] =
     "(\"NAME=VALUE ...\": optional template macros, e.g. FJ_PINGPONG=0),\n"
     "FLEXJIT_PERSISTENT (1: the experimental persistent sm90 kernel),\n"
     "FLEXJIT_STAGES (2..9: the sm90 kernel's K/V pipeline depth, when it fits),\n"
+    "FLEXJIT_CONSUMERS (2 or 3: the sm90 kernel's consumer warpgroups; 3, the\n"
+    "default at head dim 64, only there),\n"
     "FLEXJIT_FAST_COMPILE (1: NVRTC --Ofast-compile=max; compiles about 3x\n"
     "faster, runs hundreds of times slower: for checking a spec on small sizes).\n";
 
