@@ -49,7 +49,10 @@ static const char precompile_usage[] =
     "           dtypes = {\"bf16\", \"fp16\"}, archs = {\"sm_80\", "
     "\"sm_90a\"},\n"
     "           passes = {\"forward\"} }\n"
-    "Spec paths are relative to the manifest's directory. Needs no GPU.\n"
+    "Spec paths are relative to the manifest's directory. Passes: forward, and\n"
+    "forward_blockmask (the forward kernel a launch with a block mask of\n"
+    "128 x 128 blocks takes; at head dim 64 on sm_90a not the plain one).\n"
+    "Needs no GPU.\n"
     "\n"
     "options:\n"
     "  --out PATH, -o PATH  where to write (required)\n"
@@ -212,9 +215,15 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
   job j = decode_job(m, index);
   fj_spec *spec = NULL;
   fj_kernel_options ko = {.head_dim = j.head_dim, .dtype = j.dtype, .arch = j.arch};
-  if (strcmp(j.pass, "forward") != 0) {
+  /* forward_blockmask: the kernel launches with FlexAttention's default
+   * block masks (128 x 128) take; where it is the plain forward kernel the
+   * pack holds it once. */
+  if (strcmp(j.pass, "forward_blockmask") == 0) {
+    ko.block_mask_block_q = 128;
+  } else if (strcmp(j.pass, "forward") != 0) {
     r->status = FJ_EUNSUPPORTED;
-    r->error = job_error(&j, "pass '%s' is not supported (forward)", j.pass);
+    r->error = job_error(&j, "pass '%s' is not supported (forward, forward_blockmask)",
+                         j.pass);
     return;
   }
   r->status = FJ_ENOMEM;

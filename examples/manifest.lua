@@ -4,7 +4,9 @@
 --   flexjit precompile examples/manifest.lua --out /opt/app/flexjit-cache
 --
 -- Every combination of the lists below becomes one kernel (here 3 specs x
--- 2 head dims x 2 dtypes x 2 targets x 1 pass = 24). Spec paths are relative
+-- 2 head dims x 2 dtypes x 2 targets x 2 passes = 48 jobs; the block-mask
+-- pass differs from the plain one only at head dim 64 on sm_90a, so 30
+-- distinct kernels). Spec paths are relative
 -- to this file. The manifest runs in the same sandbox as specs, so it may
 -- compute its lists, but it cannot read files or the environment.
 return {
@@ -18,5 +20,8 @@ return {
   -- Exact targets: a cubin runs only on its major architecture, and sm_90a
   -- (Hopper with wgmma/TMA) is not sm_90.
   archs = {"sm_80", "sm_90a"},
-  passes = {"forward"},
+  -- forward_blockmask: the kernel launches with a 128 x 128 block mask take
+  -- (document.lua's, which `flexjit run` builds); the same kernel as forward
+  -- except at head dim 64 on sm_90a.
+  passes = {"forward", "forward_blockmask"},
 }

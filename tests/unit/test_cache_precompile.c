@@ -394,6 +394,31 @@ static void test_precompile_usage_and_failures(void **state) {
   assert_int_equal(fj_cli_precompile(4, argv), 1);
 }
 
+/* forward_blockmask: at D=64 on sm_90a the 128-row kernel, a second entry
+ * beside the plain one, which a launch with a 128 x 128 block mask finds
+ * without NVRTC; where it is the plain kernel (sm_80), one entry for both. */
+static void test_precompile_blockmask_pass(void **state) {
+  fixture *f = *state;
+  char out[512], manifest[512];
+  if (!have_nvrtc())
+    skip();
+  write_text(f, "causal.lua", causal_spec);
+  write_text(f, "manifest.lua",
+             "return { specs = {'causal.lua'}, head_dims = {64}, dtypes = {'bf16'},\n"
+             "  archs = {'sm_80', 'sm_90a'}, passes = {'forward', 'forward_blockmask'} }\n");
+  snprintf(manifest, sizeof manifest, "%s/manifest.lua", f->dir);
+  snprintf(out, sizeof out, "%s/cache", f->dir);
+  char *argv[] = {"precompile", manifest, "--out", out, "-j", "2", NULL};
+  assert_int_equal(fj_cli_precompile(6, argv), 0);
+  fjc_store *s = NULL;
+  char err[256];
+  int n = 0;
+  assert_int_equal(fjc_store_open(out, NULL, NULL, &s, err, sizeof err), FJ_OK);
+  assert_int_equal(fjc_store_list(s, count_entry, &n), FJ_OK);
+  assert_int_equal(n, 3); /* sm_80 once, sm_90a plain and 128-row */
+  fjc_store_close(s);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--child-pack-without-nvrtc") == 0)
     return child_pack_without_nvrtc(argv[2]);
@@ -403,6 +428,7 @@ int main(int argc, char **argv) {
       T(test_manifest_errors),
       T(test_precompile_usage_and_failures),
       T(test_precompile_to_directory),
+      T(test_precompile_blockmask_pass),
       T(test_precompile_to_pack),
       T(test_pack_serves_without_nvrtc),
   };
