@@ -90,7 +90,8 @@ fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
  * there; plain sm_90 and other archs are refused with FJ_EUNSUPPORTED and a
  * message saying so). sm90 shapes: 128 query rows per CTA (two consumer
  * warpgroups of 64), 128-row kv tiles, 12 warps (384 threads), 2 K/V stages
- * at D=128 and 3 at D=64, uses_tma = 1, smem_bytes as the template's
+ * at D=128; at D=64 192 query rows (three consumers, 16 warps, 512 threads)
+ * and 3 K/V stages, uses_tma = 1, smem_bytes as the template's
  * FJH_SMEM_BYTES. An unknown name is FJ_EINVAL. Thread-safe; no allocation.
  */
 fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,

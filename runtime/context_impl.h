@@ -34,7 +34,7 @@ struct fj_context {
   char *template_opt; /* option, else $FLEXJIT_TEMPLATE, else NULL */
   int persistent_opt; /* $FLEXJIT_PERSISTENT: 1, 0, or -1 (the default) */
   int stages_opt;     /* $FLEXJIT_STAGES: sm90 K/V stages, 0: the default */
-  int consumers_opt;  /* $FLEXJIT_CONSUMERS: sm90 consumer warpgroups, 0: default */
+  int consumers_opt;  /* $FLEXJIT_CONSUMERS: 2, 3, 0 (unset), -1 (neither) */
   int fast_compile;   /* $FLEXJIT_FAST_COMPILE=1: NVRTC --Ofast-compile=max */
   char *kernel_defines; /* $FLEXJIT_KERNEL_DEFINES, checked when compiling */
   char err[8192];

@@ -334,7 +334,7 @@ static fj_status apply_context_overrides(fj_context *ctx, fjg_config *cfg) {
 static int sm90_block_m(const fj_context *ctx, const fj_kernel_options *opts) {
   int bm = 0, bn = 0;
   if (fjg_sm90_tile(opts->head_dim, &bm, &bn) != 0) return 0;
-  if (ctx->consumers_opt) bm = 64 * ctx->consumers_opt;
+  if (ctx->consumers_opt) bm = 64 * ctx->consumers_opt; /* -64: refused below */
   if (ctx->persistent_opt == 1) bm = 128;
   const int bq = opts->block_mask_block_q;
   if (bq > 0 && bq % bm != 0 && bq % 128 == 0) bm = 128;
@@ -378,6 +378,7 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     if (st != FJ_OK) return st;
   }
   const char *tmpl = choose_template(ctx, opts, arch);
+  const int block_m90 = sm90_block_m(ctx, opts);
   for (fjr_kernel *k = spec->kernels; k; k = k->next) {
     if (k->head_dim == opts->head_dim && k->dtype == opts->dtype &&
         strcmp(k->cfg.arch, arch) == 0 &&
@@ -385,7 +386,7 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
         (ctx->persistent_opt < 0 || !k->cfg.uses_tma ||
          k->cfg.persistent == ctx->persistent_opt) &&
         (!ctx->stages_opt || !k->cfg.uses_tma || k->cfg.num_stages == ctx->stages_opt) &&
-        (!k->cfg.uses_tma || k->cfg.block_m == sm90_block_m(ctx, opts))) {
+        (!k->cfg.uses_tma || k->cfg.block_m == block_m90)) {
       *out = k;
       if (info) {
         memset(info, 0, sizeof(*info));
@@ -413,12 +414,13 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     return fjr_fail(ctx, st, "%s", err);
   }
   st = apply_context_overrides(ctx, &k->cfg);
-  if (st == FJ_OK && k->cfg.uses_tma && k->cfg.block_m != sm90_block_m(ctx, opts) &&
-      fjg_config_set_consumers(&k->cfg, sm90_block_m(ctx, opts) / 64) != 0)
+  if (st == FJ_OK && k->cfg.uses_tma && k->cfg.block_m != block_m90 &&
+      (block_m90 <= 0 || fjg_config_set_consumers(&k->cfg, block_m90 / 64) != 0))
     st = fjr_fail(ctx, FJ_EUNSUPPORTED,
-                  "FLEXJIT_CONSUMERS=%d: the sm90 kernel takes 2 consumer warpgroups, "
+                  "FLEXJIT_CONSUMERS=%s: the sm90 kernel takes 2 consumer warpgroups, "
                   "or 3 at head dim 64 (not persistent); head dim %d here",
-                  ctx->consumers_opt, k->cfg.head_dim);
+                  getenv("FLEXJIT_CONSUMERS") ? getenv("FLEXJIT_CONSUMERS") : "?",
+                  k->cfg.head_dim);
   if (st != FJ_OK) {
     free(k);
     return st;

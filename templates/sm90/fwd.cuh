@@ -1,7 +1,8 @@
 // templates/sm90/fwd.cuh: FlashAttention-3 style forward kernel for sm_90a
 // (Hopper): TMA loads into 128-byte-swizzled shared memory completing on
 // mbarriers, a K/V pipeline of FJ_NUM_STAGES stages, one producer warpgroup
-// and two consumer warpgroups with register reallocation (setmaxnreg),
+// and two consumer warpgroups (three at head dim 64) with register
+// reallocation (setmaxnreg),
 // wgmma for S = Q K^T (both operands in shared memory) and O += P V (P from
 // registers), ping-pong between the consumer warpgroups (named barriers) and
 // intra-warpgroup overlap of softmax with the next Q K^T.
@@ -10,7 +11,8 @@
 // Macros (all required unless marked optional):
 //   FJ_HEAD_DIM        64 | 128 | 256
 //   FJ_DTYPE_BF16 1  or  FJ_DTYPE_F16 1
-//   FJ_BLOCK_M         128: 64 query rows per consumer warpgroup
+//   FJ_BLOCK_M         64 query rows per consumer warpgroup: 128, or 192
+//                      with FJ_NUM_WARPS 16
 //   FJ_BLOCK_N         64 | 128: kv rows per tile (the N of S = Q K^T)
 //   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute;
 //                      or 16 at head dim 64: warpgroups 1-3 compute
@@ -36,12 +38,13 @@
 //                      kernel, per work item
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
 //                      (default 24 and 240; 40 and 232 for the persistent
-//                      kernel, whose producer warp classifies tiles). The
-//                      CTA starts with 168 a thread
-//                      (65536 / 384, rounded down to 8) and setmaxnreg only
-//                      moves registers within that pool, so PRODUCER +
-//                      2 * CONSUMER must not exceed 3 * 168 = 504: asking for
-//                      more makes setmaxnreg.inc wait forever
+//                      kernel, whose producer warp classifies tiles; 24 and
+//                      160 with three consumers). The CTA starts with 168 a
+//                      thread (65536 / 384, rounded down to 8; 128 with 512
+//                      threads) and setmaxnreg only moves registers within
+//                      that pool, so PRODUCER + 2 * CONSUMER must not exceed
+//                      3 * 168 = 504 (PRODUCER + 3 * CONSUMER 4 * 128 = 512):
+//                      asking for more makes setmaxnreg.inc wait forever
 // Hooks: exactly those of sm80/fwd.cuh (fj_user_params, fj_tile_class,
 //   fj_mask, fj_score_mod; see common/fj_common.cuh), same semantics.
 // Block masks: as sm80/fwd.cuh. With p.bm_kv_num set, the kv tiles and
@@ -59,7 +62,8 @@
 //       const __grid_constant__ fj_tma_maps maps)
 //   launched with kernelParams {&params, &maps} (two parameters: not the
 //   CU_LAUNCH_PARAM_BUFFER_POINTER path), grid (ceil(Lq / FJ_BLOCK_M), Hq, B),
-//   384 threads, no cluster, and FJH_SMEM_BYTES of dynamic shared memory:
+//   FJH_THREADS (384; 512 with three consumers), no cluster, and
+//   FJH_SMEM_BYTES of dynamic shared memory:
 //     1024 + (FJ_BLOCK_M + 2 * FJ_NUM_STAGES * FJ_BLOCK_N) * FJ_HEAD_DIM * 2
 //          + 8 * (1 + 4 * FJ_NUM_STAGES)        (gen/config.c computes it)
 //   maps.q/k/v are CUtensorMaps (runtime/tma.c builds them) over the 4-D

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "d5da31742a3bdcb37197cda89188991c"
+#define PINNED_SOURCE_KEY "348b8f8031864e890c4b3ada5bc642c9"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
@@ -184,6 +184,37 @@ static void test_block_mask_rows(void **state) {
   assert_null(strstr(d.name, "_m128"));
 }
 
+/* FLEXJIT_CONSUMERS=2 gives D=64 the 128-row kernel; 3 where it cannot
+ * be (D=128), or a value neither 2 nor 3, is refused by name. */
+static void test_consumers_env(void **state) {
+  (void)state;
+  if (!have_nvrtc()) skip();
+  const variant d64 = {"d64", kPinnedSpec, 64, FJ_DTYPE_BF16, "sm_90a", "sm90"};
+  fj_kernel_info plain, two, masked;
+  key_of(&d64, &plain);
+  key_of_bq(&d64, 128, &masked);
+  setenv("FLEXJIT_CONSUMERS", "2", 1);
+  key_of(&d64, &two);
+  assert_string_equal(two.source_key, masked.source_key);
+  assert_string_not_equal(two.source_key, plain.source_key);
+  static const char *const bad[][2] = {{"3", "128"}, {"x", "64"}, {"4", "64"}};
+  for (int i = 0; i < 3; i++) {
+    setenv("FLEXJIT_CONSUMERS", bad[i][0], 1);
+    fj_context *ctx = NULL;
+    fj_spec *spec = NULL;
+    assert_int_equal(fj_context_create(NULL, &ctx), FJ_OK);
+    assert_int_equal(fj_spec_load_string(ctx, kPinnedSpec, strlen(kPinnedSpec), "k.lua",
+                                         &spec), FJ_OK);
+    fj_kernel_options ko = {.head_dim = atoi(bad[i][1]), .dtype = FJ_DTYPE_BF16,
+                            .arch = "sm_90a", .kernel_template = "sm90"};
+    assert_int_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_EUNSUPPORTED);
+    assert_non_null(strstr(fj_context_last_error(ctx), "FLEXJIT_CONSUMERS="));
+    fj_spec_destroy(spec);
+    fj_context_destroy(ctx);
+  }
+  unsetenv("FLEXJIT_CONSUMERS");
+}
+
 /* FLEXJIT_FAST_COMPILE=1 compiles with NVRTC's --Ofast-compile=max: its
  * own key, so a fast-compiled kernel never stands in for an optimized one. */
 static void test_fast_compile(void **state) {
@@ -224,6 +255,7 @@ int main(void) {
       cmocka_unit_test(test_persistent),
       cmocka_unit_test(test_fast_compile),
       cmocka_unit_test(test_block_mask_rows),
+      cmocka_unit_test(test_consumers_env),
       cmocka_unit_test(test_pinned_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
