@@ -116,6 +116,11 @@ int fjg_sm90_tile(int head_dim, int *block_m, int *block_n) {
   return 0;
 }
 
+int fjg_sm90_block_m_for(int block_m, int block_q) {
+  if (block_q <= 0 || block_q % block_m == 0) return block_m;
+  return block_q % 128 == 0 ? 128 : 0;
+}
+
 /* The sm90 template (templates/sm90/fwd.cuh): one producer and two consumer
  * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal;
  * at D=64 three consumers and 192 x 128 tiles, FlashAttention-3's small-head

@@ -62,6 +62,10 @@ void fjg_config_set_persistent(fjg_config *c, int on);
  * 0, or -1 for a head dim it does not have. Cheap: the launch path asks it
  * whether a block mask's blocks are whole tiles. */
 int fjg_sm90_tile(int head_dim, int *block_m, int *block_n);
+/* The query rows of an sm90 tile that a block mask of block_q-row blocks
+ * fits: block_m when block_q is a multiple of it (or 0: no mask), else 128
+ * (the two-consumer tile, which every head dim has) when that fits, else 0. */
+int fjg_sm90_block_m_for(int block_m, int block_q);
 /* sm90 only: num_stages K/V stages (>= 2) when they fit the target's shared
  * memory; returns 0 when it set them, -1 (and changes nothing) otherwise. */
 int fjg_config_set_stages(fjg_config *c, int num_stages);

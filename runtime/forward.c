@@ -336,9 +336,10 @@ static int sm90_block_m(const fj_context *ctx, const fj_kernel_options *opts) {
   if (fjg_sm90_tile(opts->head_dim, &bm, &bn) != 0) return 0;
   if (ctx->consumers_opt) bm = 64 * ctx->consumers_opt; /* -64: refused below */
   if (ctx->persistent_opt == 1) bm = 128;
-  const int bq = opts->block_mask_block_q;
-  if (bq > 0 && bq % bm != 0 && bq % 128 == 0) bm = 128;
-  return bm;
+  if (bm <= 0) return bm;
+  /* A mask no sm90 tile fits keeps bm: its bind says why. */
+  const int fit = fjg_sm90_block_m_for(bm, opts->block_mask_block_q);
+  return fit ? fit : bm;
 }
 
 /* "sm80" when the default choice must avoid sm90 for this block mask: its
@@ -349,15 +350,11 @@ static int sm90_block_m(const fj_context *ctx, const fj_kernel_options *opts) {
  * then says why it does not fit). Runs on every launch with a mask: the
  * usual answer takes two integer checks, no configuration. */
 static const char *block_mask_template(const fj_context *ctx,
-                                       const fj_block_mask *bm, int head_dim,
+                                       const fj_block_mask_info *mi, int head_dim,
                                        fj_dtype dtype) {
-  fj_block_mask_info mi;
   int bm90 = 0, bn90 = 0;
-  if (!bm || ctx->template_opt || fj_block_mask_get_info(bm, &mi) != FJ_OK ||
-      fjg_sm90_tile(head_dim, &bm90, &bn90) != 0)
-    return NULL;
-  if ((mi.block_q % bm90 == 0 || mi.block_q % 128 == 0) && mi.block_kv % bn90 == 0)
-    return NULL;
+  if (!mi || ctx->template_opt || fjg_sm90_tile(head_dim, &bm90, &bn90) != 0) return NULL;
+  if (fjg_sm90_block_m_for(bm90, mi->block_q) && mi->block_kv % bn90 == 0) return NULL;
   /* Only if sm80 has this head dim (not 256): else sm90's bind says why. */
   fjg_config c;
   if (fjg_config_choose_template(head_dim, dtype, "sm_90a", "sm80", &c, NULL, 0) != FJ_OK)
@@ -895,13 +892,12 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
 
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   fj_block_mask_info bmi;
-  const int bm_block_q =
-      args->block_mask && fj_block_mask_get_info(args->block_mask, &bmi) == FJ_OK
-          ? bmi.block_q : 0;
-  fj_kernel_options kopts = {
-      .head_dim = (int)D, .dtype = dtype,
-      .kernel_template = block_mask_template(ctx, args->block_mask, (int)D, dtype),
-      .block_mask_block_q = bm_block_q};
+  const fj_block_mask_info *mi =
+      args->block_mask && fj_block_mask_get_info(args->block_mask, &bmi) == FJ_OK ? &bmi
+                                                                                  : NULL;
+  fj_kernel_options kopts = {.head_dim = (int)D, .dtype = dtype,
+                             .kernel_template = block_mask_template(ctx, mi, (int)D, dtype),
+                             .block_mask_block_q = mi ? mi->block_q : 0};
   fjr_kernel *k = NULL;
   if ((st = get_kernel(ctx, spec, &kopts, &k, NULL)) != FJ_OK) return st;
   if (!k->module && (st = load_module(ctx, k)) != FJ_OK) return st;

@@ -1168,7 +1168,8 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
 }
 #endif
 
-// Consumer c (0 or 1) owns query rows q0 + 64 c .. + 63 of the CTA's tile.
+// Consumer c (0 .. FJH_NC - 1) owns query rows q0 + 64 c .. + 63 of the
+// CTA's tile.
 // n as for fjh_produce; kq: the item's number among the CTA's items (0 in
 // the non-persistent kernel), which picks the Q buffer and its phase.
 __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_smem_map &sm,

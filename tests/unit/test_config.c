@@ -271,6 +271,15 @@ static void test_sm90_tile(void **state) {
   }
   int m = 0, n = 0;
   assert_int_equal(fjg_sm90_tile(96, &m, &n), -1);
+  /* Which tile a block mask's block_q takes: the given one when it fits (or
+   * without a mask), else 128 rows, else none. */
+  assert_int_equal(fjg_sm90_block_m_for(192, 0), 192);
+  assert_int_equal(fjg_sm90_block_m_for(192, 384), 192);
+  assert_int_equal(fjg_sm90_block_m_for(192, 128), 128);
+  assert_int_equal(fjg_sm90_block_m_for(192, 256), 128);
+  assert_int_equal(fjg_sm90_block_m_for(128, 256), 128);
+  assert_int_equal(fjg_sm90_block_m_for(192, 64), 0);
+  assert_int_equal(fjg_sm90_block_m_for(128, 64), 0);
 }
 
 /* $FLEXJIT_STAGES's setter: sm90 only, and only depths that fit. */
