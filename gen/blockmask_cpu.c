@@ -9,32 +9,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gen/emit_blockmask.h"
 #include "gen/interval.h"
 
-void fjg_block_mask_counts(int B, int H, int nq, int nkv,
-                           size_t counts[FJG_BLOCK_MASK_ARRAYS]) {
+void fjg_block_mask_counts(int B, int H, int nq, int nkv, size_t counts[8]) {
   size_t bh = (size_t)B * (size_t)H;
   size_t tiles = bh * (size_t)nq * (size_t)nkv;
-  counts[0] = counts[2] = counts[8] = bh * (size_t)nq;
+  counts[0] = counts[2] = bh * (size_t)nq;
   counts[4] = counts[6] = bh * (size_t)nkv;
   counts[1] = counts[3] = counts[5] = counts[7] = tiles;
 }
 
-void fjg_block_mask_arrays(const fjg_block_mask_host *m,
-                           int32_t *arrays[FJG_BLOCK_MASK_ARRAYS]) {
+void fjg_block_mask_arrays(const fjg_block_mask_host *m, int32_t *arrays[8]) {
   arrays[0] = m->kv_num, arrays[1] = m->kv_idx;
   arrays[2] = m->full_kv_num, arrays[3] = m->full_kv_idx;
   arrays[4] = m->q_num, arrays[5] = m->q_idx;
   arrays[6] = m->full_q_num, arrays[7] = m->full_q_idx;
-  arrays[8] = m->q_order;
 }
 
 void fjg_block_mask_host_free(fjg_block_mask_host *m) {
   if (!m) return;
-  int32_t *arrays[FJG_BLOCK_MASK_ARRAYS];
+  int32_t *arrays[8];
   fjg_block_mask_arrays(m, arrays);
-  for (int i = 0; i < FJG_BLOCK_MASK_ARRAYS; i++) free(arrays[i]);
+  for (int i = 0; i < 8; i++) free(arrays[i]);
   free(m->cls);
   memset(m, 0, sizeof *m);
 }
@@ -90,12 +86,12 @@ static void compact_line(const uint8_t *cls, int n, size_t stride,
 }
 
 static int alloc_arrays(fjg_block_mask_host *m) {
-  size_t counts[FJG_BLOCK_MASK_ARRAYS];
-  int32_t **arrays[FJG_BLOCK_MASK_ARRAYS] = {
-      &m->kv_num, &m->kv_idx,     &m->full_kv_num, &m->full_kv_idx, &m->q_num,
-      &m->q_idx,  &m->full_q_num, &m->full_q_idx,  &m->q_order};
+  size_t counts[8];
+  int32_t **arrays[8] = {&m->kv_num, &m->kv_idx, &m->full_kv_num,
+                         &m->full_kv_idx, &m->q_num, &m->q_idx,
+                         &m->full_q_num, &m->full_q_idx};
   fjg_block_mask_counts(m->B, m->H, m->nq, m->nkv, counts);
-  for (int i = 0; i < FJG_BLOCK_MASK_ARRAYS; i++)
+  for (int i = 0; i < 8; i++)
     if (!(*arrays[i] = calloc(counts[i] ? counts[i] : 1, sizeof(int32_t))))
       return 0;
   m->cls = calloc(counts[1] ? counts[1] : 1, 1);
@@ -135,38 +131,6 @@ static void compact_all(fjg_block_mask_host *m) {
   }
 }
 
-/* q_order of each row: its query blocks by descending kv-block count
- * (PARTIAL + FULL), ties in ascending index; last to first when the GPU
- * builder could not bin the counts (fj_blockmask_order). A counting sort,
- * as there. */
-static int order_all(fjg_block_mask_host *m) {
-  size_t nq = (size_t)m->nq;
-  int nkv = m->nkv;
-  int *next = nkv <= FJG_BLOCKMASK_ORDER_MAX_NKV
-                  ? calloc((size_t)nkv + 1, sizeof *next)
-                  : NULL;
-  if (nkv <= FJG_BLOCKMASK_ORDER_MAX_NKV && !next) return 0;
-  for (size_t bh = 0; bh < (size_t)m->B * m->H; bh++) {
-    const int32_t *num = m->kv_num + bh * nq, *fnum = m->full_kv_num + bh * nq;
-    int32_t *order = m->q_order + bh * nq;
-    if (!next) {
-      for (size_t i = 0; i < nq; i++) order[i] = (int32_t)(nq - 1 - i);
-      continue;
-    }
-    memset(next, 0, ((size_t)nkv + 1) * sizeof *next);
-    for (size_t i = 0; i < nq; i++) next[num[i] + fnum[i]]++;
-    int at = 0;
-    for (int w = nkv; w >= 0; w--) {
-      int c = next[w];
-      next[w] = at;
-      at += c;
-    }
-    for (size_t i = 0; i < nq; i++) order[next[num[i] + fnum[i]]++] = (int32_t)i;
-  }
-  free(next);
-  return 1;
-}
-
 fj_status fjg_block_mask_cpu_build(const fjg_graph *g, const fjg_env *env,
                                    int B, int H, int q_len, int kv_len,
                                    int block_q, int block_kv,
@@ -187,17 +151,13 @@ fj_status fjg_block_mask_cpu_build(const fjg_graph *g, const fjg_env *env,
                            (q_len + block_q - 1) / block_q,
                            (kv_len + block_kv - 1) / block_kv,
                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                           NULL, NULL};
+                           NULL};
   if (!alloc_arrays(&m)) {
     fjg_block_mask_host_free(&m);
     return FJ_ENOMEM;
   }
   classify_all(g, &local, &m);
   compact_all(&m);
-  if (!order_all(&m)) {
-    fjg_block_mask_host_free(&m);
-    return FJ_ENOMEM;
-  }
   *out = m;
   return FJ_OK;
 }

@@ -9,8 +9,6 @@
  *   full_kv_num, full_kv_idx                          FULL blocks per row
  *   q_num [B][H][nkv], q_idx [B][H][nkv][nq]          PARTIAL blocks per column
  *   full_q_num, full_q_idx                            FULL blocks per column
- *   q_order [B][H][nq]                                query blocks, most kv
- *                                                     blocks first (stable)
  *   cls [B][H][nq][nkv]                               FJG_TILE_* of each block
  * Index lists are ascending; entries past a list's count are 0.
  *
@@ -31,22 +29,16 @@ typedef struct fjg_block_mask_host {
   int nq, nkv;
   int32_t *kv_num, *kv_idx, *full_kv_num, *full_kv_idx;
   int32_t *q_num, *q_idx, *full_q_num, *full_q_idx;
-  int32_t *q_order;
   uint8_t *cls;
 } fjg_block_mask_host;
 
-/* The arrays, in fj_block_mask_array order: FlexAttention's eight (kv_num,
- * kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx),
- * then q_order. */
-#define FJG_BLOCK_MASK_ARRAYS 9
+/* Element counts of the eight arrays in fj_block_mask_array order
+ * (kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num,
+ * full_q_idx) for the given extents. */
+void fjg_block_mask_counts(int B, int H, int nq, int nkv, size_t counts[8]);
 
-/* Element counts of the arrays for the given extents. */
-void fjg_block_mask_counts(int B, int H, int nq, int nkv,
-                           size_t counts[FJG_BLOCK_MASK_ARRAYS]);
-
-/* The arrays of m in the same order (borrowed). */
-void fjg_block_mask_arrays(const fjg_block_mask_host *m,
-                           int32_t *arrays[FJG_BLOCK_MASK_ARRAYS]);
+/* The eight arrays of m in the same order (borrowed). */
+void fjg_block_mask_arrays(const fjg_block_mask_host *m, int32_t *arrays[8]);
 
 /*
  * Builds the block mask of g's mask_mod for B (1 = broadcast) batch entries

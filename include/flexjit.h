@@ -245,14 +245,7 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
  *   full_kv_indices    [B][H][nq][nkv]
  *   q_num_blocks, q_indices, full_q_num_blocks, full_q_indices: the same
  *   per kv block ([B][H][nkv] and [B][H][nkv][nq]), for the backward pass,
- * with nq = ceil(q_len / block_q) and nkv = ceil(kv_len / block_kv); and,
- * flexjit's own,
- *   q_order            [B][H][nq]       the row's query blocks, most kv
- *                                       blocks (PARTIAL + FULL) first, ties
- *                                       in ascending index (last to first
- *                                       when nkv > 12287)
- * which the sm90 forward kernel starts its CTAs in when block_q is its
- * query tile, so that a document mask's longest rows do not start last.
+ * with nq = ceil(q_len / block_q) and nkv = ceil(kv_len / block_kv).
  */
 typedef struct fj_block_mask fj_block_mask;
 
@@ -309,8 +302,7 @@ typedef enum {
   FJ_BM_Q_INDICES = 5,
   FJ_BM_FULL_Q_NUM_BLOCKS = 6,
   FJ_BM_FULL_Q_INDICES = 7,
-  FJ_BM_Q_ORDER = 8, /* flexjit's own: see fj_block_mask_build */
-  FJ_BM_NUM_ARRAYS = 9
+  FJ_BM_NUM_ARRAYS = 8
 } fj_block_mask_array;
 
 typedef struct fj_block_mask_info {

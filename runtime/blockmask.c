@@ -28,21 +28,18 @@
 #define FJR_BM_MAX_PARAM_BYTES 4096
 #define FJR_BM_ALIGN 256
 
-_Static_assert(FJ_BM_NUM_ARRAYS == FJG_BLOCK_MASK_ARRAYS,
-               "block mask: the public and the CPU array lists differ");
-
 /* The forward parameter's block-mask fields follow scale_log2 directly, on
  * the host as on the device (templates/common/fj_fwd.cuh). */
 _Static_assert(offsetof(fjr_fwd_params_fixed, bm_kv_num) == 184,
                "fj_fwd_params: block-mask fields moved");
-_Static_assert(sizeof(fjr_fwd_params_fixed) == 248,
+_Static_assert(sizeof(fjr_fwd_params_fixed) == 240,
                "fj_fwd_params: fixed part changed size");
 
 /* Host mirror of struct fj_bm_params (gen/emit_blockmask.c) up to `user`,
  * which follows at the next 8-byte boundary. */
 typedef struct bm_params_fixed {
   uint64_t cls;
-  uint64_t arrays[FJ_BM_NUM_ARRAYS]; /* fj_block_mask_array order */
+  uint64_t arrays[8]; /* fj_block_mask_array order */
   fjr_sizes sz;
   int32_t H, block_q, block_kv, nq, nkv;
 } bm_params_fixed;
@@ -55,7 +52,7 @@ struct fj_block_mask {
   int device;
   int B, H, q_len, kv_len, block_q, block_kv, nq, nkv;
   CUmodule module;
-  CUfunction classify, compact, order;
+  CUfunction classify, compact;
   CUdeviceptr mem;
   size_t offsets[FJ_BM_NUM_ARRAYS + 1]; /* the arrays, then cls */
   size_t counts[FJ_BM_NUM_ARRAYS];
@@ -90,7 +87,6 @@ static fj_status builder_keys(fj_context *ctx, const fj_spec *spec,
   fjc_key_add_str(&b, "builder", fjg_blockmask_kernel_source());
   fjc_key_add(&b, "common", common, common ? common_len : 0);
   fjc_key_add_int(&b, "warps", FJG_BLOCKMASK_WARPS);
-  fjc_key_add_int(&b, "order_max_nkv", FJG_BLOCKMASK_ORDER_MAX_NKV);
   fjc_key_add_str(&b, "arch", arch);
   int nopt = 0;
   const char *const *opts = fjr_nvrtc_base_options(&nopt);
@@ -232,8 +228,6 @@ static fj_status load_builder(fj_block_mask *m, const char *arch) {
   r = d->cuModuleGetFunction(&m->classify, m->module, "fj_blockmask_classify");
   if (r == CUDA_SUCCESS)
     r = d->cuModuleGetFunction(&m->compact, m->module, "fj_blockmask_compact");
-  if (r == CUDA_SUCCESS)
-    r = d->cuModuleGetFunction(&m->order, m->module, "fj_blockmask_order");
   if (r != CUDA_SUCCESS)
     return fjr_cu_fail(ctx, "cuModuleGetFunction (block-mask builder)", r);
   return FJ_OK;
@@ -388,14 +382,6 @@ static fj_status launch_builder(fj_block_mask *m, const fj_arg *args,
                         0, (CUstream)stream, NULL, extra);
   if (r != CUDA_SUCCESS)
     return fjr_cu_fail(ctx, "cuLaunchKernel (fj_blockmask_compact)", r);
-  /* One bin per kv-block count in shared memory (at most 48 KiB). */
-  unsigned bins = m->nkv <= FJG_BLOCKMASK_ORDER_MAX_NKV
-                      ? 4u * (unsigned)(m->nkv + 1)
-                      : 0u;
-  r = d->cuLaunchKernel(m->order, bh, 1, 1, 32, 1, 1, bins, (CUstream)stream,
-                        NULL, extra);
-  if (r != CUDA_SUCCESS)
-    return fjr_cu_fail(ctx, "cuLaunchKernel (fj_blockmask_order)", r);
   m->stream = (CUstream)stream;
   return FJ_OK;
 }
@@ -524,7 +510,6 @@ fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
   p->bm_kv_num = p->bm_kv_idx = p->bm_full_num = p->bm_full_idx = 0;
   p->bm_b_stride = p->bm_h_stride = p->bm_nkv = 0;
   p->bm_q_ratio = p->bm_kv_ratio = 1;
-  p->bm_order = 0;
   if (!m) return FJ_OK;
   if (m->device != ctx->opts.device)
     return fjr_fail(ctx, FJ_EINVAL,
@@ -554,9 +539,5 @@ fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
   p->bm_nkv = m->nkv;
   p->bm_q_ratio = m->block_q / block_m;
   p->bm_kv_ratio = m->block_kv / block_n;
-  /* The order lists the mask's query blocks: the kernel's when they are
-   * its tiles (then nq is the grid's ceil(Lq / block_m)). */
-  p->bm_order =
-      p->bm_q_ratio == 1 ? m->mem + m->offsets[FJ_BM_Q_ORDER] : 0;
   return FJ_OK;
 }

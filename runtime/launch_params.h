@@ -31,7 +31,6 @@ typedef struct fjr_fwd_params_fixed {
   int32_t bm_nkv;
   int32_t bm_q_ratio;
   int32_t bm_kv_ratio;
-  uint64_t bm_order; /* the mask's q_order, or 0 */
 } fjr_fwd_params_fixed;
 
 /* Offset of `user` in the device struct: its first member is a long long. */

@@ -39,10 +39,6 @@ struct fj_fwd_params {
   int bm_nkv;
   int bm_q_ratio;   // block_q / FJ_BLOCK_M
   int bm_kv_ratio;  // block_kv / FJ_BLOCK_N
-  // Launch order (the mask's q_order: each row's query blocks, most kv
-  // blocks first), or nullptr; set only when bm_q_ratio is 1. The sm90
-  // kernel starts its CTAs in this order; sm80 ignores it.
-  const int *bm_order;
   fj_user_params user;
 };
 

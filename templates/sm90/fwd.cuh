@@ -461,38 +461,10 @@ __device__ __forceinline__ void fjh_wgmma_rs(float (&d)[128], const unsigned (&a
 // within each head, whose CTAs then run together and share its K and V in
 // L2. (A longest-first order over the whole grid was measured no faster:
 // bench/RESULTS.md, session 2, run 7.)
-//
-// With a block mask's launch order (p.bm_order, the mask's q_order array:
-// each row's query blocks, most kv blocks first) the grid runs
-// longest-first within sections of G (b, h) pairs whose K and V fit in
-// about 24 MiB of L2, the section's pairs fastest: a document mask's rows
-// are not longest-first by index, and its long rows would otherwise start
-// last (FJ_BM_ORDER=0 ignores the order, for ablations). Not at D=256:
-// a loaded query block cannot be recomputed from blockIdx where the
-// consumers need it, and the one more live register made ptxas spill the
-// sliding-window kernel there (its 232 registers are tight).
-#ifndef FJ_BM_ORDER
-#define FJ_BM_ORDER (FJ_HEAD_DIM < 256)
-#endif
 struct fjh_work {
   int m, h, b;
 };
-__device__ __forceinline__ fjh_work fjh_work_of_cta(const fj_fwd_params &p) {
-#if FJ_BM_ORDER
-  if (p.bm_order != nullptr) {
-    const int nm = (int)gridDim.x, nh = (int)gridDim.y, nhb = nh * (int)gridDim.z;
-    const int id = (int)blockIdx.x + nm * ((int)blockIdx.y + nh * (int)blockIdx.z);
-    const long long kv_bytes = (long long)max(p.sz.Lk, 1) * FJ_HEAD_DIM * 4;  // K + V
-    const int G = (int)min((long long)nhb, max(1ll, (24ll << 20) / kv_bytes));
-    const int first = id / (nm * G) * G;
-    const int g = min(G, nhb - first);  // the last section may be smaller
-    const int r = id - first * nm;
-    const int hb = first + r % g;
-    const int b = hb / nh, h = hb - b * nh;
-    return fjh_work{__ldg(p.bm_order + b * p.bm_b_stride + h * p.bm_h_stride + r / g), h, b};
-  }
-#endif
-  (void)p;
+__device__ __forceinline__ fjh_work fjh_work_of_cta() {
   return fjh_work{(int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
 }
 
@@ -1146,16 +1118,11 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
 #endif
 }
 
-// FJ_EPI_REGS=1 (optional, an experiment): the non-persistent kernel writes
-// O from registers too (fjh_epilogue_regs), without the shared-memory pass.
-#ifndef FJ_EPI_REGS
-#define FJ_EPI_REGS 0
-#endif
-#if FJ_PERSISTENT || FJ_EPI_REGS
-// Epilogue of the persistent kernel (and of FJ_EPI_REGS): O / l straight
-// from registers to global memory (each quad of lanes writes 16 contiguous
-// bytes of a row), without the Q area, which the persistent kernel's
-// producer refills with the next item's Q while this runs.
+#if FJ_PERSISTENT
+// Epilogue of the persistent kernel: O / l straight from registers to
+// global memory (each quad of lanes writes 16 contiguous bytes of a row),
+// without the Q area, which the producer refills with the next item's Q
+// while this runs.
 __device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, int b, int h,
                                                   int wq0, const float (&o)[FJH_O_REGS],
                                                   const float (&row_m)[2],
@@ -1182,9 +1149,7 @@ __device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, int b,
     }
   }
 }
-#endif
 
-#if FJ_PERSISTENT
 // Epilogue of a work item without tiles: O = 0 and LSE = -inf for the
 // consumer's rows below Lq, without shared memory.
 __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b, int h,
@@ -1383,11 +1348,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
   // A row without tiles still had its Q loaded (at the start of the
   // kernel): the epilogue writes over the Q area only once it has landed.
   if (lo > hi) fjh_mbar_wait_warp(sm.q_full(0), 0);
-#if FJ_EPI_REGS
-  fjh_epilogue_regs(p, b, h, wq0, o, row_m, row_l);
-#else
   fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
-#endif
 #endif
 #ifdef FJ_TRACE
   FJH_TR(6);
@@ -1595,7 +1556,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   FJH_TR(0);
 #endif
 
-  const fjh_work w = fjh_work_of_cta(p);
+  const fjh_work w = fjh_work_of_cta();
   const int m_block = w.m, h = w.h, b = w.b;
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
   const int q0 = m_block * FJ_BLOCK_M;

@@ -16,7 +16,6 @@
 #include <cmocka.h>
 
 #include "gen/blockmask_cpu.h"
-#include "gen/emit_blockmask.h"
 #include "gen/interval.h"
 #include "runtime/context.h"
 
@@ -100,28 +99,6 @@ static void check_line(const uint8_t *cls, int n, size_t stride, int32_t num,
   for (int k = nf; k < n; k++) assert_int_equal(full_idx[k], 0);
 }
 
-/* q_order of row bh: a permutation of the query blocks, kv-block counts
- * descending, equal counts in ascending index. */
-static void check_order(const fjg_block_mask_host *m, size_t bh) {
-  size_t nq = (size_t)m->nq;
-  const int32_t *order = m->q_order + bh * nq;
-  char *seen = calloc(nq, 1);
-  assert_non_null(seen);
-  for (size_t k = 0; k < nq; k++) {
-    int32_t i = order[k];
-    assert_true(i >= 0 && (size_t)i < nq && !seen[i]);
-    seen[i] = 1;
-    if (k == 0) continue;
-    int32_t p = order[k - 1];
-    int wp = m->kv_num[bh * nq + p] + m->full_kv_num[bh * nq + p];
-    int wi = m->kv_num[bh * nq + i] + m->full_kv_num[bh * nq + i];
-    if (wp < wi || (wp == wi && p > i))
-      fail_msg("row %zu: q_order[%zu] = %d (%d blocks) after %d (%d blocks)",
-               bh, k, i, wi, p, wp);
-  }
-  free(seen);
-}
-
 /* The whole mask against brute force. */
 static void check_mask(const fjg_graph *g, const world *w, int B, int H,
                        int Lq, int Lk, int bq, int bk) {
@@ -165,7 +142,6 @@ static void check_mask(const fjg_graph *g, const world *w, int B, int H,
                    m.full_q_idx + (bh * nkv + j) * nq);
       assert_int_equal(fjg_block_mask_count_allowed(g, &w->env, &m, b, h),
                        allowed);
-      check_order(&m, bh);
     }
   fjg_block_mask_host_free(&m);
 }
@@ -227,34 +203,6 @@ static void test_document_classes(void **state) {
   fj_context_destroy(ctx);
 }
 
-/* Past FJG_BLOCKMASK_ORDER_MAX_NKV kv blocks q_order is last to first
- * (the GPU builder has no bins for the counts then). */
-static void test_order_many_kv_blocks(void **state) {
-  (void)state;
-  fj_context *ctx = NULL;
-  assert_int_equal(fj_context_create(NULL, &ctx), FJ_OK);
-  fj_spec *spec = load(ctx, kSpecs[0][1]);
-  const fjg_graph *g = fjr_spec_graph(spec);
-  world w;
-  world_init(&w, g, 5, 40);
-  int nkv = FJG_BLOCKMASK_ORDER_MAX_NKV;
-  for (int extra = 0; extra < 2; extra++) {
-    fjg_block_mask_host m;
-    assert_int_equal(fjg_block_mask_cpu_build(g, &w.env, 1, 1, 3,
-                                              nkv + extra, 1, 1, &m),
-                     FJ_OK);
-    assert_int_equal(m.nkv, nkv + extra);
-    if (extra) {
-      for (int k = 0; k < 3; k++) assert_int_equal(m.q_order[k], 2 - k);
-    } else {
-      check_order(&m, 0);
-    }
-    fjg_block_mask_host_free(&m);
-  }
-  fj_spec_destroy(spec);
-  fj_context_destroy(ctx);
-}
-
 static void test_bad_arguments(void **state) {
   (void)state;
   fjg_graph *g = fjg_graph_create();
@@ -286,7 +234,6 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_against_brute_force),
       cmocka_unit_test(test_document_classes),
-      cmocka_unit_test(test_order_many_kv_blocks),
       cmocka_unit_test(test_bad_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

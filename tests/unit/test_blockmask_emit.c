@@ -58,7 +58,6 @@ static void test_emit_deterministic(void **state) {
   assert_memory_equal(a.data, b.data, a.len);
   assert_non_null(strstr(a.data, "fj_blockmask_classify"));
   assert_non_null(strstr(a.data, "fj_blockmask_compact"));
-  assert_non_null(strstr(a.data, "fj_blockmask_order"));
   assert_non_null(strstr(a.data, "fj_tile_class"));
   assert_non_null(strstr(a.data, "fj_load_i32(u.a_doc"));
   assert_non_null(strstr(a.data, "#define FJ_HAS_MASK 1"));
