@@ -9,7 +9,9 @@
 #   -- DEFINES"; "" is the shipped kernel.
 #   ABLATE_CASES picks the cases: unset, full4k, causal16k and causal64;
 #   sched adds causal4k, doc4k, full16k, sliding16k and doc16k; softmax is
-#   causal64, causal16k and sliding16k; or a comma-separated list of names.
+#   causal64, causal16k and sliding16k; or a comma-separated list of names
+#   (doc16kb8: the document mask at 8 x 16384, where the last wave of CTAs
+#   weighs a quarter as much as at 2 x 16384).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-2}
@@ -24,6 +26,7 @@ declare -A case_of=(
   [full16k]="full 2x16384 D128|examples/full.lua --batch 2 --heads 16 --q-len 16384 --head-dim 128"
   [sliding16k]="sliding 1024 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=1024"
   [doc16k]="document 2x16384|examples/document.lua --batch 2 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
+  [doc16kb8]="document 8x16384|examples/document.lua --batch 8 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
 )
 case ${ABLATE_CASES:-} in
   "") names="full4k causal16k causal64" ;;
