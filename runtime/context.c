@@ -47,6 +47,7 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
    * dim 64 only); another value is refused when a kernel is made. */
   const char *nc = getenv("FLEXJIT_CONSUMERS");
   ctx->consumers_opt = !nc || !*nc ? 0 : !strcmp(nc, "2") ? 2 : !strcmp(nc, "3") ? 3 : -1;
+  snprintf(ctx->consumers_env, sizeof ctx->consumers_env, "%s", nc ? nc : "");
   /* FLEXJIT_FAST_COMPILE=1: NVRTC's --Ofast-compile=max (runtime/forward.c). */
   const char *fc = getenv("FLEXJIT_FAST_COMPILE");
   ctx->fast_compile = fc && !strcmp(fc, "1");

@@ -35,6 +35,7 @@ struct fj_context {
   int persistent_opt; /* $FLEXJIT_PERSISTENT: 1, 0, or -1 (the default) */
   int stages_opt;     /* $FLEXJIT_STAGES: sm90 K/V stages, 0: the default */
   int consumers_opt;  /* $FLEXJIT_CONSUMERS: 2, 3, 0 (unset), -1 (neither) */
+  char consumers_env[16]; /* its text as read (for errors), truncated */
   int fast_compile;   /* $FLEXJIT_FAST_COMPILE=1: NVRTC --Ofast-compile=max */
   char *kernel_defines; /* $FLEXJIT_KERNEL_DEFINES, checked when compiling */
   char err[8192];

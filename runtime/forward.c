@@ -416,7 +416,7 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     st = fjr_fail(ctx, FJ_EUNSUPPORTED,
                   "FLEXJIT_CONSUMERS=%s: the sm90 kernel takes 2 consumer warpgroups, "
                   "or 3 at head dim 64 (not persistent); head dim %d here",
-                  getenv("FLEXJIT_CONSUMERS") ? getenv("FLEXJIT_CONSUMERS") : "?",
+                  ctx->consumers_env,
                   k->cfg.head_dim);
   if (st != FJ_OK) {
     free(k);
