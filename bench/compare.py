@@ -4,8 +4,10 @@
 Runs on the GPU machine (PyTorch with CUDA, Triton). For each case it times
 PyTorch SDPA (flash and cuDNN backends, where the case is expressible),
 compiled FlexAttention (triton.testing.do_bench, median), and
-`flexjit run SPEC --bench` as a subprocess, then prints a markdown table and
-writes $OUT/compare.json.
+`flexjit run SPEC --bench` as a subprocess (--repeat times, 3 by default:
+the same kernel measures up to a few percent apart from one process to the
+next, so the table gives the median process and its range), then prints a
+markdown table and writes $OUT/compare.json.
 
 FLOPs count only allowed (q, kv) pairs: 4 * B * H * D * pairs, for every
 implementation alike (the convention of ../shared/anchors).
@@ -236,6 +238,23 @@ def run_flexjit(binary, spec, B, H, S, D, extra, iters, timeout,
     return res
 
 
+def run_flexjit_repeated(binary, spec, B, H, S, D, extra, iters, timeout,
+                         repeat):
+    """run_flexjit in `repeat` processes: the median process's result, with
+    every process's time in flexjit_ms_all. The first failure is returned
+    as it is."""
+    runs = []
+    for _ in range(max(1, repeat)):
+        r = run_flexjit(binary, spec, B, H, S, D, extra, iters, timeout)
+        if "flexjit_err" in r:
+            return r
+        runs.append(r)
+    runs.sort(key=lambda r: r["flexjit_ms"])
+    res = dict(runs[len(runs) // 2])
+    res["flexjit_ms_all"] = [r["flexjit_ms"] for r in runs]
+    return res
+
+
 # ---- report ----------------------------------------------------------------
 
 
@@ -262,6 +281,8 @@ def main():
     ap.add_argument("--shapes", default="8x4096,2x16384",
                     help="B x S list, e.g. 8x4096,2x16384")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="flexjit processes per case; the median is reported")
     ap.add_argument("--quick", action="store_true",
                     help="2x2048, three cases, 10 iterations")
     ap.add_argument("--only", choices=["all", "flexjit"], default="all",
@@ -312,8 +333,9 @@ def main():
         res = {"case": name, "B": B, "H": H, "S": S, "D": D}
         if have_torch:
             res.update(time_torch(name, B, H, S, D, desc, doc, skip_torch))
-        res.update(run_flexjit(args.flexjit, spec_path, B, H, S, D, extra,
-                               args.iters, args.timeout))
+        res.update(run_flexjit_repeated(args.flexjit, spec_path, B, H, S, D,
+                                        extra, args.iters, args.timeout,
+                                        args.repeat))
         if args.also_sm80:
             alt = run_flexjit(args.flexjit, spec_path, B, H, S, D, extra,
                               args.iters, args.timeout, template="sm80")
@@ -324,19 +346,27 @@ def main():
             if t is None and key == "flexjit":
                 t = res.get("flexjit_own_tflops")  # no torch: its own count
             res[key + "_tflops"] = None if t is None else round(t, 1)
+        if "flexjit_ms_all" in res and "pairs" in res:
+            res["flexjit_tflops_range"] = [
+                round(4.0 * B * H * D * res["pairs"] / (ms * 1e-3) / 1e12, 1)
+                for ms in (max(res["flexjit_ms_all"]),
+                           min(res["flexjit_ms_all"]))]
         rows.append(res)
         print(json.dumps(res), flush=True)
 
     print()
-    print("| case | B x S | flexjit TFLOP/s | flexjit sm80 | FlexAttention | "
-          "SDPA flash | SDPA cuDNN | flexjit / Flex | flexjit / cuDNN |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| case | B x S | flexjit TFLOP/s | flexjit range | flexjit sm80 | "
+          "FlexAttention | SDPA flash | SDPA cuDNN | flexjit / Flex | "
+          "flexjit / cuDNN |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         fj, fl = r["flexjit_tflops"], r["flex_tflops"]
         fa, cu = r["flash_tflops"], r["cudnn_tflops"]
         label = r["case"] + (" (err)" if "flexjit_err" in r else "")
-        print("| %s | %d x %d | %s | %s | %s | %s | %s | %s | %s |" % (
-            label, r["B"], r["S"], fmt(fj), fmt(r.get("sm80_tflops")),
+        rng = r.get("flexjit_tflops_range")
+        rng = "-" if not rng else "%.1f-%.1f" % tuple(rng)
+        print("| %s | %d x %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            label, r["B"], r["S"], fmt(fj), rng, fmt(r.get("sm80_tflops")),
             fmt(fl), fmt(fa), fmt(cu), ratio(fj, fl), ratio(fj, cu)))
     built = [r for r in rows if "flexjit_block_mask_build_ms" in r]
     if built:
