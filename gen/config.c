@@ -165,10 +165,9 @@ int fjg_config_set_consumers(fjg_config *c, int n) {
   return 0;
 }
 
-/* The persistent kernel has two consumers. */
 void fjg_config_set_persistent(fjg_config *c, int on) {
   if (!c || !c->uses_tma) return;
-  if (on) fjg_config_set_consumers(c, 2);
+  if (on) fjg_config_set_consumers(c, FJG_SM90_PERSISTENT_BLOCK_M / 64);
   c->persistent = on ? 1 : 0;
   c->spill_fallback = on ? NULL : "-DFJ_INTRA_WG_OVERLAP=0";
   sm90_layout(c);

@@ -56,7 +56,10 @@ typedef struct fjg_config {
 } fjg_config;
 
 /* Asks for (on = 1) or against the persistent kernel; only the sm90
- * template has one (others are left as they are). */
+ * template has one (others are left as they are). It has two consumer
+ * warpgroups: FJG_SM90_PERSISTENT_BLOCK_M query rows, whatever the head dim
+ * (the launch path needs the rows before a configuration exists). */
+#define FJG_SM90_PERSISTENT_BLOCK_M 128
 void fjg_config_set_persistent(fjg_config *c, int on);
 /* The sm90 kernel's query x kv tile for a head dim (what choose_sm90 sets):
  * 0, or -1 for a head dim it does not have. Cheap: the launch path asks it
@@ -78,8 +81,8 @@ int fjg_config_set_consumers(fjg_config *c, int n);
 /*
  * Chooses the configuration for head_dim (64, 128; 256 on sm90), dtype and arch
  * ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", ...: "sm_", a
- * number >= 80 and an optional one-letter suffix). Every arch uses the sm80
- * template for now. On failure returns FJ_EINVAL (bad argument) or
+ * number >= 80 and an optional one-letter suffix): the sm80 template here;
+ * the runtime asks for sm90 on sm_90a (runtime/forward.c). On failure returns FJ_EINVAL (bad argument) or
  * FJ_EUNSUPPORTED (valid but not supported) and writes a message to err
  * (may be NULL; truncated to errlen). Thread-safe; no allocation.
  */
@@ -88,7 +91,8 @@ fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
 
 /*
  * As fjg_config_choose, with the template named: NULL picks the default
- * (what fjg_config_choose returns: "sm80" on every arch for now), "sm80"
+ * (what fjg_config_choose returns: "sm80" on every arch; the runtime
+ * names "sm90" itself on sm_90a), "sm80"
  * forces the mma.sync template (any arch >= sm_80), "sm90" the wgmma + TMA
  * template, which needs an sm_90a target (wgmma and setmaxnreg exist only
  * there; plain sm_90 and other archs are refused with FJ_EUNSUPPORTED and a

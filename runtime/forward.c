@@ -335,7 +335,7 @@ static int sm90_block_m(const fj_context *ctx, const fj_kernel_options *opts) {
   int bm = 0, bn = 0;
   if (fjg_sm90_tile(opts->head_dim, &bm, &bn) != 0) return 0;
   if (ctx->consumers_opt) bm = 64 * ctx->consumers_opt; /* -64: refused below */
-  if (ctx->persistent_opt == 1) bm = 128;
+  if (ctx->persistent_opt == 1) bm = FJG_SM90_PERSISTENT_BLOCK_M;
   if (bm <= 0) return bm;
   /* A mask no sm90 tile fits keeps bm: its bind says why. */
   const int fit = fjg_sm90_block_m_for(bm, opts->block_mask_block_q);
