@@ -28,7 +28,8 @@
 //                      0 when ptxas reports spills, runtime/forward.c)
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
-//   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT optional,
+//   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT,
+//   FJ_EARLY_ADVANCE   optional,
 //                      each described where it is defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
@@ -1010,6 +1011,16 @@ __device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS],
 // the softmax's exponentials, and the softmax ran after P V instead of
 // beside it (SASS, bench/RESULTS.md, session 6).
 // FJ_PV_WAIT_SPLIT=0 (an ablation) puts the wait back in that block.
+// FJ_EARLY_ADVANCE (default 1; 0 for ablations): in the steady-state loop
+// the consumer finds the tile after the next one (fjh_advance) and its mode
+// between issuing the GEMMs and waiting for S, where the walk's latency
+// (shared-memory reads of a block mask's list, the interval classifier's
+// arithmetic) hides behind the tensor cores, instead of after the softmax,
+// on the way to the next Q K^T.
+#ifndef FJ_EARLY_ADVANCE
+#define FJ_EARLY_ADVANCE 1
+#endif
+
 #ifndef FJ_PV_WAIT_SPLIT
 #define FJ_PV_WAIT_SPLIT 1
 #endif
@@ -1233,6 +1244,9 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     int cls_n;
     int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
     fjh_stage st1 = fjh_stage_next(st0);
+#if FJ_EARLY_ADVANCE
+    int mode_n = jn >= lo ? fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n) : 0;
+#endif
     // Steady state: Q K^T of tile jn and P V of tile j in flight together;
     // the softmax of jn runs while P V of j is still on the tensor cores. No
     // register an in-flight wgmma reads or writes is defined in between: P
@@ -1245,8 +1259,10 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       const int fjh_k = fjh_it == 1 || fjh_it == 2 ? 8 + 9 * (fjh_it - 1) : -1;
 #endif
       FJH_TRL(0);
+#if !FJ_EARLY_ADVANCE
       // Classified before S exists: fewer registers live in the softmax.
       const int mode_n = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
+#endif
       FJH_TRL(1);
       fjh_sched_wait(c);
       FJH_TRL(2);
@@ -1259,6 +1275,14 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_sched_arrive(c, false);
+#if FJ_EARLY_ADVANCE
+      // The tile after jn and its mode while the tensor cores work: the
+      // walk (a block mask's list in shared memory, or the classifier)
+      // needs nothing of S.
+      const int j_after = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
+      const int mode_after =
+          j_after >= lo ? fjh_tile_mode(p, b, h, wq0, j_after * FJ_BLOCK_N, cls_n) : 0;
+#endif
       FJH_TRL(4);
       fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
       fjh_fence_regs(s);
@@ -1273,7 +1297,12 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       ++n;
       st0 = st1;
       st1 = fjh_stage_next(st1);
+#if FJ_EARLY_ADVANCE
+      jn = j_after;
+      mode_n = mode_after;
+#else
       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
+#endif
       FJH_TRL(8);
     }
     // Last tile: P V alone.

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "096447002f4b8a91b91710531e9f1832"
+#define PINNED_SOURCE_KEY "716a0836d2e60e53e6ef631de9e7262d"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
