@@ -82,9 +82,10 @@ int fjg_config_set_consumers(fjg_config *c, int n);
  * Chooses the configuration for head_dim (64, 128; 256 on sm90), dtype and arch
  * ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", ...: "sm_", a
  * number >= 80 and an optional one-letter suffix): the sm80 template here;
- * the runtime asks for sm90 on sm_90a (runtime/forward.c). On failure returns FJ_EINVAL (bad argument) or
- * FJ_EUNSUPPORTED (valid but not supported) and writes a message to err
- * (may be NULL; truncated to errlen). Thread-safe; no allocation.
+ * the runtime asks for sm90 on sm_90a (runtime/forward.c). On failure
+ * returns FJ_EINVAL (bad argument) or FJ_EUNSUPPORTED (valid but not
+ * supported) and writes a message to err (may be NULL; truncated to
+ * errlen). Thread-safe; no allocation.
  */
 fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
                             fjg_config *out, char *err, size_t errlen);
