@@ -164,8 +164,11 @@ def run_case(name, persistent):
         print("| consumer 0: epilogue end to next item's Q ready | %.2f | %.2f |"
               % (median(w) * us, w[int(len(w) * 0.9)] * us))
     # Loop iterations 1 and 2 (consumers with at least 4 tiles): where the
-    # time between consecutive stamps goes.
-    steps = ["tile mode", "turn (ping-pong)", "K ready", "issue QK, V wait, PV",
+    # time between consecutive stamps goes. With FJ_EARLY_ADVANCE (the
+    # default) the walk to the tile after next and its mode run after the
+    # GEMMs are issued ("issue QK, V wait, PV, walk"); "tile mode" and "pack,
+    # next tile" then hold only the pack of P and the hand-over.
+    steps = ["tile mode", "turn (ping-pong)", "K ready", "issue QK, V wait, PV, walk",
              "S ready", "softmax", "P V done, rescale", "pack, next tile"]
     cols = {k: [] for k in steps}
     loop = []
