@@ -126,6 +126,17 @@
 #ifndef FJ_Q_BUFS
 #define FJ_Q_BUFS 1
 #endif
+// FJ_PERSIST_EPI_SMEM=1 (optional, an experiment, needs FJ_Q_BUFS == 2): the
+// persistent kernel's epilogue stages O in the item's own Q buffer and
+// stores 16-byte rows (fjh_epilogue, as the non-persistent kernel does)
+// instead of writing O from registers, and frees that buffer for the
+// producer after the epilogue instead of after the last Q K^T. O from
+// registers measured 2-7% slower than through shared memory in the
+// non-persistent kernel (bench/RESULTS.md, session 8, run 1).
+#ifndef FJ_PERSIST_EPI_SMEM
+#define FJ_PERSIST_EPI_SMEM 0
+#endif
+#define FJH_PERSIST_EPI_SMEM (FJ_PERSISTENT && FJ_PERSIST_EPI_SMEM && FJ_Q_BUFS == 2)
 
 // Consumer warpgroups: two (12 warps, BLOCK_M 128), or three at head dim
 // 64 (16 warps, BLOCK_M 192: FlashAttention-3's tile for small heads, a
@@ -1307,7 +1318,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     }
     // Last tile: P V alone.
     FJH_TR(4);
-#if FJ_PERSISTENT
+#if FJ_PERSISTENT && !FJH_PERSIST_EPI_SMEM
     // Every Q K^T of the item has completed: the producer may load Q into
     // this buffer again.
     fjh_mbar_arrive(sm.q_empty(qb));
@@ -1357,7 +1368,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_ntiles = n - n_io;
 #endif
     n_io = n;  // one past the last tile
-#if FJ_PERSISTENT
+#if FJ_PERSISTENT && !FJH_PERSIST_EPI_SMEM
     fjh_mbar_arrive(sm.q_empty(qb));  // as above: the item's Q K^T are done
 #endif
 #endif
@@ -1372,7 +1383,16 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_epilogue_empty(p, b, h, wq0);
     return;
   }
+#if FJH_PERSIST_EPI_SMEM
+  // O through this item's Q buffer (its Q K^T are done); then the buffer
+  // is the producer's again. The stmatrix writes (generic proxy) come
+  // before the next TMA load into it (async proxy): fence, then arrive.
+  fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+  fjh_fence_proxy_async();
+  fjh_mbar_arrive(sm.q_empty(qb));
+#else
   fjh_epilogue_regs(p, b, h, wq0, o, row_m, row_l);
+#endif
 #else
   // A row without tiles still had its Q loaded (at the start of the
   // kernel): the epilogue writes over the Q area only once it has landed.

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "716a0836d2e60e53e6ef631de9e7262d"
+#define PINNED_SOURCE_KEY "070c7e48a14749e8b6868b394c34d194"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

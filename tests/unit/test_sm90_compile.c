@@ -300,8 +300,11 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
   char *ptx = malloc(ptx_size);
   assert_non_null(ptx);
   assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
-  for (int i = 0; i < ndefs; i++)
+  for (int i = 0; i < ndefs; i++) {
     if (!strcmp(defs[i], "-DFJ_TRACE=1")) assert_non_null(strstr(ptx, "%clock"));
+    /* The persistent kernel's O otherwise leaves from registers. */
+    if (!strcmp(defs[i], "-DFJ_PERSIST_EPI_SMEM=1")) assert_non_null(strstr(ptx, "stmatrix"));
+  }
   printf("  %-24s D=%-3d compiled%s\n", what, head_dim, check_spills ? ", no spills" : "");
   free(ptx);
   free(log);
@@ -313,6 +316,8 @@ static void test_variants_compile(void **state) {
   (void)state;
   static const char *const trace[] = {"-DFJ_TRACE=1"};
   static const char *const wait[] = {"-DFJ_PV_WAIT_SPLIT=0"};
+  static const char *const walk[] = {"-DFJ_EARLY_ADVANCE=0"};
+  static const char *const epi[] = {"-DFJ_PERSIST_EPI_SMEM=1"};
   /* The traces must not spill either: a spill would time another kernel. */
   compile_variant("causal, FJ_TRACE", 128, 1, fjt_causal, trace, 1, 1, 0);
   compile_variant("document, FJ_TRACE", 64, 1, kDocument, trace, 1, 1, 2);
@@ -321,6 +326,11 @@ static void test_variants_compile(void **state) {
   compile_variant("causal, FJ_TRACE persistent", 128, 1, fjt_causal, trace, 1, 1, 1);
   compile_variant("causal, FJ_PV_WAIT_SPLIT=0", 128, 1, fjt_causal, wait, 1, 1, 0);
   compile_variant("document, FJ_PV_WAIT_SPLIT=0", 64, 1, kDocument, wait, 1, 1, 0);
+  /* Ablation of the early tile walk, and the persistent kernel's O through
+   * shared memory (an experiment, off by default). */
+  compile_variant("causal, FJ_EARLY_ADVANCE=0", 128, 1, fjt_causal, walk, 1, 1, 0);
+  compile_variant("document, persistent smem O", 128, 1, kDocument, epi, 1, 1, 1);
+  compile_variant("document, persistent smem O", 64, 1, kDocument, epi, 1, 1, 1);
   /* The persistent kernel at D=256, with one Q buffer (compile_one covers
    * D=64 and 128, with two). Not shipped: its producer threads spill a few
    * bytes at 40 registers (the consumers need 232), which is allowed. */
