@@ -166,8 +166,8 @@ def run_case(name, persistent):
     # Loop iterations 1 and 2 (consumers with at least 4 tiles): where the
     # time between consecutive stamps goes. With FJ_EARLY_ADVANCE (the
     # default) the walk to the tile after next and its mode run after the
-    # GEMMs are issued ("issue QK, V wait, PV, walk"); "tile mode" and "pack,
-    # next tile" then hold only the pack of P and the hand-over.
+    # GEMMs are issued ("issue QK, V wait, PV, walk"): "tile mode" is then
+    # empty and "pack, next tile" holds the pack of P.
     steps = ["tile mode", "turn (ping-pong)", "K ready", "issue QK, V wait, PV, walk",
              "S ready", "softmax", "P V done, rescale", "pack, next tile"]
     cols = {k: [] for k in steps}

@@ -1022,16 +1022,6 @@ __device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS],
 // the softmax's exponentials, and the softmax ran after P V instead of
 // beside it (SASS, bench/RESULTS.md, session 6).
 // FJ_PV_WAIT_SPLIT=0 (an ablation) puts the wait back in that block.
-// FJ_EARLY_ADVANCE (default 1; 0 for ablations): in the steady-state loop
-// the consumer finds the tile after the next one (fjh_advance) and its mode
-// between issuing the GEMMs and waiting for S, where the walk's latency
-// (shared-memory reads of a block mask's list, the interval classifier's
-// arithmetic) hides behind the tensor cores, instead of after the softmax,
-// on the way to the next Q K^T.
-#ifndef FJ_EARLY_ADVANCE
-#define FJ_EARLY_ADVANCE 1
-#endif
-
 #ifndef FJ_PV_WAIT_SPLIT
 #define FJ_PV_WAIT_SPLIT 1
 #endif
@@ -1188,6 +1178,16 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
   if (p.lse != nullptr && tid < FJH_WG_ROWS && wq0 + tid < Lq)
     p.lse[b * p.lse_sb + h * p.lse_sh + wq0 + tid] = fj_neg_inf();
 }
+#endif
+
+// FJ_EARLY_ADVANCE (default 1; 0 for ablations): in the steady-state loop
+// the consumer finds the tile after the next one (fjh_advance) and its mode
+// between issuing the GEMMs and waiting for S, where the walk's latency
+// (shared-memory reads of a block mask's list, the interval classifier's
+// arithmetic) hides behind the tensor cores, instead of after the softmax,
+// on the way to the next Q K^T.
+#ifndef FJ_EARLY_ADVANCE
+#define FJ_EARLY_ADVANCE 1
 #endif
 
 // Consumer c (0 .. FJH_NC - 1) owns query rows q0 + 64 c .. + 63 of the
