@@ -400,41 +400,6 @@ static void put_tile_class_body(emitter *e) {
                  (int)e->slot[root]);
 }
 
-/* ---- L1 prefetch of the mask's buffer reads ---- */
-
-/* fj_mask_prefetch: for each LOAD the mask makes, the interval of its index
- * over the tile (the classifier's rules; a load's own value is unknown,
- * so an index read from another buffer spans everything and is left out by
- * fj_prefetch_buf's width limit), handed to fj_prefetch_buf. Returns the
- * number of loads. */
-static int put_prefetch_body(emitter *e) {
-  int root = fjg_mask_root(e->g);
-  if (root < 0) return 0;
-  int count, loads = 0, next = 0;
-  const int32_t *list = fjg_reachable(e->g, 0, &count);
-  for (int k = 0; k < count; k++)
-    loads += fjg_node_at(e->g, list[k])->op == FJG_OP_LOAD;
-  if (!loads) return 0;
-  for (int k = 0; k < count; k++) {
-    const fjg_node *n = fjg_node_at(e->g, list[k]);
-    if (n->type == FJG_F32) continue;
-    e->slot[list[k]] = next;
-    fjg_buf_printf(e->out, "  const fj_iv v%d = ", next++);
-    put_iv_expr(e, n);
-    fjg_buf_printf(e->out, ";\n");
-  }
-  for (int k = 0; k < count; k++) {
-    const fjg_node *n = fjg_node_at(e->g, list[k]);
-    if (n->op != FJG_OP_LOAD) continue;
-    const char *name = fjg_arg_at(e->g, n->arg)->name;
-    int v = (int)e->slot[n->a];
-    fjg_buf_printf(e->out,
-                   "  fj_prefetch_buf(u.a_%s, u.n_%s, v%d.lo, v%d.hi, lane, "
-                   "lanes);\n", name, name, v, v);
-  }
-  return loads;
-}
-
 /* ---- prologue ---- */
 
 /* Copies the spec source into a block comment; "*" "/" cannot end it. */
@@ -524,16 +489,7 @@ fj_status fjg_emit_prologue(const fjg_graph *g, const char *spec_source,
       "\n    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, "
       "int kv1) {\n");
   put_tile_class_body(&e);
-  fjg_buf_printf(out, "}\n\n"
-      "// Lanes lane, lane + lanes, ... of the caller prefetch into L1 the\n"
-      "// cache lines of the buffer elements that fj_mask reads for the tile\n"
-      "// (see fj_prefetch_buf); fj_mask_loads: how many reads there are.\n"
-      "__device__ __forceinline__ void fj_mask_prefetch(const fj_user_params &u,"
-      "\n    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1,"
-      "\n    int lane, int lanes) {\n");
-  int loads = put_prefetch_body(&e);
-  fjg_buf_printf(out, "}\nconstexpr int fj_mask_loads = %d;\n", loads);
-  fjg_buf_printf(out, "// ---- end of generated prologue ----\n");
+  fjg_buf_printf(out, "}\n// ---- end of generated prologue ----\n");
   free(e.slot);
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }

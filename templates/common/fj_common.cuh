@@ -90,35 +90,3 @@ __device__ __forceinline__ float fj_load_f32(const float *p, long long len, int 
   const float v = __ldg(p + (in ? (unsigned)i : 0u));
   return in ? v : 0.0f;
 }
-
-// L1 prefetch of elements lo .. hi of a buffer (clamped to [0, len)), one
-// 128-byte line a lane: lane, lane + lanes, ... A buffer mask's reads in a
-// tile are a few lines (a document mask: 512 bytes of ids for 128 keys) but
-// each one misses L1 the first time, and ptxas, short of registers in the
-// softmax, issues them a few at a time: several L2 round trips a masked
-// tile. Prefetched a tile ahead they hit L1. Ranges over FJ_PREFETCH_LINES
-// lines (an index that is not a narrow function of the tile's positions)
-// are skipped: a hint, never a read past the buffer.
-#ifndef FJ_PREFETCH_LINES
-#define FJ_PREFETCH_LINES 16
-#endif
-template <typename T>
-__device__ __forceinline__ void fj_prefetch_buf(const T *p, long long len, long long lo,
-                                                long long hi, int lane, int lanes) {
-  lo = lo > 0 ? lo : 0;
-  hi = hi < len - 1 ? hi : len - 1;
-  if (lo > hi || (hi - lo) * (long long)sizeof(T) >= FJ_PREFETCH_LINES * 128LL) return;
-  // The first line's address is the range's first element (the line may
-  // begin before the buffer); the others are line starts inside the range.
-  const unsigned long long first = (unsigned long long)(p + lo);
-  const int lines = (int)(((unsigned long long)(p + hi) >> 7) - (first >> 7)) + 1;
-#pragma unroll 1
-  for (int i = lane; i < lines; i += lanes) {
-    const unsigned long long at = i == 0 ? first : ((first >> 7) + i) << 7;
-#ifdef __CUDA_ARCH__
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(at));
-#else
-    fj_host_prefetch((const void *)at);  // unit/test_emit_cuda records it
-#endif
-  }
-}

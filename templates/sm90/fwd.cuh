@@ -1180,23 +1180,6 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
 }
 #endif
 
-// FJ_MASK_PREFETCH (default 1; 0 for ablations): a consumer prefetches
-// into L1 the buffer elements the mask will read for a tile it will mask
-// (fj_mask_prefetch, generated), for the first two tiles at the start and
-// for the tile after the next one in the loop (FJ_EARLY_ADVANCE's walk).
-#ifndef FJ_MASK_PREFETCH
-#define FJ_MASK_PREFETCH 1
-#endif
-__device__ __forceinline__ void fjh_prefetch_mask(const fj_fwd_params &p, int b, int h,
-                                                  int wq0, int kv0, int mode) {
-#if FJ_HAS_MASK && FJ_MASK_PREFETCH
-  if (fj_mask_loads > 0 && mode == FJH_TILE_MASK)
-    fj_mask_prefetch(p.user, p.sz, b, h, wq0, wq0 + FJH_WG_ROWS - 1, kv0,
-                     kv0 + FJ_BLOCK_N - 1, fj_tid() & 127, 128);
-#endif
-  (void)p; (void)b; (void)h; (void)wq0; (void)kv0; (void)mode;
-}
-
 // FJ_EARLY_ADVANCE (default 1; 0 for ablations): in the steady-state loop
 // the consumer finds the tile after the next one (fjh_advance) and its mode
 // between issuing the GEMMs and waiting for S, where the walk's latency
@@ -1237,20 +1220,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
   const float exp_scale = p.scale_log2;
 #endif
 
-#if FJ_HAS_MASK && FJ_MASK_PREFETCH
-  if (fj_mask_loads > 0 && lo <= hi) {
-    // The mask's buffer lines of the first two tiles, while Q and K load
-    // (every thread evaluates the mask on all its rows and columns, past
-    // Lq and Lk too: the whole tile).
-    fjh_prefetch_mask(p, b, h, wq0, hi * FJ_BLOCK_N,
-                      fjh_tile_mode(p, b, h, wq0, hi * FJ_BLOCK_N, hi_cls));
-    int t2 = t, cls2;
-    const int j2 = fjh_advance(p, b, h, q0, q1, hi, lo, &t2, &cls2);
-    if (j2 >= lo)
-      fjh_prefetch_mask(p, b, h, wq0, j2 * FJ_BLOCK_N,
-                        fjh_tile_mode(p, b, h, wq0, j2 * FJ_BLOCK_N, cls2));
-  }
-#endif
   if (lo <= hi) {
     float s[FJH_S_REGS];  // written first by fjh_wgmma_ss<true>
     unsigned pf[FJH_PK][4];
@@ -1324,7 +1293,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       const int j_after = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
       const int mode_after =
           j_after >= lo ? fjh_tile_mode(p, b, h, wq0, j_after * FJ_BLOCK_N, cls_n) : 0;
-      if (j_after >= lo) fjh_prefetch_mask(p, b, h, wq0, j_after * FJ_BLOCK_N, mode_after);
 #endif
       FJH_TRL(4);
       fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on

@@ -37,22 +37,4 @@ __device__ __forceinline__ int fj_tile_class(const fj_user_params &u,
   const fj_iv v6 = fj_iv_and(v4, v5);
   return fj_iv_tile_class(v6);
 }
-
-// Lanes lane, lane + lanes, ... of the caller prefetch into L1 the
-// cache lines of the buffer elements that fj_mask reads for the tile
-// (see fj_prefetch_buf); fj_mask_loads: how many reads there are.
-__device__ __forceinline__ void fj_mask_prefetch(const fj_user_params &u,
-    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1,
-    int lane, int lanes) {
-  const fj_iv v0 = fj_iv_make(kv0, kv1);
-  const fj_iv v1 = fj_iv_full();
-  const fj_iv v2 = fj_iv_make(q0, q1);
-  const fj_iv v3 = fj_iv_full();
-  const fj_iv v4 = fj_iv_eq(v3, v1);
-  const fj_iv v5 = fj_iv_ge(v2, v0);
-  const fj_iv v6 = fj_iv_and(v4, v5);
-  fj_prefetch_buf(u.a_doc_id, u.n_doc_id, v0.lo, v0.hi, lane, lanes);
-  fj_prefetch_buf(u.a_doc_id, u.n_doc_id, v2.lo, v2.hi, lane, lanes);
-}
-constexpr int fj_mask_loads = 2;
 // ---- end of generated prologue ----

@@ -37,13 +37,4 @@ __device__ __forceinline__ int fj_tile_class(const fj_user_params &u,
     const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {
   return FJ_TILE_FULL;
 }
-
-// Lanes lane, lane + lanes, ... of the caller prefetch into L1 the
-// cache lines of the buffer elements that fj_mask reads for the tile
-// (see fj_prefetch_buf); fj_mask_loads: how many reads there are.
-__device__ __forceinline__ void fj_mask_prefetch(const fj_user_params &u,
-    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1,
-    int lane, int lanes) {
-}
-constexpr int fj_mask_loads = 0;
 // ---- end of generated prologue ----

@@ -20,12 +20,6 @@
 #error "FJ_SOURCE_DIR must name the source tree"
 #endif
 
-/* The generated prefetch of a prologue whose mask reads no buffer. */
-#define FJT_NO_PREFETCH                                                       \
-  "__device__ __forceinline__ void fj_mask_prefetch(const fj_user_params &u,\n" \
-  "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1,\n"  \
-  "    int lane, int lanes) {}\nconstexpr int fj_mask_loads = 0;\n"
-
 /* A causal mask, score_mod = score. */
 static const char fjt_causal[] =
     "struct fj_user_params {\n  long long fj_reserved_;\n};\n"
@@ -38,8 +32,7 @@ static const char fjt_causal[] =
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
     "  if (kv0 > q1) return FJ_TILE_EMPTY;\n"
     "  if (kv1 <= q0) return FJ_TILE_FULL;\n"
-    "  return FJ_TILE_PARTIAL;\n}\n"
-    FJT_NO_PREFETCH;
+    "  return FJ_TILE_PARTIAL;\n}\n";
 
 /* No mask; a tanh softcap (as the emitter writes it: the constant division
  * as a multiplication) plus a bias read from an i32 buffer at an index taken
@@ -57,8 +50,7 @@ static const char fjt_softcap_bias[] =
     "  float t5 = (float)t4;\n  float t6 = t5 * 0.125f;\n  return t2 + t6;\n}\n"
     "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
-    "  return FJ_TILE_FULL;\n}\n"
-    FJT_NO_PREFETCH;
+    "  return FJ_TILE_FULL;\n}\n";
 
 /* A file of the source tree, NUL-terminated (malloc'd). */
 static char *fjt_slurp(const char *rel) {

@@ -363,18 +363,10 @@ typedef int (*tile_fn)(const void *, const int *, int, int, int, int, int, int);
 static const char *const host_prelude =
     "#include <math.h>\n#include <string.h>\n"
     "#define __device__\n#define __forceinline__ inline\n"
-    "extern \"C\" { const void *fj_host_loads[65536]; int fj_host_nloads; }\n"
-    "static inline int __ldg(const int *p) {\n"
-    "  if (fj_host_nloads < 65536) fj_host_loads[fj_host_nloads++] = p; return *p; }\n"
-    "static inline float __ldg(const float *p) {\n"
-    "  if (fj_host_nloads < 65536) fj_host_loads[fj_host_nloads++] = p; return *p; }\n"
+    "static inline int __ldg(const int *p) { return *p; }\n"
+    "static inline float __ldg(const float *p) { return *p; }\n"
     "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n"
-    "static inline float __fdividef(float a, float b) { return a / b; }\n"
-    "#define FJ_PREFETCH_LINES 1000000\n"
-    /* Records the prefetches and the loads of the emitted code. */
-    "extern \"C\" { const void *fj_host_trace[4096]; int fj_host_ntrace; }\n"
-    "static inline void fj_host_prefetch(const void *p) {\n"
-    "  if (fj_host_ntrace < 4096) fj_host_trace[fj_host_ntrace++] = p; }\n";
+    "static inline float __fdividef(float a, float b) { return a / b; }\n";
 
 /* Writes one C++ file holding every graph's prologue in its own namespace,
  * with extern "C" entry points, and builds it into a shared object. */
@@ -395,11 +387,8 @@ static void *build_host_library(fjg_graph **graphs, const char *dir) {
         "extern \"C\" float score_%d(const void *u, const int *z, float s, int b, int h, int q, int kv) {\n"
         "  return g%d::fj_score_mod(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, s, b, h, q, kv);\n}\n"
         "extern \"C\" int tile_%d(const void *u, const int *z, int b, int h, int q0, int q1, int k0, int k1) {\n"
-        "  return g%d::fj_tile_class(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q0, q1, k0, k1);\n}\n"
-        "extern \"C\" int prefetch_%d(const void *u, const int *z, int b, int h, int q0, int q1, int k0, int k1) {\n"
-        "  g%d::fj_mask_prefetch(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q0, q1, k0, k1, 0, 1);\n"
-        "  return g%d::fj_mask_loads;\n}\n",
-        i, i, i, i, i, i, i, i, i, i, i, i, i);
+        "  return g%d::fj_tile_class(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q0, q1, k0, k1);\n}\n",
+        i, i, i, i, i, i, i, i, i);
   }
   char cpp[512], so[512], cmd[1600];
   snprintf(cpp, sizeof cpp, "%s/emitted_host.cpp", dir);
@@ -430,57 +419,13 @@ static int same_float(double want, float got) {
   return fabs(want - got) <= 1e-4 * fmax(1.0, fabs(want));
 }
 
-/* fj_mask_prefetch over a tile: every line it prefetches lies in a buffer
- * (inside [first element, last element]), and every element the mask reads
- * over the tile is on a prefetched line (the host build has no width limit),
- * except element 0, which an out-of-range index reads too. */
-static int line_of(const void *p, const void *const *set, int n) {
-  for (int k = 0; k < n; k++)
-    if (((uintptr_t)set[k] >> 7) == ((uintptr_t)p >> 7)) return 1;
-  return 0;
-}
-static void check_prefetch(void *lib, int i, const void *params, const int *sizes, int b,
-                           int h, int q0, int q1, int kv0, int kv1, const int32_t *docs,
-                           const float *fvals, int nbuf) {
-  typedef int (*prefetch_fn)(const void *, const int *, int, int, int, int, int, int);
-  prefetch_fn prefetch = (prefetch_fn)sym(lib, "prefetch", i);
-  mask_fn mask = (mask_fn)sym(lib, "mask", i);
-  const void **trace = (const void **)dlsym(lib, "fj_host_trace");
-  const void **loads = (const void **)dlsym(lib, "fj_host_loads");
-  int *ntrace = (int *)dlsym(lib, "fj_host_ntrace"), *nloads = (int *)dlsym(lib, "fj_host_nloads");
-  assert_non_null(trace), assert_non_null(loads), assert_non_null(ntrace), assert_non_null(nloads);
-  *ntrace = 0;
-  int reads = prefetch(params, sizes, b, h, q0, q1, kv0, kv1);
-  if (reads == 0) assert_int_equal(*ntrace, 0);
-  for (int k = 0; k < *ntrace; k++) {
-    uintptr_t a = (uintptr_t)trace[k];
-    int in_docs = a >= (uintptr_t)docs && a < (uintptr_t)(docs + nbuf);
-    int in_f = a >= (uintptr_t)fvals && a < (uintptr_t)(fvals + nbuf);
-    if (!in_docs && !in_f) fail_msg("graph %d: prefetch outside the buffers", i);
-  }
-  *nloads = 0;
-  for (int q = q0; q <= q1; q++)
-    for (int kv = kv0; kv <= kv1; kv++) mask(params, sizes, b, h, q, kv);
-  if (*nloads > 0 && reads == 0) fail_msg("graph %d: the mask reads but counts no loads", i);
-  for (int k = 0; k < *nloads && k < 65536; k++) {
-    if (loads[k] == (const void *)docs || loads[k] == (const void *)fvals) continue;
-    if (!line_of(loads[k], trace, *ntrace))
-      fail_msg("graph %d: tile q[%d,%d] kv[%d,%d]: a read of element %ld not prefetched", i,
-               q0, q1, kv0, kv1,
-               (long)(loads[k] >= (const void *)fvals && loads[k] < (const void *)(fvals + nbuf)
-                          ? (const float *)loads[k] - fvals
-                          : (const int32_t *)loads[k] - docs));
-  }
-}
-
 static void check_graph(void *lib, int i, fjg_graph *g) {
   mask_fn mask = (mask_fn)sym(lib, "mask", i);
   score_fn score = (score_fn)sym(lib, "score", i);
   tile_fn tile = (tile_fn)sym(lib, "tile", i);
-  enum { NBUF = 256 };
-  static int32_t docs[NBUF];
-  static float fvals[NBUF];
-  for (int j = 0; j < NBUF; j++) docs[j] = range(0, 2), fvals[j] = (float)range(-64, 64) / 8.0f;
+  int32_t docs[32];
+  float fvals[32];
+  for (int j = 0; j < 32; j++) docs[j] = range(0, 2), fvals[j] = (float)range(-64, 64) / 8.0f;
   int32_t i32s[8] = {0};
   float f32s[8] = {0};
   uint64_t ptrs[8] = {0};
@@ -488,8 +433,8 @@ static void check_graph(void *lib, int i, fjg_graph *g) {
   i32s[0] = range(1, 64);     /* w */
   i32s[2] = range(-10, 100);  /* p */
   f32s[3] = (float)range(1, 40) / 4.0f; /* fp */
-  ptrs[1] = (uint64_t)(uintptr_t)docs, lens[1] = NBUF;
-  ptrs[4] = (uint64_t)(uintptr_t)fvals, lens[4] = NBUF;
+  ptrs[1] = (uint64_t)(uintptr_t)docs, lens[1] = 32;
+  ptrs[4] = (uint64_t)(uintptr_t)fvals, lens[4] = 32;
   unsigned char params[256];
   assert_true(fjg_user_params_size(g) <= sizeof params);
   fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
@@ -512,7 +457,6 @@ static void check_graph(void *lib, int i, fjg_graph *g) {
     int gc = tile(params, env.sizes, b, h, q0, q1, kv0, kv1);
     if (wc != gc)
       fail_msg("graph %d: tile class q[%d,%d] kv[%d,%d] cpu %d emitted %d", i, q0, q1, kv0, kv1, wc, gc);
-    check_prefetch(lib, i, params, env.sizes, b, h, q0, q1, kv0, kv1, docs, fvals, NBUF);
   }
 }
 

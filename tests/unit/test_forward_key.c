@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "9283bea3c2c4db25476a3b896b09c68f"
+#define PINNED_SOURCE_KEY "f89bfd49be0673807928b9e748ba563c"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

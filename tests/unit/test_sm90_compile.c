@@ -46,8 +46,7 @@ static const char kSliding[] =
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
     "  if (kv0 > q1 || q0 - kv1 >= u.a_window) return FJ_TILE_EMPTY;\n"
     "  if (kv1 <= q0 && q1 - kv0 < u.a_window) return FJ_TILE_FULL;\n"
-    "  return FJ_TILE_PARTIAL;\n}\n"
-    FJT_NO_PREFETCH;
+    "  return FJ_TILE_PARTIAL;\n}\n";
 
 /* Document mask (causal within a document) as gen/emit_cuda.c writes it,
  * with a classifier that only knows the causal part; optionally a softcap
@@ -65,13 +64,7 @@ static const char kSliding[] =
 #define DOC_CLASS                                                             \
   "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"  \
   "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n" \
-  "  if (kv0 > q1) return FJ_TILE_EMPTY;\n  return FJ_TILE_PARTIAL;\n}\n" \
-  "__device__ __forceinline__ void fj_mask_prefetch(const fj_user_params &u,\n" \
-  "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1,\n"  \
-  "    int lane, int lanes) {\n"                                              \
-  "  fj_prefetch_buf(u.a_doc, u.n_doc, kv0, kv1, lane, lanes);\n"             \
-  "  fj_prefetch_buf(u.a_doc, u.n_doc, q0, q1, lane, lanes);\n}\n"           \
-  "constexpr int fj_mask_loads = 2;\n"
+  "  if (kv0 > q1) return FJ_TILE_EMPTY;\n  return FJ_TILE_PARTIAL;\n}\n"
 static const char kDocument[] =
     DOC_PARAMS DOC_MASK
     "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
