@@ -87,8 +87,12 @@ static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
 }
 
 /* The sm90 kernel's static shared memory next to the dynamic: its
- * block-mask row copy (FJ_BM_CACHE) as ptxas reports it, 5120 bytes. */
-#define SM90_STATIC_SMEM 5120
+ * block-mask row copy (FJ_BM_CACHE) as ptxas reports it, 5120 bytes; the
+ * persistent kernel keeps two (its item ring's) and the ring, 9216. */
+#define SM90_STATIC_SMEM_ONE 5120
+#define SM90_STATIC_SMEM_PERSISTENT 9216
+#define SM90_STATIC_SMEM(c) \
+  ((c)->persistent ? SM90_STATIC_SMEM_PERSISTENT : SM90_STATIC_SMEM_ONE)
 
 /* Must equal FJH_SMEM_BYTES: 1024 bytes to align the tiles to the swizzle
  * atom, the Q buffers, the K and V stages, and 1 + 4 * stages mbarriers. */
@@ -98,7 +102,7 @@ static int sm90_smem_bytes(const fjg_config *c, int q_bufs, int stages) {
 }
 
 static int sm90_fits(const fjg_config *c, int q_bufs, int stages) {
-  return sm90_smem_bytes(c, q_bufs, stages) + SM90_STATIC_SMEM <= max_smem_per_block(c->sm);
+  return sm90_smem_bytes(c, q_bufs, stages) + SM90_STATIC_SMEM(c) <= max_smem_per_block(c->sm);
 }
 
 /* q_bufs and smem_bytes from persistent and num_stages: the persistent
@@ -142,7 +146,7 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   out->num_stages = out->head_dim == 64 ? 3 : 2;
   out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
   sm90_layout(out);
-  if (out->smem_bytes + SM90_STATIC_SMEM > max_smem_per_block(out->sm))
+  if (out->smem_bytes + SM90_STATIC_SMEM(out) > max_smem_per_block(out->sm))
     return fail(err, errlen, FJ_EUNSUPPORTED,
                 "configuration needs %d bytes of shared memory, more than %s allows",
                 out->smem_bytes, a);

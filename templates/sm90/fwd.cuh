@@ -101,7 +101,9 @@
 // spill in a 24-register producer too: it takes 40 (232 for the consumers
 // measured the same speed, bench/RESULTS.md, session 5, run 1).
 #ifndef FJ_PRODUCER_REGS
-#if FJ_PERSISTENT
+#if FJ_PERSISTENT && defined(FJ_TRACE)
+#define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 56)  // the stamps' registers
+#elif FJ_PERSISTENT
 #define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 48)
 #elif defined(FJ_TRACE)
 #define FJ_PRODUCER_REGS 40
@@ -126,16 +128,27 @@
 #ifndef FJ_Q_BUFS
 #define FJ_Q_BUFS 1
 #endif
-// FJ_PERSIST_EPI_SMEM=1 (optional, an experiment, needs FJ_Q_BUFS == 2): the
-// persistent kernel's epilogue stages O in the item's own Q buffer and
+// FJ_PERSIST_EPI_SMEM (default 1; 0 for ablations; needs FJ_Q_BUFS == 2):
+// the persistent kernel's epilogue stages O in the item's own Q buffer and
 // stores 16-byte rows (fjh_epilogue, as the non-persistent kernel does)
 // instead of writing O from registers, and frees that buffer for the
-// producer after the epilogue instead of after the last Q K^T. O from
-// registers measured 2-7% slower than through shared memory in the
-// non-persistent kernel (bench/RESULTS.md, session 8, run 1).
+// producer after the epilogue instead of after the last Q K^T (sliding
+// window 2 x 16384 490 vs 470 TFLOP/s: bench/RESULTS.md, session 9, run 1).
 #ifndef FJ_PERSIST_EPI_SMEM
-#define FJ_PERSIST_EPI_SMEM 0
+#define FJ_PERSIST_EPI_SMEM 1
 #endif
+// FJ_PERSIST_SCHED_CARRY (default 1; 0 for ablations): in the persistent
+// kernel the ping-pong turn passes from item to item as from tile to tile:
+// consumer 0 starts the next item's first Q K^T once consumer 1 has issued
+// its last P V of this one, while consumer 1 finishes (softmax, P V,
+// epilogue). With 0, each item starts the ring afresh (consumer 1 gives the
+// turn at its start and keeps its last one), so consumer 0 waits at every
+// item for consumer 1's whole epilogue: the two meet at item boundaries as
+// in the non-persistent kernel.
+#ifndef FJ_PERSIST_SCHED_CARRY
+#define FJ_PERSIST_SCHED_CARRY 1
+#endif
+#define FJH_SCHED_CARRY (FJ_PERSISTENT && FJ_PERSIST_SCHED_CARRY && FJ_PINGPONG)
 #define FJH_PERSIST_EPI_SMEM (FJ_PERSISTENT && FJ_PERSIST_EPI_SMEM && FJ_Q_BUFS == 2)
 
 // Consumer warpgroups: two (12 warps, BLOCK_M 128), or three at head dim
@@ -505,14 +518,23 @@ struct fjh_bm_row_cache {
   int np, n;  // PARTIAL blocks; PARTIAL + FULL blocks
   int blk[FJH_BM_CACHE];
 };
-__device__ __forceinline__ fjh_bm_row_cache &fjh_bm_cache() {
+// k: the work item's number among the CTA's (0 in the non-persistent
+// kernel); the persistent kernel keeps the rows of two items, its ring's.
+__device__ __forceinline__ fjh_bm_row_cache &fjh_bm_cache(int k) {
+#if FJ_PERSISTENT
+  __shared__ fjh_bm_row_cache c[2];
+  return c[k & 1];
+#else
   __shared__ fjh_bm_row_cache c;
+  (void)k;
   return c;
+#endif
 }
 
-// Every thread of the CTA calls it (one __syncthreads).
-__device__ __forceinline__ void fjh_bm_stage(const fj_fwd_params &p, int b, int h, int q0) {
-  fjh_bm_row_cache &c = fjh_bm_cache();
+// Threads i = first, first + stride, ... of the caller copy the block-mask
+// row of query block q0 into c (the caller then synchronizes them).
+__device__ __forceinline__ void fjh_bm_fill(const fj_fwd_params &p, int b, int h, int q0,
+                                            fjh_bm_row_cache &c, int first, int stride) {
   const int row = fjh_bm_row(p, b, h, q0);
   const int np = __ldg(p.bm_kv_num + row);
   const int n = np + __ldg(p.bm_full_num + row);
@@ -521,39 +543,37 @@ __device__ __forceinline__ void fjh_bm_stage(const fj_fwd_params &p, int b, int 
   // are nkv long, read past their counts too): one round trip to global
   // memory before the CTA's first K load instead of two.
   const int m = min(p.bm_nkv, FJH_BM_CACHE);
-  for (int i = threadIdx.x; i < m; i += blockDim.x) {
+  for (int i = first; i < m; i += stride) {
     const int a = __ldg(p.bm_kv_idx + base + i);
     const int f = __ldg(p.bm_full_idx + base + i);
     // Past FJH_BM_CACHE blocks the walk reads global memory instead.
     if (i < np) c.blk[i] = a;
     if (i < n - np && np + i < FJH_BM_CACHE) c.blk[np + i] = f;
   }
-  if (threadIdx.x == 0) {
+  if (first == 0) {
     c.np = np;
     c.n = n;
   }
+}
+
+#if !FJ_PERSISTENT
+// Every thread of the CTA calls it (one __syncthreads).
+__device__ __forceinline__ void fjh_bm_stage(const fj_fwd_params &p, int b, int h, int q0) {
+  fjh_bm_fill(p, b, h, q0, fjh_bm_cache(0), threadIdx.x, blockDim.x);
   __syncthreads();
 }
+#endif
 
 // The tile at position *t, or the first after it that starts below Lk (the
 // tail of a row's last block may not); *t moves to it and *cls receives its
 // class. -1 past the end of the row's lists (at once for an empty row).
-// The persistent kernel (FJ_PERSISTENT) has no CTA-wide point per work item
-// to stage a row at, and reads the lists from global memory.
+// The row is item kq's copy in shared memory (fjh_bm_cache).
 __device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, int b, int h, int q0,
-                                           int *t, int *cls) {
-#if FJ_PERSISTENT
-  const int row = fjh_bm_row(p, b, h, q0);
-  const int cnp = __ldg(p.bm_kv_num + row);
-  const int cn = cnp + __ldg(p.bm_full_num + row);
-  const bool cached = false;
-  const int *cblk = nullptr;
-#else
-  const fjh_bm_row_cache &c = fjh_bm_cache();
+                                           int *t, int *cls, int kq) {
+  const fjh_bm_row_cache &c = fjh_bm_cache(kq);
   const int cnp = c.np, cn = c.n;
   const bool cached = cn <= FJH_BM_CACHE;
   const int *cblk = c.blk;
-#endif
   const int r = p.bm_kv_ratio;
   const int np = cnp * r;
   const int n = cn * r;
@@ -583,10 +603,11 @@ __device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, int b, int h,
 // next, else the classifier's next non-EMPTY block below j. The producer
 // and both consumers advance only through here, once per tile.
 __device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, int b, int h, int q0,
-                                           int q1, int j, int lo, int *t, int *cls) {
+                                           int q1, int j, int lo, int *t, int *cls,
+                                           int kq) {
   if (p.bm_kv_num != nullptr) {
     ++*t;
-    return fjh_bm_tile(p, b, h, q0, t, cls);
+    return fjh_bm_tile(p, b, h, q0, t, cls, kq);
   }
   return fj_next_block(p, b, h, q0, q1, j, lo, cls);
 }
@@ -694,6 +715,7 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
                                          const fjh_smem_map &sm, int b, int h, int q0,
                                          int q1, int lo, int hi, int t, int &n) {
   const int hk = h / p.kv_group;
+  const int kq = 0;  // the one item (its block-mask row: fjh_bm_cache)
   int cls = FJ_TILE_FULL;
   int j = hi;
   fjh_stage st0 = fjh_stage_of(n);  // tile j's stage
@@ -702,8 +724,8 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   float *fjh_trg = fjh_trace_slots(p, b, h, q0, 64);
   int fjh_it = 0;
 #endif
-  for (int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls); jn >= lo;
-       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls)) {
+  for (int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls, kq); jn >= lo;
+       jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls, kq)) {
     const fjh_stage st1 = fjh_stage_next(st0);
     fjh_load_k(maps, sm, st1, jn, hk, b);
 #ifdef FJ_TRACE
@@ -728,12 +750,13 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
 // a K load for a stage (at an item's start the stages are still held by
 // the consumer that trails in the ping-pong: with one thread, V of tile 1
 // waited for K of tile 2, that is for both consumers' first Q K^T).
-// which: 0 loads K, 1 loads V; n as for fjh_produce.
+// which: 0 loads K, 1 loads V; n as for fjh_produce; kq: the item's number
+// among the CTA's.
 __device__ __forceinline__ void fjh_produce_one(const fj_fwd_params &p,
                                                 const fj_tma_maps &maps,
                                                 const fjh_smem_map &sm, int which, int b,
                                                 int h, int q0, int q1, int lo, int hi, int t,
-                                                int &n) {
+                                                int &n, int kq) {
   const int hk = h / p.kv_group;
   int cls = FJ_TILE_FULL;
   fjh_stage st = fjh_stage_of(n);
@@ -742,7 +765,7 @@ __device__ __forceinline__ void fjh_produce_one(const fj_fwd_params &p,
   float *fjh_trg = fjh_trace_slots(p, b, h, q0, 64);
   int fjh_it = 0;
 #endif
-  for (int j = hi; j >= lo; j = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls)) {
+  for (int j = hi; j >= lo; j = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls, kq)) {
     if (which == 0) fjh_load_k(maps, sm, st, j, hk, b);
     else fjh_load_v(maps, sm, st, j, hk, b);
 #ifdef FJ_TRACE
@@ -791,10 +814,11 @@ __device__ __forceinline__ void fjh_sched_wait(int c) {
 }
 // The last consumer starts with an arrival for consumer 0 (see
 // fjh_consume), so it skips its very last arrival: every bar.sync gets
-// exactly one arrival.
+// exactly one arrival. With FJH_SCHED_CARRY that start and end are the
+// CTA's (fjh_consume_all), not the item's: no arrival is skipped.
 __device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
 #if FJ_PINGPONG
-  if (!(last && c == FJH_NC - 1))
+  if (FJH_SCHED_CARRY || !(last && c == FJH_NC - 1))
     fjh_bar_arrive(FJH_BAR_SCHED + (c == FJH_NC - 1 ? 0 : c + 1), 256);
 #endif
 }
@@ -1225,7 +1249,8 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     unsigned pf[FJH_PK][4];
     float alpha[2];
 #if FJ_PINGPONG
-    if (c == FJH_NC - 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);  // consumer 0 goes first
+    // Consumer 0 goes first (once a CTA with FJH_SCHED_CARRY).
+    if (c == FJH_NC - 1 && !FJH_SCHED_CARRY) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);
 #endif
     fjh_mbar_wait_warp(sm.q_full(qb), q_ph);
     FJH_TR(1);
@@ -1253,7 +1278,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_pack_p(s, pf);
     FJH_TR(3);
     int cls_n;
-    int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
+    int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n, kq);
     fjh_stage st1 = fjh_stage_next(st0);
 #if FJ_EARLY_ADVANCE
     int mode_n = jn >= lo ? fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n) : 0;
@@ -1290,7 +1315,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       // The tile after jn and its mode while the tensor cores work: the
       // walk (a block mask's list in shared memory, or the classifier)
       // needs nothing of S.
-      const int j_after = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
+      const int j_after = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n, kq);
       const int mode_after =
           j_after >= lo ? fjh_tile_mode(p, b, h, wq0, j_after * FJ_BLOCK_N, cls_n) : 0;
 #endif
@@ -1312,7 +1337,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       jn = j_after;
       mode_n = mode_after;
 #else
-      jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n);
+      jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n, kq);
 #endif
       FJH_TRL(8);
     }
@@ -1339,7 +1364,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     // Without the overlap: S, softmax, P V, one tile after the other.
     while (j >= lo) {
       int cls_n;
-      const int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n);
+      const int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n, kq);
       fjh_sched_wait(c);
       fjh_mbar_wait_warp(sm.k_full(st0.s), st0.ph);
       fjh_wgmma_fence();
@@ -1499,10 +1524,11 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
       const int slot = k & 1;
       fjh_mbar_wait(sm.item_full(slot), (k >> 1) & 1);
       const fjh_item_tiles it = fjh_item_read(slot);
-      fjh_mbar_arrive(sm.item_empty(slot));
       const fjh_work w = fjh_item(p, fjh_item_pos(k));
       const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
-      fjh_produce_one(p, maps, sm, 1, w.b, w.h, q0, q1, it.lo, it.hi, it.t, n);
+      fjh_produce_one(p, maps, sm, 1, w.b, w.h, q0, q1, it.lo, it.hi, it.t, n, k);
+      // The walk read the slot's block-mask row until here.
+      fjh_mbar_arrive(sm.item_empty(slot));
     }
     return;
   }
@@ -1518,8 +1544,14 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
     const fjh_work w = fjh_item(p, item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
     int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1, hi_cls = FJ_TILE_FULL, t = 0;
+    const int slot = k & 1;
     if (p.bm_kv_num != nullptr) {
-      hi = fjh_bm_tile(p, w.b, w.h, q0, &t, &hi_cls);
+      // The item's block-mask row into the slot's copy (fjh_bm_cache(k)),
+      // once every reader of the slot's previous item is done with it.
+      fjh_mbar_wait(sm.item_empty(slot), ((k >> 1) & 1) ^ 1);
+      fjh_bm_fill(p, w.b, w.h, q0, fjh_bm_cache(k), lane, 32);
+      __syncwarp();
+      hi = fjh_bm_tile(p, w.b, w.h, q0, &t, &hi_cls, k);
     } else {
 #if FJ_HAS_MASK
       int first, last;
@@ -1529,8 +1561,7 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
 #endif
     }
     if (lane == 0) {
-      const int slot = k & 1;
-      // Free once both consumers and the V thread have read it.
+      // Free once both consumers and the V thread are done with its item.
       fjh_mbar_wait(sm.item_empty(slot), ((k >> 1) & 1) ^ 1);
       ps.item[slot] = fjh_item_tiles{lo, hi, hi_cls, t};
       fjh_mbar_arrive(sm.item_full(slot));  // release: the slot is written
@@ -1538,7 +1569,7 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
 #ifdef FJ_TRACE
       const int n0 = n;
 #endif
-      fjh_produce_one(p, maps, sm, 0, w.b, w.h, q0, q1, lo, hi, t, n);
+      fjh_produce_one(p, maps, sm, 0, w.b, w.h, q0, q1, lo, hi, t, n, k);
 #ifdef FJ_TRACE
       FJH_TR(2);
       fjh_trace_producer(p, w.b, w.h, q0, fjh_tr, n - n0);
@@ -1552,6 +1583,11 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
 __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
                                                 const fjh_smem_map &sm, int c) {
   int n = 0;
+#if FJH_SCHED_CARRY
+  // The ping-pong ring runs across items: consumer 0 takes the first turn;
+  // consumer 1's last arrival is matched by the bar.sync after the loop.
+  if (c == FJH_NC - 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);
+#endif
   // Only k and n live across an item (the rest is recomputed from the
   // parameters): these registers come out of the softmax's.
   for (int k = 0; fjh_item_pos(k) < fjh_num_items(p); ++k) {
@@ -1559,11 +1595,15 @@ __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
     const int slot = k & 1;
     fjh_mbar_wait_warp(sm.item_full(slot), (k >> 1) & 1);
     const fjh_item_tiles it = fjh_item_read(slot);
-    fjh_mbar_arrive(sm.item_empty(slot));
     const fjh_work w = fjh_item(p, item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
     fjh_consume(p, sm, c, w.b, w.h, q0, q1, it.lo, it.hi, it.hi_cls, it.t, n, k);
+    // The walk read the slot's block-mask row until here.
+    fjh_mbar_arrive(sm.item_empty(slot));
   }
+#if FJH_SCHED_CARRY
+  if (c == 0) fjh_sched_wait(0);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
@@ -1631,7 +1671,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   int t = 0;
   if (p.bm_kv_num != nullptr) {
     fjh_bm_stage(p, b, h, q0);
-    hi = fjh_bm_tile(p, b, h, q0, &t, &hi_cls);
+    hi = fjh_bm_tile(p, b, h, q0, &t, &hi_cls, 0);
   } else {
 #if FJ_HAS_MASK
     fj_tile_range(p, b, h, q0, q1, &lo, &hi, &hi_cls);

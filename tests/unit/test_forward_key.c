@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "f89bfd49be0673807928b9e748ba563c"
+#define PINNED_SOURCE_KEY "fe6aff9ed35bef5d6629112045ccfa07"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
