@@ -107,6 +107,9 @@ static int resolve_all(const fjr_getproc *gp, fjr_driver *drv, const char *lib,
   FJR_RESOLVE(cuMemcpyDtoH);
   FJR_RESOLVE(cuMemsetD8);
   FJR_RESOLVE(cuMemsetD32);
+  FJR_RESOLVE(cuMemAllocAsync);
+  FJR_RESOLVE(cuMemFreeAsync);
+  FJR_RESOLVE(cuMemsetD32Async);
   FJR_RESOLVE(cuPointerGetAttribute);
   FJR_RESOLVE(cuStreamCreate);
   FJR_RESOLVE(cuStreamDestroy);

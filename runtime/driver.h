@@ -47,6 +47,12 @@ typedef struct fjr_driver {
   CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
   CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
   CUresult (*cuMemsetD32)(CUdeviceptr, unsigned int, size_t);
+  /* Stream-ordered allocation (the persistent kernel's work counter; on a
+   * device without memory pools that kernel deals its items out
+   * statically instead). */
+  CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+  CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+  CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
   CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
   CUresult (*cuStreamCreate)(CUstream *, unsigned int);
   CUresult (*cuStreamDestroy)(CUstream);

@@ -946,11 +946,32 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     char err[512];
     st = fjr_tma_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof(err));
     if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
+    /* The persistent kernel's work counter: a zeroed int of its own,
+     * allocated and freed in stream order, so that launches in flight on
+     * other streams never share it. Without memory pools (allocation
+     * refused) the kernel deals its items out statically. */
+    CUdeviceptr sched = 0;
+    CUstream stream = (CUstream)args->stream;
+    if (k->cfg.persistent &&
+        ctx->drv->cuMemAllocAsync(&sched, sizeof(int32_t), stream) == CUDA_SUCCESS) {
+      r = ctx->drv->cuMemsetD32Async(sched, 0, 1, stream);
+      if (r != CUDA_SUCCESS) {
+        ctx->drv->cuMemFreeAsync(sched, stream);
+        return fjr_cu_fail(ctx, "cuMemsetD32Async", r);
+      }
+    } else {
+      sched = 0;
+    }
+    maps.sched = (uint64_t)sched;
     void *kp[] = {pbuf, &maps};
     r = ctx->drv->cuLaunchKernel(k->fn, grid_x, grid_y, grid_z,
                                  (unsigned)k->cfg.threads, 1, 1,
-                                 (unsigned)k->cfg.smem_bytes,
-                                 (CUstream)args->stream, kp, NULL);
+                                 (unsigned)k->cfg.smem_bytes, stream, kp, NULL);
+    if (sched) {
+      CUresult rf = ctx->drv->cuMemFreeAsync(sched, stream);
+      if (r == CUDA_SUCCESS && rf != CUDA_SUCCESS)
+        return fjr_cu_fail(ctx, "cuMemFreeAsync", rf);
+    }
   } else {
     size_t psize = total;
     void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf,

@@ -27,9 +27,12 @@
 #include "runtime/launch_params.h"
 
 /* Host mirror of the template's struct fj_tma_maps: three 128-byte
- * CUtensorMaps, q, k, v, in that order (offsets 0, 128, 256). */
+ * CUtensorMaps, q, k, v, in that order (offsets 0, 128, 256), then the
+ * persistent kernel's work counter (a device address, or 0; offset 384;
+ * fjr_tma_maps_build leaves it 0). */
 typedef struct fjr_tma_maps {
   CUtensorMap q, k, v;
+  uint64_t sched;
 } fjr_tma_maps;
 
 /*

@@ -264,8 +264,12 @@ enum { FJH_BAR_SCHED = 1, FJH_BAR_EPI = 1 + FJH_NC };
 struct __align__(64) fjh_tensor_map {
   unsigned long long opaque[16];
 };
-struct fj_tma_maps {
+// 128-byte aligned like the host's (cuda.h's CUtensorMap): 512 bytes.
+struct __align__(128) fj_tma_maps {
   fjh_tensor_map q, k, v;
+  // The persistent kernel's work counter (zeroed before the launch), or
+  // null: items are then dealt out statically (fjh_item_pos).
+  int *sched;
 };
 
 // ---- PTX wrappers ----------------------------------------------------------
@@ -640,9 +644,10 @@ struct fjh_smem_map {
 // consumer arrivals once they are done with Q buffer i; item_full /
 // item_empty: a two-slot ring of work items from the producer warp to the
 // consumers and the V thread; q_full(1): Q buffer 1 loaded) and the ring's
-// slots (lo, hi, class of hi, block-mask position t).
+// slots (the item's position in the order of fjh_item, -1 when there are
+// no more; lo, hi, class of hi, block-mask position t).
 struct fjh_item_tiles {
-  int lo, hi, hi_cls, t;
+  int item, lo, hi, hi_cls, t;
 };
 struct fjh_persist {
   unsigned long long bar[7];
@@ -656,7 +661,7 @@ __device__ __forceinline__ fjh_persist &fjh_persist_smem() {
 // the producer warp wrote it, the barrier ordered it).
 __device__ __forceinline__ fjh_item_tiles fjh_item_read(int slot) {
   const volatile fjh_item_tiles &v = fjh_persist_smem().item[slot];
-  return fjh_item_tiles{v.lo, v.hi, v.hi_cls, v.t};
+  return fjh_item_tiles{v.item, v.lo, v.hi, v.hi_cls, v.t};
 }
 #endif
 
@@ -1487,6 +1492,28 @@ __device__ __forceinline__ int fjh_item_pos(int k) {
   const int g = (int)gridDim.x, x = (int)blockIdx.x;
   return k * g + ((k & 1) ? g - 1 - x : x);
 }
+// FJ_PERSIST_DYNAMIC (default 1; 0 for ablations): with a work counter
+// (maps.sched), a CTA's first item is its blockIdx.x and each next one the
+// counter's next value plus gridDim.x: whichever CTA is free first takes
+// the next item of the order, as the hardware deals out the
+// non-persistent kernel's CTAs (the static snake left causal 3% behind
+// that: bench/RESULTS.md, session 9, run 2).
+#ifndef FJ_PERSIST_DYNAMIC
+#define FJ_PERSIST_DYNAMIC 1
+#endif
+// Called by all of warp 0 for its k-th item (k = 0, 1, ... in turn).
+__device__ __forceinline__ int fjh_next_item(const fj_tma_maps &maps, int k, int lane) {
+#if FJ_PERSIST_DYNAMIC
+  if (maps.sched != nullptr) {
+    if (k == 0) return (int)blockIdx.x;
+    int i = 0;
+    if (lane == 0) i = atomicAdd(maps.sched, 1);
+    return __shfl_sync(0xffffffffu, i, 0) + (int)gridDim.x;
+  }
+#endif
+  (void)maps; (void)lane;
+  return fjh_item_pos(k);
+}
 
 // The producer warpgroup over the CTA's items: warp 0 finds each item's
 // tiles (all its lanes classify) and hands them to the consumers and to
@@ -1507,9 +1534,14 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
     fjh_tma_prefetch_desc(&maps.q);
     // Every item's Q is loaded (an item without tiles too: its consumers
     // wait for it and free the buffer), into buffer k % FJ_Q_BUFS once the
-    // consumers are done with that buffer's previous item.
-    for (int k = 0; fjh_item_pos(k) < total; ++k) {
-      const fjh_work w = fjh_item(p, fjh_item_pos(k));
+    // consumers are done with that buffer's previous item. The item comes
+    // from the ring (its slot is not reused before the consumers have
+    // finished that item, which needs this Q: no arrival from here).
+    for (int k = 0;; ++k) {
+      fjh_mbar_wait(sm.item_full(k & 1), (k >> 1) & 1);
+      const int item = fjh_item_read(k & 1).item;
+      if (item < 0) break;
+      const fjh_work w = fjh_item(p, item);
       const int qb = k % FJ_Q_BUFS;
       fjh_mbar_wait(sm.q_empty(qb), ((unsigned)(k / FJ_Q_BUFS) & 1u) ^ 1u);
       fjh_load_q(maps, sm, qb, w.b, w.h, w.m * FJ_BLOCK_M);
@@ -1520,11 +1552,12 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
     if (lane != 0) return;
     fjh_tma_prefetch_desc(&maps.v);
     int n = 0;
-    for (int k = 0; fjh_item_pos(k) < total; ++k) {
+    for (int k = 0;; ++k) {
       const int slot = k & 1;
       fjh_mbar_wait(sm.item_full(slot), (k >> 1) & 1);
       const fjh_item_tiles it = fjh_item_read(slot);
-      const fjh_work w = fjh_item(p, fjh_item_pos(k));
+      if (it.item < 0) break;
+      const fjh_work w = fjh_item(p, it.item);
       const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
       fjh_produce_one(p, maps, sm, 1, w.b, w.h, q0, q1, it.lo, it.hi, it.t, n, k);
       // The walk read the slot's block-mask row until here.
@@ -1536,7 +1569,8 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
   if (lane == 0) fjh_tma_prefetch_desc(&maps.k);
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
   int n = 0, k = 0;
-  for (int item = fjh_item_pos(0); item < total; item = fjh_item_pos(++k)) {
+  for (int item = fjh_next_item(maps, 0, lane); item < total;
+       item = fjh_next_item(maps, ++k, lane)) {
 #ifdef FJ_TRACE
     unsigned fjh_tr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     FJH_TR(0);
@@ -1563,7 +1597,7 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
     if (lane == 0) {
       // Free once both consumers and the V thread are done with its item.
       fjh_mbar_wait(sm.item_empty(slot), ((k >> 1) & 1) ^ 1);
-      ps.item[slot] = fjh_item_tiles{lo, hi, hi_cls, t};
+      ps.item[slot] = fjh_item_tiles{item, lo, hi, hi_cls, t};
       fjh_mbar_arrive(sm.item_full(slot));  // release: the slot is written
       FJH_TR(1);
 #ifdef FJ_TRACE
@@ -1577,6 +1611,20 @@ __device__ __forceinline__ void fjh_produce_all(const fj_fwd_params &p,
     }
     __syncwarp();
   }
+  // No more items: a last slot tells the other roles so.
+  if (lane == 0) {
+    const int slot = k & 1;
+    fjh_mbar_wait(sm.item_empty(slot), ((k >> 1) & 1) ^ 1);
+    ps.item[slot] = fjh_item_tiles{-1, 0, -1, FJ_TILE_FULL, 0};
+    fjh_mbar_arrive(sm.item_full(slot));
+  }
+}
+
+// The shared-memory map with the persistent kernel's own barriers.
+__device__ __forceinline__ fjh_smem_map fjh_persist_layout(unsigned char *smem) {
+  fjh_smem_map sm = fjh_smem_layout(smem);
+  sm.pbar = fj_smem_u32(&fjh_persist_smem().bar[0]);
+  return sm;
 }
 
 // Consumer warpgroup c over the same items.
@@ -1590,12 +1638,12 @@ __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
 #endif
   // Only k and n live across an item (the rest is recomputed from the
   // parameters): these registers come out of the softmax's.
-  for (int k = 0; fjh_item_pos(k) < fjh_num_items(p); ++k) {
-    const int item = fjh_item_pos(k);
+  for (int k = 0;; ++k) {
     const int slot = k & 1;
     fjh_mbar_wait_warp(sm.item_full(slot), (k >> 1) & 1);
     const fjh_item_tiles it = fjh_item_read(slot);
-    const fjh_work w = fjh_item(p, item);
+    if (it.item < 0) break;
+    const fjh_work w = fjh_item(p, it.item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
     fjh_consume(p, sm, c, w.b, w.h, q0, q1, it.lo, it.hi, it.hi_cls, it.t, n, k);
     // The walk read the slot's block-mask row until here.
@@ -1610,9 +1658,8 @@ extern "C" __global__ void __launch_bounds__(FJH_THREADS, 1)
 fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
                  const __grid_constant__ fj_tma_maps maps) {
   extern __shared__ __align__(1024) unsigned char fjh_smem[];
-  fjh_smem_map sm = fjh_smem_layout(fjh_smem);
-  sm.pbar = fj_smem_u32(&fjh_persist_smem().bar[0]);
   if (threadIdx.x == 0) {
+    const fjh_smem_map sm = fjh_persist_layout(fjh_smem);
     fjh_init_pipeline_barriers(sm);
     fjh_mbar_init(sm.q_full(1), 1);
     fjh_mbar_init(sm.q_empty(0), 256);
@@ -1625,12 +1672,14 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   }
   __syncthreads();
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  // The map is computed after the register reallocation, in each role:
+  // values live across setmaxnreg went through local memory.
   if (wg == 0) {
     fjh_setmaxnreg_dec<FJ_PRODUCER_REGS>();
-    if (threadIdx.x < 96) fjh_produce_all(p, maps, sm);
+    if (threadIdx.x < 96) fjh_produce_all(p, maps, fjh_persist_layout(fjh_smem));
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
-    fjh_consume_all(p, sm, wg - 1);
+    fjh_consume_all(p, fjh_persist_layout(fjh_smem), wg - 1);
   }
 }
 #else  // !FJ_PERSISTENT

@@ -81,10 +81,11 @@ static const char kDocumentSoftcap[] =
  * is the configuration's. */
 static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
                       const char *prologue) {
-  char tail[256];
+  char tail[512];
   snprintf(tail, sizeof tail,
            "\nstatic_assert(FJH_SMEM_BYTES == %d, \"smem size differs from gen/config.c\");\n"
-           "static_assert(sizeof(fj_tma_maps) == 384, \"tensor map block\");\n",
+           "static_assert(sizeof(fj_tma_maps) == 512 && 3 * sizeof(fjh_tensor_map) == 384,\n"
+           "              \"tensor map block\");\n",
            c->smem_bytes);
   return fjt_build_tu(c, has_mask, has_score_mod, prologue, tail);
 }
@@ -390,7 +391,8 @@ static void test_choose_template(void **state) {
 
 static void test_tma_host_mirror(void **state) {
   (void)state;
-  assert_int_equal(sizeof(fjr_tma_maps), 384);
+  assert_int_equal(sizeof(fjr_tma_maps), 512);
+  assert_int_equal(offsetof(fjr_tma_maps, sched), 384);
   assert_int_equal(offsetof(fjr_tma_maps, k), 128);
   assert_int_equal(offsetof(fjr_tma_maps, v), 256);
   fjg_config c;
