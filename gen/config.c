@@ -146,6 +146,13 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   out->num_stages = out->head_dim == 64 ? 3 : 2;
   out->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
   sm90_layout(out);
+  /* D=128: the persistent kernel (its dynamic item order measured equal on
+   * full, causal and sliding-window attention and 4% faster on the
+   * document mask: bench/RESULTS.md, session 9, run 3). D=64 keeps three
+   * consumers (the persistent kernel has two: 11% slower), D=256 the
+   * one-CTA-an-item kernel (the persistent one has a single Q buffer
+   * there, not measured faster). */
+  if (out->head_dim == 128) fjg_config_set_persistent(out, 1);
   if (out->smem_bytes + SM90_STATIC_SMEM(out) > max_smem_per_block(out->sm))
     return fail(err, errlen, FJ_EUNSUPPORTED,
                 "configuration needs %d bytes of shared memory, more than %s allows",
@@ -173,7 +180,7 @@ void fjg_config_set_persistent(fjg_config *c, int on) {
   if (!c || !c->uses_tma) return;
   if (on) fjg_config_set_consumers(c, FJG_SM90_PERSISTENT_BLOCK_M / 64);
   c->persistent = on ? 1 : 0;
-  c->spill_fallback = on ? NULL : "-DFJ_INTRA_WG_OVERLAP=0";
+  c->spill_fallback = "-DFJ_INTRA_WG_OVERLAP=0";
   sm90_layout(c);
 }
 

@@ -38,8 +38,9 @@ typedef struct fjg_config {
   int uses_tma;
   /* 1: the sm90 kernel is persistent (FJ_PERSISTENT): launched on grid
    * (min(SMs, ceil(Lq / block_m) * Hq * B), 1, 1), each CTA looping over
-   * work items. 0 (the default; FLEXJIT_PERSISTENT=1 asks for it, see
-   * runtime/forward.c): one CTA per query block, grid as above. */
+   * work items (the default at head dim 128; FLEXJIT_PERSISTENT=1 / =0
+   * asks for / against it, see runtime/forward.c). 0: one CTA per query
+   * block, grid as above. */
   int persistent;
   /* sm90's Q tiles in shared memory (FJ_Q_BUFS), derived from persistent
    * and num_stages by the setters: 2 for the persistent kernel where they
@@ -50,8 +51,8 @@ typedef struct fjg_config {
   /* An NVRTC option (a -D of the template, a static string) that makes the
    * kernel keep fewer registers live, or NULL: when ptxas reports spills the
    * runtime compiles again with it and keeps the cubin that spills less
-   * (runtime/forward.c). sm90: "-DFJ_INTRA_WG_OVERLAP=0"; none for the
-   * persistent kernel, which is measured as written. */
+   * (runtime/forward.c). sm90: "-DFJ_INTRA_WG_OVERLAP=0", persistent or
+   * not. */
   const char *spill_fallback;
 } fjg_config;
 

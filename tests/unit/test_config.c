@@ -153,8 +153,9 @@ static void test_template_contract(void **state) {
       }
 }
 
-/* The spill fallback is the sm90 template's, and the persistent kernel has
- * none; persistence applies to sm90 only. */
+/* The spill fallback is the sm90 template's, persistent or not; the sm90
+ * kernel is persistent by default at head dim 128 only; persistence applies
+ * to sm90 only. */
 static void test_spill_fallback_and_persistence(void **state) {
   (void)state;
   fjg_config c90, c80;
@@ -163,11 +164,23 @@ static void test_spill_fallback_and_persistence(void **state) {
   assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm80", &c80,
                                               NULL, 0), FJ_OK);
   assert_string_equal(c90.spill_fallback, "-DFJ_INTRA_WG_OVERLAP=0");
-  assert_int_equal(c90.persistent, 0);
+  assert_int_equal(c90.persistent, 1);
+  assert_int_equal(c90.q_bufs, 2);
+  assert_int_equal(c80.persistent, 0);
   assert_null(c80.spill_fallback);
+  for (int d = 64; d <= 256; d *= 2) {
+    fjg_config c;
+    assert_int_equal(fjg_config_choose_template(d, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, NULL,
+                                                0), FJ_OK);
+    assert_int_equal(c.persistent, d == 128);
+  }
+  fjg_config_set_persistent(&c90, 0);
+  assert_int_equal(c90.persistent, 0);
+  assert_int_equal(c90.q_bufs, 1);
+  assert_string_equal(c90.spill_fallback, "-DFJ_INTRA_WG_OVERLAP=0");
   fjg_config_set_persistent(&c90, 1);
   assert_int_equal(c90.persistent, 1);
-  assert_null(c90.spill_fallback);
+  assert_string_equal(c90.spill_fallback, "-DFJ_INTRA_WG_OVERLAP=0");
   fjg_config_set_persistent(&c90, 0);
   assert_int_equal(c90.persistent, 0);
   assert_string_equal(c90.spill_fallback, "-DFJ_INTRA_WG_OVERLAP=0");
@@ -185,7 +198,9 @@ static void test_persistent_q_buffers(void **state) {
     fjg_config c;
     assert_int_equal(fjg_config_choose_template(dims[i], FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
                                                 NULL, 0), FJ_OK);
-    /* The persistent kernel has two consumers (D=64's default has three). */
+    /* The persistent kernel has two consumers (D=64's default has three);
+     * D=128's default is persistent: plain is the other kernel's. */
+    fjg_config_set_persistent(&c, 0);
     assert_int_equal(fjg_config_set_consumers(&c, 2), 0);
     const int plain = c.smem_bytes;
     assert_true(c.q_bufs <= 1);
@@ -198,7 +213,7 @@ static void test_persistent_q_buffers(void **state) {
       assert_int_equal(c.q_bufs, 2);
       assert_int_equal(c.smem_bytes, plain + q_tile);
     }
-    assert_true(c.smem_bytes + 5120 <= 227 * 1024);
+    assert_true(c.smem_bytes + 9216 <= 227 * 1024);  /* and its static rows */
     fjg_config_set_persistent(&c, 0);
     assert_int_equal(c.q_bufs, 1);
     assert_int_equal(c.smem_bytes, plain);

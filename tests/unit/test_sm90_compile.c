@@ -133,7 +133,8 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
   if (fjg_config_choose_template(head_dim, dt, "sm_90a", "sm90", &c, err, sizeof err) !=
       FJ_OK)
     fail_msg("config: %s", err);
-  if (persistent) fjg_config_set_persistent(&c, 1);  /* FJ_PERSISTENT, FJ_Q_BUFS */
+  /* FJ_PERSISTENT, FJ_Q_BUFS (D=128's default is persistent: say which). */
+  fjg_config_set_persistent(&c, persistent);
   char *tu = build_tu(&c, has_mask, has_score_mod, prologue);
   dump(what, head_dim, dt, "cu", tu);
   const char *opts[6] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
@@ -274,6 +275,7 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
   if (fjg_config_choose_template(head_dim, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
                                  sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
+  fjg_config_set_persistent(&c, persistent == 1);  /* D=128's default is persistent */
   if (persistent == 2) {
     assert_int_equal(fjg_config_set_consumers(&c, 2), 0);
     assert_int_equal(c.num_warps, 12);
@@ -367,7 +369,9 @@ static void test_choose_template(void **state) {
   assert_int_equal(c.threads, 384);
   assert_int_equal(c.num_warps, 12);
   assert_int_equal(c.block_m, 128);
-  assert_int_equal(c.smem_bytes, 1024 + (128 + 2 * 2 * 128) * 128 * 2 + 8 * 9);
+  /* Persistent at D=128: two Q buffers. */
+  assert_int_equal(c.persistent, 1);
+  assert_int_equal(c.smem_bytes, 1024 + (2 * 128 + 2 * 2 * 128) * 128 * 2 + 8 * 9);
   assert_true(c.smem_bytes <= 227 * 1024);
   assert_int_equal(fjg_config_choose_template(64, FJ_DTYPE_F16, "sm_90a", "sm90", &c,
                                               err, sizeof err), FJ_OK);
