@@ -27,10 +27,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     # blocks take, on every forward case.
     echo "== build/gpu_test_forward FLEXJIT_CONSUMERS=2"
     FLEXJIT_CONSUMERS=2 build/gpu_test_forward; echo "exit $?"
-    for t in build/gpu_test_*; do
-      echo "== $t FLEXJIT_PERSISTENT=1"
-      FLEXJIT_PERSISTENT=1 "$t"; echo "exit $?"
-    done
+    # The persistent kernel is the default at D=128: the other kernel there
+    # (=0), and the persistent one at D=64 and 256 too (=1).
+    for pv in 0 1; do for t in build/gpu_test_*; do
+      echo "== $t FLEXJIT_PERSISTENT=$pv"
+      FLEXJIT_PERSISTENT=$pv "$t"; echo "exit $?"
+    done; done
   ) 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^==|passed|FAIL|exit" | tail -n 40
   build/flexjit demo 2>&1 | tee "$OUT/demo.log" | tail -n 30
 fi
