@@ -1462,14 +1462,16 @@ __device__ __forceinline__ void fjh_init_pipeline_barriers(const fjh_smem_map &s
 #if FJ_PERSISTENT
 // ---- persistent kernel ------------------------------------------------------
 // gridDim.x CTAs (the host launches min(SMs, work items)) share the work
-// items, query block m of head h, batch b, in the order of fjh_item and
-// fjh_item_pos. One producer warp finds each item's tiles and hands them to
-// the consumers through a two-slot ring; three producer threads stream Q,
-// K and V (fjh_produce_all); the K/V stages and their phases run on from
-// item to item. Q has two buffers where shared memory allows (FJ_Q_BUFS):
-// the next item's Q is in place before this one ends. With one, it loads
-// once both consumers have issued their last Q K^T (the epilogue writes O
-// from registers, not through the Q area).
+// items, query block m of head h, batch b, in the order of fjh_item, each
+// CTA taking the next one when it is free (fjh_next_item). One producer
+// warp finds each item's tiles and hands them to the consumers through a
+// two-slot ring; three producer threads stream Q, K and V
+// (fjh_produce_all); the K/V stages and their phases run on from item to
+// item, and so does the ping-pong turn (FJH_SCHED_CARRY). Q has two buffers
+// where shared memory allows (FJ_Q_BUFS): the next item's Q is in place
+// before this one ends, and O leaves through the item's own buffer
+// (FJH_PERSIST_EPI_SMEM). With one (D=256), Q loads once both consumers
+// have issued their last Q K^T, and the epilogue writes O from registers.
 
 __device__ __forceinline__ int fjh_num_m(const fj_fwd_params &p) {
   return (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
@@ -1515,11 +1517,12 @@ __device__ __forceinline__ int fjh_next_item(const fj_tma_maps &maps, int k, int
   return fjh_item_pos(k);
 }
 
-// The producer warpgroup over the CTA's items: warp 0 finds each item's
-// tiles (all its lanes classify) and hands them to the consumers and to
-// warp 2 through a two-slot ring, and its lane 0 loads K; lane 0 of warp 1
-// loads every item's Q as soon as its buffer is free, lane 0 of warp 2 loads
-// V. Each walks the items on its own: none waits behind another's load.
+// The producer warpgroup over the CTA's items: warp 0 takes each item, finds
+// its tiles (all its lanes classify, or copy its block-mask row) and hands
+// it to the consumers and to warps 1 and 2 through a two-slot ring, and its
+// lane 0 loads K; lane 0 of warp 1 loads every item's Q as soon as its
+// buffer is free, lane 0 of warp 2 loads V. Each walks the items' tiles on
+// its own: none waits behind another's load.
 __device__ __forceinline__ int fjh_num_items(const fj_fwd_params &p) {
   return fjh_num_m(p) * p.sz.Hq * p.sz.B;
 }

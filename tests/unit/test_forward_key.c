@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "48a77f6022701a0c9742eab35639ac3e"
+#define PINNED_SOURCE_KEY "b9403b72d67d88b3e2533c4a19786adb"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
