@@ -84,8 +84,8 @@ def run_case(name, persistent):
     # slots have no room for D=64's third (its default), which is not traced.
     env = dict(os.environ, FLEXJIT_KERNEL_DEFINES="FJ_TRACE=1 FJ_INTRA_WG_OVERLAP=1",
                FLEXJIT_CONSUMERS="2")
-    if persistent:
-        env.update(FLEXJIT_PERSISTENT="1")
+    # Say which kernel: the persistent one is the default at D=128.
+    env.update(FLEXJIT_PERSISTENT="1" if persistent else "0")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [os.path.join(REPO, "build", "flexjit"), "run", os.path.join(REPO, "examples", spec),
                "--batch", str(B), "--heads", str(H), "--q-len", str(S), "--head-dim", str(D),
