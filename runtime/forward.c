@@ -934,8 +934,8 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
 
   unsigned grid_x = (unsigned)((Lq + k->cfg.block_m - 1) / k->cfg.block_m);
   unsigned grid_y = (unsigned)Hq, grid_z = (unsigned)B;
+  const int64_t items = (int64_t)grid_x * Hq * B;
   if (k->cfg.persistent) { /* one CTA per SM, each looping over work items */
-    int64_t items = (int64_t)grid_x * Hq * B;
     grid_x = (unsigned)(items < ctx->num_sms ? items : ctx->num_sms);
     grid_y = grid_z = 1;
   }
@@ -948,11 +948,13 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
     /* The persistent kernel's work counter: a zeroed int of its own,
      * allocated and freed in stream order, so that launches in flight on
-     * other streams never share it. Without memory pools (allocation
-     * refused) the kernel deals its items out statically. */
+     * other streams never share it (about 2.5 us of host time a launch,
+     * bench/RESULTS.md, session 9, run 6). Not when every CTA has one item
+     * at most (nothing to deal out), and not without memory pools
+     * (allocation refused): the kernel then takes its items statically. */
     CUdeviceptr sched = 0;
     CUstream stream = (CUstream)args->stream;
-    if (k->cfg.persistent &&
+    if (k->cfg.persistent && items > (int64_t)grid_x &&
         ctx->drv->cuMemAllocAsync(&sched, sizeof(int32_t), stream) == CUDA_SUCCESS) {
       r = ctx->drv->cuMemsetD32Async(sched, 0, 1, stream);
       if (r != CUDA_SUCCESS) {
