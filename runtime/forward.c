@@ -335,10 +335,17 @@ static int sm90_block_m(const fj_context *ctx, const fj_kernel_options *opts) {
   int bm = 0, bn = 0;
   if (fjg_sm90_tile(opts->head_dim, &bm, &bn) != 0) return 0;
   if (ctx->consumers_opt) bm = 64 * ctx->consumers_opt; /* -64: refused below */
-  if (ctx->persistent_opt == 1) bm = FJG_SM90_PERSISTENT_BLOCK_M;
+  if (ctx->persistent_opt == 1) {
+    /* The persistent kernel's tile, unless FLEXJIT_CONSUMERS asked for
+     * another: refused below (a conflict, not a silent choice). */
+    if (ctx->consumers_opt && bm != FJG_SM90_PERSISTENT_BLOCK_M) return -1;
+    bm = FJG_SM90_PERSISTENT_BLOCK_M;
+  }
   if (bm <= 0) return bm;
-  /* A mask no sm90 tile fits keeps bm: its bind says why. */
+  /* A mask no sm90 tile fits keeps bm: its bind says why. One that another
+   * tile fits takes it, unless FLEXJIT_CONSUMERS chose this one. */
   const int fit = fjg_sm90_block_m_for(bm, opts->block_mask_block_q);
+  if (fit && fit != bm && ctx->consumers_opt) return -1;
   return fit ? fit : bm;
 }
 
@@ -415,7 +422,9 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
       (block_m90 <= 0 || fjg_config_set_consumers(&k->cfg, block_m90 / 64) != 0))
     st = fjr_fail(ctx, FJ_EUNSUPPORTED,
                   "FLEXJIT_CONSUMERS=%s: the sm90 kernel takes 2 consumer warpgroups, "
-                  "or 3 at head dim 64 (not persistent); head dim %d here",
+                  "or 3 at head dim 64, but not in the persistent kernel "
+                  "(FLEXJIT_PERSISTENT=1) nor with a block mask of 128-row blocks; "
+                  "head dim %d here",
                   ctx->consumers_env,
                   k->cfg.head_dim);
   if (st != FJ_OK) {

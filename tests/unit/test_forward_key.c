@@ -185,7 +185,8 @@ static void test_block_mask_rows(void **state) {
 }
 
 /* FLEXJIT_CONSUMERS=2 gives D=64 the 128-row kernel; 3 where it cannot
- * be (D=128), or a value neither 2 nor 3, is refused by name. */
+ * be (D=128, the persistent kernel, a block mask of 128-row blocks), or a
+ * value neither 2 nor 3, is refused by name. */
 static void test_consumers_env(void **state) {
   (void)state;
   if (!have_nvrtc()) skip();
@@ -197,18 +198,24 @@ static void test_consumers_env(void **state) {
   key_of(&d64, &two);
   assert_string_equal(two.source_key, masked.source_key);
   assert_string_not_equal(two.source_key, plain.source_key);
-  static const char *const bad[][2] = {{"3", "128"}, {"x", "64"}, {"4", "64"}};
-  for (int i = 0; i < 3; i++) {
+  /* value, head dim, FLEXJIT_PERSISTENT, block mask's block_q */
+  static const char *const bad[][4] = {{"3", "128", "", "0"},  {"x", "64", "", "0"},
+                                       {"4", "64", "", "0"},   {"3", "64", "1", "0"},
+                                       {"3", "64", "", "128"}};
+  for (int i = 0; i < 5; i++) {
     setenv("FLEXJIT_CONSUMERS", bad[i][0], 1);
+    if (bad[i][2][0]) setenv("FLEXJIT_PERSISTENT", bad[i][2], 1);
     fj_context *ctx = NULL;
     fj_spec *spec = NULL;
     assert_int_equal(fj_context_create(NULL, &ctx), FJ_OK);
     /* The context read the variable; the message names what it read. */
     setenv("FLEXJIT_CONSUMERS", "changed", 1);
+    unsetenv("FLEXJIT_PERSISTENT");
     assert_int_equal(fj_spec_load_string(ctx, kPinnedSpec, strlen(kPinnedSpec), "k.lua",
                                          &spec), FJ_OK);
     fj_kernel_options ko = {.head_dim = atoi(bad[i][1]), .dtype = FJ_DTYPE_BF16,
-                            .arch = "sm_90a", .kernel_template = "sm90"};
+                            .arch = "sm_90a", .kernel_template = "sm90",
+                            .block_mask_block_q = atoi(bad[i][3])};
     assert_int_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_EUNSUPPORTED);
     char want[64];
     snprintf(want, sizeof want, "FLEXJIT_CONSUMERS=%s:", bad[i][0]);
