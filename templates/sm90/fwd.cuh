@@ -149,19 +149,6 @@
 #define FJ_PERSIST_SCHED_CARRY 1
 #endif
 #define FJH_SCHED_CARRY (FJ_PERSISTENT && FJ_PERSIST_SCHED_CARRY && FJ_PINGPONG)
-// FJ_HALF_SKIP (default 0: an experiment, not yet run on a GPU): a MASK
-// tile whose right (or left) 64 columns have no allowed pair for the
-// warpgroup's 64 rows (the diagonal tile of a causal or sliding-window row
-// for consumer 0, the window's first tile for consumer 1) gets its Q K^T
-// at N = 64 and its P V over 4 of the 8 k-steps: the tile mode's FJH_HALF_LEFT
-// / FJH_HALF_RIGHT bit (fjh_tile_mode) says which half is computed. The other half's
-// scores are stale registers that the mask sets to -inf like any masked
-// pair. 128-column tiles only.
-#ifndef FJ_HALF_SKIP
-#define FJ_HALF_SKIP 0
-#endif
-#define FJH_HALF_SKIP (FJ_HALF_SKIP && FJ_BLOCK_N == 128 && FJ_HAS_MASK)
-enum { FJH_HALF_LEFT = 2, FJH_HALF_RIGHT = 4 };
 #define FJH_PERSIST_EPI_SMEM (FJ_PERSISTENT && FJ_PERSIST_EPI_SMEM && FJ_Q_BUFS == 2)
 
 // Consumer warpgroups: two (12 warps, BLOCK_M 128), or three at head dim
@@ -814,56 +801,12 @@ __device__ __forceinline__ void fjh_issue_qk(float (&s)[FJH_S_REGS], unsigned dq
   }
 }
 
-// Q K^T of a tile in the mode's columns (FJ_HALF_SKIP): all of them, or
-// the left / right 64 (K rows 0-63 / 64-127: 8192 bytes further in each
-// 64-element chunk, a whole number of swizzle atoms) into the first / last
-// 32 accumulators, which hold those columns.
-__device__ __forceinline__ void fjh_issue_qk_mode(float (&s)[FJH_S_REGS], unsigned dq,
-                                                  unsigned dk, int mode) {
-#if FJH_HALF_SKIP
-  if (mode & (FJH_HALF_LEFT | FJH_HALF_RIGHT)) {
-    const bool right = (mode & FJH_HALF_RIGHT) != 0;
-    float(&h)[32] = *reinterpret_cast<float(*)[32]>(&s[right ? 32 : 0]);
-#pragma unroll
-    for (int kk = 0; kk < FJ_HEAD_DIM / 16; ++kk) {
-      const unsigned qa = (kk / 4) * (FJ_BLOCK_M * 128) + (kk % 4) * 32;
-      const unsigned kb =
-          (kk / 4) * (FJ_BLOCK_N * 128) + (right ? 64 * 128 : 0) + (kk % 4) * 32;
-      if (kk == 0)
-        fjh_wgmma_ss<true>(h, fjh_desc(dq, qa), fjh_desc(dk, kb));
-      else
-        fjh_wgmma_ss<false>(h, fjh_desc(dq, qa), fjh_desc(dk, kb));
-    }
-    return;
-  }
-#endif
-  (void)mode;
-  fjh_issue_qk(s, dq, dk);
-}
-
 // O += P V with P (this thread's A fragments) in registers; dv is the
 // descriptor low word of the V tile.
 __device__ __forceinline__ void fjh_issue_pv(float (&o)[FJH_O_REGS],
                                              const unsigned (&pf)[FJH_PK][4], unsigned dv) {
 #pragma unroll
   for (int kk = 0; kk < FJH_PK; ++kk) fjh_wgmma_rs(o, pf[kk], fjh_desc(dv, kk * 16 * 128));
-}
-// P V over the mode's columns of P (FJ_HALF_SKIP): k-steps 0-3 or 4-7 for
-// one half (the other half of P is 0).
-__device__ __forceinline__ void fjh_issue_pv_mode(float (&o)[FJH_O_REGS],
-                                                  const unsigned (&pf)[FJH_PK][4],
-                                                  unsigned dv, int mode) {
-#if FJH_HALF_SKIP
-  if (mode & (FJH_HALF_LEFT | FJH_HALF_RIGHT)) {
-    const int k0 = (mode & FJH_HALF_RIGHT) ? FJH_PK / 2 : 0;
-#pragma unroll
-    for (int kk = 0; kk < FJH_PK / 2; ++kk)
-      fjh_wgmma_rs(o, pf[k0 + kk], fjh_desc(dv, (k0 + kk) * 16 * 128));
-    return;
-  }
-#endif
-  (void)mode;
-  fjh_issue_pv(o, pf, dv);
 }
 
 // Ping-pong: consumer c may issue its GEMMs once the one before it in the
@@ -979,18 +922,7 @@ __device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int 
     const int wq1 = min(wq0 + FJH_WG_ROWS, p.sz.Lq) - 1;
     const int wc = fj_tile_class(p.user, p.sz, b, h, wq0, wq1, kv0,
                                  min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1);
-    if (wc == FJ_TILE_FULL) return FJH_TILE_KEEP;
-#if FJH_HALF_SKIP
-    // Columns at or past Lk are masked whatever the mask says.
-    const int right = kv0 + 64 >= p.sz.Lk
-                          ? FJ_TILE_EMPTY
-                          : fj_tile_class(p.user, p.sz, b, h, wq0, wq1, kv0 + 64,
-                                          min(kv0 + 127, p.sz.Lk - 1));
-    if (right == FJ_TILE_EMPTY) return FJH_TILE_MASK | FJH_HALF_LEFT;
-    if (fj_tile_class(p.user, p.sz, b, h, wq0, wq1, kv0, kv0 + 63) == FJ_TILE_EMPTY)
-      return FJH_TILE_MASK | FJH_HALF_RIGHT;
-#endif
-    return FJH_TILE_MASK;
+    return wc == FJ_TILE_FULL ? FJH_TILE_KEEP : FJH_TILE_MASK;
   }
 #endif
   (void)b; (void)h; (void)kv0; (void)cls;
@@ -1030,7 +962,7 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
   // convergence barrier per element and a buffer mask's loads ran one after
   // the other; without, they issue together (bench/RESULTS.md, session 4).
 #if FJ_HAS_MASK
-  if (FJH_HALF_SKIP ? (mode & FJH_TILE_MASK) != 0 : mode == FJH_TILE_MASK) {
+  if (mode == FJH_TILE_MASK) {
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS; ++i) {
       const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
@@ -1339,23 +1271,16 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.k_full(st0.s), st0.ph);
     FJH_TR(2);
-#if FJH_HALF_SKIP
-    const int mode_0 = fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls);  // Q K^T needs it
-#else
-    const int mode_0 = 0;  // found after S (fewer registers live in the GEMM)
-#endif
     fjh_wgmma_fence();
-    fjh_issue_qk_mode(s, dq, dk + st0.s * DS, mode_0);
+    fjh_issue_qk(s, dq, dk + st0.s * DS);
     fjh_wgmma_commit();
     fjh_sched_arrive(c, false);
     fjh_wgmma_wait<0>();
     fjh_fence_regs(s);
     fjh_mbar_arrive(sm.k_empty(st0.s));
-    fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N,
-                FJH_HALF_SKIP ? mode_0 : fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
+    fjh_softmax(p, b, h, wq0, j * FJ_BLOCK_N, fjh_tile_mode(p, b, h, wq0, j * FJ_BLOCK_N, cls),
                 exp_scale, s, row_m, row_l, alpha);
     fjh_pack_p(s, pf);
-    int mode_j = mode_0;  // tile j's, for its P V (FJ_HALF_SKIP)
     FJH_TR(3);
     int cls_n;
     int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n, kq);
@@ -1385,10 +1310,10 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       fjh_mbar_wait_warp(sm.k_full(st1.s), st1.ph);
       FJH_TRL(3);
       fjh_wgmma_fence();
-      fjh_issue_qk_mode(s, dq, dk + st1.s * DS, mode_n);
+      fjh_issue_qk(s, dq, dk + st1.s * DS);
       fjh_wgmma_commit();
       fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
-      fjh_issue_pv_mode(o, pf, dv + st0.s * DS, mode_j);
+      fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_sched_arrive(c, false);
 #if FJ_EARLY_ADVANCE
@@ -1410,7 +1335,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
       FJH_TRL(7);
       fjh_pack_p(s, pf);
       j = jn;
-      mode_j = mode_n;
       ++n;
       st0 = st1;
       st1 = fjh_stage_next(st1);
@@ -1432,7 +1356,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
     fjh_sched_wait(c);
     fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
     fjh_wgmma_fence();
-    fjh_issue_pv_mode(o, pf, dv + st0.s * DS, mode_j);
+    fjh_issue_pv(o, pf, dv + st0.s * DS);
     fjh_wgmma_commit();
     fjh_sched_arrive(c, true);
     fjh_pv_wait(o, pf, sm.v_empty(st0.s));
