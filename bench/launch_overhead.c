@@ -23,6 +23,7 @@
 #include "flexjit.h"
 #include "gen/emit_cuda.h"
 #include "runtime/context_impl.h"
+#include "runtime/forward.h"
 #include "runtime/launch_params.h"
 #include "runtime/tma.h"
 
@@ -131,16 +132,12 @@ static int measure(const fjr_driver *drv, const char *spec_path,
       return 1;
     }
   }
-  unsigned grid_x = (unsigned)((L + kern->cfg.block_m - 1) / kern->cfg.block_m);
-  unsigned grid_y = H, grid_z = B;
-  if (kern->cfg.persistent) {
-    /* The grid forward.c launches; the bare launch passes no work counter
-     * (maps.sched = 0: the static order), so the overhead below includes
-     * the counter's allocation, zeroing and free. */
-    long items = (long)grid_x * H * B;
-    grid_x = (unsigned)(items < ctx->num_sms ? items : ctx->num_sms);
-    grid_y = grid_z = 1;
-  }
+  /* The grid fj_attention_forward launches. The bare launch passes no work
+   * counter to the persistent kernel (maps.sched = 0: the static order), so
+   * where fj_attention_forward takes one (more items than CTAs) the
+   * overhead below includes its allocation, zeroing and free. */
+  unsigned grid[3];
+  fjr_forward_grid(&kern->cfg, ctx->num_sms, B, H, L, grid);
   enum { N = 2000, ROUNDS = 7 };
   double fj_round[ROUNDS], bare_round[ROUNDS];
   for (int r = 0; r < ROUNDS; r++) {
@@ -150,7 +147,7 @@ static int measure(const fjr_driver *drv, const char *spec_path,
     drv->cuCtxSynchronize();
     double s2 = now_us();
     for (int i = 0; i < N; i++)
-      drv->cuLaunchKernel(kern->fn, grid_x, grid_y, grid_z, kern->cfg.threads, 1, 1,
+      drv->cuLaunchKernel(kern->fn, grid[0], grid[1], grid[2], kern->cfg.threads, 1, 1,
                           kern->cfg.smem_bytes, NULL,
                           kern->cfg.uses_tma ? kp : NULL,
                           kern->cfg.uses_tma ? NULL : extra);

@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "runtime/context.h"
+#include "runtime/forward.h"
 
 static const char compile_usage[] =
     "usage: flexjit compile SPEC.lua [options]\n"

@@ -25,14 +25,6 @@ fj_status fjr_context_device(fj_context *ctx, const fjr_driver **drv);
  * option, else the device's (which loads the driver), else FJ_ENODRIVER. */
 fj_status fjr_context_arch(fj_context *ctx, const char **arch);
 
-/* The cubin of a spec's forward kernel (compiled, or found in the cache, as
- * fj_compile_forward does), borrowed from the spec until the kernel is
- * loaded; FJ_EINVAL once it is (the driver holds it then). For `flexjit
- * compile --emit-cubin`. */
-fj_status fjr_forward_cubin(fj_context *ctx, const fj_spec *spec,
-                            const fj_kernel_options *opts, const void **data,
-                            size_t *size);
-
 /* Records a failure: sets the context's last error to the formatted message
  * and returns `status`, so callers can `return fjr_fail(ctx, FJ_EINVAL, ...)`. */
 fj_status fjr_fail(fj_context *ctx, fj_status status, const char *fmt, ...)

@@ -18,6 +18,7 @@
 #include "gen/templates.h"
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
+#include "runtime/forward.h"
 #include "runtime/launch_params.h"
 #include "runtime/nvrtc.h"
 #include "runtime/tma.h"
@@ -822,6 +823,38 @@ fail:;
   return st;
 }
 
+int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t Hq,
+                         int64_t Lq, unsigned grid[3]) {
+  const int64_t m = (Lq + cfg->block_m - 1) / cfg->block_m;
+  const int64_t items = m * Hq * B;
+  if (cfg->persistent) { /* one CTA per SM, each looping over work items */
+    grid[0] = (unsigned)(items < num_sms ? items : num_sms);
+    grid[1] = grid[2] = 1;
+  } else {
+    grid[0] = (unsigned)m, grid[1] = (unsigned)Hq, grid[2] = (unsigned)B;
+  }
+  return items;
+}
+
+/* The persistent kernel's work counter: a zeroed int of its own, allocated
+ * in stream order (the caller frees it after the launch, the same way), so
+ * that launches in flight on other streams never share it (about 2.5 us of
+ * host time a launch, bench/RESULTS.md, session 9, run 6); only where CTAs
+ * have more than one item to deal out. *out = 0 without memory pools (the
+ * allocation refused): the kernel then takes its items statically. */
+static fj_status work_counter(fj_context *ctx, CUstream stream, CUdeviceptr *out) {
+  CUdeviceptr c = 0;
+  *out = 0;
+  if (ctx->drv->cuMemAllocAsync(&c, sizeof(int32_t), stream) != CUDA_SUCCESS) return FJ_OK;
+  CUresult r = ctx->drv->cuMemsetD32Async(c, 0, 1, stream);
+  if (r != CUDA_SUCCESS) {
+    ctx->drv->cuMemFreeAsync(c, stream);
+    return fjr_cu_fail(ctx, "cuMemsetD32Async", r);
+  }
+  *out = c;
+  return FJ_OK;
+}
+
 fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                                const fj_forward_args *args) {
   if (!ctx) return FJ_EINVAL;
@@ -941,13 +974,9 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                            (int)Lk, k->cfg.block_m, k->cfg.block_n, p);
   if (st != FJ_OK) return st;
 
-  unsigned grid_x = (unsigned)((Lq + k->cfg.block_m - 1) / k->cfg.block_m);
-  unsigned grid_y = (unsigned)Hq, grid_z = (unsigned)B;
-  const int64_t items = (int64_t)grid_x * Hq * B;
-  if (k->cfg.persistent) { /* one CTA per SM, each looping over work items */
-    grid_x = (unsigned)(items < ctx->num_sms ? items : ctx->num_sms);
-    grid_y = grid_z = 1;
-  }
+  unsigned grid[3];
+  const int64_t items = fjr_forward_grid(&k->cfg, ctx->num_sms, B, Hq, Lq, grid);
+  CUstream stream = (CUstream)args->stream;
   CUresult r;
   if (k->cfg.uses_tma) {
     /* TMA descriptors are a second __grid_constant__ parameter. */
@@ -955,27 +984,13 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     char err[512];
     st = fjr_tma_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof(err));
     if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
-    /* The persistent kernel's work counter: a zeroed int of its own,
-     * allocated and freed in stream order, so that launches in flight on
-     * other streams never share it (about 2.5 us of host time a launch,
-     * bench/RESULTS.md, session 9, run 6). Not when every CTA has one item
-     * at most (nothing to deal out), and not without memory pools
-     * (allocation refused): the kernel then takes its items statically. */
     CUdeviceptr sched = 0;
-    CUstream stream = (CUstream)args->stream;
-    if (k->cfg.persistent && items > (int64_t)grid_x &&
-        ctx->drv->cuMemAllocAsync(&sched, sizeof(int32_t), stream) == CUDA_SUCCESS) {
-      r = ctx->drv->cuMemsetD32Async(sched, 0, 1, stream);
-      if (r != CUDA_SUCCESS) {
-        ctx->drv->cuMemFreeAsync(sched, stream);
-        return fjr_cu_fail(ctx, "cuMemsetD32Async", r);
-      }
-    } else {
-      sched = 0;
-    }
+    if (k->cfg.persistent && items > (int64_t)grid[0] &&
+        (st = work_counter(ctx, stream, &sched)) != FJ_OK)
+      return st;
     maps.sched = (uint64_t)sched;
     void *kp[] = {pbuf, &maps};
-    r = ctx->drv->cuLaunchKernel(k->fn, grid_x, grid_y, grid_z,
+    r = ctx->drv->cuLaunchKernel(k->fn, grid[0], grid[1], grid[2],
                                  (unsigned)k->cfg.threads, 1, 1,
                                  (unsigned)k->cfg.smem_bytes, stream, kp, NULL);
     if (sched) {
@@ -987,9 +1002,9 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     size_t psize = total;
     void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf,
                      CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
-    r = ctx->drv->cuLaunchKernel(
-        k->fn, grid_x, (unsigned)Hq, (unsigned)B, (unsigned)k->cfg.threads, 1,
-        1, (unsigned)k->cfg.smem_bytes, (CUstream)args->stream, NULL, extra);
+    r = ctx->drv->cuLaunchKernel(k->fn, grid[0], grid[1], grid[2],
+                                 (unsigned)k->cfg.threads, 1, 1,
+                                 (unsigned)k->cfg.smem_bytes, stream, NULL, extra);
   }
   if (r != CUDA_SUCCESS) return fjr_cu_fail(ctx, "cuLaunchKernel", r);
   return FJ_OK;

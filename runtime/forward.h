@@ -1,0 +1,28 @@
+/*
+ * runtime/forward.h: the forward launch path's internals that the CLI and the
+ * benchmarks share with runtime/forward.c (not part of the public API).
+ */
+#ifndef FJR_FORWARD_H
+#define FJR_FORWARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flexjit.h"
+#include "gen/config.h"
+
+/* The cubin of a spec's forward kernel (compiled, or found in the cache, as
+ * fj_compile_forward does), borrowed from the spec until the kernel is
+ * loaded; FJ_EINVAL once it is (the driver holds it then). For `flexjit
+ * compile --emit-cubin`. */
+fj_status fjr_forward_cubin(fj_context *ctx, const fj_spec *spec,
+                            const fj_kernel_options *opts, const void **data,
+                            size_t *size);
+
+/* The grid a kernel of configuration cfg is launched on: (ceil(Lq /
+ * block_m), Hq, B), or for the persistent kernel (min(num_sms, work items),
+ * 1, 1). Returns the number of work items (query blocks x heads x batch). */
+int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t Hq,
+                         int64_t Lq, unsigned grid[3]);
+
+#endif /* FJR_FORWARD_H */
