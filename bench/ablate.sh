@@ -11,7 +11,9 @@
 #   sched adds causal4k, doc4k, full16k, sliding16k and doc16k; softmax is
 #   causal64, causal16k and sliding16k; or a comma-separated list of names
 #   (doc16kb8: the document mask at 8 x 16384, where the last wave of CTAs
-#   weighs a quarter as much as at 2 x 16384).
+#   weighs a quarter as much as at 2 x 16384; slide128 ... slide8192: the
+#   sliding window of that width at 2 x 16384; band1 ... band32: the
+#   block-aligned band of bench/specs/band.lua, every tile FULL or EMPTY).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-2}
@@ -28,6 +30,15 @@ declare -A case_of=(
   [doc16k]="document 2x16384|examples/document.lua --batch 2 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
   [doc16kb8]="document 8x16384|examples/document.lua --batch 8 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
 )
+# slideW: the sliding window of W at 2 x 16384 (a sweep of W separates the
+# per-tile from the per-item cost: bench/RESULTS.md, session 10).
+for w in 128 256 512 1024 2048 4096 8192; do
+  case_of[slide$w]="sliding $w 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=$w"
+done
+# bandB: a block-aligned band of B + 1 kv blocks (bench/specs/band.lua).
+for bl in 1 2 4 8 16 32; do
+  case_of[band$bl]="band $bl 2x16384|bench/specs/band.lua --batch 2 --heads 16 --q-len 16384 --param blocks=$bl"
+done
 case ${ABLATE_CASES:-} in
   "") names="full4k causal16k causal64" ;;
   sched) names="full4k causal16k causal64 causal4k doc4k full16k sliding16k doc16k" ;;
@@ -62,7 +73,8 @@ for c in "${cases[@]}"; do
         out=$(FLEXJIT_KERNEL_DEFINES="$v" timeout 120 build/flexjit run $args --bench --iters 50 2>&1)
       fi
       tf=$(grep -o "[0-9.]* TFLOP/s" <<<"$out" | head -n 1)
-      echo "$name | ${v:-shipped} | ${tf:-FAILED: $(tail -n 1 <<<"$out")}"
+      ms=$(grep -o "bench: [0-9.]* ms" <<<"$out" | head -n 1 | cut -d' ' -f2)
+      echo "$name | ${v:-shipped} | ${tf:-FAILED: $(tail -n 1 <<<"$out")}${ms:+ | $ms ms}"
     done
   done
 done
