@@ -113,5 +113,12 @@ fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
   fj_status st = encode_one(drv, cfg, &q, &out->q, err, errlen);
   if (st == FJ_OK) st = encode_one(drv, cfg, &k, &out->k, err, errlen);
   if (st == FJ_OK) st = encode_one(drv, cfg, &v, &out->v, err, errlen);
-  return st;
+  if (st != FJ_OK) return st;
+  /* O is stored through TMA where it can be; otherwise the kernel's
+   * threads store it (o_ok 0), so O's layout adds no requirement. */
+  tma_tensor o = {"o", p->o, {D, p->sz.Lq, p->sz.Hq, p->sz.B},
+                  {p->o_ss, p->o_sh, p->o_sb}, 64};
+  char oerr[256];
+  out->o_ok = encode_one(drv, cfg, &o, &out->o, oerr, sizeof oerr) == FJ_OK;
+  return FJ_OK;
 }

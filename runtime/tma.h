@@ -18,6 +18,7 @@
 #define FJR_TMA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cuda.h>
 
@@ -26,13 +27,17 @@
 #include "runtime/driver.h"
 #include "runtime/launch_params.h"
 
-/* Host mirror of the template's struct fj_tma_maps: three 128-byte
- * CUtensorMaps, q, k, v, in that order (offsets 0, 128, 256), then the
- * persistent kernel's work counter (a device address, or 0; offset 384;
- * fjr_tma_maps_build leaves it 0). */
+/* Host mirror of the template's struct fj_tma_maps (640 bytes, 128-byte
+ * aligned): four 128-byte CUtensorMaps, q, k, v, o, in that order (offsets
+ * 0, 128, 256, 384), then the persistent kernel's work counter (a device
+ * address, or 0; offset 512; fjr_tma_maps_build leaves it 0), then o_ok
+ * (offset 520): 1 when o holds O's map for the epilogue's TMA store, 0 when
+ * O breaks TMA's rules (the kernel then stores O without it). */
 typedef struct fjr_tma_maps {
-  CUtensorMap q, k, v;
+  _Alignas(128) CUtensorMap q;
+  CUtensorMap k, v, o;
   uint64_t sched;
+  int32_t o_ok;
 } fjr_tma_maps;
 
 /*
@@ -40,8 +45,11 @@ typedef struct fjr_tma_maps {
  * pointers, their batch/head/sequence strides in elements, B, Hq, Hkv, Lq,
  * Lk) and the kernel's configuration (dtype, head_dim, block_m, block_n).
  * Each tensor is described as 4-D (D, L, H, B), innermost first, with
- * 128-byte swizzle, boxes of 64 x block_m (q) or 64 x block_n (k, v) and
- * zero fill outside the tensor, which is what bounds ragged tiles.
+ * 128-byte swizzle, boxes of 64 x block_m (q), 64 x block_n (k, v) or
+ * 64 x 64 (o: one consumer's rows) and zero fill outside the tensor, which
+ * is what bounds ragged tiles (a store skips rows outside it). O's map is
+ * optional: when O's address or strides break TMA's rules, o_ok is 0 and
+ * the call still succeeds.
  * Pure host work (no context, no device memory); cheap enough per launch.
  * Fails with FJ_EINVAL when cfg->uses_tma is 0 or the strides or addresses
  * break TMA's rules (16-byte aligned base and strides, strides < 2^40), or

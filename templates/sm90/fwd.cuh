@@ -264,12 +264,16 @@ enum { FJH_BAR_SCHED = 1, FJH_BAR_EPI = 1 + FJH_NC };
 struct __align__(64) fjh_tensor_map {
   unsigned long long opaque[16];
 };
-// 128-byte aligned like the host's (cuda.h's CUtensorMap): 512 bytes.
+// 128-byte aligned like the host's (runtime/tma.h): 640 bytes.
 struct __align__(128) fj_tma_maps {
   fjh_tensor_map q, k, v;
+  // O in boxes of 64 rows (one consumer's), for the epilogue's TMA store;
+  // valid when o_ok is 1 (the host could encode it: 16-byte aligned O).
+  fjh_tensor_map o;
   // The persistent kernel's work counter (zeroed before the launch), or
   // null: items are then dealt out statically (fjh_item_pos).
   int *sched;
+  int o_ok;
 };
 
 // ---- PTX wrappers ----------------------------------------------------------
@@ -327,6 +331,21 @@ __device__ __forceinline__ void fjh_tma_load_4d(unsigned dst, const fjh_tensor_m
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
       :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+// Shared to global (the box at coordinates c0..c3; rows outside the
+// tensor are not written), in the calling thread's bulk group.
+__device__ __forceinline__ void fjh_tma_store_4d(const fjh_tensor_map *map, unsigned src,
+                                                 int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+      :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void fjh_bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// The thread's bulk stores have read their shared memory.
+__device__ __forceinline__ void fjh_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 __device__ __forceinline__ void fjh_tma_prefetch_desc(const fjh_tensor_map *map) {
   asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
@@ -1097,12 +1116,23 @@ __device__ __forceinline__ float fjh_lse(float m, float l) {
   return l > 0.f ? (m + log2f(l)) * FJH_LN2 : fj_neg_inf();
 }
 
+// FJ_EPI_TMA (default 1; 0 for ablations): the epilogue's O leaves shared
+// memory by one TMA store a consumer (maps.o, when the host could encode
+// it), issued by its thread 0, which waits only until the copy has read
+// the buffer; without, all 128 threads copied it to global memory in
+// 16-byte loads and stores (bench/RESULTS.md, session 10: the copy cost
+// the persistent kernel about 0.9 us an item).
+#ifndef FJ_EPI_TMA
+#define FJ_EPI_TMA 1
+#endif
+
 // Epilogue of consumer c: O / l into its 64 rows of the Q area (the Q tile
-// is dead once its last Q K^T completed), then 16-byte coalesced stores of
-// the rows below Lq, and the LSE.
-__device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int b, int h,
-                                             int wq0, unsigned sq, float (&o)[FJH_O_REGS],
-                                             const float (&row_m)[2], float (&row_l)[2]) {
+// is dead once its last Q K^T completed), then to global memory (a TMA
+// store, or 16-byte coalesced stores of the rows below Lq), and the LSE.
+__device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tma_maps &maps,
+                                             int c, int b, int h, int wq0, unsigned sq,
+                                             float (&o)[FJH_O_REGS], const float (&row_m)[2],
+                                             float (&row_l)[2]) {
   const int tid = threadIdx.x & 127;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   float inv_l[2];
@@ -1128,8 +1158,23 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
                  :: "r"(addr), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
   }
-  fjh_bar_sync(FJH_BAR_EPI + c, 128);
   const int Lq = p.sz.Lq;
+#if FJ_EPI_TMA
+  if (maps.o_ok) {
+    // The stmatrix writes (generic proxy) before the TMA's reads (async).
+    fjh_fence_proxy_async();
+    fjh_bar_sync(FJH_BAR_EPI + c, 128);
+    if (tid == 0) {
+#pragma unroll
+      for (int ch = 0; ch < FJH_CHUNKS64; ++ch)
+        fjh_tma_store_4d(&maps.o, sq + ch * (FJ_BLOCK_M * 128), ch * 64, wq0, h, b);
+      fjh_bulk_commit();
+      fjh_bulk_wait_read();  // the buffer is free again (the next Q's)
+    }
+  } else
+#endif
+  {
+  fjh_bar_sync(FJH_BAR_EPI + c, 128);
   fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
   constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
 #pragma unroll
@@ -1144,6 +1189,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, int c, int 
                    : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(addr));
       fj_st_global_v4(go + (long long)(wq0 + r) * p.o_ss + ch * 8, v0, v1, v2, v3);
     }
+  }
   }
 #ifndef FJ_TRACE
   if (p.lse != nullptr && t4 == 0) {
@@ -1223,9 +1269,10 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
 // CTA's tile.
 // n as for fjh_produce; kq: the item's number among the CTA's items (0 in
 // the non-persistent kernel), which picks the Q buffer and its phase.
-__device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_smem_map &sm,
-                                            int c, int b, int h, int q0, int q1, int lo,
-                                            int hi, int hi_cls, int t, int &n_io, int kq) {
+__device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma_maps &maps,
+                                            const fjh_smem_map &sm, int c, int b, int h,
+                                            int q0, int q1, int lo, int hi, int hi_cls, int t,
+                                            int &n_io, int kq) {
   const int wq0 = q0 + FJH_WG_ROWS * c;
   const int qb = kq % FJ_Q_BUFS;
   const unsigned q_ph = (unsigned)(kq / FJ_Q_BUFS) & 1u;
@@ -1417,7 +1464,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
   // O through this item's Q buffer (its Q K^T are done); then the buffer
   // is the producer's again. The stmatrix writes (generic proxy) come
   // before the next TMA load into it (async proxy): fence, then arrive.
-  fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+  fjh_epilogue(p, maps, c, b, h, wq0, sq, o, row_m, row_l);
   fjh_fence_proxy_async();
   fjh_mbar_arrive(sm.q_empty(qb));
 #else
@@ -1427,7 +1474,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fjh_sm
   // A row without tiles still had its Q loaded (at the start of the
   // kernel): the epilogue writes over the Q area only once it has landed.
   if (lo > hi) fjh_mbar_wait_warp(sm.q_full(0), 0);
-  fjh_epilogue(p, c, b, h, wq0, sq, o, row_m, row_l);
+  fjh_epilogue(p, maps, c, b, h, wq0, sq, o, row_m, row_l);
 #endif
 #ifdef FJ_TRACE
   FJH_TR(6);
@@ -1632,6 +1679,7 @@ __device__ __forceinline__ fjh_smem_map fjh_persist_layout(unsigned char *smem) 
 
 // Consumer warpgroup c over the same items.
 __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
+                                                const fj_tma_maps &maps,
                                                 const fjh_smem_map &sm, int c) {
   int n = 0;
 #if FJH_SCHED_CARRY
@@ -1648,7 +1696,7 @@ __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
     if (it.item < 0) break;
     const fjh_work w = fjh_item(p, it.item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
-    fjh_consume(p, sm, c, w.b, w.h, q0, q1, it.lo, it.hi, it.hi_cls, it.t, n, k);
+    fjh_consume(p, maps, sm, c, w.b, w.h, q0, q1, it.lo, it.hi, it.hi_cls, it.t, n, k);
     // The walk read the slot's block-mask row until here.
     fjh_mbar_arrive(sm.item_empty(slot));
   }
@@ -1682,7 +1730,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
     if (threadIdx.x < 96) fjh_produce_all(p, maps, fjh_persist_layout(fjh_smem));
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
-    fjh_consume_all(p, fjh_persist_layout(fjh_smem), wg - 1);
+    fjh_consume_all(p, maps, fjh_persist_layout(fjh_smem), wg - 1);
   }
 }
 #else  // !FJ_PERSISTENT
@@ -1745,7 +1793,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
     int n = 0;
-    fjh_consume(p, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls, t, n, 0);
+    fjh_consume(p, maps, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls, t, n, 0);
   }
 }
 #endif  // FJ_PERSISTENT

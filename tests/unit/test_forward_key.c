@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "b9403b72d67d88b3e2533c4a19786adb"
+#define PINNED_SOURCE_KEY "b017d910a1973719ffd392184cbb1381"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

@@ -84,7 +84,7 @@ static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
   char tail[512];
   snprintf(tail, sizeof tail,
            "\nstatic_assert(FJH_SMEM_BYTES == %d, \"smem size differs from gen/config.c\");\n"
-           "static_assert(sizeof(fj_tma_maps) == 512 && 3 * sizeof(fjh_tensor_map) == 384,\n"
+           "static_assert(sizeof(fj_tma_maps) == 640 && 4 * sizeof(fjh_tensor_map) == 512,\n"
            "              \"tensor map block\");\n",
            c->smem_bytes);
   return fjt_build_tu(c, has_mask, has_score_mod, prologue, tail);
@@ -395,10 +395,13 @@ static void test_choose_template(void **state) {
 
 static void test_tma_host_mirror(void **state) {
   (void)state;
-  assert_int_equal(sizeof(fjr_tma_maps), 512);
-  assert_int_equal(offsetof(fjr_tma_maps, sched), 384);
+  assert_int_equal(sizeof(fjr_tma_maps), 640);
+  assert_int_equal(_Alignof(fjr_tma_maps), 128);
   assert_int_equal(offsetof(fjr_tma_maps, k), 128);
   assert_int_equal(offsetof(fjr_tma_maps, v), 256);
+  assert_int_equal(offsetof(fjr_tma_maps, o), 384);
+  assert_int_equal(offsetof(fjr_tma_maps, sched), 512);
+  assert_int_equal(offsetof(fjr_tma_maps, o_ok), 520);
   fjg_config c;
   assert_int_equal(fjg_config_choose(128, FJ_DTYPE_BF16, "sm_80", &c, NULL, 0), FJ_OK);
   fjr_fwd_params_fixed p;
