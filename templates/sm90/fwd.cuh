@@ -1126,14 +1126,25 @@ __device__ __forceinline__ float fjh_lse(float m, float l) {
 #ifndef FJ_EPI_TMA
 #define FJ_EPI_TMA 1
 #endif
+// FJ_EPI_TMA_DEFER (persistent kernel; default 1, 0 for ablations): the
+// storing thread does not wait for the store to read the item's Q buffer
+// before the next item; it waits, and frees the buffer for the producer,
+// once it has issued the next item's first Q K^T (fjh_release_q): the
+// buffer's next Q is an item away.
+#ifndef FJ_EPI_TMA_DEFER
+#define FJ_EPI_TMA_DEFER 1
+#endif
+#define FJH_EPI_DEFER (FJ_EPI_TMA && FJ_EPI_TMA_DEFER && FJH_PERSIST_EPI_SMEM)
 
 // Epilogue of consumer c: O / l into its 64 rows of the Q area (the Q tile
 // is dead once its last Q K^T completed), then to global memory (a TMA
 // store, or 16-byte coalesced stores of the rows below Lq), and the LSE.
+// defer: thread 0 leaves the wait for the store's reads to its caller
+// (fjh_release_q).
 __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tma_maps &maps,
                                              int c, int b, int h, int wq0, unsigned sq,
                                              float (&o)[FJH_O_REGS], const float (&row_m)[2],
-                                             float (&row_l)[2]) {
+                                             float (&row_l)[2], bool defer = false) {
   const int tid = threadIdx.x & 127;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   float inv_l[2];
@@ -1170,7 +1181,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
       for (int ch = 0; ch < FJH_CHUNKS64; ++ch)
         fjh_tma_store_4d(&maps.o, sq + ch * (FJ_BLOCK_M * 128), ch * 64, wq0, h, b);
       fjh_bulk_commit();
-      fjh_bulk_wait_read();  // the buffer is free again (the next Q's)
+      if (!defer) fjh_bulk_wait_read();  // the buffer is free again
     }
   } else
 #endif
@@ -1256,6 +1267,22 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
 }
 #endif
 
+// FJH_EPI_DEFER: the storing thread's arrival on the Q buffer of the
+// previous item (q_pending, -1 when none), once the TMA store that read it
+// is done reading.
+__device__ __forceinline__ void fjh_release_q(const fjh_smem_map &sm, int &q_pending) {
+#if FJH_EPI_DEFER
+  if (q_pending >= 0) {
+    fjh_bulk_wait_read();
+    fjh_mbar_arrive(sm.q_empty(q_pending));
+    q_pending = -1;
+  }
+#else
+  (void)sm;
+  (void)q_pending;
+#endif
+}
+
 // FJ_EARLY_ADVANCE (default 1; 0 for ablations): in the steady-state loop
 // the consumer finds the tile after the next one (fjh_advance) and its mode
 // between issuing the GEMMs and waiting for S, where the walk's latency
@@ -1273,7 +1300,7 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
 __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma_maps &maps,
                                             const fjh_smem_map &sm, int c, int b, int h,
                                             int q0, int q1, int lo, int hi, int hi_cls, int t,
-                                            int &n_io, int kq) {
+                                            int &n_io, int kq, int &q_pending) {
   const int wq0 = q0 + FJH_WG_ROWS * c;
   const int qb = kq % FJ_Q_BUFS;
   const unsigned q_ph = (unsigned)(kq / FJ_Q_BUFS) & 1u;
@@ -1323,6 +1350,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
     fjh_issue_qk(s, dq, dk + st0.s * DS);
     fjh_wgmma_commit();
     fjh_sched_arrive(c, false);
+    fjh_release_q(sm, q_pending);
     fjh_wgmma_wait<0>();
     fjh_fence_regs(s);
     fjh_mbar_arrive(sm.k_empty(st0.s));
@@ -1415,6 +1443,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
     n_io = n + 1;  // n was the last tile
 #else
     // Without the overlap: S, softmax, P V, one tile after the other.
+    fjh_release_q(sm, q_pending);
     while (j >= lo) {
       int cls_n;
       const int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n, kq);
@@ -1456,6 +1485,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
     // No tile: the item's Q was loaded all the same (the producer issues it
     // before the scan); once it has landed the buffer is free again. O = 0
     // and LSE = -inf straight to global memory.
+    fjh_release_q(sm, q_pending);
     fjh_mbar_wait_warp(sm.q_full(qb), q_ph);
     fjh_mbar_arrive(sm.q_empty(qb));
     fjh_epilogue_empty(p, b, h, wq0);
@@ -1465,9 +1495,13 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
   // O through this item's Q buffer (its Q K^T are done); then the buffer
   // is the producer's again. The stmatrix writes (generic proxy) come
   // before the next TMA load into it (async proxy): fence, then arrive.
-  fjh_epilogue(p, maps, c, b, h, wq0, sq, o, row_m, row_l);
+  const bool defer = FJH_EPI_DEFER && maps.o_ok;
+  fjh_epilogue(p, maps, c, b, h, wq0, sq, o, row_m, row_l, defer);
   fjh_fence_proxy_async();
-  fjh_mbar_arrive(sm.q_empty(qb));
+  if (defer && (threadIdx.x & 127) == 0)
+    q_pending = qb;  // its arrival waits for the store (fjh_release_q)
+  else
+    fjh_mbar_arrive(sm.q_empty(qb));
 #else
   fjh_epilogue_regs(p, b, h, wq0, o, row_m, row_l);
 #endif
@@ -1688,8 +1722,10 @@ __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
   // consumer 1's last arrival is matched by the bar.sync after the loop.
   if (c == FJH_NC - 1) fjh_bar_arrive(FJH_BAR_SCHED + 0, 256);
 #endif
-  // Only k and n live across an item (the rest is recomputed from the
-  // parameters): these registers come out of the softmax's.
+  // Only k, n and q_pending (FJH_EPI_DEFER) live across an item (the rest
+  // is recomputed from the parameters): these registers come out of the
+  // softmax's.
+  int q_pending = -1;
   for (int k = 0;; ++k) {
     const int slot = k & 1;
     fjh_mbar_wait_warp(sm.item_full(slot), (k >> 1) & 1);
@@ -1697,10 +1733,12 @@ __device__ __forceinline__ void fjh_consume_all(const fj_fwd_params &p,
     if (it.item < 0) break;
     const fjh_work w = fjh_item(p, it.item);
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1;
-    fjh_consume(p, maps, sm, c, w.b, w.h, q0, q1, it.lo, it.hi, it.hi_cls, it.t, n, k);
+    fjh_consume(p, maps, sm, c, w.b, w.h, q0, q1, it.lo, it.hi, it.hi_cls, it.t, n, k,
+                q_pending);
     // The walk read the slot's block-mask row until here.
     fjh_mbar_arrive(sm.item_empty(slot));
   }
+  fjh_release_q(sm, q_pending);  // the last store has read shared memory
 #if FJH_SCHED_CARRY
   if (c == 0) fjh_sched_wait(0);
 #endif
@@ -1794,7 +1832,8 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p,
   } else {
     fjh_setmaxnreg_inc<FJ_CONSUMER_REGS>();
     int n = 0;
-    fjh_consume(p, maps, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls, t, n, 0);
+    int q_pending = -1;
+    fjh_consume(p, maps, sm, wg - 1, b, h, q0, q1, lo, hi, hi_cls, t, n, 0, q_pending);
   }
 }
 #endif  // FJ_PERSISTENT

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "6ad1ef0443ffaf81fd169a2506d1bdd9"
+#define PINNED_SOURCE_KEY "58fb7c6975e6c23f47d3374ef2e19f50"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
