@@ -29,7 +29,8 @@
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
 //   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT,
-//   FJ_EARLY_ADVANCE   optional,
+//   FJ_EARLY_ADVANCE, FJ_EPI_TMA, FJ_EPI_TMA_DEFER, FJ_PERSIST_DYNAMIC,
+//   FJ_PERSIST_SCHED_CARRY, FJ_PERSIST_EPI_SMEM, FJ_Q_BUFS optional,
 //                      each described where it is defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
@@ -38,9 +39,10 @@
 //                      (which is then not computed); in the persistent
 //                      kernel, per work item
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
-//                      (default 24 and 240; 40 and 232 for the persistent
-//                      kernel, whose producer warp classifies tiles; 24 and
-//                      160 with three consumers). The CTA starts with 168 a
+//                      (default 24 and 240; for the persistent kernel, whose
+//                      producer warp classifies tiles, 48 and 224, or 40
+//                      and 232 at head dim 256; 24 and 160 with three
+//                      consumers). The CTA starts with 168 a
 //                      thread (65536 / 384, rounded down to 8; 128 with 512
 //                      threads) and setmaxnreg only moves registers within
 //                      that pool, so PRODUCER + 2 * CONSUMER must not exceed
@@ -70,7 +72,9 @@
 //   maps.q/k/v are CUtensorMaps (runtime/tma.c builds them) over the 4-D
 //   tensors (D, L, H, B), innermost first, with 128-byte swizzle, boxes of
 //   (64, FJ_BLOCK_M, 1, 1) for q and (64, FJ_BLOCK_N, 1, 1) for k and v,
-//   zero fill out of bounds. O is stored with ordinary predicated stores.
+//   zero fill out of bounds; maps.o (boxes of (64, 64, 1, 1): one
+//   consumer's rows) stores O when maps.o_ok is 1, else O is stored with
+//   ordinary predicated stores.
 // Requirements the host checks: as sm80/fwd.cuh (16-byte aligned pointers,
 //   strides multiples of 8 elements), plus what cuTensorMapEncodeTiled needs.
 // Semantics: as sm80/fwd.cuh; LSE natural log; rows with no allowed pair get

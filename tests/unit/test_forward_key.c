@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "58fb7c6975e6c23f47d3374ef2e19f50"
+#define PINNED_SOURCE_KEY "415bd3933333dc61d058c7e298c9135c"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
