@@ -1120,6 +1120,30 @@ __device__ __forceinline__ float fjh_lse(float m, float l) {
   return l > 0.f ? (m + log2f(l)) * FJH_LN2 : fj_neg_inf();
 }
 
+// A consumer's 64 rows of O from shared memory (sq, 128-byte swizzle) to
+// global memory, 16 bytes a thread at a time, rows below Lq only: the
+// epilogue's copy where O has no tensor map (or FJ_EPI_TMA=0).
+__device__ __forceinline__ void fjh_store_o_rows(const fj_fwd_params &p, int b, int h,
+                                                 int wq0, unsigned sq) {
+  const int tid = threadIdx.x & 127;
+  const int Lq = p.sz.Lq;
+  fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+  constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int it = 0; it < FJH_WG_ROWS * CH / 128; ++it) {
+    const int idx = it * 128 + tid;
+    const int r = idx / CH, ch = idx % CH;
+    if (wq0 + r < Lq) {
+      const unsigned addr = sq + (ch / 8) * (FJ_BLOCK_M * 128) + r * 128 +
+                            (((ch % 8) ^ (r & 7)) << 4);
+      unsigned v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(addr));
+      fj_st_global_v4(go + (long long)(wq0 + r) * p.o_ss + ch * 8, v0, v1, v2, v3);
+    }
+  }
+}
+
 // FJ_EPI_TMA (default 1; 0 for ablations): the epilogue's O leaves shared
 // memory by one TMA store a consumer (maps.o, when the host could encode
 // it), issued by its thread 0, which waits only until the copy has read
@@ -1174,7 +1198,6 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
                  :: "r"(addr), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
   }
-  const int Lq = p.sz.Lq;
 #if FJ_EPI_TMA
   if (maps.o_ok) {
     // The stmatrix writes (generic proxy) before the TMA's reads (async).
@@ -1190,23 +1213,10 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
   } else
 #endif
   {
-  fjh_bar_sync(FJH_BAR_EPI + c, 128);
-  fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
-  constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
-#pragma unroll
-  for (int it = 0; it < FJH_WG_ROWS * CH / 128; ++it) {
-    const int idx = it * 128 + tid;
-    const int r = idx / CH, ch = idx % CH;
-    if (wq0 + r < Lq) {
-      const unsigned addr = sq + (ch / 8) * (FJ_BLOCK_M * 128) + r * 128 +
-                            (((ch % 8) ^ (r & 7)) << 4);
-      unsigned v0, v1, v2, v3;
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(addr));
-      fj_st_global_v4(go + (long long)(wq0 + r) * p.o_ss + ch * 8, v0, v1, v2, v3);
-    }
+    fjh_bar_sync(FJH_BAR_EPI + c, 128);
+    fjh_store_o_rows(p, b, h, wq0, sq);
   }
-  }
+  const int Lq = p.sz.Lq;
 #ifndef FJ_TRACE
   if (p.lse != nullptr && t4 == 0) {
     float *gl = p.lse + b * p.lse_sb + h * p.lse_sh;

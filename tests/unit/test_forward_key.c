@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "415bd3933333dc61d058c7e298c9135c"
+#define PINNED_SOURCE_KEY "6e5fd7f611a2b878a6d9d04e0558ba33"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
