@@ -73,6 +73,8 @@ void fj_context_destroy(fj_context *ctx) {
   if (!ctx) return;
   if (ctx->store) fjc_store_close(ctx->store);
   for (int i = 0; i < ctx->num_packs; i++) fjc_pack_close(ctx->packs[i]);
+  /* Released once the last counter taken from it is freed. */
+  if (ctx->counter_pool_state == 1) ctx->drv->cuMemPoolDestroy(ctx->counter_pool);
   if (ctx->cuctx && ctx->drv) ctx->drv->cuDevicePrimaryCtxRelease(ctx->cudev);
   free(ctx->cache_dir);
   free(ctx->arch_opt);

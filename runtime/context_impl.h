@@ -49,6 +49,11 @@ struct fj_context {
   char device_arch[16];
   int max_smem_optin;
   int num_sms; /* multiprocessors: the persistent kernel's grid */
+  /* The persistent kernel's work counters come from this pool (created at
+   * the first launch that needs one; state 1 ready, -1 could not be made:
+   * the device's default pool then). */
+  CUmemoryPool counter_pool;
+  int counter_pool_state;
 };
 
 struct fj_spec {

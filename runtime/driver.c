@@ -110,6 +110,10 @@ static int resolve_all(const fjr_getproc *gp, fjr_driver *drv, const char *lib,
   FJR_RESOLVE(cuMemAllocAsync);
   FJR_RESOLVE(cuMemFreeAsync);
   FJR_RESOLVE(cuMemsetD32Async);
+  FJR_RESOLVE(cuMemPoolCreate);
+  FJR_RESOLVE(cuMemPoolDestroy);
+  FJR_RESOLVE(cuMemPoolSetAttribute);
+  FJR_RESOLVE(cuMemAllocFromPoolAsync);
   FJR_RESOLVE(cuPointerGetAttribute);
   FJR_RESOLVE(cuStreamCreate);
   FJR_RESOLVE(cuStreamDestroy);

@@ -53,6 +53,12 @@ typedef struct fjr_driver {
   CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
   CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
+  /* The context's own pool for those counters (one that keeps its memory
+   * across synchronizations: runtime/forward.c, work_counter). */
+  CUresult (*cuMemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+  CUresult (*cuMemPoolDestroy)(CUmemoryPool);
+  CUresult (*cuMemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+  CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
   CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
   CUresult (*cuStreamCreate)(CUstream *, unsigned int);
   CUresult (*cuStreamDestroy)(CUstream);

@@ -842,10 +842,39 @@ int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t 
  * host time a launch, bench/RESULTS.md, session 9, run 6); only where CTAs
  * have more than one item to deal out. *out = 0 without memory pools (the
  * allocation refused): the kernel then takes its items statically. */
+/* The context's pool for work counters: one that keeps its memory when the
+ * caller synchronizes. The device's default pool releases its unused memory
+ * at every synchronization (release threshold 0), so that after one the next
+ * counter's allocation mapped memory again, on the host, inside the launch
+ * (bench/RESULTS.md, session 10, run 6). NULL when it cannot be made. */
+static CUmemoryPool counter_pool(fj_context *ctx) {
+  if (ctx->counter_pool_state == 0) {
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = (int)ctx->cudev;
+    cuuint64_t keep = UINT64_MAX; /* never hand memory back */
+    ctx->counter_pool_state = -1;
+    if (ctx->drv->cuMemPoolCreate(&ctx->counter_pool, &props) == CUDA_SUCCESS) {
+      ctx->counter_pool_state = 1;
+      if (ctx->drv->cuMemPoolSetAttribute(ctx->counter_pool,
+                                          CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                          &keep) != CUDA_SUCCESS)
+        fjr_log(ctx, FJ_LOG_WARN, "work counters: the pool keeps no memory");
+    }
+  }
+  return ctx->counter_pool_state == 1 ? ctx->counter_pool : NULL;
+}
+
 static fj_status work_counter(fj_context *ctx, CUstream stream, CUdeviceptr *out) {
   CUdeviceptr c = 0;
   *out = 0;
-  if (ctx->drv->cuMemAllocAsync(&c, sizeof(int32_t), stream) != CUDA_SUCCESS) return FJ_OK;
+  CUmemoryPool pool = counter_pool(ctx);
+  CUresult ra = pool ? ctx->drv->cuMemAllocFromPoolAsync(&c, sizeof(int32_t), pool, stream)
+                     : ctx->drv->cuMemAllocAsync(&c, sizeof(int32_t), stream);
+  if (ra != CUDA_SUCCESS) return FJ_OK;
   CUresult r = ctx->drv->cuMemsetD32Async(c, 0, 1, stream);
   if (r != CUDA_SUCCESS) {
     ctx->drv->cuMemFreeAsync(c, stream);
