@@ -836,17 +836,12 @@ int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t 
   return items;
 }
 
-/* The persistent kernel's work counter: a zeroed int of its own, allocated
- * in stream order (the caller frees it after the launch, the same way), so
- * that launches in flight on other streams never share it (about 2.5 us of
- * host time a launch, bench/RESULTS.md, session 9, run 6); only where CTAs
- * have more than one item to deal out. *out = 0 without memory pools (the
- * allocation refused): the kernel then takes its items statically. */
 /* The context's pool for work counters: one that keeps its memory when the
  * caller synchronizes. The device's default pool releases its unused memory
- * at every synchronization (release threshold 0), so that after one the next
- * counter's allocation mapped memory again, on the host, inside the launch
- * (bench/RESULTS.md, session 10, run 6). NULL when it cannot be made. */
+ * at every synchronization (release threshold 0); taking the counters from
+ * it made the sliding window's launches 0.513-0.72 ms instead of a steady
+ * 0.513-0.54 (bench/RESULTS.md, session 11, run 1). NULL when it cannot be
+ * made. */
 static CUmemoryPool counter_pool(fj_context *ctx) {
   if (ctx->counter_pool_state == 0) {
     CUmemPoolProps props;
@@ -868,6 +863,12 @@ static CUmemoryPool counter_pool(fj_context *ctx) {
   return ctx->counter_pool_state == 1 ? ctx->counter_pool : NULL;
 }
 
+/* The persistent kernel's work counter: a zeroed int of its own, allocated
+ * in stream order (the caller frees it after the launch, the same way), so
+ * that launches in flight on other streams never share it (about 2.5 us of
+ * host time a launch, bench/RESULTS.md, session 9, run 6); only where CTAs
+ * have more than one item to deal out. *out = 0 without memory pools (the
+ * allocation refused): the kernel then takes its items statically. */
 static fj_status work_counter(fj_context *ctx, CUstream stream, CUdeviceptr *out) {
   CUdeviceptr c = 0;
   *out = 0;
