@@ -40,7 +40,7 @@
 //                      kernel, per work item
 //   FJ_PRODUCER_REGS, FJ_CONSUMER_REGS optional: setmaxnreg targets
 //                      (default 24 and 240; for the persistent kernel, whose
-//                      producer warp classifies tiles, 48 and 224, or 40
+//                      producer warp classifies tiles, 56 and 224, or 40
 //                      and 232 at head dim 256; 24 and 160 with three
 //                      consumers). The CTA starts with 168 a
 //                      thread (65536 / 384, rounded down to 8; 128 with 512
@@ -101,14 +101,16 @@
 #endif
 // The persistent producer warps also classify tiles (fj_tile_scan_warp)
 // and walk them in two threads, which spills in 24 registers (and in 40 at
-// D=128); at D=256 the consumers need 232. The FJ_TRACE build's stamps
+// D=128); 56 below D=256, the most beside two 224-register consumers (48
+// spilled its loop bound when the consumers' code grew: session 11); at
+// D=256 the consumers need 232. The FJ_TRACE build's stamps
 // spill in a 24-register producer too: it takes 40 (232 for the consumers
 // measured the same speed, bench/RESULTS.md, session 5, run 1).
 #ifndef FJ_PRODUCER_REGS
 #if FJ_PERSISTENT && defined(FJ_TRACE)
 #define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 56)  // the stamps' registers
 #elif FJ_PERSISTENT
-#define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 48)
+#define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 56)
 #elif defined(FJ_TRACE)
 #define FJ_PRODUCER_REGS 40
 #else
@@ -1297,6 +1299,32 @@ __device__ __forceinline__ void fjh_release_q(const fjh_smem_map &sm, int &q_pen
 #endif
 }
 
+#if FJH_PERSIST_EPI_SMEM
+// The persistent kernel's epilogue of item kq for consumer c: O through the
+// item's Q buffer (its Q K^T are done), then the buffer is the producer's
+// again. The stmatrix writes (generic proxy) come before the next TMA load
+// into it (async proxy): fence, then arrive; with FJH_EPI_DEFER the storing
+// thread's arrival waits in q_pending for its store (fjh_release_q).
+__device__ __forceinline__ void fjh_epilogue_item(const fj_fwd_params &p,
+                                                  const fj_tma_maps &maps,
+                                                  const fjh_smem_map &sm, int c, int b, int h,
+                                                  int wq0, int kq, float (&o)[FJH_O_REGS],
+                                                  const float (&row_m)[2], float (&row_l)[2],
+                                                  int &q_pending) {
+  const int qb = kq % FJ_Q_BUFS;
+  const bool defer = FJH_EPI_DEFER && maps.o_ok;
+  // One store waits at a time (an earlier item's arrival, if any, first).
+  fjh_release_q(sm, q_pending);
+  fjh_epilogue(p, maps, c, b, h, wq0, sm.q_tile(qb) + c * FJH_WG_ROWS * 128, o, row_m, row_l,
+               defer);
+  fjh_fence_proxy_async();
+  if (defer && (threadIdx.x & 127) == 0)
+    q_pending = qb;
+  else
+    fjh_mbar_arrive(sm.q_empty(qb));
+}
+#endif
+
 // FJ_EARLY_ADVANCE (default 1; 0 for ablations): in the steady-state loop
 // the consumer finds the tile after the next one (fjh_advance) and its mode
 // between issuing the GEMMs and waiting for S, where the walk's latency
@@ -1506,16 +1534,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
     return;
   }
 #if FJH_PERSIST_EPI_SMEM
-  // O through this item's Q buffer (its Q K^T are done); then the buffer
-  // is the producer's again. The stmatrix writes (generic proxy) come
-  // before the next TMA load into it (async proxy): fence, then arrive.
-  const bool defer = FJH_EPI_DEFER && maps.o_ok;
-  fjh_epilogue(p, maps, c, b, h, wq0, sq, o, row_m, row_l, defer);
-  fjh_fence_proxy_async();
-  if (defer && (threadIdx.x & 127) == 0)
-    q_pending = qb;  // its arrival waits for the store (fjh_release_q)
-  else
-    fjh_mbar_arrive(sm.q_empty(qb));
+  fjh_epilogue_item(p, maps, sm, c, b, h, wq0, kq, o, row_m, row_l, q_pending);
 #else
   fjh_epilogue_regs(p, b, h, wq0, o, row_m, row_l);
 #endif

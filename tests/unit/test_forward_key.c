@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "6e5fd7f611a2b878a6d9d04e0558ba33"
+#define PINNED_SOURCE_KEY "8490b083b66abcf6563027a90b2dfa9e"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
