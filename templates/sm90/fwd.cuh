@@ -102,8 +102,8 @@
 // The persistent producer warps also classify tiles (fj_tile_scan_warp)
 // and walk them in two threads, which spills in 24 registers (and in 40 at
 // D=128); 56 below D=256, the most beside two 224-register consumers (48
-// spilled its loop bound when the consumers' code grew: session 11); at
-// D=256 the consumers need 232. The FJ_TRACE build's stamps
+// spilled its loop bound in a variant with a longer consumer, session 11,
+// and 56 was measured); at D=256 the consumers need 232. The FJ_TRACE build's stamps
 // spill in a 24-register producer too: it takes 40 (232 for the consumers
 // measured the same speed, bench/RESULTS.md, session 5, run 1).
 #ifndef FJ_PRODUCER_REGS

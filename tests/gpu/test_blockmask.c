@@ -269,8 +269,8 @@ static void test_forward(fj_context *ctx, const fjr_driver *drv) {
   cases[n++] = (fwd_case){6, BF, 128, 2, 3, 3, 500, 500, 2, 3, 128, 128};
   cases[n++] = (fwd_case){0, BF, 128, 1, 4, 1, 4096, 4096, 1, 1, 128, 128};
   /* Several work items a CTA in the persistent kernel (hundreds of query
-   * blocks against 132 SMs): its consumers go from item to item as one
-   * stream of tiles. */
+   * blocks against 132 SMs), each item's block-mask row in a slot of the
+   * two-item ring. */
   cases[n++] = (fwd_case){0, BF, 128, 2, 40, 8, 900, 900, 2, 1, 128, 128};
   cases[n++] = (fwd_case){1, FP, 128, 1, 48, 48, 1000, 1000, 1, 48, 128, 128};
   /* D = 256 where the template has it (sm90: 64-row kv tiles, so a block of

@@ -172,10 +172,10 @@ static void build_matrix(void) {
   add_case("sliding_window", FP, 64, 1, 8, 1, 257, 257, 0);
   add_case("relative_bias", BF, 128, 1, 8, 1, 300, 257, 0);
   /* Hundreds of query blocks: more work items than the H200's 132 SMs, so
-   * that the persistent kernel's CTAs each run several items one after the
-   * other (its consumers carry a stream of tiles from item to item), with
-   * items without tiles among them (causal_br: its first 871 rows have no
-   * allowed pair). */
+   * that the persistent kernel's CTAs each run several items in turn (the
+   * ping-pong turn, the K/V stages and the two Q buffers carried from item
+   * to item), with items without tiles among them (causal_br: its first 871
+   * rows have no allowed pair). */
   add_case("sliding_window", BF, 128, 2, 40, 8, 700, 700, 0);
   add_case("document", BF, 128, 1, 48, 16, 1000, 1000, 1);
   add_case("causal_br", FP, 128, 1, 40, 40, 1000, 129, 0);
