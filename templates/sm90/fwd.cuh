@@ -101,15 +101,14 @@
 #endif
 // The persistent producer warps also classify tiles (fj_tile_scan_warp)
 // and walk them in two threads, which spills in 24 registers (and in 40 at
-// D=128); 56 below D=256, the most beside two 224-register consumers (48
-// spilled its loop bound in a variant with a longer consumer, session 11,
-// and 56 was measured); at D=256 the consumers need 232. The FJ_TRACE build's stamps
-// spill in a 24-register producer too: it takes 40 (232 for the consumers
-// measured the same speed, bench/RESULTS.md, session 5, run 1).
+// D=128). They take 56 below D=256, the most beside two 224-register
+// consumers, which also holds the FJ_TRACE build's stamps (48 spilled in a
+// variant with a longer consumer, session 11); at D=256 the consumers need
+// 232. The non-persistent FJ_TRACE build's stamps spill in a 24-register
+// producer too: it takes 40 (232 for the consumers measured the same
+// speed, bench/RESULTS.md, session 5, run 1).
 #ifndef FJ_PRODUCER_REGS
-#if FJ_PERSISTENT && defined(FJ_TRACE)
-#define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 56)  // the stamps' registers
-#elif FJ_PERSISTENT
+#if FJ_PERSISTENT
 #define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 56)
 #elif defined(FJ_TRACE)
 #define FJ_PRODUCER_REGS 40
@@ -1313,7 +1312,9 @@ __device__ __forceinline__ void fjh_epilogue_item(const fj_fwd_params &p,
                                                   int &q_pending) {
   const int qb = kq % FJ_Q_BUFS;
   const bool defer = FJH_EPI_DEFER && maps.o_ok;
-  // One store waits at a time (an earlier item's arrival, if any, first).
+  // A guard: q_pending is -1 here on every path of fjh_consume (the item's
+  // first Q K^T released the one before). Left in because removing it
+  // reschedules the persistent kernels, which were measured with it.
   fjh_release_q(sm, q_pending);
   fjh_epilogue(p, maps, c, b, h, wq0, sm.q_tile(qb) + c * FJH_WG_ROWS * 128, o, row_m, row_l,
                defer);

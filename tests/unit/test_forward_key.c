@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "1105f810e4e9a371f6c5174e99c57943"
+#define PINNED_SOURCE_KEY "759c86bcc71bdbf2e826630c45be1f9d"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
