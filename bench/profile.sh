@@ -5,6 +5,9 @@
 #   CASE: causal64 (8 x 4096, H=32, D=64) | causal128 (2 x 16384, H=16, D=128)
 #         | sliding (window 1024, 2 x 16384, H=16, D=128; flexjit only)
 #   Set PROFILE_DEFINES to profile a template variant (FLEXJIT_KERNEL_DEFINES).
+#   PROFILE_FLEXJIT_ONLY=1: no cuDNN profile. PROFILE_SOURCE=1: also the
+#   memory sections and warp-state sampling per SASS instruction, written as
+#   $OUT/source-flexjit-CASE.csv (ncu's source page) beside the report.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flexjit-out}; mkdir -p "$OUT"
@@ -14,6 +17,9 @@ sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis
           --section SchedulerStats --section WarpStateStats
           --section InstructionStats --section LaunchStats --section Occupancy
           --print-details all)
+if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
+  sections+=(--section MemoryWorkloadAnalysis --section SourceCounters)
+fi
 for c in "$@"; do
   spec=examples/causal.lua; extra=()
   case $c in
@@ -26,11 +32,19 @@ for c in "$@"; do
   # Compile (and cache) first so the profiled process only launches.
   FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" build/flexjit run $spec "${extra[@]}" \
     --batch $B --heads $H --q-len $S --head-dim $D >/dev/null 2>&1
+  export_opt=()
+  [ "${PROFILE_SOURCE:-0}" = 1 ] && export_opt=(--export "$OUT/flexjit-$c" --force-overwrite)
   FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" timeout 300 ncu --clock-control none \
-    -k regex:fj_attention "${sections[@]}" -c 1 \
+    -k regex:fj_attention "${sections[@]}" "${export_opt[@]}" -c 1 \
     build/flexjit run $spec "${extra[@]}" --batch $B --heads $H --q-len $S --head-dim $D \
     > "$OUT/profile-flexjit-$c.txt" 2>&1
   echo "flexjit $c: exit $?"
+  if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
+    timeout 120 ncu --import "$OUT/flexjit-$c.ncu-rep" --page source --csv \
+      --print-source sass > "$OUT/source-flexjit-$c.csv" 2>&1
+    echo "source page $c: exit $?"
+  fi
+  [ "${PROFILE_FLEXJIT_ONLY:-0}" = 1 ] && continue
   [ "$spec" = examples/causal.lua ] || continue  # cuDNN has causal and full only
   timeout 300 ncu --clock-control none -k regex:'sdpa|fmha|flash|cudnn|sm90' \
     "${sections[@]}" -c 1 python3 - $B $H $S $D > "$OUT/profile-cudnn-$c.txt" 2>&1 <<'PY'
