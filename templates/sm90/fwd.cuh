@@ -861,6 +861,15 @@ __device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
 // FULL (bench/RESULTS.md, session 3, run 1: full 8 x 4096 +9%).
 enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1 };
 
+// FJ_MASK_LK_APART (default 1; 0 for ablations): on a masked tile the
+// columns past Lk are dropped by the same pass as on an unmasked one, after
+// the mask, and only on a tile that reaches past Lk; before, the mask's
+// loop tested ki < Lk on every element of every masked tile (a fifth of the
+// sliding window's mask instructions, bench/RESULTS.md, session 12).
+#ifndef FJ_MASK_LK_APART
+#define FJ_MASK_LK_APART 1
+#endif
+
 // FJ_RESCALE_SLACK (optional, default 8; 0 turns it off): the softmax keeps
 // its running max until a row's scores exceed it by more than this many
 // log2 units, so O is rescaled only then (see fjh_softmax). Exponents stay
@@ -990,11 +999,12 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS; ++i) {
       const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-      const bool keep =
-          (ki < Lk) & fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
+      const bool keep = (FJ_MASK_LK_APART || ki < Lk) &
+                        fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
       s[i] = keep ? s[i] : fj_neg_inf();
     }
-  } else
+  }
+  if (FJ_MASK_LK_APART || mode != FJH_TILE_MASK)
 #endif
   if (kv0 + FJ_BLOCK_N > Lk) {
 #pragma unroll
