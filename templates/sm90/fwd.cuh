@@ -1113,6 +1113,36 @@ __device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS],
 #endif
 }
 
+// The epilogue's reciprocal and logarithm on the special-function unit
+// (FJ_EPI_APPROX, default 1; 0 for ablations, IEEE 1/l and log2f): l is a
+// sum of exponentials of which the row's largest is at least 1 (2^0 at the
+// running max, which only lags the true max), so it is normal and at least
+// 1 where it is used; the approximations' relative errors (about 2^-23 and
+// 2^-22) are far below O's bf16 rounding and the LSE's tolerance, and they
+// drop the IEEE paths' denormal and slow-path branches from every item's
+// epilogue.
+#ifndef FJ_EPI_APPROX
+#define FJ_EPI_APPROX 1
+#endif
+__device__ __forceinline__ float fjh_rcp(float x) {
+#if FJ_EPI_APPROX
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return 1.f / x;
+#endif
+}
+__device__ __forceinline__ float fjh_log2(float x) {
+#if FJ_EPI_APPROX
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return log2f(x);
+#endif
+}
+
 // The quad's partial row sums of this thread's two rows summed (in place),
 // and 1 / l (0 for a row with no allowed pair, whose O is then 0).
 __device__ __forceinline__ void fjh_row_sums(float (&row_l)[2], float (&inv_l)[2]) {
@@ -1122,13 +1152,13 @@ __device__ __forceinline__ void fjh_row_sums(float (&row_l)[2], float (&inv_l)[2
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     row_l[hh] = l;
-    inv_l[hh] = l > 0.f ? 1.f / l : 0.f;
+    inv_l[hh] = l > 0.f ? fjh_rcp(l) : 0.f;
   }
 }
 // The natural-log LSE of a row from its max (log2 units) and summed l;
 // -inf for a row with no allowed pair.
 __device__ __forceinline__ float fjh_lse(float m, float l) {
-  return l > 0.f ? (m + log2f(l)) * FJH_LN2 : fj_neg_inf();
+  return l > 0.f ? (m + fjh_log2(l)) * FJH_LN2 : fj_neg_inf();
 }
 
 // A consumer's 64 rows of O from shared memory (sq, 128-byte swizzle) to
