@@ -1637,10 +1637,34 @@ __device__ __forceinline__ int fjh_num_m(const fj_fwd_params &p) {
 // next head: the CTAs at work at one time share a head's K and V in L2
 // (all heads' query block m together was measured 24% slower on full
 // attention, bench/RESULTS.md, session 4).
+//
+// FJ_TAIL_ROWS (masked kernels; default 8, 0 for ablations): the first
+// FJ_TAIL_ROWS query blocks of every head come last, block FJ_TAIL_ROWS - 1
+// of each head, then the block before, ..., after all the other items in
+// the order above. Under causal, sliding-window or document masks those
+// rows are the shortest, and a run of short items at the end evens out
+// when the CTAs finish (with equal items, as under a sliding window, the
+// last wave otherwise leaves most CTAs idle for up to an item); their K and
+// V are a few tiles a head, which stay in L2. Full attention, whose rows
+// are all alike and read all of K and V, keeps the head-by-head order.
+#ifndef FJ_TAIL_ROWS
+#define FJ_TAIL_ROWS 8
+#endif
 __device__ __forceinline__ fjh_work fjh_item(const fj_fwd_params &p, int i) {
   const int nm = fjh_num_m(p);
+#if FJ_HAS_MASK && FJ_TAIL_ROWS > 0
+  const int nt = min(nm, FJ_TAIL_ROWS), nh = nm - nt;  // tail rows, head rows
+  const int hbs = p.sz.Hq * p.sz.B;
+  if (i >= nh * hbs) {
+    const int r = i - nh * hbs, k = r / hbs, hb = r - k * hbs;
+    return fjh_work{nt - 1 - k, hb % p.sz.Hq, hb / p.sz.Hq};
+  }
+  const int hb = i / nh;
+  return fjh_work{nm - 1 - (i - hb * nh), hb % p.sz.Hq, hb / p.sz.Hq};
+#else
   const int hb = i / nm;
   return fjh_work{nm - 1 - (i - hb * nm), hb % p.sz.Hq, hb / p.sz.Hq};
+#endif
 }
 // Position of this CTA's k-th item: rounds of gridDim.x positions, every
 // other round in reverse (a snake), so that where rows shorten along the

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "759c86bcc71bdbf2e826630c45be1f9d"
+#define PINNED_SOURCE_KEY "a59919c5db9adf0ab2a974f02b5d99bc"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
