@@ -204,6 +204,15 @@ static void test_sliding_window(void **state) {
   check_mask("local w = param('w', 'i32')\n"
              "return { mask_mod = sliding_window(w) }",
              &r, m_window, bind_window);
+  /* The prelude writes q - kv < w as q - max(w, 0) < kv: the same pairs for
+   * every window, the empty and the extreme ones included. */
+  const int32_t extreme[] = {0, -5, 1, INT32_MIN, INT32_MAX, INT32_MAX - 3};
+  for (size_t i = 0; i < sizeof extreme / sizeof extreme[0]; i++) {
+    r.w = extreme[i];
+    check_mask("local w = param('w', 'i32')\n"
+               "return { mask_mod = sliding_window(w) }",
+               &r, m_window, bind_window);
+  }
   r.w = 2;
   check_mask("return { mask_mod = sliding_window(2, {align = 'bottom_right'}) }",
              &r, m_window_br, NULL);
