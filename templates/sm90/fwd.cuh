@@ -30,7 +30,8 @@
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
 //   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT,
 //   FJ_EARLY_ADVANCE, FJ_EPI_TMA, FJ_EPI_TMA_DEFER, FJ_PERSIST_DYNAMIC,
-//   FJ_PERSIST_SCHED_CARRY, FJ_PERSIST_EPI_SMEM, FJ_Q_BUFS optional,
+//   FJ_PERSIST_SCHED_CARRY, FJ_PERSIST_EPI_SMEM, FJ_Q_BUFS, FJ_MASK_LK_APART,
+//   FJ_EPI_APPROX, FJ_TAIL_ROWS optional,
 //                      each described where it is defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)

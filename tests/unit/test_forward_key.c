@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "a59919c5db9adf0ab2a974f02b5d99bc"
+#define PINNED_SOURCE_KEY "6af12a59f2e417f3ec0a0f50ca05deea"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
