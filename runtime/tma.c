@@ -115,7 +115,10 @@ fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
   if (st == FJ_OK) st = encode_one(drv, cfg, &v, &out->v, err, errlen);
   if (st != FJ_OK) return st;
   /* O is stored through TMA where it can be; otherwise the kernel's
-   * threads store it (o_ok 0), so O's layout adds no requirement. */
+   * threads store it (o_ok 0), so O's layout adds no requirement. The
+   * persistent kernel with one Q buffer (D=256) writes O from registers and
+   * never reads the map: none is encoded for it. */
+  if (cfg->persistent && cfg->q_bufs < 2) return FJ_OK;
   tma_tensor o = {"o", p->o, {D, p->sz.Lq, p->sz.Hq, p->sz.B},
                   {p->o_ss, p->o_sh, p->o_sb}, 64};
   out->o_ok = encode_one(drv, cfg, &o, &out->o, NULL, 0) == FJ_OK;

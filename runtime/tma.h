@@ -49,7 +49,8 @@ typedef struct fjr_tma_maps {
  * 64 x 64 (o: one consumer's rows) and zero fill outside the tensor, which
  * is what bounds ragged tiles (a store skips rows outside it). O's map is
  * optional: when O's address or strides break TMA's rules, o_ok is 0 and
- * the call still succeeds.
+ * the call still succeeds; for a kernel that never stores through it (the
+ * persistent kernel with one Q buffer) it is not encoded and o_ok is 0.
  * Pure host work (no context, no device memory); cheap enough per launch.
  * Fails with FJ_EINVAL when cfg->uses_tma is 0 or the strides or addresses
  * break TMA's rules (16-byte aligned base and strides, strides < 2^40), or

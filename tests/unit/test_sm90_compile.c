@@ -416,6 +416,55 @@ static void test_tma_host_mirror(void **state) {
   assert_int_equal(fjr_tma_maps_build(NULL, &c, &p, &maps, err, sizeof err), FJ_EINVAL);
 }
 
+/* A stand-in for cuTensorMapEncodeTiled that counts its calls and succeeds. */
+static int fake_encodes;
+static CUresult fake_encode(CUtensorMap *m, CUtensorMapDataType dt, cuuint32_t rank,
+                            void *addr, const cuuint64_t *dims, const cuuint64_t *strides,
+                            const cuuint32_t *box, const cuuint32_t *estride,
+                            CUtensorMapInterleave il, CUtensorMapSwizzle sw,
+                            CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  (void)dt; (void)rank; (void)addr; (void)dims; (void)strides; (void)box;
+  (void)estride; (void)il; (void)sw; (void)l2; (void)oob;
+  memset(m, 0, sizeof *m);
+  fake_encodes++;
+  return CUDA_SUCCESS;
+}
+
+/* O's map is encoded for the kernels that store O through it, and not for
+ * the persistent kernel with one Q buffer (D=256), which never reads it. */
+static void test_tma_o_map(void **state) {
+  (void)state;
+  fjr_driver drv;
+  memset(&drv, 0, sizeof drv);
+  drv.cuTensorMapEncodeTiled = fake_encode;
+  static const int head_dims[] = {64, 128, 256};
+  for (size_t i = 0; i < 3; i++) {
+    for (int persistent = 0; persistent <= 1; persistent++) {
+      const int D = head_dims[i];
+      fjg_config c;
+      assert_int_equal(fjg_config_choose_template(D, FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
+                                                  NULL, 0), FJ_OK);
+      fjg_config_set_persistent(&c, persistent);
+      fjr_fwd_params_fixed p;
+      memset(&p, 0, sizeof p);
+      p.q = p.k = p.v = p.o = 4096;
+      p.sz.B = 1; p.sz.Hq = p.sz.Hkv = 2; p.sz.Lq = p.sz.Lk = 256;
+      p.q_ss = p.k_ss = p.v_ss = p.o_ss = D;
+      p.q_sh = p.k_sh = p.v_sh = p.o_sh = 256 * D;
+      p.q_sb = p.k_sb = p.v_sb = p.o_sb = 512 * D;
+      fjr_tma_maps maps;
+      char err[256] = "";
+      fake_encodes = 0;
+      assert_int_equal(fjr_tma_maps_build(&drv, &c, &p, &maps, err, sizeof err), FJ_OK);
+      const int o_used = !(c.persistent && c.q_bufs < 2);
+      assert_int_equal(maps.o_ok, o_used);
+      assert_int_equal(fake_encodes, 3 + o_used);
+      if (D == 256 && persistent) assert_int_equal(o_used, 0);
+      if (D == 128) assert_int_equal(o_used, 1);
+    }
+  }
+}
+
 int main(void) {
   int major = 0, minor = 0;
   nvrtcVersion(&major, &minor);
@@ -423,6 +472,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_choose_template),
       cmocka_unit_test(test_tma_host_mirror),
+      cmocka_unit_test(test_tma_o_map),
       cmocka_unit_test(test_variants_compile),
       cmocka_unit_test(test_causal),
       cmocka_unit_test(test_sliding),
