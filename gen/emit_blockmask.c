@@ -142,8 +142,8 @@ static const char kernel_source[] =
 
 const char *fjg_blockmask_kernel_source(void) { return kernel_source; }
 
-fj_status fjg_emit_blockmask_tu(const fjg_graph *g, const char *spec_source,
-                                const char *key_hex, fjg_buf *out) {
+fj_status fjg_emit_blockmask_tu(const fjg_graph *g, const char *key_hex,
+                                fjg_buf *out) {
   size_t len = 0;
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   if (!common) return FJ_ENOTFOUND;
@@ -156,7 +156,7 @@ fj_status fjg_emit_blockmask_tu(const fjg_graph *g, const char *spec_source,
   fjg_buf_append(out, common, len);
   fjg_buf_printf(out, "\n");
   fj_status st = fjg_emit_interval_rules(g, out);
-  if (st == FJ_OK) st = fjg_emit_prologue(g, spec_source, out);
+  if (st == FJ_OK) st = fjg_emit_prologue(g, out);
   if (st != FJ_OK) return st;
   fjg_buf_printf(out, "\n%s", kernel_source);
   return out->failed ? FJ_ENOMEM : FJ_OK;

@@ -20,9 +20,9 @@
 const char *fjg_blockmask_kernel_source(void);
 
 /* Appends the whole translation unit to out. key_hex (may be NULL) goes
- * into the banner, spec_source (may be NULL) into a comment. FJ_ENOTFOUND
+ * into the banner. FJ_ENOTFOUND
  * when common/fj_common.cuh is not embedded, FJ_ENOMEM. */
-fj_status fjg_emit_blockmask_tu(const fjg_graph *g, const char *spec_source,
-                                const char *key_hex, fjg_buf *out);
+fj_status fjg_emit_blockmask_tu(const fjg_graph *g, const char *key_hex,
+                                fjg_buf *out);
 
 #endif /* FJG_EMIT_BLOCKMASK_H */

@@ -402,20 +402,6 @@ static void put_tile_class_body(emitter *e) {
 
 /* ---- prologue ---- */
 
-/* Copies the spec source into a block comment; "*" "/" cannot end it. */
-static void put_source_comment(fjg_buf *out, const char *src) {
-  if (!src) return;
-  fjg_buf_printf(out, "/* Spec source:\n");
-  for (const char *p = src; *p; p++) {
-    if (p[0] == '*' && p[1] == '/')
-      fjg_buf_append(out, "*\\", 2);
-    else
-      fjg_buf_append(out, p, 1);
-  }
-  if (*src && src[strlen(src) - 1] != '\n') fjg_buf_append(out, "\n", 1);
-  fjg_buf_printf(out, "*/\n\n");
-}
-
 static void put_indent(fjg_buf *out, int depth) {
   for (int i = 0; i < depth; i++) fjg_buf_append(out, "  ", 2);
 }
@@ -465,15 +451,13 @@ fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }
 
-fj_status fjg_emit_prologue(const fjg_graph *g, const char *spec_source,
-                            fjg_buf *out) {
+fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
   size_t n = (size_t)fjg_num_nodes(g) + 1;
   emitter e = {g, out, malloc(n * sizeof(int32_t)), 0};
   if (!e.slot) return FJ_ENOMEM;
   for (size_t i = 0; i < n; i++) e.slot[i] = -1;
 
   fjg_buf_printf(out, "// ---- generated prologue (gen/emit_cuda.c) ----\n");
-  put_source_comment(out, spec_source);
   put_params_struct(out, g);
   fjg_buf_printf(out,
       "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, "
@@ -539,9 +523,8 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
 }
 
-fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,
-                              const fjg_config *cfg, const char *key_hex,
-                              fjg_buf *out) {
+fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
+                              const char *key_hex, fjg_buf *out) {
   if (!cfg || !cfg->template_name) return FJ_EINVAL;
   char arch_template[160];
   int n = snprintf(arch_template, sizeof arch_template, "%s/fwd.cuh",
@@ -557,7 +540,7 @@ fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,
   if (st != FJ_OK) return st;
   fjg_buf_printf(out, "\n");
   if ((st = fjg_emit_interval_rules(g, out)) != FJ_OK) return st;
-  if ((st = fjg_emit_prologue(g, spec_source, out)) != FJ_OK) return st;
+  if ((st = fjg_emit_prologue(g, out)) != FJ_OK) return st;
   if ((st = put_template(out, "common/fj_fwd.cuh")) != FJ_OK) return st;
   if ((st = put_template(out, arch_template)) != FJ_OK) return st;
   return out->failed ? FJ_ENOMEM : FJ_OK;

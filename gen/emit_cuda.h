@@ -13,7 +13,7 @@
  * an i32 param `w` is `int a_w;`, an f32 param `float a_w;`, a buffer `d` is
  * `const int *a_d; long long n_d;` (const float * for f32 elements).
  *
- * Output is deterministic: the same graph and source give the same bytes.
+ * Output is deterministic: the same graph gives the same bytes.
  * Functions append to `out`; on FJ_ENOMEM `out->failed` is set.
  */
 #ifndef FJG_EMIT_CUDA_H
@@ -32,17 +32,16 @@ typedef struct fjg_config fjg_config;
  * always when g is NULL. Spec-independent text. */
 fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out);
 
-/* The prologue. spec_source (may be NULL) is copied into a comment. It
- * needs the interval rules (fjg_emit_interval_rules) before it. */
-fj_status fjg_emit_prologue(const fjg_graph *g, const char *spec_source,
-                            fjg_buf *out);
+/* The prologue. It needs the interval rules (fjg_emit_interval_rules)
+ * before it. Only the graph reaches it: no byte of the spec's source text
+ * (comments, names) is copied into CUDA. */
+fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out);
 
 /* The whole forward translation unit: banner (library version, key_hex),
  * the configuration #defines, common/fj_common.cuh, the prologue,
  * common/fj_fwd.cuh and <cfg->template_name>/fwd.cuh. FJ_ENOTFOUND
  * when a template is missing, FJ_EINVAL on a NULL cfg. */
-fj_status fjg_emit_forward_tu(const fjg_graph *g, const char *spec_source,
-                              const fjg_config *cfg, const char *key_hex,
+fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg, const char *key_hex,
                               fjg_buf *out);
 
 /* Host layout of struct fj_user_params (natural alignment; x86-64 and CUDA

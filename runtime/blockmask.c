@@ -135,8 +135,7 @@ static fj_status compile_builder(fj_context *ctx, const fj_spec *spec,
   char err[1024] = "";
   char *log = NULL;
   fjg_buf_init(&src);
-  fj_status st = fjg_emit_blockmask_tu(spec->graph, spec->source, key->hex,
-                                       &src);
+  fj_status st = fjg_emit_blockmask_tu(spec->graph, key->hex, &src);
   fjg_buf_append(&src, "", 1);
   if (st != FJ_OK || src.failed) {
     fjg_buf_free(&src);

@@ -180,8 +180,7 @@ static fj_status emit_source(fj_context *ctx, const fj_spec *spec,
                              const fjg_config *cfg, const fjc_key *key,
                              fjg_buf *src) {
   fjg_buf_init(src);
-  fj_status st = fjg_emit_forward_tu(spec->graph, spec->source, cfg, key->hex,
-                                     src);
+  fj_status st = fjg_emit_forward_tu(spec->graph, cfg, key->hex, src);
   if (st != FJ_OK || src->failed) {
     fjg_buf_free(src);
     return fjr_fail(ctx, st != FJ_OK ? st : FJ_ENOMEM,

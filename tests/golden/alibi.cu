@@ -1,13 +1,4 @@
 // ---- generated prologue (gen/emit_cuda.c) ----
-/* Spec source:
-return {
-  mask_mod = causal(),
-  score_mod = function(s, b, h, q, kv)
-    return s - exp2(-8 * (h + 1) / Hq) * (q - kv)
-  end,
-}
-*/
-
 struct fj_user_params {
   long long fj_reserved_;
 };

@@ -1,8 +1,4 @@
 // ---- generated prologue (gen/emit_cuda.c) ----
-/* Spec source:
-return { name = "causal", mask_mod = causal() }
-*/
-
 struct fj_user_params {
   long long fj_reserved_;
 };

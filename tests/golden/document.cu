@@ -1,10 +1,4 @@
 // ---- generated prologue (gen/emit_cuda.c) ----
-/* Spec source:
--- packed sequences; a comment that tries to end the C comment: *\/
-local doc = buffer("doc_id", "i32")
-return { mask_mod = and_masks(causal(), document(doc)) }
-*/
-
 struct fj_user_params {
   long long fj_reserved_;
   const int *a_doc_id;

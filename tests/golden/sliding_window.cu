@@ -1,12 +1,4 @@
 // ---- generated prologue (gen/emit_cuda.c) ----
-/* Spec source:
-local window = param("window", "i32")
-return {
-  name = "sliding_window",
-  mask_mod = and_masks(causal(), function(b, h, q, kv) return lt(q - kv, window) end),
-}
-*/
-
 struct fj_user_params {
   long long fj_reserved_;
   int a_window;

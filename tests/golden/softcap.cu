@@ -1,12 +1,4 @@
 // ---- generated prologue (gen/emit_cuda.c) ----
-/* Spec source:
-local cap = param("cap", "f32")
-local bias = buffer("rel_bias", "f32")
-return { score_mod = function(s, b, h, q, kv)
-  return cap * tanh(s / cap) + bias[abs(q - kv) % 32] * (1 / 3)
-end }
-*/
-
 struct fj_user_params {
   long long fj_reserved_;
   float a_cap;

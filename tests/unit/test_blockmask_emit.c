@@ -36,10 +36,8 @@ static fj_spec *load(fj_context *ctx, const char *src) {
 }
 
 static void emit(const fj_spec *spec, fjg_buf *out) {
-  size_t len;
   fjg_buf_init(out);
   assert_int_equal(fjg_emit_blockmask_tu(fjr_spec_graph(spec),
-                                         fjr_spec_source(spec, &len),
                                          "00112233445566778899aabbccddeeff",
                                          out),
                    FJ_OK);

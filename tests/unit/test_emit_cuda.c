@@ -132,7 +132,7 @@ static void test_forward_tu_layout(void **state) {
   fjg_config c = sm80_config();
   fjg_buf b;
   fjg_buf_init(&b);
-  assert_int_equal(fjg_emit_forward_tu(g, "-- spec\n", &c, "0123abcd", &b), FJ_OK);
+  assert_int_equal(fjg_emit_forward_tu(g, &c, "0123abcd", &b), FJ_OK);
   const char *s = b.data, *p = s;
   p = after(s, "key 0123abcd", p);
   p = after(s, "#define FJ_HEAD_DIM 128\n", p);
@@ -153,15 +153,15 @@ static void test_forward_tu_layout(void **state) {
 
   c.dtype = FJ_DTYPE_F16;
   fjg_buf_init(&b);
-  assert_int_equal(fjg_emit_forward_tu(g, NULL, &c, "k", &b), FJ_OK);
+  assert_int_equal(fjg_emit_forward_tu(g, &c, "k", &b), FJ_OK);
   assert_non_null(strstr(b.data, "#define FJ_DTYPE_F16 1\n"));
   fjg_buf_free(&b);
 
   c.template_name = "sm999";
   fjg_buf_init(&b);
-  assert_int_equal(fjg_emit_forward_tu(g, NULL, &c, "k", &b), FJ_ENOTFOUND);
+  assert_int_equal(fjg_emit_forward_tu(g, &c, "k", &b), FJ_ENOTFOUND);
   fjg_buf_free(&b);
-  assert_int_equal(fjg_emit_forward_tu(g, NULL, NULL, "k", &b), FJ_EINVAL);
+  assert_int_equal(fjg_emit_forward_tu(g, NULL, "k", &b), FJ_EINVAL);
   fjg_graph_destroy(g);
 
   /* The template table has what the TU needs, and covers it in the hash. */
@@ -186,7 +186,7 @@ static void test_forward_tu_compiles_with_nvrtc(void **state) {
   fjg_config c = sm80_config();
   fjg_buf b;
   fjg_buf_init(&b);
-  assert_int_equal(fjg_emit_forward_tu(g, "-- window\n", &c, "test", &b), FJ_OK);
+  assert_int_equal(fjg_emit_forward_tu(g, &c, "test", &b), FJ_OK);
   nvrtcProgram prog;
   assert_int_equal(nvrtcCreateProgram(&prog, b.data, "fwd.cu", 0, NULL, NULL),
                    NVRTC_SUCCESS);
@@ -380,7 +380,7 @@ static void *build_host_library(fjg_graph **graphs, const char *dir) {
   assert_int_equal(fjg_emit_interval_rules(NULL, &src), FJ_OK);
   for (int i = 0; i < NUM_GRAPHS; i++) {
     fjg_buf_printf(&src, "namespace g%d {\n", i);
-    assert_int_equal(fjg_emit_prologue(graphs[i], "-- */ tricky\n", &src), FJ_OK);
+    assert_int_equal(fjg_emit_prologue(graphs[i], &src), FJ_OK);
     fjg_buf_printf(&src,
         "}\nextern \"C\" int mask_%d(const void *u, const int *z, int b, int h, int q, int kv) {\n"
         "  return g%d::fj_mask(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q, kv);\n}\n"
@@ -499,7 +499,7 @@ static void test_division_by_constant(void **state) {
   fjg_set_mask_root(g, m);
   fjg_buf b;
   fjg_buf_init(&b);
-  assert_int_equal(fjg_emit_prologue(g, NULL, &b), FJ_OK);
+  assert_int_equal(fjg_emit_prologue(g, &b), FJ_OK);
   const char *mask = strstr(b.data, "fj_mask(");
   const char *score_fn = strstr(b.data, "fj_score_mod(");
   assert_non_null(mask);

@@ -109,7 +109,7 @@ static char *emit(const spec *sp) {
   sp->build(g);
   fjg_buf b;
   fjg_buf_init(&b);
-  assert_int_equal(fjg_emit_prologue(g, sp->source, &b), FJ_OK);
+  assert_int_equal(fjg_emit_prologue(g, &b), FJ_OK);
   fjg_graph_destroy(g);
   return b.data; /* NUL-terminated by fjg_buf */
 }
@@ -207,7 +207,7 @@ static void test_nvrtc_compiles(void **state) {
   fjg_graph *g = fjg_graph_create();
   fjg_buf b;
   fjg_buf_init(&b);
-  assert_int_equal(fjg_emit_prologue(g, NULL, &b), FJ_OK);
+  assert_int_equal(fjg_emit_prologue(g, &b), FJ_OK);
   nvrtc_compile("empty", b.data);
   fjg_buf_free(&b);
   fjg_graph_destroy(g);
