@@ -24,6 +24,7 @@
 #include "gen/emit_cuda.h"
 #include "runtime/context_impl.h"
 #include "runtime/forward.h"
+#include "runtime/kernels.h"
 #include "runtime/launch_params.h"
 #include "runtime/tma.h"
 
@@ -147,7 +148,7 @@ static int measure(const fjr_driver *drv, const char *spec_path,
     drv->cuCtxSynchronize();
     double s2 = now_us();
     for (int i = 0; i < N; i++)
-      drv->cuLaunchKernel(kern->fn, grid[0], grid[1], grid[2], kern->cfg.threads, 1, 1,
+      drv->cuLaunchKernel(kern->fn[0], grid[0], grid[1], grid[2], kern->cfg.threads, 1, 1,
                           kern->cfg.smem_bytes, NULL,
                           kern->cfg.uses_tma ? kp : NULL,
                           kern->cfg.uses_tma ? NULL : extra);

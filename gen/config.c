@@ -26,7 +26,9 @@ static fj_status fail(char *err, size_t errlen, fj_status st, const char *fmt, .
   return st;
 }
 
-/* "sm_" digits [one letter]; returns the number or -1. */
+/* "sm_" two or three digits, then "a" (architecture-specific features,
+ * sm_90 and newer) or "f" (family, sm_100 and newer) or nothing; returns the
+ * number or -1. */
 static int parse_arch(const char *arch) {
   if (strncmp(arch, "sm_", 3) != 0) return -1;
   const char *p = arch + 3;
@@ -36,8 +38,24 @@ static int parse_arch(const char *arch) {
     if (++digits > 3) return -1;
   }
   if (digits < 2) return -1;
-  if (*p >= 'a' && *p <= 'z') p++; /* sm_90a, sm_100f ... */
+  if ((*p == 'a' && n >= 90) || (*p == 'f' && n >= 100)) p++;
   return *p ? -1 : n;
+}
+
+fj_status fjg_arch_check(const char *arch, int *sm_out, char *err, size_t errlen) {
+  if (!arch) return fail(err, errlen, FJ_EINVAL, "no target architecture given");
+  int sm = parse_arch(arch);
+  if (sm < 0 || strlen(arch) >= sizeof(((fjg_config *)0)->arch))
+    return fail(err, errlen, FJ_EINVAL,
+                "invalid architecture '%s' (expected sm_XY, e.g. sm_80 or sm_90a; "
+                "the suffix a from sm_90, f from sm_100)",
+                arch);
+  if (sm < 80)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "architecture %s is not supported: flexjit needs sm_80 or newer "
+                "(bf16 mma.sync, cp.async)", arch);
+  if (sm_out) *sm_out = sm;
+  return FJ_OK;
 }
 
 /* Largest dynamic shared memory one block may opt in to, by architecture. */
@@ -213,16 +231,9 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
   if (dtype != FJ_DTYPE_BF16 && dtype != FJ_DTYPE_F16)
     return fail(err, errlen, FJ_EUNSUPPORTED,
                 "dtype %d is not supported (supported: bf16, f16)", (int)dtype);
-  if (!arch) return fail(err, errlen, FJ_EINVAL, "no target architecture given");
-  int sm = parse_arch(arch);
-  if (sm < 0 || strlen(arch) >= sizeof out->arch)
-    return fail(err, errlen, FJ_EINVAL,
-                "invalid architecture '%s' (expected sm_XY, e.g. sm_80 or sm_90a)",
-                arch);
-  if (sm < 80)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "architecture %s is not supported: flexjit needs sm_80 or newer "
-                "(bf16 mma.sync, cp.async)", arch);
+  int sm = 0;
+  fj_status ast = fjg_arch_check(arch, &sm, err, errlen);
+  if (ast != FJ_OK) return ast;
 
   out->head_dim = head_dim;
   out->dtype = dtype;

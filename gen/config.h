@@ -79,6 +79,13 @@ int fjg_config_set_stages(fjg_config *c, int num_stages);
  * c unchanged. */
 int fjg_config_set_consumers(fjg_config *c, int n);
 
+/* Checks a target name: "sm_", two or three digits >= 80, then "a" (from
+ * sm_90) or "f" (from sm_100) or nothing. FJ_EINVAL for a malformed name,
+ * FJ_EUNSUPPORTED below sm_80, with a message in err; *sm (may be NULL)
+ * receives the number. Whether NVRTC compiles for it is the runtime's
+ * question. */
+fj_status fjg_arch_check(const char *arch, int *sm, char *err, size_t errlen);
+
 /*
  * Chooses the configuration for head_dim (64, 128; 256 on sm90), dtype and arch
  * ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", ...: "sm_", a

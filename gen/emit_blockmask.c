@@ -142,14 +142,10 @@ static const char kernel_source[] =
 
 const char *fjg_blockmask_kernel_source(void) { return kernel_source; }
 
-fj_status fjg_emit_blockmask_tu(const fjg_graph *g, const char *key_hex,
-                                fjg_buf *out) {
+fj_status fjg_emit_blockmask_tu(const fjg_graph *g, fjg_buf *out) {
   size_t len = 0;
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   if (!common) return FJ_ENOTFOUND;
-  fjg_buf_printf(out, "// flexjit %s block-mask builder, key %s\n"
-                      "// Generated; do not edit.\n",
-                 FJ_VERSION_STRING, key_hex ? key_hex : "(none)");
   fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n#define FJ_BM_WARPS %d\n",
                  fjg_mask_root(g) >= 0, FJG_BLOCKMASK_WARPS);
   fjg_buf_printf(out, "\n// ---- template common/fj_common.cuh ----\n");

@@ -1,7 +1,7 @@
 /*
  * gen/emit_blockmask.h: CUDA source of the block-mask builder of a graph.
  *
- * The translation unit is: a banner, the FJ_HAS_MASK and FJ_BM_WARPS
+ * The translation unit is: the FJ_HAS_MASK and FJ_BM_WARPS
  * defines, common/fj_common.cuh, the spec's generated prologue (the same
  * fj_mask and fj_tile_class the forward kernel uses, gen/emit_cuda.c), then
  * the builder's two kernels, fj_blockmask_classify and fj_blockmask_compact
@@ -19,10 +19,9 @@
 /* The builder kernels' text (static), also hashed into the cache key. */
 const char *fjg_blockmask_kernel_source(void);
 
-/* Appends the whole translation unit to out. key_hex (may be NULL) goes
- * into the banner. FJ_ENOTFOUND
+/* Appends the whole translation unit but the banner (runtime/kernels.c
+ * writes it) to out. FJ_ENOTFOUND
  * when common/fj_common.cuh is not embedded, FJ_ENOMEM. */
-fj_status fjg_emit_blockmask_tu(const fjg_graph *g, const char *key_hex,
-                                fjg_buf *out);
+fj_status fjg_emit_blockmask_tu(const fjg_graph *g, fjg_buf *out);
 
 #endif /* FJG_EMIT_BLOCKMASK_H */

@@ -524,7 +524,7 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
 }
 
 fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
-                              const char *key_hex, fjg_buf *out) {
+                              fjg_buf *out) {
   if (!cfg || !cfg->template_name) return FJ_EINVAL;
   char arch_template[160];
   int n = snprintf(arch_template, sizeof arch_template, "%s/fwd.cuh",
@@ -532,9 +532,6 @@ fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
   if (n < 0 || (size_t)n >= sizeof arch_template) return FJ_EINVAL;
   if (!fjg_template_text(arch_template, NULL)) return FJ_ENOTFOUND;
 
-  fjg_buf_printf(out, "// flexjit %s forward kernel, key %s\n"
-                      "// Generated; do not edit.\n",
-                 FJ_VERSION_STRING, key_hex ? key_hex : "(none)");
   put_config_defines(out, g, cfg);
   fj_status st = put_template(out, "common/fj_common.cuh");
   if (st != FJ_OK) return st;

@@ -37,11 +37,12 @@ fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out);
  * (comments, names) is copied into CUDA. */
 fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out);
 
-/* The whole forward translation unit: banner (library version, key_hex),
+/* The whole forward translation unit but the banner (runtime/kernels.c
+ * writes it):
  * the configuration #defines, common/fj_common.cuh, the prologue,
  * common/fj_fwd.cuh and <cfg->template_name>/fwd.cuh. FJ_ENOTFOUND
  * when a template is missing, FJ_EINVAL on a NULL cfg. */
-fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg, const char *key_hex,
+fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
                               fjg_buf *out);
 
 /* Host layout of struct fj_user_params (natural alignment; x86-64 and CUDA

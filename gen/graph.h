@@ -138,6 +138,10 @@ const char *fjg_graph_error(const fjg_graph *g);
 int fjg_num_nodes(const fjg_graph *g);
 const fjg_node *fjg_node_at(const fjg_graph *g, int id);
 
+/* The most params and buffers one spec may declare (a launch packs them
+ * all into its parameter struct). */
+#define FJG_MAX_ARGS 64
+
 int fjg_num_args(const fjg_graph *g);
 const fjg_arg *fjg_arg_at(const fjg_graph *g, int index);
 /* Index of the argument named `name`, or -1. */

@@ -3,26 +3,24 @@
  * include/flexjit.h) and their binding to a forward launch.
  *
  * A block mask owns one cuMemAlloc'd region holding the eight int32 arrays
- * and the nq x nkv class matrix they are compacted from, and the loaded
- * module of its builder kernels (gen/emit_blockmask.c). The builder is
- * cached on disk like a forward kernel: its key covers the graph, the
- * builder text, fj_common.cuh, the warps, the target, the NVRTC options and
- * version. Building is asynchronous on the caller's stream; nothing here
+ * and the nq x nkv class matrix they are compacted from. Its builder
+ * kernels (gen/emit_blockmask.c) are a kernel kind of runtime/kernels.c:
+ * compiled or fetched like a forward kernel and loaded once per spec.
+ * Building is asynchronous on the caller's stream; nothing here
  * synchronizes except fj_block_mask_download.
  */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gen/blockmask_cpu.h"
 #include "gen/emit_blockmask.h"
 #include "gen/emit_cuda.h"
-#include "gen/templates.h"
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
-#include "runtime/nvrtc.h"
+#include "runtime/kernels.h"
+#include "runtime/tensor.h"
 
 #define FJR_BM_DEFAULT_BLOCK 128
 #define FJR_BM_MAX_PARAM_BYTES 4096
@@ -51,8 +49,7 @@ struct fj_block_mask {
   const fj_spec *spec; /* borrowed: its graph packs the runtime values */
   int device;
   int B, H, q_len, kv_len, block_q, block_kv, nq, nkv;
-  CUmodule module;
-  CUfunction classify, compact;
+  fjr_kernel *builder;  /* borrowed from the spec's kernel table */
   CUdeviceptr mem;
   size_t offsets[FJ_BM_NUM_ARRAYS + 1]; /* the arrays, then cls */
   size_t counts[FJ_BM_NUM_ARRAYS];
@@ -66,170 +63,42 @@ void fj_block_mask_options_init(fj_block_mask_options *opts) {
   opts->H = 1;
 }
 
-/* ---- the builder kernel: key, cache, compile, load ---- */
+/* ---- the builder kernels ---- */
 
-static fj_status builder_keys(fj_context *ctx, const fj_spec *spec,
-                              const char *arch, const char *nvrtc_version,
-                              fjc_key *source_key, fjc_key *key) {
-  fjg_buf graph;
-  fjg_buf_init(&graph);
-  if (fjg_serialize(spec->graph, &graph) != FJ_OK || graph.failed) {
-    fjg_buf_free(&graph);
-    return fjr_fail(ctx, FJ_ENOMEM, "serializing the spec graph failed");
-  }
-  size_t common_len = 0;
-  const char *common = fjg_template_text("common/fj_common.cuh", &common_len);
-  fjc_key_builder b;
-  fjc_key_begin(&b);
-  fjc_key_add_str(&b, "libver", FJ_VERSION_STRING);
-  fjc_key_add_str(&b, "pass", "blockmask");
-  fjc_key_add(&b, "graph", graph.data, graph.len);
-  fjc_key_add_str(&b, "builder", fjg_blockmask_kernel_source());
-  fjc_key_add(&b, "common", common, common ? common_len : 0);
-  fjc_key_add_int(&b, "warps", FJG_BLOCKMASK_WARPS);
-  fjc_key_add_str(&b, "arch", arch);
-  int nopt = 0;
-  const char *const *opts = fjr_nvrtc_base_options(&nopt);
-  for (int i = 0; i < nopt; i++) fjc_key_add_str(&b, "option", opts[i]);
-  fjc_key_finish(&b, source_key);
-  fjc_key_with_nvrtc(source_key, nvrtc_version, key);
-  fjg_buf_free(&graph);
-  return FJ_OK;
+static fj_status emit_builder(const fjg_graph *g, const fjg_config *cfg, fjg_buf *out) {
+  (void)cfg; /* the builder has one configuration per target */
+  return fjg_emit_blockmask_tu(g, out);
 }
 
-/* fj_blockmask_<spec>_<arch>, the spec name reduced to [A-Za-z0-9_]. */
-static void builder_name(const fj_spec *spec, const char *arch, char *buf,
-                         size_t n) {
-  char clean[48];
-  size_t j = 0;
-  for (const char *s = spec->name; *s && j + 1 < sizeof clean; s++) {
-    char c = *s;
-    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-             (c >= '0' && c <= '9') || c == '_';
-    clean[j++] = ok ? c : '_';
-  }
-  clean[j] = '\0';
-  snprintf(buf, n, "fj_blockmask_%s_%s", clean, arch);
+/* fj_blockmask_<spec>_<arch>. */
+static void builder_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
+  snprintf(buf, n, "fj_blockmask_%s_%s", spec, cfg->arch);
 }
 
-static void *find_in_packs(fj_context *ctx, const char *arch,
-                           const fjc_key *key, const fjc_key *source_key,
-                           int nvrtc_ok, size_t *size) {
-  for (int i = 0; i < ctx->num_packs; i++) {
-    const void *data = NULL;
-    if (fjc_pack_find(ctx->packs[i], arch, nvrtc_ok ? key : NULL, source_key,
-                      &data, size, NULL) != FJ_OK)
-      continue;
-    void *copy = malloc(*size);
-    if (copy) memcpy(copy, data, *size);
-    return copy;
-  }
-  return NULL;
-}
+static const fjr_kernel_kind builder_kind = {
+    .pass = "blockmask",
+    .emit = emit_builder,
+    .name = builder_name,
+    .entries = {"fj_blockmask_classify", "fj_blockmask_compact"},
+    .num_entries = 2,
+    .tuned = 0,
+};
 
-static fj_status compile_builder(fj_context *ctx, const fj_spec *spec,
-                                 const char *arch, const char *name,
-                                 const fjc_key *key, void **cubin,
-                                 size_t *size) {
-  fjg_buf src;
-  char err[1024] = "";
-  char *log = NULL;
-  fjg_buf_init(&src);
-  fj_status st = fjg_emit_blockmask_tu(spec->graph, key->hex, &src);
-  fjg_buf_append(&src, "", 1);
-  if (st != FJ_OK || src.failed) {
-    fjg_buf_free(&src);
-    return fjr_fail(ctx, st != FJ_OK ? st : FJ_ENOMEM,
-                    "emitting the block-mask builder of '%s' failed",
-                    spec->name);
-  }
-  int nopt = 0;
-  const char *const *base = fjr_nvrtc_base_options(&nopt);
-  st = fjr_nvrtc_compile(src.data, name, arch, base, nopt, cubin, size, &log,
-                         err, sizeof err);
-  if (st != FJ_OK)
-    fjr_fail(ctx, st, "compiling %s (key %s) failed: %s%s%s", name, key->hex,
-             err, log ? "\nNVRTC log:\n" : "", log ? log : "");
-  fjg_buf_free(&src);
-  free(log);
-  return st;
-}
+enum { BUILDER_CLASSIFY = 0, BUILDER_COMPACT = 1 };
 
-static void store_builder(fj_context *ctx, fjc_store *store, const char *arch,
-                          const char *name, const fj_spec *spec,
-                          const fjc_key *key, const void *cubin,
-                          size_t size) {
-  char meta[1024], path[1024];
-  snprintf(meta, sizeof meta,
-           "{\"key\": \"%s\", \"name\": \"%s\", \"spec\": \"%s\", "
-           "\"pass\": \"blockmask\", \"arch\": \"%s\"}\n",
-           key->hex, name, spec->name, arch);
-  /* Quotes or backslashes in a spec name would break the JSON; the
-   * sidecar is only for people, so drop it then. */
-  int plain = strpbrk(spec->name, "\"\\") == NULL;
-  if (fjc_store_put(store, arch, key, cubin, size, plain ? meta : NULL, path,
-                    sizeof path) != FJ_OK)
-    fjr_log(ctx, FJ_LOG_DEBUG, "block-mask builder kept in memory only");
-}
-
-/* The builder's cubin: from a pack, the disk cache, or NVRTC (once per key
- * across processes, under the store's lock). */
-static fj_status get_builder_cubin(fj_context *ctx, const fj_spec *spec,
-                                   const char *arch, void **cubin,
-                                   size_t *size) {
-  char nvrtc_version[32] = "unavailable", nverr[512] = "", name[96];
-  int major = 0, minor = 0, lock_fd = -1;
-  fj_status nvst = fjr_nvrtc_version(&major, &minor, nverr, sizeof nverr);
-  if (nvst == FJ_OK)
-    snprintf(nvrtc_version, sizeof nvrtc_version, "%d.%d", major, minor);
-  fjc_key source_key, key;
-  fj_status st = builder_keys(ctx, spec, arch, nvrtc_version, &source_key,
-                              &key);
+/* The spec's builder for the context's target, loaded. */
+static fj_status get_builder(fj_context *ctx, fj_spec *spec, fjr_kernel **out) {
+  const char *arch = NULL;
+  fj_status st = fjr_context_arch(ctx, &arch);
   if (st != FJ_OK) return st;
-  builder_name(spec, arch, name, sizeof name);
-  *cubin = find_in_packs(ctx, arch, &key, &source_key, nvst == FJ_OK, size);
-  if (*cubin) return FJ_OK;
-  fjc_store *store = NULL;
-  fjr_context_store(ctx, &store);
-  if (store && fjc_store_get(store, arch, &key, cubin, size, NULL, 0) == FJ_OK)
-    return FJ_OK;
-  if (nvst != FJ_OK)
-    return fjr_fail(ctx, FJ_ENONVRTC,
-                    "block-mask builder %s (key %s, source key %s) is in no "
-                    "mounted pack or cache and NVRTC is not available: %s",
-                    name, key.hex, source_key.hex, nverr);
-  if (store) {
-    fjc_store_lock(store, arch, &key, &lock_fd);
-    if (fjc_store_get(store, arch, &key, cubin, size, NULL, 0) == FJ_OK)
-      goto done;
-  }
-  st = compile_builder(ctx, spec, arch, name, &key, cubin, size);
-  if (st == FJ_OK && store)
-    store_builder(ctx, store, arch, name, spec, &key, *cubin, *size);
-done:
-  if (lock_fd >= 0) fjc_store_unlock(lock_fd);
-  return st;
-}
-
-static fj_status load_builder(fj_block_mask *m, const char *arch) {
-  fj_context *ctx = m->ctx;
-  const fjr_driver *d = ctx->drv;
-  void *cubin = NULL;
-  size_t size = 0;
-  fj_status st = get_builder_cubin(ctx, m->spec, arch, &cubin, &size);
-  if (st != FJ_OK) return st;
-  CUresult r = d->cuModuleLoadData(&m->module, cubin);
-  free(cubin);
-  if (r != CUDA_SUCCESS) {
-    m->module = NULL;
-    return fjr_cu_fail(ctx, "cuModuleLoadData (block-mask builder)", r);
-  }
-  r = d->cuModuleGetFunction(&m->classify, m->module, "fj_blockmask_classify");
-  if (r == CUDA_SUCCESS)
-    r = d->cuModuleGetFunction(&m->compact, m->module, "fj_blockmask_compact");
-  if (r != CUDA_SUCCESS)
-    return fjr_cu_fail(ctx, "cuModuleGetFunction (block-mask builder)", r);
-  return FJ_OK;
+  fjg_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  char err[512];
+  if ((st = fjg_arch_check(arch, &cfg.sm, err, sizeof err)) != FJ_OK)
+    return fjr_fail(ctx, st, "%s", err);
+  snprintf(cfg.arch, sizeof cfg.arch, "%s", arch);
+  if ((st = fjr_kernel_get(ctx, spec, &builder_kind, &cfg, out, NULL)) != FJ_OK) return st;
+  return fjr_kernel_load(ctx, *out);
 }
 
 /* ---- options, memory ---- */
@@ -280,74 +149,6 @@ static fj_status alloc_arrays(fj_block_mask *m) {
 
 /* ---- runtime values and launches ---- */
 
-static fj_status check_buffer(fj_context *ctx, const fjg_arg *decl,
-                              const DLTensor *t, uint64_t *ptr,
-                              int64_t *len) {
-  int code = decl->type == FJG_I32 ? kDLInt : kDLFloat;
-  if (!t || t->ndim != 1 || !t->data || !t->shape || t->shape[0] < 1)
-    return fjr_fail(ctx, FJ_ETENSOR,
-                    "block mask: buffer '%s' must be a non-empty 1-D tensor",
-                    decl->name);
-  if (t->device.device_type != kDLCUDA &&
-      t->device.device_type != kDLCUDAManaged)
-    return fjr_fail(ctx, FJ_ETENSOR,
-                    "block mask: buffer '%s' is not on a CUDA device",
-                    decl->name);
-  if (t->dtype.code != code || t->dtype.bits != 32 || t->dtype.lanes != 1)
-    return fjr_fail(ctx, FJ_ETENSOR, "block mask: buffer '%s' must be %s",
-                    decl->name, decl->type == FJG_I32 ? "int32" : "float32");
-  if (t->strides && t->strides[0] != 1 && t->shape[0] > 1)
-    return fjr_fail(ctx, FJ_ETENSOR,
-                    "block mask: buffer '%s' must be contiguous", decl->name);
-  *ptr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
-  if (*ptr % 4 != 0)
-    return fjr_fail(ctx, FJ_ETENSOR,
-                    "block mask: buffer '%s' must be 4-byte aligned",
-                    decl->name);
-  *len = t->shape[0];
-  return FJ_OK;
-}
-
-/* Matches the caller's values with the spec's declarations and packs the
- * generated fj_user_params at dst. */
-static fj_status pack_user(fj_context *ctx, const fj_spec *spec,
-                           const fj_arg *args, int num_args, void *dst) {
-  const fjg_graph *g = spec->graph;
-  int n = fjg_num_args(g);
-  int32_t i32s[64] = {0};
-  float f32s[64] = {0};
-  uint64_t ptrs[64] = {0};
-  int64_t lens[64] = {0};
-  if (n > 64)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED, "more than 64 params and buffers");
-  for (int i = 0; i < num_args; i++)
-    if (!args[i].name || fjg_find_arg(g, args[i].name) < 0)
-      return fjr_fail(ctx, FJ_EINVAL,
-                      "spec '%s' declares no param or buffer named '%s'",
-                      spec->name, args[i].name ? args[i].name : "(null)");
-  for (int a = 0; a < n; a++) {
-    const fjg_arg *decl = fjg_arg_at(g, a);
-    const fj_arg *given = NULL;
-    for (int i = 0; i < num_args; i++)
-      if (!strcmp(args[i].name, decl->name)) given = &args[i];
-    if (!given)
-      return fjr_fail(ctx, FJ_EINVAL,
-                      "block mask: spec '%s' needs %s '%s' but no value was "
-                      "given", spec->name,
-                      decl->kind == FJ_ARG_BUFFER ? "buffer" : "param",
-                      decl->name);
-    if (decl->kind == FJ_ARG_I32) i32s[a] = given->i32;
-    if (decl->kind == FJ_ARG_F32) f32s[a] = given->f32;
-    if (decl->kind == FJ_ARG_BUFFER) {
-      fj_status st = check_buffer(ctx, decl, given->buffer, &ptrs[a],
-                                  &lens[a]);
-      if (st != FJ_OK) return st;
-    }
-  }
-  fjg_user_params_pack(g, i32s, f32s, ptrs, lens, dst);
-  return FJ_OK;
-}
-
 static fj_status launch_builder(fj_block_mask *m, const fj_arg *args,
                                 int num_args, void *stream) {
   fj_context *ctx = m->ctx;
@@ -356,7 +157,8 @@ static fj_status launch_builder(fj_block_mask *m, const fj_arg *args,
   if (total > sizeof pbuf)
     return fjr_fail(ctx, FJ_EUNSUPPORTED, "block mask: parameters too large");
   memset(pbuf, 0, total);
-  fj_status st = pack_user(ctx, m->spec, args, num_args, pbuf + BM_USER_OFFSET);
+  fj_status st = fjr_bind_args(ctx, m->spec->name, m->spec->graph, args, num_args,
+                               pbuf + BM_USER_OFFSET);
   if (st != FJ_OK) return st;
   bm_params_fixed *p = (bm_params_fixed *)pbuf;
   p->cls = m->mem + m->offsets[FJ_BM_NUM_ARRAYS];
@@ -371,13 +173,13 @@ static fj_status launch_builder(fj_block_mask *m, const fj_arg *args,
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf,
                    CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
   const fjr_driver *d = ctx->drv;
-  CUresult r = d->cuLaunchKernel(m->classify, ((unsigned)m->nkv + w - 1) / w,
+  CUresult r = d->cuLaunchKernel(m->builder->fn[BUILDER_CLASSIFY], ((unsigned)m->nkv + w - 1) / w,
                                  (unsigned)m->nq, bh, w * 32, 1, 1, 0,
                                  (CUstream)stream, NULL, extra);
   if (r != CUDA_SUCCESS)
     return fjr_cu_fail(ctx, "cuLaunchKernel (fj_blockmask_classify)", r);
   unsigned lines = (unsigned)(m->nq + m->nkv);
-  r = d->cuLaunchKernel(m->compact, (lines + w - 1) / w, bh, 1, w * 32, 1, 1,
+  r = d->cuLaunchKernel(m->builder->fn[BUILDER_COMPACT], (lines + w - 1) / w, bh, 1, w * 32, 1, 1,
                         0, (CUstream)stream, NULL, extra);
   if (r != CUDA_SUCCESS)
     return fjr_cu_fail(ctx, "cuLaunchKernel (fj_blockmask_compact)", r);
@@ -414,10 +216,7 @@ fj_status fj_block_mask_build(fj_context *ctx, const fj_spec *spec,
   int block_q = 0, block_kv = 0;
   fj_status st = check_options(ctx, opts, &block_q, &block_kv);
   if (st != FJ_OK) return st;
-  const char *arch = NULL;
-  if ((st = fjr_context_device(ctx, NULL)) != FJ_OK ||
-      (st = fjr_context_arch(ctx, &arch)) != FJ_OK)
-    return st;
+  if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   fj_block_mask *m = calloc(1, sizeof *m);
   if (!m) return fjr_fail(ctx, FJ_ENOMEM, "out of memory");
   m->ctx = ctx;
@@ -429,7 +228,8 @@ fj_status fj_block_mask_build(fj_context *ctx, const fj_spec *spec,
   m->nq = (int)((opts->q_len + (long long)block_q - 1) / block_q);
   m->nkv = (int)((opts->kv_len + (long long)block_kv - 1) / block_kv);
   warn_broadcast(ctx, spec, m->B, m->H);
-  if ((st = load_builder(m, arch)) != FJ_OK || (st = alloc_arrays(m)) != FJ_OK ||
+  if ((st = get_builder(ctx, (fj_spec *)spec, &m->builder)) != FJ_OK ||
+      (st = alloc_arrays(m)) != FJ_OK ||
       (st = launch_builder(m, opts->args, opts->num_args, opts->stream)) !=
           FJ_OK)
     goto fail;
@@ -456,7 +256,6 @@ void fj_block_mask_destroy(fj_block_mask *mask) {
   const fjr_driver *d = mask->ctx->drv;
   /* cuMemFree waits for work still using the memory. */
   if (d && mask->mem) d->cuMemFree(mask->mem);
-  if (d && mask->module) d->cuModuleUnload(mask->module);
   free(mask);
 }
 

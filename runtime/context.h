@@ -13,9 +13,6 @@
 
 /* The spec's traced graph (borrowed; lives with spec). */
 const fjg_graph *fjr_spec_graph(const fj_spec *spec);
-/* The spec's Lua source and chunk name (borrowed; live with spec). */
-const char *fjr_spec_source(const fj_spec *spec, size_t *len);
-
 /* Loads the driver, retains the primary context of the context's device and
  * makes it current on the calling thread. Idempotent; cheap after the first
  * call. On failure the context's last error says why. */

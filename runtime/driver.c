@@ -7,8 +7,9 @@
  */
 #include "runtime/driver.h"
 
+#include "runtime/dl.h"
+
 #include <dlfcn.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,22 +28,6 @@ typedef struct fjr_getproc {
   fjr_getproc_v2_fn v2;
   fjr_getproc_v1_fn v1;
 } fjr_getproc;
-
-/* The one process-wide state: written once under pthread_once, immutable
- * afterwards, so readers need no lock. */
-typedef struct fjr_driver_state {
-  fjr_driver drv;
-  fj_status status;
-  char err[512];
-} fjr_driver_state;
-
-static fjr_driver_state driver_state;
-static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
-
-static const char *library_name(void) {
-  const char *env = getenv("FLEXJIT_LIBCUDA");
-  return (env && env[0]) ? env : "libcuda.so.1";
-}
 
 static CUresult getproc_call(const fjr_getproc *gp, const char *symbol,
                              void **pfn) {
@@ -163,48 +148,26 @@ static int init_driver(fjr_driver *drv, char *err, size_t errlen) {
   return -1;
 }
 
-static void load_driver_once(void) {
-  fjr_driver_state *st = &driver_state;
-  const char *lib = library_name();
+static int init_table(void *handle, const char *lib, void *table, char *err,
+                      size_t errlen) {
   fjr_getproc gp;
-  void *handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    const char *why = dlerror();
-    snprintf(st->err, sizeof st->err, "%s not found: %s", lib,
-             why ? why : "dlopen failed");
-    goto fail;
-  }
-  if (find_getproc(handle, &gp, lib, st->err, sizeof st->err))
-    goto fail;
-  if (resolve_all(&gp, &st->drv, lib, st->err, sizeof st->err))
-    goto fail;
-  if (init_driver(&st->drv, st->err, sizeof st->err))
-    goto fail;
-  /* The handle stays open for the life of the process: the table points
-   * into it. */
-  st->status = FJ_OK;
-  return;
-fail:
-  memset(&st->drv, 0, sizeof st->drv);
-  if (handle)
-    dlclose(handle);
-  st->status = FJ_ENODRIVER;
+  fjr_driver *drv = table;
+  if (find_getproc(handle, &gp, lib, err, errlen) ||
+      resolve_all(&gp, drv, lib, err, errlen) || init_driver(drv, err, errlen))
+    return -1;
+  return 0;
 }
 
-fj_status fjr_driver_load(const fjr_driver **out, char *err, size_t errlen) {
-  pthread_once(&driver_once, load_driver_once);
-  if (driver_state.status != FJ_OK) {
-    if (out)
-      *out = NULL;
-    if (err && errlen)
-      snprintf(err, errlen, "%s", driver_state.err);
-    return driver_state.status;
-  }
-  if (out)
-    *out = &driver_state.drv;
-  if (err && errlen)
-    err[0] = '\0';
-  return FJ_OK;
+fj_status fjr_driver_load(const char *path, const fjr_driver **out, char *err,
+                          size_t errlen) {
+  const char *const lib[] = {path ? path : "libcuda.so.1"};
+  const void *table = NULL;
+  char why[768] = "";
+  fj_status st = fjr_dl_load("libcuda", lib, 1, init_table, sizeof(fjr_driver),
+                             FJ_ENODRIVER, &table, why, sizeof why);
+  if (out) *out = table;
+  if (err && errlen) snprintf(err, errlen, "%s", st == FJ_OK ? "" : why);
+  return st;
 }
 
 void fjr_driver_error_text(const fjr_driver *drv, CUresult r, char *buf,

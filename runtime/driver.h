@@ -1,7 +1,8 @@
 /*
  * runtime/driver.h: the CUDA driver API, loaded at run time.
  *
- * libcuda.so.1 is dlopened once per process (pthread_once) and every entry
+ * libcuda.so.1 (or the library the context's options name, $FLEXJIT_LIBCUDA)
+ * is dlopened once per process and path (runtime/dl.h) and every entry
  * point is resolved through cuGetProcAddress; the table is immutable after
  * that, so it is safe to share between threads and contexts. There is no
  * link-time dependency on the driver: on a machine without one,
@@ -79,9 +80,11 @@ typedef struct fjr_driver {
                                      CUtensorMapFloatOOBfill);
 } fjr_driver;
 
-/* Loads the driver once per process. On failure returns FJ_ENODRIVER (no
- * libcuda.so.1, or cuInit failed: no device) and writes why into err. */
-fj_status fjr_driver_load(const fjr_driver **out, char *err, size_t errlen);
+/* Loads the driver from path (NULL: libcuda.so.1), once per process and
+ * path. On failure returns FJ_ENODRIVER (no such library, or cuInit failed:
+ * no device) and writes why into err. */
+fj_status fjr_driver_load(const char *path, const fjr_driver **out, char *err,
+                          size_t errlen);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for a CUresult (static or
  * driver-owned strings, never NULL). */

@@ -7,17 +7,19 @@
 #include "runtime/nvrtc.h"
 
 #include <ctype.h>
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <nvrtc.h>
 
-typedef struct fjr_nvrtc {
+#include "runtime/dl.h"
+
+struct fjr_nvrtc {
   const char *(*GetErrorString)(nvrtcResult);
   nvrtcResult (*Version)(int *, int *);
+  nvrtcResult (*GetNumSupportedArchs)(int *);
+  nvrtcResult (*GetSupportedArchs)(int *);
   nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *,
                                int, const char *const *,
                                const char *const *);
@@ -27,19 +29,10 @@ typedef struct fjr_nvrtc {
   nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
   nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
   nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
-} fjr_nvrtc;
-
-/* The one process-wide state of this module: written once under
- * pthread_once, immutable afterwards. */
-typedef struct fjr_nvrtc_state {
-  fjr_nvrtc fn;
   int major, minor;
-  fj_status status;
-  char err[768];
-} fjr_nvrtc_state;
-
-static fjr_nvrtc_state nvrtc_state;
-static pthread_once_t nvrtc_once = PTHREAD_ONCE_INIT;
+  int num_archs;
+  int archs[64]; /* the sm numbers this NVRTC compiles for */
+};
 
 static const char *const default_candidates[] = {
     "libnvrtc.so.13",
@@ -61,64 +54,19 @@ const char *const *fjr_nvrtc_base_options(int *n) {
   return base_options;
 }
 
-/* Tries the candidates in order; *lib receives the name that loaded. On
- * failure writes the names tried and the first loader error (the most
- * telling one) into err. */
-static void *open_library(const char **lib, char *err, size_t errlen) {
-  const char *env = getenv("FLEXJIT_NVRTC");
-  if (env && env[0]) {
-    void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-    *lib = env;
-    if (!h) {
-      const char *why = dlerror();
-      snprintf(err, errlen, "FLEXJIT_NVRTC=%s does not load: %s", env,
-               why ? why : "dlopen failed");
-    }
-    return h;
-  }
-  char first_error[384] = "";
-  size_t n = sizeof default_candidates / sizeof default_candidates[0];
-  for (size_t i = 0; i < n; i++) {
-    void *h = dlopen(default_candidates[i], RTLD_NOW | RTLD_LOCAL);
-    *lib = default_candidates[i];
-    if (h)
-      return h;
-    const char *why = dlerror();
-    if (!first_error[0])
-      snprintf(first_error, sizeof first_error, "%s",
-               why ? why : "dlopen failed");
-  }
-  snprintf(err, errlen,
-           "NVRTC not found (tried libnvrtc.so.13, libnvrtc.so.12, "
-           "libnvrtc.so, /usr/local/cuda/lib64/libnvrtc.so.13): %s; set "
-           "FLEXJIT_NVRTC to its path",
-           first_error);
-  return NULL;
-}
-
-static int resolve_symbol(void *h, const char *lib, const char *name,
-                          void *slot, char *err, size_t errlen) {
-  void *sym = dlsym(h, name);
-  if (!sym) {
-    snprintf(err, errlen, "%s lacks %s: not NVRTC, or too old", lib, name);
-    return -1;
-  }
-  /* Function pointers are copied bytewise from dlsym's void *. */
-  memcpy(slot, &sym, sizeof sym);
-  return 0;
-}
-
 #define FJR_NVRTC_SYM(field)                                                  \
   do {                                                                        \
-    if (resolve_symbol(h, lib, "nvrtc" #field, &fn->field, err,           \
-                       errlen))           \
+    if (fjr_dl_sym(h, lib, "nvrtc" #field, &fn->field, err, errlen))          \
       return -1;                                                              \
   } while (0)
 
-static int resolve_all(void *h, const char *lib, fjr_nvrtc *fn, char *err,
-                       size_t errlen) {
+static int init_nvrtc(void *h, const char *lib, void *table, char *err,
+                      size_t errlen) {
+  fjr_nvrtc *fn = table;
   FJR_NVRTC_SYM(GetErrorString);
   FJR_NVRTC_SYM(Version);
+  FJR_NVRTC_SYM(GetNumSupportedArchs);
+  FJR_NVRTC_SYM(GetSupportedArchs);
   FJR_NVRTC_SYM(CreateProgram);
   FJR_NVRTC_SYM(DestroyProgram);
   FJR_NVRTC_SYM(CompileProgram);
@@ -126,59 +74,50 @@ static int resolve_all(void *h, const char *lib, fjr_nvrtc *fn, char *err,
   FJR_NVRTC_SYM(GetProgramLog);
   FJR_NVRTC_SYM(GetCUBINSize);
   FJR_NVRTC_SYM(GetCUBIN);
+  nvrtcResult r = fn->Version(&fn->major, &fn->minor);
+  if (r == NVRTC_SUCCESS) r = fn->GetNumSupportedArchs(&fn->num_archs);
+  if (r == NVRTC_SUCCESS && (fn->num_archs < 1 || fn->num_archs > 64)) {
+    snprintf(err, errlen, "%s: nvrtcGetNumSupportedArchs says %d", lib, fn->num_archs);
+    return -1;
+  }
+  if (r == NVRTC_SUCCESS) r = fn->GetSupportedArchs(fn->archs);
+  if (r != NVRTC_SUCCESS) {
+    snprintf(err, errlen, "%s: nvrtcVersion or nvrtcGetSupportedArchs failed: %s",
+             lib, fn->GetErrorString(r));
+    return -1;
+  }
   return 0;
 }
 
 #undef FJR_NVRTC_SYM
 
-static void load_nvrtc_once(void) {
-  fjr_nvrtc_state *st = &nvrtc_state;
-  const char *lib = NULL;
-  void *h = open_library(&lib, st->err, sizeof st->err);
-  if (!h)
-    goto fail;
-  if (resolve_all(h, lib, &st->fn, st->err, sizeof st->err))
-    goto fail;
-  nvrtcResult r = st->fn.Version(&st->major, &st->minor);
-  if (r != NVRTC_SUCCESS) {
-    snprintf(st->err, sizeof st->err, "nvrtcVersion failed: %s",
-             st->fn.GetErrorString(r));
-    goto fail;
-  }
-  /* The handle stays open for the life of the process: the table points
-   * into it. */
-  st->status = FJ_OK;
-  return;
-fail:
-  memset(&st->fn, 0, sizeof st->fn);
-  if (h)
-    dlclose(h);
-  st->status = FJ_ENONVRTC;
-}
-
-static fj_status load_nvrtc(const fjr_nvrtc **fn, char *err, size_t errlen) {
-  pthread_once(&nvrtc_once, load_nvrtc_once);
-  if (nvrtc_state.status != FJ_OK) {
-    if (err && errlen)
-      snprintf(err, errlen, "%s", nvrtc_state.err);
-    return nvrtc_state.status;
-  }
-  *fn = &nvrtc_state.fn;
-  return FJ_OK;
-}
-
-fj_status fjr_nvrtc_version(int *major, int *minor, char *err, size_t errlen) {
-  const fjr_nvrtc *fn;
-  fj_status st = load_nvrtc(&fn, err, errlen);
-  if (st != FJ_OK)
-    return st;
-  if (major)
-    *major = nvrtc_state.major;
-  if (minor)
-    *minor = nvrtc_state.minor;
-  if (err && errlen)
+fj_status fjr_nvrtc_load(const char *path, const fjr_nvrtc **out, char *err,
+                         size_t errlen) {
+  const char *const given[] = {path};
+  const int n = (int)(sizeof default_candidates / sizeof default_candidates[0]);
+  const void *table = NULL;
+  char why[768] = "";
+  fj_status st = fjr_dl_load("NVRTC", path ? given : default_candidates,
+                             path ? 1 : n, init_nvrtc, sizeof(fjr_nvrtc),
+                             FJ_ENONVRTC, &table, why, sizeof why);
+  *out = table;
+  if (st != FJ_OK && err && errlen)
+    snprintf(err, errlen, "%s%s", why,
+             path ? " (FLEXJIT_NVRTC names it)" : "; set FLEXJIT_NVRTC to its path");
+  else if (err && errlen)
     err[0] = '\0';
-  return FJ_OK;
+  return st;
+}
+
+void fjr_nvrtc_version(const fjr_nvrtc *fn, int *major, int *minor) {
+  if (major) *major = fn->major;
+  if (minor) *minor = fn->minor;
+}
+
+int fjr_nvrtc_supports(const fjr_nvrtc *fn, int sm) {
+  for (int i = 0; i < fn->num_archs; i++)
+    if (fn->archs[i] == sm) return 1;
+  return 0;
 }
 
 /* "sm_80", "sm_90a", "sm_100f": a real target, so NVRTC emits a cubin. */
@@ -295,12 +234,12 @@ static fj_status check_compile_args(const char *source, const char *arch,
   return FJ_OK;
 }
 
-fj_status fjr_nvrtc_compile(const char *source, const char *name,
+fj_status fjr_nvrtc_compile(const fjr_nvrtc *fn, const char *source,
+                            const char *name,
                             const char *arch, const char *const *extra_opts,
                             int n_extra, void **cubin, size_t *cubin_size,
                             char **log, char *err, size_t errlen) {
   char scratch[8];
-  const fjr_nvrtc *fn = NULL;
   nvrtcProgram prog = NULL;
   const char **opts = NULL;
   char *log_text = NULL;
@@ -321,11 +260,13 @@ fj_status fjr_nvrtc_compile(const char *source, const char *name,
                           err, errlen);
   if (st != FJ_OK)
     goto fail;
+  if (!fn) {
+    snprintf(err, errlen, "NVRTC is not loaded");
+    st = FJ_ENONVRTC;
+    goto fail;
+  }
   *cubin = NULL;
   *cubin_size = 0;
-  st = load_nvrtc(&fn, err, errlen);
-  if (st != FJ_OK)
-    goto fail;
   snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
   opts = build_options(arch_opt, extra_opts, n_extra);
   if (!opts) {

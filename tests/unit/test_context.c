@@ -113,8 +113,76 @@ static void test_compile_options(void **state) {
   ko.kernel_template = "sm42";
   assert_int_not_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_OK);
   assert_non_null(strstr(fj_context_last_error(ctx), "sm42"));
+  /* Target names are checked before anything is compiled: the "a" suffix
+   * exists from sm_90, "f" from sm_100. */
+  ko.kernel_template = NULL;
+  static const char *const bad_arch[] = {"sm_80a", "sm_90f", "sm_8", "sm_1000",
+                                         "sm_90ab", "compute_90", "sm_90 "};
+  for (size_t i = 0; i < sizeof bad_arch / sizeof bad_arch[0]; i++) {
+    ko.arch = bad_arch[i];
+    assert_int_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_EINVAL);
+    assert_non_null(strstr(fj_context_last_error(ctx), "invalid architecture"));
+  }
   fj_spec_destroy(spec);
   fj_context_destroy(ctx);
+}
+
+/* A target NVRTC does not compile for is refused by name, not inside
+ * NVRTC; a bad context option names itself at the first kernel request. */
+static void test_unknown_targets(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  fj_spec *spec = load_window(ctx);
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16, .arch = "sm_999"};
+  fj_status st = fj_compile_forward(ctx, spec, &ko, NULL);
+  if (st != FJ_ENONVRTC) {
+    assert_int_equal(st, FJ_EUNSUPPORTED);
+    assert_non_null(strstr(fj_context_last_error(ctx), "does not compile for sm_999"));
+  }
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = "";
+  o.arch = "sm_80a";
+  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+  spec = load_window(ctx);
+  ko.arch = NULL;
+  assert_int_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "'sm_80a'"));
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+/* The environment is read once, when a context is created: a bad value
+ * is reported by name at the first kernel request (not when the context
+ * is made, which has no context to hold a message), and changing the
+ * variable afterwards changes nothing. */
+static void test_environment_read_at_creation(void **state) {
+  (void)state;
+  static const struct {
+    const char *name, *value, *text;
+  } bad[] = {
+      {"FLEXJIT_STAGES", "x", "FLEXJIT_STAGES=x"},
+      {"FLEXJIT_PERSISTENT", "yes", "FLEXJIT_PERSISTENT=yes"},
+      {"FLEXJIT_FAST_COMPILE", "2", "FLEXJIT_FAST_COMPILE=2"},
+      {"FLEXJIT_TEMPLATE", "sm42", "sm42"},
+      {"FLEXJIT_CACHE_MAX_BYTES", "lots", "FLEXJIT_CACHE_MAX_BYTES=lots"},
+      {"FLEXJIT_PACKS", "/nonexistent/kernels.fjpack", "/nonexistent/kernels.fjpack"},
+  };
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16, .arch = "sm_80"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv(bad[i].name, bad[i].value, 1);
+    fj_context *ctx = new_context();
+    unsetenv(bad[i].name);
+    fj_spec *spec = load_window(ctx);
+    fj_status st = fj_compile_forward(ctx, spec, &ko, NULL);
+    if (st == FJ_OK || !strstr(fj_context_last_error(ctx), bad[i].text))
+      fail_msg("%s=%s: %s: %s", bad[i].name, bad[i].value, fj_status_name(st),
+               fj_context_last_error(ctx));
+    fj_spec_destroy(spec);
+    fj_context_destroy(ctx);
+  }
 }
 
 /* ---- tensor checks ---- */
@@ -226,6 +294,8 @@ int main(void) {
       cmocka_unit_test(test_spec_errors_name_the_line),
       cmocka_unit_test(test_arg_introspection),
       cmocka_unit_test(test_compile_options),
+      cmocka_unit_test(test_unknown_targets),
+      cmocka_unit_test(test_environment_read_at_creation),
       cmocka_unit_test(test_forward_rejects_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

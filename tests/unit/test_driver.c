@@ -142,7 +142,7 @@ static int all_fields_set(const fjr_driver *drv) {
 
 static void child_load(load_result *r) {
   const fjr_driver *drv = (const fjr_driver *)1;
-  r->status = fjr_driver_load(&drv, r->err, sizeof r->err);
+  r->status = fjr_driver_load(getenv("FLEXJIT_LIBCUDA"), &drv, r->err, sizeof r->err);
   if (r->status == FJ_OK) {
     CUdeviceptr p = 0;
     CUdevice dev = 0;
@@ -162,7 +162,7 @@ static void child_load(load_result *r) {
   }
   /* The outcome is decided once per process. */
   const fjr_driver *again = NULL;
-  if (fjr_driver_load(&again, r->again_err, sizeof r->again_err) !=
+  if (fjr_driver_load(getenv("FLEXJIT_LIBCUDA"), &again, r->again_err, sizeof r->again_err) !=
       (r->status == FJ_EINVAL ? FJ_ENODRIVER : r->status))
     r->status = FJ_EINVAL;
 }

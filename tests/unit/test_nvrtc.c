@@ -28,9 +28,11 @@ static const char *const bad_source =
     "  x[0] = undefined_name;\n"
     "}\n";
 
+static const fjr_nvrtc *nv;
+
 static void skip_without_nvrtc(void) {
   char err[512];
-  if (fjr_nvrtc_version(NULL, NULL, err, sizeof err) != FJ_OK) {
+  if (fjr_nvrtc_load(NULL, &nv, err, sizeof err) != FJ_OK) {
     print_message("NVRTC unavailable, skipping: %s\n", err);
     skip();
   }
@@ -41,10 +43,15 @@ static void test_version(void **state) {
   int major = 0, minor = -1;
   char err[512] = "x";
   skip_without_nvrtc();
-  assert_int_equal(fjr_nvrtc_version(&major, &minor, err, sizeof err), FJ_OK);
+  assert_int_equal(fjr_nvrtc_load(NULL, &nv, err, sizeof err), FJ_OK);
+  assert_string_equal(err, "");
+  fjr_nvrtc_version(nv, &major, &minor);
   assert_true(major >= 12);
   assert_true(minor >= 0);
-  assert_string_equal(err, "");
+  /* The targets the templates need, and none below them. */
+  assert_true(fjr_nvrtc_supports(nv, 80));
+  assert_true(fjr_nvrtc_supports(nv, 90));
+  assert_false(fjr_nvrtc_supports(nv, 999));
 }
 
 static void test_base_options(void **state) {
@@ -64,7 +71,7 @@ static void compile_good(const char *arch) {
   size_t size = 0;
   char *log = (char *)1;
   char err[512];
-  fj_status st = fjr_nvrtc_compile(good_source, "add_one.cu", arch, opts, n,
+  fj_status st = fjr_nvrtc_compile(nv, good_source, "add_one.cu", arch, opts, n,
                                    &cubin, &size, &log, err, sizeof err);
   if (st != FJ_OK)
     print_message("%s: %s\n%s\n", arch, err, log ? log : "");
@@ -96,7 +103,7 @@ static void test_compile_without_log_or_options(void **state) {
   size_t size = 0;
   skip_without_nvrtc();
   /* No extra options at all: plain C++ kernels still compile. */
-  assert_int_equal(fjr_nvrtc_compile(good_source, NULL, "sm_80", NULL, 0,
+  assert_int_equal(fjr_nvrtc_compile(nv, good_source, NULL, "sm_80", NULL, 0,
                                      &cubin, &size, NULL, NULL, 0),
                    FJ_OK);
   assert_non_null(cubin);
@@ -110,7 +117,7 @@ static void test_compile_error_has_log(void **state) {
   char *log = NULL;
   char err[512];
   skip_without_nvrtc();
-  assert_int_equal(fjr_nvrtc_compile(bad_source, "broken.cu", "sm_80", NULL,
+  assert_int_equal(fjr_nvrtc_compile(nv, bad_source, "broken.cu", "sm_80", NULL,
                                      0, &cubin, &size, &log, err, sizeof err),
                    FJ_ECOMPILE);
   assert_null(cubin);
@@ -132,7 +139,7 @@ static void test_bad_option(void **state) {
   size_t size = 0;
   char err[512];
   skip_without_nvrtc();
-  assert_int_equal(fjr_nvrtc_compile(good_source, "k.cu", "sm_80", opts, 1,
+  assert_int_equal(fjr_nvrtc_compile(nv, good_source, "k.cu", "sm_80", opts, 1,
                                      &cubin, &size, NULL, err, sizeof err),
                    FJ_ECOMPILE);
   assert_null(cubin);
@@ -146,7 +153,7 @@ static void test_virtual_arch_rejected(void **state) {
   char err[512];
   const char *bad[] = {"compute_90", "sm_", "sm_90a;rm", "90", ""};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    assert_int_equal(fjr_nvrtc_compile(good_source, "k.cu", bad[i], NULL, 0,
+    assert_int_equal(fjr_nvrtc_compile(nv, good_source, "k.cu", bad[i], NULL, 0,
                                        &cubin, &size, NULL, err, sizeof err),
                      FJ_EINVAL);
     assert_null(cubin);
@@ -154,42 +161,34 @@ static void test_virtual_arch_rejected(void **state) {
   assert_non_null(strstr(err, "real GPU architecture"));
 }
 
-/* Runs a load with FLEXJIT_NVRTC=lib in a child process (the library is
- * loaded once per process) and checks the failure there. */
-static void expect_unavailable_in_child(const char *lib, const char *text) {
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    char err[1024];
-    void *cubin = NULL;
-    size_t size = 0;
-    setenv("FLEXJIT_NVRTC", lib, 1);
-    if (fjr_nvrtc_version(NULL, NULL, err, sizeof err) != FJ_ENONVRTC)
-      _exit(1);
-    if (!strstr(err, text))
-      _exit(2);
-    if (fjr_nvrtc_compile(good_source, "k.cu", "sm_80", NULL, 0, &cubin,
-                          &size, NULL, err, sizeof err) != FJ_ENONVRTC)
-      _exit(3);
-    if (!strstr(err, text) || cubin)
-      _exit(4);
-    _exit(0);
+/* A library that does not load, or is not NVRTC, leaves NVRTC unavailable
+ * with a message naming it; the failure is remembered, and compiling
+ * without a table fails the same way. */
+static void expect_unavailable(const char *lib, const char *text) {
+  char err[1024];
+  void *cubin = NULL;
+  size_t size = 0;
+  const fjr_nvrtc *none = (const fjr_nvrtc *)1;
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(fjr_nvrtc_load(lib, &none, err, sizeof err), FJ_ENONVRTC);
+    assert_null(none);
+    assert_non_null(strstr(err, text));
   }
-  int status = 0;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  assert_true(WIFEXITED(status));
-  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(fjr_nvrtc_compile(NULL, good_source, "k.cu", "sm_80", NULL, 0,
+                                     &cubin, &size, NULL, err, sizeof err),
+                   FJ_ENONVRTC);
+  assert_null(cubin);
 }
 
 static void test_env_names_missing_library(void **state) {
   (void)state;
-  expect_unavailable_in_child("/nonexistent/libnvrtc.so", "FLEXJIT_NVRTC");
+  expect_unavailable("/nonexistent/libnvrtc.so", "FLEXJIT_NVRTC");
 }
 
 static void test_env_names_wrong_library(void **state) {
   (void)state;
   /* Loads, but is not NVRTC. */
-  expect_unavailable_in_child("libm.so.6", "libm.so.6 lacks nvrtc");
+  expect_unavailable("libm.so.6", "libm.so.6 lacks nvrtc");
 }
 
 /* The spill count the sm90 compile reads (runtime/forward.c, refit_spilling). */
