@@ -116,13 +116,10 @@ static void *find_in_packs(fj_context *ctx, const char *arch,
                            const fjc_key *key, const fjc_key *source_key,
                            int nvrtc_ok, size_t *size) {
   for (int i = 0; i < ctx->num_packs; i++) {
-    const void *data = NULL;
+    void *data = NULL;
     if (fjc_pack_find(ctx->packs[i], arch, nvrtc_ok ? key : NULL, source_key,
-                      &data, size, NULL) != FJ_OK)
-      continue;
-    void *copy = malloc(*size);
-    if (copy) memcpy(copy, data, *size);
-    return copy;
+                      &data, size, NULL) == FJ_OK)
+      return data;
   }
   return NULL;
 }

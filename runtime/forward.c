@@ -285,14 +285,12 @@ static fj_status meta_json(const fj_spec *spec, const char *name,
 static fj_status find_in_packs(fj_context *ctx, fjr_kernel *k, int nvrtc_ok,
                                char *path, size_t path_len) {
   for (int i = 0; i < ctx->num_packs; i++) {
-    const void *data = NULL;
+    void *data = NULL;
     size_t size = 0;
     if (fjc_pack_find(ctx->packs[i], k->cfg.arch, nvrtc_ok ? &k->key : NULL,
                       &k->source_key, &data, &size, NULL) != FJ_OK)
       continue;
-    k->cubin = malloc(size);
-    if (!k->cubin) return FJ_ENOMEM;
-    memcpy(k->cubin, data, size);
+    k->cubin = data;
     k->cubin_size = size;
     snprintf(path, path_len, "%s", fjc_pack_path(ctx->packs[i]));
     return FJ_OK;
