@@ -172,8 +172,13 @@ static const char *local_time(time_t t, char *buf, size_t len) {
 
 static fjc_store *open_store(const cc_opts *o) {
   fjc_store *s = NULL;
-  char err[1024];
-  if (fjc_store_open(o->dir, NULL, NULL, &s, err, sizeof err) != FJ_OK) {
+  char err[1024], buf[4096];
+  const char *root =
+      o->dir ? o->dir
+             : fjc_store_default_root(getenv("FLEXJIT_CACHE_DIR"),
+                                      getenv("XDG_CACHE_HOME"), getenv("HOME"),
+                                      buf, sizeof buf, NULL);
+  if (fjc_store_open(root, 0, NULL, NULL, &s, err, sizeof err) != FJ_OK) {
     cc_error("%s", err);
     return NULL;
   }

@@ -428,7 +428,7 @@ static int write_pack(const run_state *rs, const char *out) {
   fjc_pack_writer *w = NULL;
   char err[1024];
   int warned = 0;
-  if (fjc_store_open(rs->cache_dir, NULL, NULL, &store, err, sizeof err) !=
+  if (fjc_store_open(rs->cache_dir, 0, NULL, NULL, &store, err, sizeof err) !=
       FJ_OK) {
     pc_error("%s", err);
     return PC_FAIL;
@@ -475,7 +475,7 @@ static char *make_temp_cache(void) {
 static void remove_temp_cache(const char *dir) {
   fjc_store *store = NULL;
   char err[256];
-  if (fjc_store_open(dir, NULL, NULL, &store, err, sizeof err) == FJ_OK)
+  if (fjc_store_open(dir, 0, NULL, NULL, &store, err, sizeof err) == FJ_OK)
     fjc_store_clear(store, NULL, NULL);
   fjc_store_close(store);
   rmdir(dir);

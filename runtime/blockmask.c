@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache/prune.h"
 #include "gen/blockmask_cpu.h"
 #include "gen/emit_blockmask.h"
 #include "gen/emit_cuda.h"
@@ -154,8 +155,8 @@ static fj_status compile_builder(fj_context *ctx, const fj_spec *spec,
 
 static void store_builder(fj_context *ctx, fjc_store *store, const char *arch,
                           const char *name, const fj_spec *spec,
-                          const fjc_key *key, const void *cubin,
-                          size_t size) {
+                          const fjc_key *key, const fjc_key *source_key,
+                          const void *cubin, size_t size) {
   char meta[1024], path[1024];
   snprintf(meta, sizeof meta,
            "{\"key\": \"%s\", \"name\": \"%s\", \"spec\": \"%s\", "
@@ -164,9 +165,11 @@ static void store_builder(fj_context *ctx, fjc_store *store, const char *arch,
   /* Quotes or backslashes in a spec name would break the JSON; the
    * sidecar is only for people, so drop it then. */
   int plain = strpbrk(spec->name, "\"\\") == NULL;
-  if (fjc_store_put(store, arch, key, cubin, size, plain ? meta : NULL, path,
-                    sizeof path) != FJ_OK)
+  if (fjc_store_put(store, arch, key, source_key, cubin, size,
+                    plain ? meta : NULL, path, sizeof path) != FJ_OK)
     fjr_log(ctx, FJ_LOG_DEBUG, "block-mask builder kept in memory only");
+  else
+    fjc_store_prune_to_limit(store);
 }
 
 /* The builder's cubin: from a pack, the disk cache, or NVRTC (once per key
@@ -202,7 +205,8 @@ static fj_status get_builder_cubin(fj_context *ctx, const fj_spec *spec,
   }
   st = compile_builder(ctx, spec, arch, name, &key, cubin, size);
   if (st == FJ_OK && store)
-    store_builder(ctx, store, arch, name, spec, &key, *cubin, *size);
+    store_builder(ctx, store, arch, name, spec, &key, &source_key, *cubin,
+                  *size);
 done:
   if (lock_fd >= 0) fjc_store_unlock(lock_fd);
   return st;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/prune.h"
 #include "runtime/context_impl.h"
 #include "lua/spec.h"
 
@@ -186,17 +187,32 @@ fj_status fjr_context_arch(fj_context *ctx, const char **arch) {
 
 fj_status fjr_context_store(fj_context *ctx, fjc_store **store) {
   if (!ctx->store_opened) {
-    char err[512] = "";
+    char err[512] = "", buf[4096];
+    const char *why = NULL, *root = ctx->cache_dir;
     ctx->store_opened = 1;
-    fj_status st = fjc_store_open(ctx->cache_dir, ctx->opts.log,
-                                  ctx->opts.log_user, &ctx->store, err,
-                                  sizeof(err));
+    /* The root: the option, else FLEXJIT_CACHE_DIR, XDG_CACHE_HOME, HOME.
+     * The limit: the option, else FLEXJIT_CACHE_MAX_BYTES (a bad value is
+     * a warning: a typo in the environment never stops an application). */
+    if (!root)
+      root = fjc_store_default_root(getenv("FLEXJIT_CACHE_DIR"),
+                                    getenv("XDG_CACHE_HOME"), getenv("HOME"),
+                                    buf, sizeof buf, &why);
+    if (why)
+      fjr_log(ctx, FJ_LOG_WARN, "kernel cache disabled: %s; kernels are kept "
+              "in memory only", why);
+    uint64_t max = ctx->opts.cache_max_bytes;
+    const char *env = getenv("FLEXJIT_CACHE_MAX_BYTES");
+    if (!max && env && env[0] && fjc_parse_size(env, &max) != 0) {
+      fjr_log(ctx, FJ_LOG_WARN, "ignoring FLEXJIT_CACHE_MAX_BYTES='%s': "
+              "expected a byte count such as 500000000, 500M or 2G", env);
+      max = 0;
+    }
+    fj_status st = fjc_store_open(root, max, ctx->opts.log, ctx->opts.log_user,
+                                  &ctx->store, err, sizeof(err));
     if (st != FJ_OK) {
       /* No disk cache: keep going in memory only. */
       ctx->store = NULL;
       fjr_log(ctx, FJ_LOG_WARN, "kernel cache disabled: %s", err);
-    } else if (ctx->opts.cache_max_bytes > 0) {
-      fjc_store_set_max_bytes(ctx->store, ctx->opts.cache_max_bytes);
     }
   }
   *store = ctx->store;

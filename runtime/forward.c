@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cache/prune.h"
 #include "gen/emit_cuda.h"
 #include "gen/templates.h"
 #include "runtime/blockmask.h"
@@ -467,8 +468,12 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
     goto done;
   }
   if (store &&
-      fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin, &k->cubin_size,
-                    path, sizeof(path)) == FJ_OK) {
+      (fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin, &k->cubin_size,
+                     path, sizeof(path)) == FJ_OK ||
+       (nvst != FJ_OK && /* no NVRTC: the full key is unknown */
+        fjc_store_get_by_source(store, k->cfg.arch, &k->source_key, &k->key,
+                                &k->cubin, &k->cubin_size, path,
+                                sizeof(path)) == FJ_OK))) {
     from_cache = 1;
     goto done;
   }
@@ -508,9 +513,11 @@ static fj_status get_kernel(fj_context *ctx, const fj_spec *spec_c,
   fjr_log(ctx, FJ_LOG_INFO, "compiled %s in %.1f ms", name, compile_ms);
   path[0] = '\0';
   if (store && meta_json(spec, name, k, nvrtc_version, compile_ms, &meta) == FJ_OK) {
-    if (fjc_store_put(store, k->cfg.arch, &k->key, k->cubin, k->cubin_size,
-                      meta.data, path, sizeof(path)) != FJ_OK)
+    if (fjc_store_put(store, k->cfg.arch, &k->key, &k->source_key, k->cubin,
+                      k->cubin_size, meta.data, path, sizeof(path)) != FJ_OK)
       path[0] = '\0'; /* in memory only; the store warned */
+    else
+      fjc_store_prune_to_limit(store);
   }
 
 done:
