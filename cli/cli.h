@@ -16,10 +16,23 @@
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
 #define CLI_MAX_VALUES 32
+#define CLI_MAX_PACKS 16 /* what a context mounts at most */
 
 /* Prints "flexjit: <msg>" (or "flexjit CMD: <msg>") to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* A log callback (fj_log_fn) for the library's contexts and stores: prints
+ * warnings and errors as "flexjit CMD: warning: ..." on stderr; cmd (a
+ * string, or NULL) names the subcommand. */
+void cli_log(void *cmd, fj_log_level level, const char *msg);
+
+/* Checks, before any work, that dir can receive output: it is a writable
+ * folder, or it does not exist and the nearest existing folder above it is
+ * writable (with parents; without, only dir itself may be missing). 0, or -1
+ * with a message naming the path and the reason in err. */
+int cli_check_output_dir(const char *dir, int parents, char *err,
+                         size_t errlen);
 
 /* Strict number parsing: the whole string must be a number in range. */
 int cli_parse_int(const char *s, long lo, long hi, long *out);
@@ -58,6 +71,8 @@ typedef struct run_config {
   cli_value values[CLI_MAX_VALUES];
   int num_values;
   const char *inputs_dir, *dump_dir;
+  const char *packs[CLI_MAX_PACKS]; /* --pack FILE, mounted in order */
+  int num_packs;
   int check, bench, iters, warmup;
   uint64_t seed;
   int quiet; /* demo: fewer lines */
@@ -76,6 +91,10 @@ void cli_values_free(cli_value *v, int n);
 int cmd_compile(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+
+/* Mounts --pack files on ctx; an exit status, or -1 when all mounted. */
+int cli_mount_packs(fj_context *ctx, const char *cmd, const char *const *packs,
+                    int n);
 
 /* Compiles (or finds cached) the forward kernel of one spec for one target
  * and prints a summary; used by `compile` and `demo`. Returns an exit

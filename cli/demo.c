@@ -100,6 +100,8 @@ static void *demo_worker(void *arg) {
   fj_context_options o;
   fj_context_options_init(&o);
   o.cache_dir = J->cache_dir;
+  o.log = cli_log;
+  o.log_user = (void *)"demo";
   fj_context *ctx = NULL;
   int ok = fj_context_create(&o, &ctx) == FJ_OK;
   char path[4096];

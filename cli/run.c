@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "gen/config.h"
 #include "gen/interval.h"
 #include "gen/reference.h"
 #include "runtime/context.h"
@@ -689,13 +690,18 @@ static int bench(run_state *s) {
 static int open_spec(run_state *s) {
   const run_config *c = s->c;
   fj_context_options o;
+  int rc;
   fj_context_options_init(&o);
   o.cache_dir = c->cache_dir;
   o.arch = c->arch;
+  o.log = cli_log;
+  o.log_user = (void *)"run";
   if (fj_context_create(&o, &s->ctx) != FJ_OK) {
     cli_error("run", "cannot create a context");
     return CLI_FAIL;
   }
+  if ((rc = cli_mount_packs(s->ctx, "run", c->packs, c->num_packs)) >= 0)
+    return rc;
   if (fj_spec_load_file(s->ctx, c->spec_path, &s->spec) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
     return CLI_FAIL;
@@ -730,13 +736,36 @@ static int run_on_device(run_state *s) {
   return pass ? CLI_OK : CLI_FAIL;
 }
 
+/* What can be checked without a GPU: a head dim and dtype some kernel
+ * has (which kernel depends on the target: that is checked at compile
+ * time), and a --dump folder that can be written. */
+static int check_options(const run_state *s) {
+  const run_config *c = s->c;
+  fjg_config cfg;
+  char err[512];
+  if (fjg_config_choose_template(c->D, c->dtype, "sm_90a", "sm90", &cfg, err,
+                                 sizeof err) != FJ_OK) {
+    cli_error("run", "--head-dim %d: %s", c->D, err);
+    return CLI_USAGE;
+  }
+  if (c->dump_dir && cli_check_output_dir(c->dump_dir, 0, err, sizeof err)) {
+    cli_error("run", "--dump: %s", err);
+    return CLI_USAGE;
+  }
+  return -1;
+}
+
 int cli_run(const run_config *c) {
   run_state s;
   int rc;
   memset(&s, 0, sizeof s);
   s.c = c;
   s.scale = c->scale != 0 ? (float)c->scale : 1.0f / sqrtf((float)c->D);
-  if ((rc = open_spec(&s)) >= 0 || (rc = bind_values(&s)) >= 0) goto done;
+  /* Everything the command line names is checked before the GPU, so a
+   * machine without one still reports a bad option or input file. */
+  if ((rc = check_options(&s)) >= 0 || (rc = open_spec(&s)) >= 0 ||
+      (rc = bind_values(&s)) >= 0 || (rc = make_inputs(&s)) >= 0)
+    goto done;
   if (fjr_context_device(s.ctx, &s.drv) != FJ_OK) {
     cli_error("run", "no GPU: %s", fj_context_last_error(s.ctx));
     s.drv = NULL;
@@ -744,7 +773,6 @@ int cli_run(const run_config *c) {
     goto done;
   }
   print_header(&s);
-  if ((rc = make_inputs(&s)) >= 0) goto done;
   rc = run_on_device(&s);
 done:
   fj_block_mask_destroy(s.bm);

@@ -52,8 +52,11 @@ static const char run_usage[] =
     "other:\n"
     "  --arch ARCH         compile for ARCH instead of the GPU's own target\n"
     "  --cache-dir DIR     kernel cache root\n"
+    "  --pack FILE         mount a .fjpack (flexjit precompile); searched\n"
+    "                      before the cache, in the order given (repeatable)\n"
     "  --help              this text\n"
     "\n"
+    "Every option and input file is checked before the GPU is looked for.\n"
     "Exit status: 0 ok, 1 failure or --check FAIL, 2 usage error or no GPU.\n";
 
 void cli_values_free(cli_value *v, int n) {
@@ -155,6 +158,13 @@ static int value_opt(run_config *c, const char *name, const char *v) {
   if (!strcmp(name, "--dump")) c->dump_dir = v;
   if (!strcmp(name, "--arch")) c->arch = v;
   if (!strcmp(name, "--cache-dir")) c->cache_dir = v;
+  if (!strcmp(name, "--pack")) {
+    if (c->num_packs == CLI_MAX_PACKS) {
+      cli_error("run", "at most %d --pack files", CLI_MAX_PACKS);
+      return CLI_USAGE;
+    }
+    c->packs[c->num_packs++] = v;
+  }
   return -1;
 }
 
@@ -162,7 +172,7 @@ static const char *const value_opts[] = {
     "--batch", "--heads",  "--kv-heads", "--q-len",  "--kv-len",
     "--head-dim", "--dtype", "--layout", "--scale",  "--param",
     "--buffer", "--inputs", "--dump",     "--iters",  "--warmup",
-    "--seed",  "--arch",   "--cache-dir", "--block-mask", NULL};
+    "--seed",  "--arch",   "--cache-dir", "--block-mask", "--pack", NULL};
 
 /* -1 to go on, else an exit status. */
 static int parse_one(int argc, char **argv, int *i, run_config *c) {

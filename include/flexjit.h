@@ -117,8 +117,9 @@ void fj_context_destroy(fj_context *ctx);
  * read-only. Packs are searched, in mount order, before the disk cache. When
  * NVRTC is unavailable a kernel is matched by everything but the compiler
  * version; a kernel in no pack and no cache then fails with an error naming
- * its readable name and key. The file stays mapped until the context is
- * destroyed. */
+ * its readable name and key. The file stays open (not mapped) until the
+ * context is destroyed: one changed in place or truncated meanwhile gives
+ * misses with a warning, never a crash; replace packs by rename. */
 fj_status fj_context_mount_pack(fj_context *ctx, const char *path);
 
 /* Message of the last failure on this context (borrowed; valid until the next

@@ -67,7 +67,7 @@ static void make_key(const char *what, fjc_key *key) {
 static fjc_store *open_store(const char *root, log_count *log) {
   fjc_store *s = NULL;
   char err[256];
-  assert_int_equal(fjc_store_open(root, count_log, log, &s, err, sizeof err),
+  assert_int_equal(fjc_store_open(root, 0, count_log, log, &s, err, sizeof err),
                    FJ_OK);
   assert_non_null(s);
   return s;
@@ -95,7 +95,7 @@ static int teardown(void **state) {
 }
 
 static void put_entry(fixture *f, char *path, size_t n) {
-  assert_int_equal(fjc_store_put(f->store, ARCH, &f->key, f->cubin,
+  assert_int_equal(fjc_store_put(f->store, ARCH, &f->key, NULL, f->cubin,
                                  sizeof f->cubin, "{\"name\": \"t\"}", path,
                                  n),
                    FJ_OK);
@@ -174,7 +174,7 @@ static void test_overwrite(void **state) {
   size_t size = 0;
   unsigned char other[10] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
   put_entry(f, NULL, 0);
-  assert_int_equal(fjc_store_put(f->store, ARCH, &f->key, other, sizeof other,
+  assert_int_equal(fjc_store_put(f->store, ARCH, &f->key, NULL, other, sizeof other,
                                  NULL, NULL, 0),
                    FJ_OK);
   assert_int_equal(
@@ -248,7 +248,7 @@ static void test_entry_of_other_key_is_miss(void **state) {
   fjc_key other;
   make_key("other", &other);
   put_entry(f, path, sizeof path);
-  assert_int_equal(fjc_store_put(f->store, ARCH, &other, f->cubin, 100, NULL,
+  assert_int_equal(fjc_store_put(f->store, ARCH, &other, NULL, f->cubin, 100, NULL,
                                  other_path, sizeof other_path),
                    FJ_OK);
   assert_int_equal(rename(other_path, path), 0);
@@ -264,7 +264,7 @@ static void test_invalid_arch(void **state) {
   assert_int_equal(
       fjc_store_get(f->store, "../x", &f->key, &data, &size, NULL, 0),
       FJ_EINVAL);
-  assert_int_equal(fjc_store_put(f->store, "", &f->key, f->cubin, 10, NULL,
+  assert_int_equal(fjc_store_put(f->store, "", &f->key, NULL, f->cubin, 10, NULL,
                                  NULL, 0),
                    FJ_EINVAL);
   assert_int_equal(fjc_store_lock(f->store, "a/b", &f->key, &fd), FJ_EINVAL);
@@ -303,12 +303,12 @@ static void test_read_only_root(void **state) {
   fjc_store *s = open_store(root, &log);
 
   char path[1024] = "x";
-  assert_int_equal(fjc_store_put(s, ARCH, &f->key, f->cubin, sizeof f->cubin,
+  assert_int_equal(fjc_store_put(s, ARCH, &f->key, NULL, f->cubin, sizeof f->cubin,
                                  "{}", path, sizeof path),
                    FJ_ECACHE);
   assert_string_equal(path, "");
   assert_non_null(strstr(fjc_store_last_error(s), "Not a directory"));
-  assert_int_equal(fjc_store_put(s, ARCH, &f->key, f->cubin, sizeof f->cubin,
+  assert_int_equal(fjc_store_put(s, ARCH, &f->key, NULL, f->cubin, sizeof f->cubin,
                                  "{}", NULL, 0),
                    FJ_ECACHE);
   assert_int_equal(log.warn, 1); /* warned once per store */
@@ -340,7 +340,7 @@ static void test_enospc_leaves_nothing(void **state) {
   char path[1024] = "x";
   fjc_store *s = open_with_fault(f->root, "enospc", &log);
 
-  assert_int_equal(fjc_store_put(s, ARCH, &f->key, f->cubin, sizeof f->cubin,
+  assert_int_equal(fjc_store_put(s, ARCH, &f->key, NULL, f->cubin, sizeof f->cubin,
                                  "{}", path, sizeof path),
                    FJ_ECACHE);
   assert_string_equal(path, "");
@@ -362,7 +362,7 @@ static void test_crash_mid_write_is_never_loaded(void **state) {
   if (pid == 0) {
     log_count child_log = {0};
     fjc_store *s = open_with_fault(f->root, "crash", &child_log);
-    fjc_store_put(s, ARCH, &f->key, f->cubin, sizeof f->cubin, "{}", NULL, 0);
+    fjc_store_put(s, ARCH, &f->key, NULL, f->cubin, sizeof f->cubin, "{}", NULL, 0);
     _exit(0); /* not reached: the fault exits with 86 mid-write */
   }
   int status = 0;
@@ -373,7 +373,7 @@ static void test_crash_mid_write_is_never_loaded(void **state) {
   expect_miss(f);
   log_count log = {0};
   fjc_store *s = open_store(f->root, &log);
-  assert_int_equal(fjc_store_put(s, ARCH, &f->key, f->cubin, sizeof f->cubin,
+  assert_int_equal(fjc_store_put(s, ARCH, &f->key, NULL, f->cubin, sizeof f->cubin,
                                  "{}", NULL, 0),
                    FJ_OK);
   void *data = NULL;
@@ -394,7 +394,7 @@ static void test_injected_eacces_erofs(void **state) {
     log_count log = {0};
     int fd;
     fjc_store *s = open_with_fault(f->root, faults[i], &log);
-    assert_int_equal(fjc_store_put(s, ARCH, &f->key, f->cubin, 64, NULL, NULL,
+    assert_int_equal(fjc_store_put(s, ARCH, &f->key, NULL, f->cubin, 64, NULL, NULL,
                                    0),
                      FJ_ECACHE);
     assert_non_null(strstr(fjc_store_last_error(s), texts[i]));
@@ -416,7 +416,7 @@ static void test_disabled_store(void **state) {
   fjc_store *s = open_store("", &log);
   assert_int_equal(fjc_store_enabled(s), 0);
   assert_string_equal(fjc_store_root(s), "");
-  assert_int_equal(fjc_store_put(s, ARCH, &f->key, f->cubin, 64, NULL, path,
+  assert_int_equal(fjc_store_put(s, ARCH, &f->key, NULL, f->cubin, 64, NULL, path,
                                  sizeof path),
                    FJ_OK);
   assert_string_equal(path, "");
@@ -429,61 +429,164 @@ static void test_disabled_store(void **state) {
   fjc_store_close(NULL);
 }
 
-/* Saves an environment variable so a test can change it. */
-typedef struct saved_env {
-  const char *name;
-  char *value;
-} saved_env;
-
-static void env_save(saved_env *e, const char *name) {
-  const char *v = getenv(name);
-  e->name = name;
-  e->value = v ? strdup(v) : NULL;
+static void expect_root(const char *dir_env, const char *xdg, const char *home,
+                        const char *want, int want_why) {
+  char buf[256];
+  const char *why = "x";
+  const char *root =
+      fjc_store_default_root(dir_env, xdg, home, buf, sizeof buf, &why);
+  assert_string_equal(root, want);
+  assert_int_equal(why != NULL, want_why);
 }
 
-static void env_restore(saved_env *e) {
-  if (e->value)
-    setenv(e->name, e->value, 1);
-  else
-    unsetenv(e->name);
-  free(e->value);
-}
-
-static void expect_default_root(const char *want) {
-  log_count log = {0};
-  fjc_store *s = open_store(NULL, &log);
-  assert_string_equal(fjc_store_root(s), want);
-  assert_int_equal(fjc_store_enabled(s), want[0] != '\0');
-  fjc_store_close(s);
-}
-
+/* The default root from the values the caller read; the store itself reads
+ * no environment variable. */
 static void test_default_root(void **state) {
-  (void)state;
-  saved_env env[3];
-  env_save(&env[0], "FLEXJIT_CACHE_DIR");
-  env_save(&env[1], "XDG_CACHE_HOME");
-  env_save(&env[2], "HOME");
+  fixture *f = *state;
+  expect_root("/tmp/fj-a//", "/tmp/xdg", "/tmp/home", "/tmp/fj-a//", 0);
+  expect_root("", "/tmp/xdg", "/tmp/home", "", 0); /* disabled on purpose */
+  expect_root(NULL, "/tmp/xdg", "/tmp/home", "/tmp/xdg/flexjit", 0);
+  /* A relative XDG_CACHE_HOME is ignored, as XDG says. */
+  expect_root(NULL, "relative", "/tmp/home", "/tmp/home/.cache/flexjit", 0);
+  expect_root(NULL, NULL, NULL, "", 1);
+  expect_root(NULL, NULL, "", "", 1);
 
-  setenv("FLEXJIT_CACHE_DIR", "/tmp/fj-a//", 1);
-  setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
-  setenv("HOME", "/tmp/home", 1);
-  expect_default_root("/tmp/fj-a");
-  setenv("FLEXJIT_CACHE_DIR", "", 1);
-  expect_default_root("");
-  unsetenv("FLEXJIT_CACHE_DIR");
-  expect_default_root("/tmp/xdg/flexjit");
-  setenv("XDG_CACHE_HOME", "relative", 1); /* ignored, as XDG says */
-  expect_default_root("/tmp/home/.cache/flexjit");
-  unsetenv("XDG_CACHE_HOME");
-  unsetenv("HOME");
+  /* "dir/" and "dir" name one store; NULL is no root at all. */
   log_count log = {0};
-  fjc_store *s = open_store(NULL, &log);
-  assert_int_equal(fjc_store_enabled(s), 0);
-  assert_int_equal(log.warn, 1);
+  fjc_store *s = open_store("/tmp/fj-a//", &log);
+  assert_string_equal(fjc_store_root(s), "/tmp/fj-a");
   fjc_store_close(s);
+  char err[128];
+  assert_int_equal(fjc_store_open(NULL, 0, NULL, NULL, &s, err, sizeof err),
+                   FJ_EINVAL);
+  assert_null(s);
 
-  for (int i = 0; i < 3; i++)
-    env_restore(&env[i]);
+  /* The environment changes nothing. */
+  setenv("FLEXJIT_CACHE_DIR", "/nonexistent/elsewhere", 1);
+  setenv("FLEXJIT_CACHE_MAX_BYTES", "1", 1);
+  s = open_store(f->root, &log);
+  assert_string_equal(fjc_store_root(s), f->root);
+  assert_int_equal(fjc_store_max_bytes(s), 0);
+  fjc_store_close(s);
+  unsetenv("FLEXJIT_CACHE_DIR");
+  unsetenv("FLEXJIT_CACHE_MAX_BYTES");
+  assert_int_equal(log.warn, 0);
+}
+
+/* ---- source-key aliases ---- */
+
+static void alias_path(const fixture *f, const fjc_key *source, char *out,
+                       size_t n) {
+  snprintf(out, n, "%s/%s/%s/%.2s/%s.src", f->root, FJ_VERSION_STRING, ARCH,
+           source->hex, source->hex);
+}
+
+static void put_with_source(fixture *f, const fjc_key *key,
+                            const fjc_key *source, size_t size) {
+  assert_int_equal(fjc_store_put(f->store, ARCH, key, source, f->cubin, size,
+                                 NULL, NULL, 0),
+                   FJ_OK);
+}
+
+static void expect_source_miss(fixture *f, const fjc_key *source) {
+  void *data = (void *)1;
+  size_t size = 1;
+  fjc_key got;
+  memset(&got, 0x5a, sizeof got);
+  assert_int_equal(fjc_store_get_by_source(f->store, ARCH, source, &got,
+                                           &data, &size, NULL, 0),
+                   FJ_ENOTFOUND);
+  assert_null(data);
+  assert_int_equal(size, 0);
+  assert_int_equal(got.bytes[0], 0x5a); /* untouched on a miss */
+}
+
+/* A put with a source key lets a process that knows only the source key
+ * (no NVRTC: the full key holds its version) find the entry. */
+static void test_source_key_alias(void **state) {
+  fixture *f = *state;
+  fjc_key source, other, got;
+  char path[1024], alias[1024], text[64] = "";
+  void *data = NULL;
+  size_t size = 0;
+  make_key("source", &source);
+  make_key("other build", &other);
+  expect_source_miss(f, &source);
+  put_with_source(f, &f->key, &source, 1000);
+  alias_path(f, &source, alias, sizeof alias);
+  FILE *fp = fopen(alias, "r");
+  assert_non_null(fp);
+  assert_non_null(fgets(text, sizeof text, fp));
+  fclose(fp);
+  assert_memory_equal(text, "FJSRC1 ", 7);
+  assert_memory_equal(text + 7, f->key.hex, 32);
+
+  assert_int_equal(fjc_store_get_by_source(f->store, ARCH, &source, &got,
+                                           &data, &size, path, sizeof path),
+                   FJ_OK);
+  assert_string_equal(got.hex, f->key.hex);
+  assert_int_equal(size, 1000);
+  assert_memory_equal(data, f->cubin, size);
+  assert_non_null(strstr(path, f->key.hex));
+  free(data);
+  /* Another target is another alias. */
+  assert_int_equal(fjc_store_get_by_source(f->store, "sm_80", &source, NULL,
+                                           &data, &size, NULL, 0),
+                   FJ_ENOTFOUND);
+
+  /* The latest put of a source key wins (another NVRTC's build). */
+  put_with_source(f, &other, &source, 500);
+  assert_int_equal(fjc_store_get_by_source(f->store, ARCH, &source, &got,
+                                           &data, &size, NULL, 0),
+                   FJ_OK);
+  assert_string_equal(got.hex, other.hex);
+  assert_int_equal(size, 500);
+  free(data);
+  /* No source key, or the key itself: no alias. */
+  fjc_key lone;
+  make_key("lone", &lone);
+  put_with_source(f, &lone, NULL, 100);
+  put_with_source(f, &lone, &lone, 100);
+  alias_path(f, &lone, alias, sizeof alias);
+  assert_int_equal(access(alias, F_OK), -1);
+  assert_int_equal(f->log.warn, 0);
+}
+
+/* An alias whose entry is gone, or whose bytes are not an alias, is a
+ * miss; a corrupt one says so. */
+static void test_bad_alias_is_a_miss(void **state) {
+  fixture *f = *state;
+  fjc_key source;
+  char path[1024], alias[1024];
+  make_key("source", &source);
+  put_with_source(f, &f->key, &source, 1000);
+  alias_path(f, &source, alias, sizeof alias);
+  /* Dangling: the entry is gone. */
+  snprintf(path, sizeof path, "%s/%s/%s/%.2s/%s.cubin", f->root,
+           FJ_VERSION_STRING, ARCH, f->key.hex, f->key.hex);
+  assert_int_equal(unlink(path), 0);
+  expect_source_miss(f, &source);
+  assert_int_equal(f->log.warn, 0);
+  /* Corrupt: other bytes, a short file, uppercase hex. */
+  const char *bad[] = {"FJSRC1 0123\n", "hello", "",
+                       "FJSRC1 0123456789ABCDEF0123456789ABCDEF\n",
+                       "FJSRC2 0123456789abcdef0123456789abcdef\n"};
+  put_with_source(f, &f->key, &source, 1000);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    FILE *fp = fopen(alias, "w");
+    assert_non_null(fp);
+    fputs(bad[i], fp);
+    fclose(fp);
+    int before = f->log.warn;
+    expect_source_miss(f, &source);
+    assert_int_equal(f->log.warn, before + 1);
+    assert_non_null(strstr(f->log.last, alias));
+  }
+  /* A sound alias naming a corrupt entry: the entry's own check. */
+  put_with_source(f, &f->key, &source, 1000);
+  corrupt_entry(path, flip_payload_byte);
+  expect_source_miss(f, &source);
+  assert_non_null(strstr(f->log.last, "checksum"));
 }
 
 /* One of the racing processes: lock, re-check, "compile" on a miss (counted
@@ -496,7 +599,7 @@ static int compile_once(const char *root, const fjc_key *key,
   void *data = NULL;
   size_t got = 0;
   int fd = -1, rc = 1;
-  if (fjc_store_open(root, count_log, &log, &s, NULL, 0) != FJ_OK)
+  if (fjc_store_open(root, 0, count_log, &log, &s, NULL, 0) != FJ_OK)
     return 2;
   if (fjc_store_lock(s, ARCH, key, &fd) != FJ_OK || fd < 0)
     goto done;
@@ -509,7 +612,7 @@ static int compile_once(const char *root, const fjc_key *key,
     goto done;
   close(c);
   usleep(100 * 1000); /* a slow compile widens the race */
-  rc = fjc_store_put(s, ARCH, key, cubin, size, NULL, NULL, 0) == FJ_OK ? 0
+  rc = fjc_store_put(s, ARCH, key, NULL, cubin, size, NULL, NULL, 0) == FJ_OK ? 0
                                                                          : 4;
 done:
   free(data);
@@ -574,6 +677,8 @@ int main(void) {
       T(test_injected_eacces_erofs),
       T(test_disabled_store),
       T(test_default_root),
+      T(test_source_key_alias),
+      T(test_bad_alias_is_a_miss),
       T(test_concurrent_compile_once),
   };
 #undef T
