@@ -30,8 +30,10 @@ typedef enum { FJG_BOOL = 0, FJG_I32 = 1, FJG_F32 = 2 } fjg_type;
  * of tracing (about 40 bytes a node). */
 #define FJG_MAX_NODES (1 << 20)
 /* Nodes the result of one mod depends on: bounds the emitted code and
- * NVRTC's compile time (roughly linear, about 13 ms a node at sm_80). */
-#define FJG_MAX_MOD_NODES 2048
+ * NVRTC's compile time, which grows about linearly with them (measured:
+ * some 13 ms a node at sm_80 and 90 ms at sm_90a, so a mod at the limit
+ * compiles in one to two minutes). */
+#define FJG_MAX_MOD_NODES 1024
 /* Declared params and buffers together: the most a launch passes. */
 #define FJG_MAX_ARGS 64
 
