@@ -12,10 +12,11 @@
 
 #include "cli/npy.h"
 #include "flexjit.h"
+#include "gen/graph.h"
 
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
-#define CLI_MAX_VALUES 32
+#define CLI_MAX_VALUES FJG_MAX_ARGS /* --param and --buffer: a spec's most */
 #define CLI_MAX_PACKS 16 /* what a context mounts at most */
 
 /* Prints "flexjit: <msg>" (or "flexjit CMD: <msg>") to stderr. */
