@@ -17,7 +17,7 @@
  *      elapsed times (of an even count, the mean of the two middle ones).
  *
  * Everything goes to the null stream. Zeroing the buffer writes 256 MiB
- * through the L2 (an H200 has 50 MiB), so every timed call starts with
+ * through the L2 (an H200 has 50 MB), so every timed call starts with
  * none of its inputs or outputs in L2.
  */
 #ifndef FJ_CLI_BENCH_H
