@@ -74,7 +74,12 @@ typedef struct run_config {
   const char *inputs_dir, *dump_dir;
   const char *packs[CLI_MAX_PACKS]; /* --pack FILE, mounted in order */
   int num_packs;
-  int check, bench, iters, warmup;
+  int check, bench;
+  /* --bench by triton.testing.do_bench's rules (cli/bench.h): warm-up and
+   * timed calls from time budgets, unless --warmup (>= 0) or --iters (> 0)
+   * give the counts. */
+  double warmup_ms, rep_ms;
+  int warmup, iters;
   uint64_t seed;
   int quiet; /* demo: fewer lines */
   /* --block-mask: build a block mask and launch with it. Auto (0, the
@@ -82,7 +87,8 @@ typedef struct run_config {
   enum { CLI_BM_AUTO = 0, CLI_BM_ON = 1, CLI_BM_OFF = 2 } block_mask;
 } run_config;
 
-/* Defaults: B 1, D 128, bf16, BHSD, 20 iterations after 5 warmups. */
+/* Defaults: B 1, D 128, bf16, BHSD; --bench with do_bench's budgets, 25 ms
+ * of warm-up and 100 ms of timed calls. */
 void cli_run_config_init(run_config *c);
 
 /* Executes a run. Returns an exit status. */

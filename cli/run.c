@@ -2,7 +2,7 @@
  * cli/run.c: executes a run_config on the GPU: binds the spec's runtime
  * values, makes inputs, launches fj_attention_forward on NaN-poisoned
  * outputs, and optionally checks against the CPU reference, dumps tensors
- * and benchmarks with CUDA events.
+ * and benchmarks by triton.testing.do_bench's rules (cli/bench.c).
  *
  * Device memory, copies and events go through the driver table of
  * runtime/driver.h (fjr_context_device), so the command has no link-time
@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cli/bench.h"
 #include "cli/cli.h"
 #include "gen/config.h"
 #include "gen/interval.h"
@@ -605,83 +606,44 @@ static int dump(run_state *s) {
          dump_one(dir, "lse", s->lse, 3, qs);
 }
 
-static int cmp_float(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return (x > y) - (x < y);
-}
+static int launch_call(void *s) { return launch(s); }
 
-static int rebuild_block_mask(run_state *s) {
+/* Rebuilding the block mask (both builder kernels): what a trainer pays per
+ * batch of new document ids. */
+static int rebuild_block_mask(void *arg) {
+  run_state *s = arg;
   if (fj_block_mask_update(s->bm, s->args, s->nargs, NULL) == FJ_OK) return 1;
   cli_error("run", "block mask: %s", fj_context_last_error(s->ctx));
   return 0;
 }
 
-/* Times rebuilding the block mask (both builder kernels) like the launches:
- * what a trainer pays per batch of new document ids. */
-static int time_block_mask(run_state *s, float *ms) {
-  const fjr_driver *d = s->drv;
-  CUevent e0 = NULL, e1 = NULL;
-  int ok = cu_ok(s, d->cuEventCreate(&e0, CU_EVENT_DEFAULT), "cuEventCreate") &&
-           cu_ok(s, d->cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate");
-  for (int i = 0; ok && i < s->c->warmup; i++) ok = rebuild_block_mask(s);
-  for (int i = 0; ok && i < s->c->iters; i++)
-    ok = cu_ok(s, d->cuEventRecord(e0, NULL), "cuEventRecord") &&
-         rebuild_block_mask(s) &&
-         cu_ok(s, d->cuEventRecord(e1, NULL), "cuEventRecord") &&
-         cu_ok(s, d->cuEventSynchronize(e1), "cuEventSynchronize") &&
-         cu_ok(s, d->cuEventElapsedTime(&ms[i], e0, e1), "cuEventElapsedTime");
-  if (e0) d->cuEventDestroy(e0);
-  if (e1) d->cuEventDestroy(e1);
-  return ok;
-}
-
-static int time_launches(run_state *s, float *ms) {
-  const fjr_driver *d = s->drv;
-  CUevent e0 = NULL, e1 = NULL;
-  int ok = cu_ok(s, d->cuEventCreate(&e0, CU_EVENT_DEFAULT), "cuEventCreate") &&
-           cu_ok(s, d->cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate");
-  for (int i = 0; ok && i < s->c->warmup; i++) ok = poison(s) && launch(s);
-  for (int i = 0; ok && i < s->c->iters; i++) {
-    ok = poison(s) && cu_ok(s, d->cuEventRecord(e0, NULL), "cuEventRecord") &&
-         launch(s) && cu_ok(s, d->cuEventRecord(e1, NULL), "cuEventRecord") &&
-         cu_ok(s, d->cuEventSynchronize(e1), "cuEventSynchronize") &&
-         cu_ok(s, d->cuEventElapsedTime(&ms[i], e0, e1), "cuEventElapsedTime");
-  }
-  if (e0) d->cuEventDestroy(e0);
-  if (e1) d->cuEventDestroy(e1);
-  return ok;
-}
-
-/* FLOPs = 4 * D * (allowed (b, h, q, kv) quadruples); tiles that interval
- * analysis proves full or empty are counted without evaluating the mask. */
+/* Launches and block-mask rebuilds are timed by triton.testing.do_bench's
+ * rules (cli/bench.h), as bench/compare.py times PyTorch: the outputs are
+ * not poisoned here (the launch --check read was). FLOPs = 4 * D *
+ * (allowed (b, h, q, kv) quadruples); tiles that interval analysis proves
+ * full or empty are counted without evaluating the mask. */
 static int bench(run_state *s) {
   const run_config *c = s->c;
-  int n = c->iters;
-  float *ms = calloc((size_t)n, sizeof(float));
-  if (!ms || !time_launches(s, ms)) {
-    free(ms);
-    return 0;
-  }
-  qsort(ms, (size_t)n, sizeof(float), cmp_float);
-  double med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  cli_bench_options o = {c->warmup_ms, c->rep_ms, c->warmup, c->iters};
+  cli_bench_result r;
+  char method[512];
+  if (!cli_bench_run(s->drv, "run", launch_call, s, &o, &r)) return 0;
   fjg_ref_problem p = ref_problem(s);
   int64_t pairs = fjg_reference_count_allowed(&p);
   double all = (double)c->B * c->Hq * c->Lq * c->Lk;
-  double tflops = 4.0 * c->D * (double)pairs / (med * 1e-3) / 1e12;
+  double tflops = 4.0 * c->D * (double)pairs / (r.median_ms * 1e-3) / 1e12;
+  cli_bench_describe(&o, &r, method, sizeof method);
+  printf("bench   %s\n", method);
   printf("bench: %.4f ms median of %d launches (min %.4f ms, max %.4f ms), "
          "%.1f TFLOP/s, %.2f%% of pairs allowed\n",
-         med, n, ms[0], ms[n - 1], tflops, 100.0 * (double)pairs / all);
-  if (s->bm) {
-    if (!time_block_mask(s, ms)) {
-      free(ms);
-      return 0;
-    }
-    qsort(ms, (size_t)n, sizeof(float), cmp_float);
-    med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-    printf("block-mask build: %.4f ms median of %d (min %.4f ms, max %.4f "
-           "ms)\n", med, n, ms[0], ms[n - 1]);
-  }
-  free(ms);
+         r.median_ms, r.n_repeat, r.min_ms, r.max_ms, tflops,
+         100.0 * (double)pairs / all);
+  if (!s->bm) return 1;
+  if (!cli_bench_run(s->drv, "run", rebuild_block_mask, s, &o, &r)) return 0;
+  cli_bench_describe(&o, &r, method, sizeof method);
+  printf("block-mask build: %.4f ms median of %d (min %.4f ms, max %.4f ms); "
+         "%s\n",
+         r.median_ms, r.n_repeat, r.min_ms, r.max_ms, method);
   return 1;
 }
 

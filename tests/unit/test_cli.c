@@ -60,6 +60,9 @@ static void test_subcommand_help(void **state) {
   assert_int_equal(fjt_flexjit(NULL, "run --help"), 0);
   fjt_expect_in(fjt_out, "usage: flexjit run SPEC.lua");
   fjt_expect_in(fjt_out, "--buffer NAME=FILE.npy");
+  fjt_expect_in(fjt_out, "triton.testing.do_bench's rules");
+  fjt_expect_in(fjt_out, "256 MiB");
+  fjt_expect_in(fjt_out, "--rep-ms MS");
   assert_int_equal(fjt_flexjit(NULL, "run x.lua --heads 2 -h"), 0);
   assert_int_equal(fjt_flexjit(NULL, "demo --help"), 0);
   fjt_expect_in(fjt_out, "usage: flexjit demo");
@@ -94,6 +97,39 @@ static void test_run_usage_errors(void **state) {
   fjt_expect_in(fjt_err, "no spec given");
   assert_int_equal(fjt_flexjit(NULL, "compile %s --dtype fp8", spec), 2);
   fjt_expect_in(fjt_err, "--dtype: 'fp8'");
+}
+
+/* --bench's budgets and counts: checked, and good ones accepted (then only
+ * the GPU is missing). */
+static void test_run_bench_options(void **state) {
+  (void)state;
+  char spec[400];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  static const char *const bad[][2] = {
+      {"--warmup-ms 0", "--warmup-ms: '0'"},
+      {"--rep-ms -5", "--rep-ms: '-5'"},
+      {"--warmup-ms=nan", "--warmup-ms: 'nan'"},
+      {"--rep-ms 1e9", "--rep-ms: '1e9'"},
+      {"--iters 0", "--iters: '0'"},
+      {"--warmup -1", "--warmup: '-1'"},
+      {"--warmup-ms", "--warmup-ms needs a value"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --bench "
+                                         "%s", spec, bad[i][0]),
+                     2);
+    fjt_expect_in(fjt_err, bad[i][1]);
+    fjt_expect_not_in(fjt_err, "no GPU");
+  }
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --bench "
+                                       "--rep-ms abc", spec),
+                   2);
+  fjt_expect_in(fjt_err, "--rep-ms: 'abc' is not a time in milliseconds");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --bench "
+                                       "--warmup-ms 2.5 --rep-ms=50 --warmup 0 "
+                                       "--iters 3", spec),
+                   2);
+  fjt_expect_in(fjt_err, "no GPU");
 }
 
 /* ---- errors that need the spec, not the GPU ---- */
@@ -429,6 +465,7 @@ int main(void) {
       cmocka_unit_test(test_version_and_help),
       cmocka_unit_test(test_subcommand_help),
       cmocka_unit_test(test_run_usage_errors),
+      cmocka_unit_test(test_run_bench_options),
       cmocka_unit_test(test_spec_errors),
       cmocka_unit_test(test_runtime_values_are_checked),
       cmocka_unit_test(test_compile_needs_arch_without_gpu),
