@@ -75,9 +75,9 @@ static void put_all(fixture *f) {
              "{\"spec\": \"x.lua\", \"head_dim\": 64, \"nested\": {\"name\": "
              "\"wrong\"}, \"name\": \"fj_fwd_k%d_d64_bf16_%s\"}",
              i, archs[i]);
-    assert_int_equal(fjc_store_put(f->store, archs[i], &f->keys[i], NULL, f->cubin,
-                                   sizeof f->cubin - (size_t)i,
-                                   i == 3 ? NULL : meta, NULL, 0),
+    assert_int_equal(fjc_store_put(f->store, archs[i], &f->keys[i], NULL,
+                                   f->cubin, sizeof f->cubin - (size_t)i,
+                                   i == 3 ? NULL : meta, NULL, 0, NULL, 0),
                      FJ_OK);
   }
 }
@@ -272,7 +272,8 @@ static void test_clear(void **state) {
   uint64_t bytes = 0;
   int fd;
   put_all(f);
-  assert_int_equal(fjc_store_lock(f->store, "sm_80", &f->keys[0], &fd), FJ_OK);
+  assert_int_equal(fjc_store_lock(f->store, "sm_80", &f->keys[0], &fd, NULL, 0),
+                   FJ_OK);
   fjc_store_unlock(fd);
   snprintf(keep, sizeof keep, "%s/notes.txt", f->root);
   write_file(keep, "mine", 4);
@@ -423,7 +424,7 @@ static void test_shipped_store_ignores_fault_variable(void **state) {
                    FJ_OK);
   unsetenv("FLEXJIT_CACHE_FAULT");
   assert_int_equal(fjc_store_put(s, "sm_80", &f->keys[0], NULL, f->cubin, 100,
-                                 NULL, NULL, 0),
+                                 NULL, NULL, 0, NULL, 0),
                    FJ_OK);
   fjc_store_close(s);
 }
@@ -449,7 +450,7 @@ static void put_all_with_aliases(fixture *f) {
     fjc_key source;
     make_source(i, &source);
     assert_int_equal(fjc_store_put(f->store, archs[i], &f->keys[i], &source,
-                                   f->cubin, 100, "{}", NULL, 0),
+                                   f->cubin, 100, "{}", NULL, 0, NULL, 0),
                      FJ_OK);
   }
 }

@@ -120,9 +120,10 @@ static void put_aged(fixture *f, int n) {
   for (int i = 0; i < n; i++) {
     int fd;
     assert_int_equal(fjc_store_put(other, ARCH, &f->keys[i], NULL, f->cubin,
-                                   sizeof f->cubin, "{}", NULL, 0),
+                                   sizeof f->cubin, "{}", NULL, 0, NULL, 0),
                      FJ_OK);
-    assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[i], &fd), FJ_OK);
+    assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[i], &fd, NULL, 0),
+                     FJ_OK);
     fjc_store_unlock(fd);
     set_age(f, i, 1000 + i);
   }
@@ -135,9 +136,9 @@ static void test_get_touches_entry(void **state) {
   size_t size = 0;
   put_aged(f, 1);
   assert_int_equal(age_of(f, 0), 1000);
-  assert_int_equal(
-      fjc_store_get(f->store, ARCH, &f->keys[0], &data, &size, NULL, 0),
-      FJ_OK);
+  assert_int_equal(fjc_store_get(f->store, ARCH, &f->keys[0], &data, &size,
+                                 NULL, 0, NULL, 0),
+                   FJ_OK);
   free(data);
   assert_true(age_of(f, 0) > time(NULL) - 60);
   /* A hit marks the key in use. */
@@ -210,7 +211,8 @@ static void test_prune_skips_entry_being_compiled(void **state) {
   put_aged(f, 2);
   /* Another "process" (a separate open file description) compiles 0. */
   fjc_store *other = open_store(f);
-  assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[0], &fd), FJ_OK);
+  assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[0], &fd, NULL, 0),
+                   FJ_OK);
   assert_true(fd >= 0);
   assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep), FJ_OK);
   assert_int_equal(rep.removed, 1);
@@ -236,12 +238,13 @@ static void test_prune_to_limit(void **state) {
                                   &f->warnings, &s, err, sizeof err),
                    FJ_OK);
   assert_int_equal(fjc_store_max_bytes(s), 3 * ENTRY_BYTES);
-  assert_int_equal(fjc_store_get(s, ARCH, &f->keys[0], &data, &size, NULL, 0),
-                   FJ_OK);
+  assert_int_equal(
+      fjc_store_get(s, ARCH, &f->keys[0], &data, &size, NULL, 0, NULL, 0),
+      FJ_OK);
   free(data);
   set_age(f, 0, 900); /* oldest on disk, but in use by s */
   assert_int_equal(fjc_store_put(s, ARCH, &f->keys[3], NULL, f->cubin,
-                                 sizeof f->cubin, "{}", NULL, 0),
+                                 sizeof f->cubin, "{}", NULL, 0, NULL, 0),
                    FJ_OK);
   for (int i = 0; i < 4; i++)
     assert_true(exists(f, i, ".cubin")); /* a put alone evicts nothing */
@@ -270,7 +273,7 @@ static void test_prune_removes_aliases_of_evicted(void **state) {
   put_aged(f, 2);
   fjc_store *other = open_store(f);
   assert_int_equal(fjc_store_put(other, ARCH, &f->keys[5], &source, f->cubin,
-                                 sizeof f->cubin, "{}", NULL, 0),
+                                 sizeof f->cubin, "{}", NULL, 0, NULL, 0),
                    FJ_OK);
   fjc_store_close(other);
   set_age(f, 5, 500); /* the oldest */
