@@ -51,7 +51,6 @@ struct fjc_store {
   uint64_t max_bytes; /* 0: no size limit */
   char **in_use;      /* hex keys served by this store: never pruned */
   int n_in_use, cap_in_use;
-  char last_error[1024];
 };
 
 typedef struct entry_header {
@@ -72,13 +71,6 @@ void fjc_store_log(const fjc_store *s, fj_log_level level, const char *fmt,
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   s->log(s->log_user, level, msg);
-}
-
-void fjc_store_set_error(fjc_store *s, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(s->last_error, sizeof s->last_error, fmt, ap);
-  va_end(ap);
 }
 
 static void put_path(char *out, size_t n, const char *path) {
@@ -288,10 +280,6 @@ int fjc_store_enabled(const fjc_store *store) {
 
 const char *fjc_store_root(const fjc_store *store) {
   return store && store->root ? store->root : "";
-}
-
-const char *fjc_store_last_error(const fjc_store *store) {
-  return store ? store->last_error : "";
 }
 
 /* ---- get -------------------------------------------------------------- */

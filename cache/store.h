@@ -82,9 +82,6 @@ void fjc_store_close(fjc_store *store);
 int fjc_store_enabled(const fjc_store *store);
 /* The root directory ("" when disabled); borrowed, lives with the store. */
 const char *fjc_store_root(const fjc_store *store);
-/* Why the last failing call failed ("" if none); borrowed, valid until the
- * next call on store. */
-const char *fjc_store_last_error(const fjc_store *store);
 
 /* 1 when arch is a plain target name, [A-Za-z0-9_]{1,31}, safe as a path
  * component. */
@@ -103,11 +100,6 @@ fj_status fjc_store_mark_in_use(fjc_store *store, const fjc_key *key);
  * work on a store). */
 void fjc_store_log(const fjc_store *store, fj_log_level level, const char *fmt,
                    ...) __attribute__((format(printf, 3, 4)));
-
-/* Sets the message fjc_store_last_error returns (for the cache/ modules that
- * work on a store). */
-void fjc_store_set_error(fjc_store *store, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 
 /* Checks one open entry file completely, reading it from offset 0: header,
  * length, key and checksum. key may be NULL to accept the key the header

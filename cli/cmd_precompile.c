@@ -474,7 +474,7 @@ static void remove_temp_cache(const char *dir) {
   fjc_store *store = NULL;
   char err[256];
   if (fjc_store_open(dir, 0, NULL, NULL, &store, err, sizeof err) == FJ_OK)
-    fjc_store_clear(store, NULL, NULL);
+    fjc_store_clear(store, NULL, NULL, NULL, 0);
   fjc_store_close(store);
   rmdir(dir);
 }

@@ -120,7 +120,7 @@ static void test_list(void **state) {
            FJ_VERSION_STRING);
   FILE *fp = fopen(path, "w");
   fclose(fp);
-  assert_int_equal(fjc_store_list(f->store, remember, &s), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, remember, &s, NULL, 0), FJ_OK);
   assert_int_equal(s.n, 4);
   for (int i = 0; i < 4; i++) {
     const fjc_entry_info *e = find_seen(&s, &f->keys[i]);
@@ -150,10 +150,12 @@ static int stop_at_first(void *user, const fjc_entry_info *e) {
 static void test_list_stops_and_handles_empty(void **state) {
   fixture *f = *state;
   int calls = 0;
-  assert_int_equal(fjc_store_list(f->store, stop_at_first, &calls), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, stop_at_first, &calls, NULL, 0),
+                   FJ_OK);
   assert_int_equal(calls, 0);
   put_all(f);
-  assert_int_equal(fjc_store_list(f->store, stop_at_first, &calls), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, stop_at_first, &calls, NULL, 0),
+                   FJ_OK);
   assert_int_equal(calls, 1);
 }
 
@@ -195,7 +197,8 @@ static void test_verify_finds_corrupt_entry(void **state) {
   bad_list bad = {0};
   char path[1024], other[1024], tmp_old[1100], tmp_new[1100];
   put_all(f);
-  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.checked, 4);
   assert_int_equal(rep.bad, 0);
 
@@ -222,7 +225,8 @@ static void test_verify_finds_corrupt_entry(void **state) {
   assert_int_equal(utimensat(AT_FDCWD, tmp_old, t, 0), 0);
 
   /* Report only. */
-  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.checked, 4);
   assert_int_equal(rep.bad, 2);
   assert_int_equal(rep.removed, 0);
@@ -239,7 +243,8 @@ static void test_verify_finds_corrupt_entry(void **state) {
   assert_int_equal(access(path, F_OK), 0);
 
   /* Repair. */
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.bad, 2);
   assert_int_equal(rep.removed, 2);
   assert_int_equal(rep.stale_temps, 1);
@@ -247,7 +252,8 @@ static void test_verify_finds_corrupt_entry(void **state) {
   assert_int_equal(access(other, F_OK), -1);
   assert_int_equal(access(tmp_old, F_OK), -1);
   assert_int_equal(access(tmp_new, F_OK), 0);
-  assert_int_equal(fjc_store_verify(f->store, 0, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.checked, 2);
   assert_int_equal(rep.bad, 0);
 }
@@ -259,7 +265,8 @@ static void test_verify_leaves_foreign_format(void **state) {
   put_all(f);
   entry_path(f, 2, path, sizeof path);
   flip_byte(path, 8); /* format version 1 -> 17 */
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.foreign, 1);
   assert_int_equal(rep.bad, 0);
   assert_int_equal(access(path, F_OK), 0);
@@ -277,14 +284,14 @@ static void test_clear(void **state) {
   fjc_store_unlock(fd);
   snprintf(keep, sizeof keep, "%s/notes.txt", f->root);
   write_file(keep, "mine", 4);
-  assert_int_equal(fjc_store_clear(f->store, &removed, &bytes), FJ_OK);
+  assert_int_equal(fjc_store_clear(f->store, &removed, &bytes, NULL, 0), FJ_OK);
   assert_int_equal(removed, 4);
   assert_true(bytes >= 4 * 48 + 4 * sizeof f->cubin - 6);
   assert_int_equal(access(keep, F_OK), 0);
   snprintf(path, sizeof path, "%s/%s", f->root, FJ_VERSION_STRING);
   assert_int_equal(access(path, F_OK), -1); /* empty directories went too */
   seen s = {0};
-  assert_int_equal(fjc_store_list(f->store, remember, &s), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, remember, &s, NULL, 0), FJ_OK);
   assert_int_equal(s.n, 0);
 }
 
@@ -399,14 +406,15 @@ static void test_walkers_do_not_follow_symlinks(void **state) {
   assert_int_equal(outside_files, 9);
 
   seen s = {0};
-  assert_int_equal(fjc_store_list(f->store, remember, &s), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, remember, &s, NULL, 0), FJ_OK);
   assert_int_equal(s.n, 4);
   fjc_verify_report rep;
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.checked, 4);
   assert_int_equal(rep.bad, 0);
   assert_int_equal(count_outside(out), outside_files);
-  assert_int_equal(fjc_store_clear(f->store, NULL, NULL), FJ_OK);
+  assert_int_equal(fjc_store_clear(f->store, NULL, NULL, NULL, 0), FJ_OK);
   assert_int_equal(count_outside(out), outside_files);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
@@ -476,7 +484,8 @@ static int count_alias(void *user, const fjc_alias_info *a) {
 
 static alias_seen aliases(fixture *f) {
   alias_seen s = {0, 0, 0};
-  assert_int_equal(fjc_store_list_aliases(f->store, count_alias, &s), FJ_OK);
+  assert_int_equal(fjc_store_list_aliases(f->store, count_alias, &s, NULL, 0),
+                   FJ_OK);
   return s;
 }
 
@@ -491,12 +500,13 @@ static void test_aliases_list_verify_clear(void **state) {
   fjc_key source;
   put_all_with_aliases(f);
   seen s = {0};
-  assert_int_equal(fjc_store_list(f->store, remember, &s), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, remember, &s, NULL, 0), FJ_OK);
   assert_int_equal(s.n, 4);
   alias_seen a = aliases(f);
   assert_int_equal(a.n, 4);
   assert_int_equal(a.dangling + a.corrupt, 0);
-  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.aliases, 4);
   assert_int_equal(rep.bad_aliases, 0);
 
@@ -509,11 +519,13 @@ static void test_aliases_list_verify_clear(void **state) {
   a = aliases(f);
   assert_int_equal(a.dangling, 1);
   assert_int_equal(a.corrupt, 1);
-  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.bad_aliases, 2);
   assert_int_equal(bad.n, 2);
   assert_true(strstr(bad.why[0], "dangling") || strstr(bad.why[1], "dangling"));
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.removed_aliases, 2);
   assert_int_equal(access(alias, F_OK), -1);
   a = aliases(f);
@@ -522,7 +534,8 @@ static void test_aliases_list_verify_clear(void **state) {
   /* verify --remove of a corrupt entry takes its alias in the same run. */
   entry_path(f, 3, path, sizeof path);
   flip_byte(path, 48 + 50);
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_int_equal(rep.removed_aliases, 1);
   a = aliases(f);
@@ -530,7 +543,7 @@ static void test_aliases_list_verify_clear(void **state) {
 
   /* clear deletes aliases too, and the folders that held them. */
   int removed = 0;
-  assert_int_equal(fjc_store_clear(f->store, &removed, NULL), FJ_OK);
+  assert_int_equal(fjc_store_clear(f->store, &removed, NULL, NULL, 0), FJ_OK);
   assert_int_equal(removed, 2);
   a = aliases(f);
   assert_int_equal(a.n, 0);
@@ -542,22 +555,23 @@ static int failing_walks(void *arg) {
   fixture *f = arg;
   fjc_store *s = NULL;
   fjc_verify_report rep;
-  char err[256];
+  char err[1200] = "";
   int removed = -1, rc = 0;
   if (fjc_store_open(f->root, 0, NULL, NULL, &s, err, sizeof err) != FJ_OK)
     return 10;
   /* clear and verify --remove on a read-only cache: FJ_EIO naming a path
    * under the root and the reason. */
-  if (fjc_store_clear(s, &removed, NULL) != FJ_EIO || removed != 0)
+  if (fjc_store_clear(s, &removed, NULL, err, sizeof err) != FJ_EIO ||
+      removed != 0)
     rc = 11;
-  else if (!strstr(fjc_store_last_error(s), f->root) ||
-           !strstr(fjc_store_last_error(s), "Permission denied"))
+  else if (!strstr(err, f->root) || !strstr(err, "Permission denied"))
     rc = 12;
-  else if (fjc_store_verify(s, 1, NULL, NULL, &rep) != FJ_EIO ||
+  else if (fjc_store_verify(s, 1, NULL, NULL, &rep, err, sizeof err) !=
+               FJ_EIO ||
            rep.bad != 1 || rep.removed != 0)
     rc = 13;
   if (rc)
-    fprintf(stderr, "child: %s\n", fjc_store_last_error(s));
+    fprintf(stderr, "child: %s\n", err);
   fjc_store_close(s);
   return rc;
 }
@@ -565,14 +579,14 @@ static int failing_walks(void *arg) {
 static int unreadable_listing(void *arg) {
   fixture *f = arg;
   fjc_store *s = NULL;
-  char err[256];
+  char err[1200] = "";
   seen sn = {0};
   int rc = 0;
   if (fjc_store_open(f->root, 0, NULL, NULL, &s, err, sizeof err) != FJ_OK)
     return 10;
-  if (fjc_store_list(s, remember, &sn) != FJ_EIO)
+  if (fjc_store_list(s, remember, &sn, err, sizeof err) != FJ_EIO)
     rc = 11;
-  else if (!strstr(fjc_store_last_error(s), "cannot read"))
+  else if (!strstr(err, "cannot read"))
     rc = 12;
   fjc_store_close(s);
   return rc;

@@ -155,7 +155,8 @@ static void test_prune_evicts_oldest_first(void **state) {
   /* Entry 3 was used recently: it is now the youngest. */
   set_age(f, 3, 5000);
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.entries, 5);
   assert_int_equal(rep.removed, 2);
   assert_int_equal(rep.bytes_before, 5 * ENTRY_BYTES);
@@ -171,11 +172,13 @@ static void test_prune_evicts_oldest_first(void **state) {
   }
   /* Under the limit: nothing to do. */
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.removed, 0);
   /* One byte less evicts the next oldest, 2 (3 is younger). */
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES - 1, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES - 1, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_false(exists(f, 2, ".cubin"));
   assert_true(exists(f, 3, ".cubin"));
@@ -194,7 +197,8 @@ static void test_prune_never_evicts_in_use(void **state) {
                                                : f->keys[2].hex[i]);
   in_use[0] = f->keys[0].hex;
   in_use[1] = upper;
-  assert_int_equal(fjc_store_prune(f->store, 0, in_use, 2, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, in_use, 2, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.removed, 2);
   assert_int_equal(rep.kept_in_use, 2);
   assert_int_equal(rep.bytes_after, 2 * ENTRY_BYTES);
@@ -214,13 +218,13 @@ static void test_prune_skips_entry_being_compiled(void **state) {
   assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[0], &fd, NULL, 0),
                    FJ_OK);
   assert_true(fd >= 0);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_true(exists(f, 0, ".cubin"));
   assert_false(exists(f, 1, ".cubin"));
   fjc_store_unlock(fd);
   fjc_store_close(other);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_false(exists(f, 0, ".cubin"));
 }
 
@@ -280,8 +284,9 @@ static void test_prune_removes_aliases_of_evicted(void **state) {
   snprintf(alias, sizeof alias, "%s/%s/%s/%.2s/%s.src", f->root,
            FJ_VERSION_STRING, ARCH, source.hex, source.hex);
   assert_int_equal(access(alias, F_OK), 0);
-  assert_int_equal(fjc_store_prune(f->store, 2 * ENTRY_BYTES, NULL, 0, &rep),
-                   FJ_OK);
+  assert_int_equal(
+      fjc_store_prune(f->store, 2 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_int_equal(rep.aliases_removed, 1);
   assert_false(exists(f, 5, ".cubin"));
@@ -293,11 +298,10 @@ static int prune_read_only(void *arg) {
   fixture *f = arg;
   fjc_prune_report rep;
   fjc_store *s = NULL;
-  char err[256];
+  char err[256], msg[1300] = "";
   if (fjc_store_open(f->root, 0, NULL, NULL, &s, err, sizeof err) != FJ_OK)
     return 10;
-  fj_status st = fjc_store_prune(s, 0, NULL, 0, &rep);
-  const char *msg = fjc_store_last_error(s);
+  fj_status st = fjc_store_prune(s, 0, NULL, 0, &rep, msg, sizeof msg);
   int rc = st != FJ_EIO                         ? 11
            : rep.removed != 0                   ? 12
            : !strstr(msg, f->root)              ? 13
@@ -371,16 +375,17 @@ static void test_prune_disabled_or_missing_root(void **state) {
   fjc_store *s = NULL;
   char err[128];
   assert_int_equal(fjc_store_open("", 0, NULL, NULL, &s, err, sizeof err), FJ_OK);
-  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_int_equal(rep.entries, 0);
   fjc_store_close(s);
   char missing[300];
   snprintf(missing, sizeof missing, "%s/nothing-here", f->root);
   assert_int_equal(fjc_store_open(missing, 0, NULL, NULL, &s, err, sizeof err),
                    FJ_OK);
-  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   fjc_store_close(s);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 1, &rep), FJ_EINVAL);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 1, &rep, NULL, 0),
+                   FJ_EINVAL);
 }
 
 static void test_parse_size(void **state) {
