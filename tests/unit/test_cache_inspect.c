@@ -613,6 +613,33 @@ static void test_walk_failures_are_errors(void **state) {
   assert_int_equal(access(path, F_OK), 0);
 }
 
+/* An entry that cannot be evicted says why, in the caller's buffer; one
+ * already gone is no failure and leaves the buffer alone. */
+static void test_evict_failure_says_why(void **state) {
+  fixture *f = *state;
+  char dir[600], aa[700], cmd[1500], err[1200] = "untouched";
+  fjc_key key;
+  assert_int_equal(fjc_key_from_hex("ab000000000000000000000000000000", &key),
+                   0);
+  assert_int_equal(fjc_entry_evict(f->store, FJ_VERSION_STRING, "sm_80", &key,
+                                   err, sizeof err),
+                   0);
+  assert_string_equal(err, "untouched");
+  /* <aa> is a file, not a directory: the entry cannot be reached. */
+  snprintf(dir, sizeof dir, "%s/%s/sm_80", f->root, FJ_VERSION_STRING);
+  snprintf(aa, sizeof aa, "%s/ab", dir);
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s' && touch '%s'", dir, aa);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(fjc_entry_evict(f->store, FJ_VERSION_STRING, "sm_80", &key,
+                                   err, sizeof err),
+                   -1);
+  assert_non_null(strstr(err, aa));
+  assert_non_null(strstr(err, "Not a directory"));
+  assert_int_equal(
+      fjc_entry_evict(f->store, "a/b", "sm_80", &key, err, sizeof err), -1);
+  assert_non_null(strstr(err, "invalid argument"));
+}
+
 static void test_meta_string(void **state) {
   (void)state;
   char out[64];
@@ -653,6 +680,7 @@ int main(void) {
       T(test_walkers_do_not_follow_symlinks),
       T(test_aliases_list_verify_clear),
       T(test_walk_failures_are_errors),
+      T(test_evict_failure_says_why),
       T(test_shipped_store_ignores_fault_variable),
   };
 #undef T

@@ -633,6 +633,67 @@ done:
   return rc;
 }
 
+/* The caller's buffer gets the message of a failure, naming the path and
+ * the reason, and is left alone on success. */
+static void test_err_written_only_on_failure(void **state) {
+  fixture *f = *state;
+  char err[1200] = "untouched", want[1024];
+  void *data = NULL;
+  size_t size = 0;
+  int fd = -1;
+  fjc_key source;
+  make_key("source", &source);
+
+  assert_int_equal(fjc_store_get(f->store, ARCH, &f->key, &data, &size, NULL, 0,
+                                 err, sizeof err),
+                   FJ_ENOTFOUND);
+  snprintf(want, sizeof want, "%s/%s/%s/%.2s/%s.cubin", f->root,
+           FJ_VERSION_STRING, ARCH, f->key.hex, f->key.hex);
+  assert_non_null(strstr(err, want));
+  assert_non_null(strstr(err, "No such file"));
+  assert_int_equal(fjc_store_get_by_source(f->store, ARCH, &source, NULL, &data,
+                                           &size, NULL, 0, err, sizeof err),
+                   FJ_ENOTFOUND);
+  assert_non_null(strstr(err, ".src"));
+  assert_int_equal(fjc_store_get(f->store, "../x", &f->key, &data, &size, NULL,
+                                 0, err, sizeof err),
+                   FJ_EINVAL);
+  assert_non_null(strstr(err, "invalid argument (arch '../x')"));
+  assert_int_equal(fjc_store_put(f->store, "../x", &f->key, NULL, f->cubin,
+                                 sizeof f->cubin, NULL, NULL, 0, err,
+                                 sizeof err),
+                   FJ_EINVAL);
+  assert_non_null(strstr(err, "fjc_store_put: invalid argument"));
+  assert_int_equal(
+      fjc_store_lock(f->store, ARCH, &f->key, NULL, err, sizeof err),
+      FJ_EINVAL);
+  assert_non_null(strstr(err, "fjc_store_lock: invalid argument"));
+  /* Truncated to the buffer, terminated. */
+  char small[8] = "xxxxxxx";
+  assert_int_equal(fjc_store_get(f->store, ARCH, &f->key, &data, &size, NULL, 0,
+                                 small, sizeof small),
+                   FJ_ENOTFOUND);
+  assert_int_equal(strlen(small), sizeof small - 1);
+
+  snprintf(err, sizeof err, "untouched");
+  assert_int_equal(fjc_store_put(f->store, ARCH, &f->key, &source, f->cubin,
+                                 sizeof f->cubin, "{}", NULL, 0, err,
+                                 sizeof err),
+                   FJ_OK);
+  assert_int_equal(fjc_store_get(f->store, ARCH, &f->key, &data, &size, NULL, 0,
+                                 err, sizeof err),
+                   FJ_OK);
+  free(data);
+  assert_int_equal(fjc_store_get_by_source(f->store, ARCH, &source, NULL, &data,
+                                           &size, NULL, 0, err, sizeof err),
+                   FJ_OK);
+  free(data);
+  assert_int_equal(
+      fjc_store_lock(f->store, ARCH, &f->key, &fd, err, sizeof err), FJ_OK);
+  fjc_store_unlock(fd);
+  assert_string_equal(err, "untouched");
+}
+
 static void test_concurrent_compile_once(void **state) {
   fixture *f = *state;
   char counter[512];
@@ -693,6 +754,7 @@ int main(void) {
       T(test_source_key_alias),
       T(test_bad_alias_is_a_miss),
       T(test_concurrent_compile_once),
+      T(test_err_written_only_on_failure),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);
