@@ -196,28 +196,25 @@ fj_status fjc_store_open(const char *root, uint64_t max_bytes, fj_log_fn log,
                          size_t errlen) {
   fjc_store *s = NULL;
   fj_status st = FJ_ENOMEM;
-  char scratch[8];
 
-  if (!err || !errlen) {
-    err = scratch;
-    errlen = sizeof scratch;
-  }
-  err[0] = '\0';
   if (out)
     *out = NULL;
   if (!out || !root) {
-    snprintf(err, errlen, "fjc_store_open: %s is NULL", out ? "root" : "out");
+    fjc_errmsg(err, errlen, "fjc_store_open: %s is NULL", out ? "root" : "out");
     return FJ_EINVAL;
   }
   /* Room for "/<libver>/<arch>/<aa>/<key>.cubin" and a temp suffix. */
   if (strlen(root) >= STORE_PATH_MAX - 128) {
     st = FJ_EINVAL;
-    snprintf(err, errlen, "cache directory path is too long");
+    fjc_errmsg(err, errlen,
+               "cache directory path is too long (%zu bytes, at most %d): "
+               "%.64s...",
+               strlen(root), STORE_PATH_MAX - 129, root);
     goto fail;
   }
   s = calloc(1, sizeof *s);
   if (!s || (root[0] && !(s->root = strdup(root)))) {
-    snprintf(err, errlen, "out of memory opening the kernel cache");
+    fjc_errmsg(err, errlen, "out of memory opening the kernel cache %s", root);
     goto fail;
   }
   /* "dir/" and "dir" name one store; keep printed paths clean. */

@@ -692,6 +692,22 @@ static void test_err_written_only_on_failure(void **state) {
       fjc_store_lock(f->store, ARCH, &f->key, &fd, err, sizeof err), FJ_OK);
   fjc_store_unlock(fd);
   assert_string_equal(err, "untouched");
+
+  /* Opening: the same. */
+  char root[5000];
+  fjc_store *s = NULL;
+  assert_int_equal(fjc_store_open(f->root, 0, NULL, NULL, &s, err, sizeof err),
+                   FJ_OK);
+  fjc_store_close(s);
+  assert_string_equal(err, "untouched");
+  memset(root, 'r', sizeof root - 1);
+  root[0] = '/';
+  root[sizeof root - 1] = '\0';
+  assert_int_equal(fjc_store_open(root, 0, NULL, NULL, &s, err, sizeof err),
+                   FJ_EINVAL);
+  assert_null(s);
+  assert_non_null(strstr(err, "too long (4999 bytes"));
+  assert_non_null(strstr(err, "/rrr"));
 }
 
 static void test_concurrent_compile_once(void **state) {
