@@ -191,12 +191,17 @@ static int walk_dir(walk *w, int fd, const char *path, int depth) {
 
 /* Walks <root>/<libver>/<arch>/<aa>/<file>: fn sees each file, or with fn
  * visit_alias, on_alias each alias. FJ_EIO with err naming the first path
- * that could not be read or removed. */
+ * that could not be read or removed; FJ_EINVAL for a NULL store (every
+ * public walk checks its store here). */
 static fj_status walk_store(fjc_store *store, walk_fn fn,
                             alias_visit_fn on_alias, void *user,
                             int remove_empty, char *err, size_t errlen) {
   walk w;
   const char *root = fjc_store_root(store);
+  if (!store) {
+    fjc_errmsg(err, errlen, "no kernel cache store to walk (NULL)");
+    return FJ_EINVAL;
+  }
   memset(&w, 0, sizeof w);
   w.store = store;
   w.fn = fn;
@@ -320,30 +325,35 @@ static int list_one(walk *w, const walk_file *f) {
   return ls->entry_fn(ls->user, &e);
 }
 
-fj_status fjc_store_list(fjc_store *store, fjc_entry_fn fn, void *user,
-                         char *err, size_t errlen) {
-  list_state ls = {fn, NULL, user};
-  if (!store || !fn) {
-    fjc_errmsg(err, errlen, "fjc_store_list: NULL argument");
-    return FJ_EINVAL;
-  }
-  return walk_store(store, list_one, NULL, &ls, 0, err, errlen);
-}
-
 static int list_alias(walk *w, const walk_file *f, const fjc_alias_info *a) {
   list_state *ls = w->user;
   (void)f;
   return ls->alias_fn(ls->user, a);
 }
 
+/* The walk of fjc_store_list (ls->entry_fn) or fjc_store_list_aliases
+ * (ls->alias_fn), who. */
+static fj_status list_walk(fjc_store *store, list_state *ls, const char *who,
+                           char *err, size_t errlen) {
+  if (!ls->entry_fn && !ls->alias_fn) {
+    fjc_errmsg(err, errlen, "%s: NULL callback", who);
+    return FJ_EINVAL;
+  }
+  if (ls->alias_fn)
+    return walk_store(store, visit_alias, list_alias, ls, 0, err, errlen);
+  return walk_store(store, list_one, NULL, ls, 0, err, errlen);
+}
+
+fj_status fjc_store_list(fjc_store *store, fjc_entry_fn fn, void *user,
+                         char *err, size_t errlen) {
+  list_state ls = {fn, NULL, user};
+  return list_walk(store, &ls, "fjc_store_list", err, errlen);
+}
+
 fj_status fjc_store_list_aliases(fjc_store *store, fjc_alias_fn fn, void *user,
                                  char *err, size_t errlen) {
   list_state ls = {NULL, fn, user};
-  if (!store || !fn) {
-    fjc_errmsg(err, errlen, "fjc_store_list_aliases: NULL argument");
-    return FJ_EINVAL;
-  }
-  return walk_store(store, visit_alias, list_alias, &ls, 0, err, errlen);
+  return list_walk(store, &ls, "fjc_store_list_aliases", err, errlen);
 }
 
 /* ---- verify ----------------------------------------------------------- */
@@ -426,10 +436,6 @@ fj_status fjc_store_verify(fjc_store *store, int remove_bad,
   verify_state vs = {remove_bad, on_bad, user, report ? report : &scratch,
                      time(NULL)};
   fj_status st;
-  if (!store) {
-    fjc_errmsg(err, errlen, "fjc_store_verify: NULL store");
-    return FJ_EINVAL;
-  }
   memset(vs.rep, 0, sizeof *vs.rep);
   st = walk_store(store, verify_entry, NULL, &vs, 0, err, errlen);
   if (st != FJ_OK)
@@ -458,12 +464,7 @@ static int clear_one(walk *w, const walk_file *f) {
 fj_status fjc_store_clear(fjc_store *store, int *removed, uint64_t *bytes,
                           char *err, size_t errlen) {
   clear_state cs = {0, 0};
-  fj_status st;
-  if (!store) {
-    fjc_errmsg(err, errlen, "fjc_store_clear: NULL store");
-    return FJ_EINVAL;
-  }
-  st = walk_store(store, clear_one, NULL, &cs, 1, err, errlen);
+  fj_status st = walk_store(store, clear_one, NULL, &cs, 1, err, errlen);
   if (removed)
     *removed = cs.removed;
   if (bytes)
@@ -540,12 +541,8 @@ static int remove_dangling(walk *w, const walk_file *f,
 fj_status fjc_store_remove_dangling_aliases(fjc_store *store, int *removed,
                                             char *err, size_t errlen) {
   dangling_state ds = {0};
-  fj_status st;
-  if (!store) {
-    fjc_errmsg(err, errlen, "fjc_store_remove_dangling_aliases: NULL store");
-    return FJ_EINVAL;
-  }
-  st = walk_store(store, visit_alias, remove_dangling, &ds, 0, err, errlen);
+  fj_status st =
+      walk_store(store, visit_alias, remove_dangling, &ds, 0, err, errlen);
   if (removed)
     *removed = ds.removed;
   return st;

@@ -338,17 +338,16 @@ static const char *read_entry(int fd, const fjc_key *key, void **data,
   return NULL;
 }
 
-fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
-                        void **data, size_t *size, char *path_out,
-                        size_t path_len, char *err, size_t errlen) {
-  char path[STORE_PATH_MAX];
-  const char *why;
-  int fd = -1;
-  fj_status st = FJ_ENOTFOUND;
-
-  put_path(path_out, path_len, "");
+/* What both lookups (who) check first: the arguments (FJ_EINVAL), then
+ * whether there is a file to read, <keyhex><ext> of (arch, key), which
+ * lands in path (FJ_ENOTFOUND when not). FJ_OK with *data NULL and *size 0
+ * to go on; otherwise err says why. */
+static fj_status lookup_file(const char *who, const fjc_store *store,
+                             const char *arch, const fjc_key *key,
+                             const char *ext, void **data, size_t *size,
+                             char *path, size_t n, char *err, size_t errlen) {
   if (!store || !key || !data || !size || !fjc_arch_is_valid(arch)) {
-    fjc_errmsg(err, errlen, "fjc_store_get: invalid argument (arch '%s')",
+    fjc_errmsg(err, errlen, "%s: invalid argument (arch '%s')", who,
                arch ? arch : "(null)");
     return FJ_EINVAL;
   }
@@ -358,10 +357,27 @@ fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
     fjc_errmsg(err, errlen, "the kernel cache is disabled");
     return FJ_ENOTFOUND;
   }
-  if (entry_file(store, arch, key, ".cubin", path, sizeof path)) {
+  if (entry_file(store, arch, key, ext, path, n)) {
     fjc_errmsg(err, errlen, "cache path too long under %s", store->root);
     return FJ_ENOTFOUND;
   }
+  return FJ_OK;
+}
+
+fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
+                        void **data, size_t *size, char *path_out,
+                        size_t path_len, char *err, size_t errlen) {
+  char path[STORE_PATH_MAX];
+  const char *why;
+  int fd = -1;
+  fj_status st;
+
+  put_path(path_out, path_len, "");
+  st = lookup_file("fjc_store_get", store, arch, key, ".cubin", data, size,
+                   path, sizeof path, err, errlen);
+  if (st != FJ_OK)
+    return st;
+  st = FJ_ENOTFOUND;
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
@@ -444,22 +460,10 @@ fj_status fjc_store_get_by_source(fjc_store *store, const char *arch,
   int fd, bad;
   fj_status st;
   put_path(path_out, path_len, "");
-  if (!store || !source_key || !data || !size || !fjc_arch_is_valid(arch)) {
-    fjc_errmsg(err, errlen,
-               "fjc_store_get_by_source: invalid argument (arch '%s')",
-               arch ? arch : "(null)");
-    return FJ_EINVAL;
-  }
-  *data = NULL;
-  *size = 0;
-  if (!store->root) {
-    fjc_errmsg(err, errlen, "the kernel cache is disabled");
-    return FJ_ENOTFOUND;
-  }
-  if (entry_file(store, arch, source_key, ".src", path, sizeof path)) {
-    fjc_errmsg(err, errlen, "cache path too long under %s", store->root);
-    return FJ_ENOTFOUND;
-  }
+  st = lookup_file("fjc_store_get_by_source", store, arch, source_key, ".src",
+                   data, size, path, sizeof path, err, errlen);
+  if (st != FJ_OK)
+    return st;
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     fjc_errmsg(err, errlen, "%s: %s", path, strerror(errno));
