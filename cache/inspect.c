@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache/errmsg.h"
 #include "cache/meta.h"
 
 #define PATH_CAP 4096
@@ -189,12 +190,18 @@ static int walk_dir(walk *w, int fd, const char *path, int depth) {
 }
 
 /* Walks <root>/<libver>/<arch>/<aa>/<file>: fn sees each file, or with fn
- * visit_alias, on_alias each alias. */
+ * visit_alias, on_alias each alias. FJ_EIO with err naming the first path
+ * that could not be read or removed; FJ_EINVAL for a NULL store (every
+ * public walk checks its store here). */
 static fj_status walk_store(fjc_store *store, walk_fn fn,
                             alias_visit_fn on_alias, void *user,
-                            int remove_empty) {
+                            int remove_empty, char *err, size_t errlen) {
   walk w;
   const char *root = fjc_store_root(store);
+  if (!store) {
+    fjc_errmsg(err, errlen, "no kernel cache store to walk (NULL)");
+    return FJ_EINVAL;
+  }
   memset(&w, 0, sizeof w);
   w.store = store;
   w.fn = fn;
@@ -209,18 +216,18 @@ static fj_status walk_store(fjc_store *store, walk_fn fn,
   if (fd < 0) {
     if (errno == ENOENT)
       return FJ_OK;
-    fjc_store_set_error(store, "cannot read cache directory %s: %s", root,
-                        strerror(errno));
+    fjc_errmsg(err, errlen, "cannot read cache directory %s: %s", root,
+               strerror(errno));
     return FJ_EIO;
   }
   walk_dir(&w, fd, root, 0);
   if (!w.failures)
     return FJ_OK;
   if (w.failures > 1)
-    fjc_store_set_error(store, "%s (and %d more failures)", w.first_failure,
-                        w.failures - 1);
+    fjc_errmsg(err, errlen, "%s (and %d more failures)", w.first_failure,
+               w.failures - 1);
   else
-    fjc_store_set_error(store, "%s", w.first_failure);
+    fjc_errmsg(err, errlen, "%s", w.first_failure);
   return FJ_EIO;
 }
 
@@ -318,25 +325,35 @@ static int list_one(walk *w, const walk_file *f) {
   return ls->entry_fn(ls->user, &e);
 }
 
-fj_status fjc_store_list(fjc_store *store, fjc_entry_fn fn, void *user) {
-  list_state ls = {fn, NULL, user};
-  if (!store || !fn)
-    return FJ_EINVAL;
-  return walk_store(store, list_one, NULL, &ls, 0);
-}
-
 static int list_alias(walk *w, const walk_file *f, const fjc_alias_info *a) {
   list_state *ls = w->user;
   (void)f;
   return ls->alias_fn(ls->user, a);
 }
 
-fj_status fjc_store_list_aliases(fjc_store *store, fjc_alias_fn fn,
-                                 void *user) {
-  list_state ls = {NULL, fn, user};
-  if (!store || !fn)
+/* The walk of fjc_store_list (ls->entry_fn) or fjc_store_list_aliases
+ * (ls->alias_fn), who. */
+static fj_status list_walk(fjc_store *store, list_state *ls, const char *who,
+                           char *err, size_t errlen) {
+  if (!ls->entry_fn && !ls->alias_fn) {
+    fjc_errmsg(err, errlen, "%s: NULL callback", who);
     return FJ_EINVAL;
-  return walk_store(store, visit_alias, list_alias, &ls, 0);
+  }
+  if (ls->alias_fn)
+    return walk_store(store, visit_alias, list_alias, ls, 0, err, errlen);
+  return walk_store(store, list_one, NULL, ls, 0, err, errlen);
+}
+
+fj_status fjc_store_list(fjc_store *store, fjc_entry_fn fn, void *user,
+                         char *err, size_t errlen) {
+  list_state ls = {fn, NULL, user};
+  return list_walk(store, &ls, "fjc_store_list", err, errlen);
+}
+
+fj_status fjc_store_list_aliases(fjc_store *store, fjc_alias_fn fn, void *user,
+                                 char *err, size_t errlen) {
+  list_state ls = {NULL, fn, user};
+  return list_walk(store, &ls, "fjc_store_list_aliases", err, errlen);
 }
 
 /* ---- verify ----------------------------------------------------------- */
@@ -413,18 +430,17 @@ static int verify_alias(walk *w, const walk_file *f, const fjc_alias_info *a) {
 
 fj_status fjc_store_verify(fjc_store *store, int remove_bad,
                            fjc_bad_entry_fn on_bad, void *user,
-                           fjc_verify_report *report) {
+                           fjc_verify_report *report, char *err,
+                           size_t errlen) {
   fjc_verify_report scratch;
   verify_state vs = {remove_bad, on_bad, user, report ? report : &scratch,
                      time(NULL)};
   fj_status st;
-  if (!store)
-    return FJ_EINVAL;
   memset(vs.rep, 0, sizeof *vs.rep);
-  st = walk_store(store, verify_entry, NULL, &vs, 0);
+  st = walk_store(store, verify_entry, NULL, &vs, 0, err, errlen);
   if (st != FJ_OK)
     return st;
-  return walk_store(store, visit_alias, verify_alias, &vs, 0);
+  return walk_store(store, visit_alias, verify_alias, &vs, 0, err, errlen);
 }
 
 /* ---- clear ------------------------------------------------------------ */
@@ -445,12 +461,10 @@ static int clear_one(walk *w, const walk_file *f) {
   return 0;
 }
 
-fj_status fjc_store_clear(fjc_store *store, int *removed, uint64_t *bytes) {
+fj_status fjc_store_clear(fjc_store *store, int *removed, uint64_t *bytes,
+                          char *err, size_t errlen) {
   clear_state cs = {0, 0};
-  fj_status st;
-  if (!store)
-    return FJ_EINVAL;
-  st = walk_store(store, clear_one, NULL, &cs, 1);
+  fj_status st = walk_store(store, clear_one, NULL, &cs, 1, err, errlen);
   if (removed)
     *removed = cs.removed;
   if (bytes)
@@ -478,23 +492,32 @@ static int open_entry_dir(fjc_store *store, const char *libver,
 }
 
 int fjc_entry_evict(fjc_store *store, const char *libver, const char *arch,
-                    const fjc_key *key) {
+                    const fjc_key *key, char *err, size_t errlen) {
   char name[48];
   int dir, lock, rc = 1;
   if (!store || !fjc_store_enabled(store) || !key || !libver || !arch ||
-      strchr(libver, '/') || !fjc_arch_is_valid(arch))
+      strchr(libver, '/') || !fjc_arch_is_valid(arch)) {
+    fjc_errmsg(err, errlen,
+               "fjc_entry_evict: invalid argument (release '%s', arch '%s')",
+               libver ? libver : "(null)", arch ? arch : "(null)");
     return -1;
+  }
   dir = open_entry_dir(store, libver, arch, key);
-  if (dir < 0)
-    return errno == ENOENT ? 0 : -1;
+  if (dir < 0) {
+    if (errno == ENOENT)
+      return 0;
+    fjc_errmsg(err, errlen, "cannot open %s/%s/%s/%.2s: %s",
+               fjc_store_root(store), libver, arch, key->hex, strerror(errno));
+    return -1;
+  }
   snprintf(name, sizeof name, "%s.lock", key->hex);
   lock = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) != 0) {
     rc = 0; /* another process is compiling it */
   } else if (remove_entry_at(dir, key->hex) != 0) {
-    fjc_store_set_error(store, "cannot remove %s/%s/%s/%.2s/%s.cubin: %s",
-                        fjc_store_root(store), libver, arch, key->hex,
-                        key->hex, strerror(errno));
+    fjc_errmsg(err, errlen, "cannot remove %s/%s/%s/%.2s/%s.cubin: %s",
+               fjc_store_root(store), libver, arch, key->hex, key->hex,
+               strerror(errno));
     rc = -1;
   }
   if (lock >= 0)
@@ -515,12 +538,11 @@ static int remove_dangling(walk *w, const walk_file *f,
   return 0;
 }
 
-fj_status fjc_store_remove_dangling_aliases(fjc_store *store, int *removed) {
+fj_status fjc_store_remove_dangling_aliases(fjc_store *store, int *removed,
+                                            char *err, size_t errlen) {
   dangling_state ds = {0};
-  fj_status st;
-  if (!store)
-    return FJ_EINVAL;
-  st = walk_store(store, visit_alias, remove_dangling, &ds, 0);
+  fj_status st =
+      walk_store(store, visit_alias, remove_dangling, &ds, 0, err, errlen);
   if (removed)
     *removed = ds.removed;
   return st;

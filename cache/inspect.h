@@ -14,7 +14,8 @@
  *
  * A directory below the root that cannot be read, or a file that cannot be
  * removed, makes a call return FJ_EIO after it has done what it could, with
- * fjc_store_last_error naming the first such path and the reason.
+ * err (the caller's buffer of errlen bytes; may be NULL) naming the first
+ * such path and the reason. err is written only on failure.
  *
  * Not thread-safe with respect to the store; safe against other processes
  * using the same root (they see entries vanish as misses).
@@ -46,7 +47,8 @@ typedef int (*fjc_entry_fn)(void *user, const fjc_entry_info *entry);
 /* Calls fn for every .cubin entry under the root, in no particular order.
  * FJ_OK also for a missing root or a disabled store (no entries).
  * FJ_EIO when the root or a directory below it cannot be read. */
-fj_status fjc_store_list(fjc_store *store, fjc_entry_fn fn, void *user);
+fj_status fjc_store_list(fjc_store *store, fjc_entry_fn fn, void *user,
+                         char *err, size_t errlen);
 
 /* A source-key alias (see cache/store.h). */
 typedef struct fjc_alias_info {
@@ -63,8 +65,8 @@ typedef int (*fjc_alias_fn)(void *user, const fjc_alias_info *alias);
 
 /* Calls fn for every alias under the root, as fjc_store_list does for
  * entries. */
-fj_status fjc_store_list_aliases(fjc_store *store, fjc_alias_fn fn,
-                                 void *user);
+fj_status fjc_store_list_aliases(fjc_store *store, fjc_alias_fn fn, void *user,
+                                 char *err, size_t errlen);
 
 typedef struct fjc_verify_report {
   int checked;         /* entries read */
@@ -90,23 +92,25 @@ typedef void (*fjc_bad_entry_fn)(void *user, const char *path,
  * says how many; FJ_EIO as at the top of this file. */
 fj_status fjc_store_verify(fjc_store *store, int remove_bad,
                            fjc_bad_entry_fn on_bad, void *user,
-                           fjc_verify_report *report);
+                           fjc_verify_report *report, char *err, size_t errlen);
 
 /* Deletes every entry, alias, lock and temp file under the root, then the
  * directories that became empty. *removed (may be NULL) receives the number
  * of entries deleted, *bytes (may be NULL) their .cubin + .json bytes. */
-fj_status fjc_store_clear(fjc_store *store, int *removed, uint64_t *bytes);
+fj_status fjc_store_clear(fjc_store *store, int *removed, uint64_t *bytes,
+                          char *err, size_t errlen);
 
 /* Deletes one entry's .cubin, .json and .lock (release libver, target
  * arch) unless another process holds its compile lock (tried without
  * waiting). Returns 1 when deleted, 0 when kept because it is being
- * compiled or already gone, -1 when it could not be deleted
- * (fjc_store_last_error says why). */
+ * compiled or already gone, -1 when it could not be deleted (err names the
+ * path and the reason) or the arguments are bad. */
 int fjc_entry_evict(fjc_store *store, const char *libver, const char *arch,
-                    const fjc_key *key);
+                    const fjc_key *key, char *err, size_t errlen);
 
 /* Deletes every dangling alias (its entry gone). *removed (may be NULL)
  * receives how many. FJ_OK, or FJ_EIO as at the top of this file. */
-fj_status fjc_store_remove_dangling_aliases(fjc_store *store, int *removed);
+fj_status fjc_store_remove_dangling_aliases(fjc_store *store, int *removed,
+                                            char *err, size_t errlen);
 
 #endif /* FJC_INSPECT_H */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "cache/errmsg.h"
 #include "cache/inspect.h"
 
 /* What prune keeps of an entry while it decides. */
@@ -80,20 +81,23 @@ static void free_candidates(candidates *c) {
 
 fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
                           const char *const *in_use_keys, int n_in_use,
-                          fjc_prune_report *report) {
+                          fjc_prune_report *report, char *err, size_t errlen) {
   fjc_prune_report scratch, *rep = report ? report : &scratch;
   candidates c = {0};
   char first_failure[1200] = "";
   int failures = 0;
   fj_status st;
   memset(rep, 0, sizeof *rep);
-  if (!store || n_in_use < 0 || (n_in_use > 0 && !in_use_keys))
+  if (!store || n_in_use < 0 || (n_in_use > 0 && !in_use_keys)) {
+    fjc_errmsg(err, errlen, "fjc_store_prune: invalid argument");
     return FJ_EINVAL;
-  st = fjc_store_list(store, collect, &c);
+  }
+  st = fjc_store_list(store, collect, &c, err, errlen);
   if (st != FJ_OK)
     goto done;
   if (c.failed) {
-    fjc_store_set_error(store, "out of memory listing the kernel cache");
+    fjc_errmsg(err, errlen, "out of memory listing the kernel cache %s",
+               fjc_store_root(store));
     st = FJ_ENOMEM;
     goto done;
   }
@@ -107,10 +111,11 @@ fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
       rep->kept_in_use++;
       continue;
     }
-    int gone = fjc_entry_evict(store, x->libver, x->arch, &x->key);
-    if (gone < 0 && !failures++)
-      snprintf(first_failure, sizeof first_failure, "%s",
-               fjc_store_last_error(store));
+    /* Only the first failure's message is kept. */
+    int gone =
+        fjc_entry_evict(store, x->libver, x->arch, &x->key,
+                        failures ? NULL : first_failure, sizeof first_failure);
+    failures += gone < 0;
     if (gone <= 0)
       continue;
     rep->removed++;
@@ -118,12 +123,11 @@ fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
     rep->bytes_after -= x->bytes;
   }
   if (rep->removed)
-    st = fjc_store_remove_dangling_aliases(store, &rep->aliases_removed);
+    st = fjc_store_remove_dangling_aliases(store, &rep->aliases_removed, err,
+                                           errlen);
   if (failures) {
-    fjc_store_set_error(store, "%s%s", first_failure,
-                        failures > 1 ? " (and more entries could not be "
-                                       "removed)"
-                                     : "");
+    fjc_errmsg(err, errlen, "%s%s", first_failure,
+               failures > 1 ? " (and more entries could not be removed)" : "");
     st = FJ_EIO;
   }
 done:
@@ -134,15 +138,15 @@ done:
 void fjc_store_prune_to_limit(fjc_store *store) {
   fjc_prune_report rep;
   uint64_t max = fjc_store_max_bytes(store);
+  char why[1300] = "";
   int n = 0;
   if (!max || !fjc_store_enabled(store))
     return;
   const char *const *keys = fjc_store_in_use(store, &n);
-  if (fjc_store_prune(store, max, keys, n, &rep) != FJ_OK)
+  if (fjc_store_prune(store, max, keys, n, &rep, why, sizeof why) != FJ_OK)
     fjc_store_log(store, FJ_LOG_WARN,
                   "kernel cache: cannot keep %s under %llu bytes: %s",
-                  fjc_store_root(store), (unsigned long long)max,
-                  fjc_store_last_error(store));
+                  fjc_store_root(store), (unsigned long long)max, why);
   if (rep.removed)
     fjc_store_log(store, FJ_LOG_INFO,
                   "kernel cache: evicted %d least recently used entries "

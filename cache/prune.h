@@ -37,12 +37,12 @@ typedef struct fjc_prune_report {
  * in_use_keys: n_in_use lowercase or uppercase hex keys that must stay (may
  * be NULL when n_in_use is 0). report may be NULL. FJ_OK also when nothing
  * needed removing; FJ_ENOMEM; FJ_EIO when a directory could not be read or
- * an entry could not be deleted (the store's last error names the path and
- * the reason; the report counts what was done). A disabled store prunes
- * nothing. */
+ * an entry could not be deleted (err, the caller's buffer of errlen bytes,
+ * names the first such path and the reason; the report counts what was
+ * done). A disabled store prunes nothing. */
 fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
                           const char *const *in_use_keys, int n_in_use,
-                          fjc_prune_report *report);
+                          fjc_prune_report *report, char *err, size_t errlen);
 
 /* Prunes the store down to the limit it was opened with (none: nothing to
  * do), keeping the keys it has served (fjc_store_in_use). For whoever has

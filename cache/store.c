@@ -5,6 +5,7 @@
 #include "cache/le.h"
 #include "cache/store.h"
 
+#include "cache/errmsg.h"
 #include "cache/fileio.h"
 
 #include <errno.h>
@@ -50,7 +51,6 @@ struct fjc_store {
   uint64_t max_bytes; /* 0: no size limit */
   char **in_use;      /* hex keys served by this store: never pruned */
   int n_in_use, cap_in_use;
-  char last_error[1024];
 };
 
 typedef struct entry_header {
@@ -71,13 +71,6 @@ void fjc_store_log(const fjc_store *s, fj_log_level level, const char *fmt,
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   s->log(s->log_user, level, msg);
-}
-
-void fjc_store_set_error(fjc_store *s, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(s->last_error, sizeof s->last_error, fmt, ap);
-  va_end(ap);
 }
 
 static void put_path(char *out, size_t n, const char *path) {
@@ -203,28 +196,25 @@ fj_status fjc_store_open(const char *root, uint64_t max_bytes, fj_log_fn log,
                          size_t errlen) {
   fjc_store *s = NULL;
   fj_status st = FJ_ENOMEM;
-  char scratch[8];
 
-  if (!err || !errlen) {
-    err = scratch;
-    errlen = sizeof scratch;
-  }
-  err[0] = '\0';
   if (out)
     *out = NULL;
   if (!out || !root) {
-    snprintf(err, errlen, "fjc_store_open: %s is NULL", out ? "root" : "out");
+    fjc_errmsg(err, errlen, "fjc_store_open: %s is NULL", out ? "root" : "out");
     return FJ_EINVAL;
   }
   /* Room for "/<libver>/<arch>/<aa>/<key>.cubin" and a temp suffix. */
   if (strlen(root) >= STORE_PATH_MAX - 128) {
     st = FJ_EINVAL;
-    snprintf(err, errlen, "cache directory path is too long");
+    fjc_errmsg(err, errlen,
+               "cache directory path is too long (%zu bytes, at most %d): "
+               "%.64s...",
+               strlen(root), STORE_PATH_MAX - 129, root);
     goto fail;
   }
   s = calloc(1, sizeof *s);
   if (!s || (root[0] && !(s->root = strdup(root)))) {
-    snprintf(err, errlen, "out of memory opening the kernel cache");
+    fjc_errmsg(err, errlen, "out of memory opening the kernel cache %s", root);
     goto fail;
   }
   /* "dir/" and "dir" name one store; keep printed paths clean. */
@@ -289,10 +279,6 @@ const char *fjc_store_root(const fjc_store *store) {
   return store && store->root ? store->root : "";
 }
 
-const char *fjc_store_last_error(const fjc_store *store) {
-  return store ? store->last_error : "";
-}
-
 /* ---- get -------------------------------------------------------------- */
 
 /* Checks a header against the file and the key; NULL when it is sound, else
@@ -352,41 +338,59 @@ static const char *read_entry(int fd, const fjc_key *key, void **data,
   return NULL;
 }
 
-fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
-                        void **data, size_t *size, char *path_out,
-                        size_t path_len) {
-  char path[STORE_PATH_MAX];
-  const char *why;
-  int fd = -1;
-  fj_status st = FJ_ENOTFOUND;
-
-  put_path(path_out, path_len, "");
+/* What both lookups (who) check first: the arguments (FJ_EINVAL), then
+ * whether there is a file to read, <keyhex><ext> of (arch, key), which
+ * lands in path (FJ_ENOTFOUND when not). FJ_OK with *data NULL and *size 0
+ * to go on; otherwise err says why. */
+static fj_status lookup_file(const char *who, const fjc_store *store,
+                             const char *arch, const fjc_key *key,
+                             const char *ext, void **data, size_t *size,
+                             char *path, size_t n, char *err, size_t errlen) {
   if (!store || !key || !data || !size || !fjc_arch_is_valid(arch)) {
-    if (store)
-      fjc_store_set_error(store, "fjc_store_get: invalid argument (arch '%s')",
-                arch ? arch : "(null)");
+    fjc_errmsg(err, errlen, "%s: invalid argument (arch '%s')", who,
+               arch ? arch : "(null)");
     return FJ_EINVAL;
   }
   *data = NULL;
   *size = 0;
-  if (!store->root)
-    return FJ_ENOTFOUND;
-  if (entry_file(store, arch, key, ".cubin", path, sizeof path)) {
-    fjc_store_set_error(store, "cache path too long under %s", store->root);
+  if (!store->root) {
+    fjc_errmsg(err, errlen, "the kernel cache is disabled");
     return FJ_ENOTFOUND;
   }
+  if (entry_file(store, arch, key, ext, path, n)) {
+    fjc_errmsg(err, errlen, "cache path too long under %s", store->root);
+    return FJ_ENOTFOUND;
+  }
+  return FJ_OK;
+}
+
+fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
+                        void **data, size_t *size, char *path_out,
+                        size_t path_len, char *err, size_t errlen) {
+  char path[STORE_PATH_MAX];
+  const char *why;
+  int fd = -1;
+  fj_status st;
+
+  put_path(path_out, path_len, "");
+  st = lookup_file("fjc_store_get", store, arch, key, ".cubin", data, size,
+                   path, sizeof path, err, errlen);
+  if (st != FJ_OK)
+    return st;
+  st = FJ_ENOTFOUND;
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
+    int e = errno;
     /* A missing entry is the normal miss; anything else is worth a note. */
-    fjc_store_set_error(store, "%s: %s", path, strerror(errno));
-    if (errno != ENOENT && errno != ENOTDIR)
+    fjc_errmsg(err, errlen, "%s: %s", path, strerror(e));
+    if (e != ENOENT && e != ENOTDIR)
       fjc_store_log(store, FJ_LOG_WARN, "cannot read cache entry %s: %s", path,
-                strerror(errno));
+                    strerror(e));
     goto fail;
   }
   why = read_entry(fd, key, data, size);
   if (why) {
-    fjc_store_set_error(store, "cache entry %s is corrupt (%s)", path, why);
+    fjc_errmsg(err, errlen, "cache entry %s is corrupt (%s)", path, why);
     fjc_store_log(store, FJ_LOG_WARN,
               "ignoring corrupt cache entry %s (%s); it will be recompiled",
               path, why);
@@ -450,40 +454,32 @@ int fjc_alias_read_fd(int fd, fjc_key *key) {
 fj_status fjc_store_get_by_source(fjc_store *store, const char *arch,
                                   const fjc_key *source_key, fjc_key *key_out,
                                   void **data, size_t *size, char *path_out,
-                                  size_t path_len) {
+                                  size_t path_len, char *err, size_t errlen) {
   char path[STORE_PATH_MAX];
   fjc_key key;
   int fd, bad;
   fj_status st;
   put_path(path_out, path_len, "");
-  if (!store || !source_key || !data || !size || !fjc_arch_is_valid(arch)) {
-    if (store)
-      fjc_store_set_error(store,
-                          "fjc_store_get_by_source: invalid argument (arch '%s')",
-                          arch ? arch : "(null)");
-    return FJ_EINVAL;
-  }
-  *data = NULL;
-  *size = 0;
-  if (!store->root)
-    return FJ_ENOTFOUND;
-  if (entry_file(store, arch, source_key, ".src", path, sizeof path))
-    return FJ_ENOTFOUND;
+  st = lookup_file("fjc_store_get_by_source", store, arch, source_key, ".src",
+                   data, size, path, sizeof path, err, errlen);
+  if (st != FJ_OK)
+    return st;
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    fjc_store_set_error(store, "%s: %s", path, strerror(errno));
+    fjc_errmsg(err, errlen, "%s: %s", path, strerror(errno));
     return FJ_ENOTFOUND;
   }
   bad = fjc_alias_read_fd(fd, &key);
   close(fd);
   if (bad) {
-    fjc_store_set_error(store, "source-key alias %s is corrupt", path);
+    fjc_errmsg(err, errlen, "source-key alias %s is corrupt", path);
     fjc_store_log(store, FJ_LOG_WARN, "ignoring corrupt source-key alias %s",
                   path);
     return FJ_ENOTFOUND;
   }
   /* A dangling alias is the entry's plain miss; a bad entry warns there. */
-  st = fjc_store_get(store, arch, &key, data, size, path_out, path_len);
+  st = fjc_store_get(store, arch, &key, data, size, path_out, path_len, err,
+                     errlen);
   if (st == FJ_OK && key_out)
     *key_out = key;
   return st;
@@ -549,13 +545,15 @@ fail:
   return -1;
 }
 
-/* Records a write failure: a warning the first time, debug afterwards. */
+/* Reports a write failure: into err, and through the log, a warning the
+ * first time, debug afterwards. */
 static fj_status write_failed(fjc_store *s, const char *what, const char *path,
-                              int err) {
-  fjc_store_set_error(s, "cannot %s %s: %s", what, path, strerror(err));
+                              int errnum, char *err, size_t errlen) {
+  char msg[STORE_PATH_MAX + 256];
+  snprintf(msg, sizeof msg, "cannot %s %s: %s", what, path, strerror(errnum));
+  fjc_errmsg(err, errlen, "%s", msg);
   fjc_store_log(s, s->write_warned ? FJ_LOG_DEBUG : FJ_LOG_WARN,
-            "kernel cache: %s; kernels are kept in memory only",
-            s->last_error);
+                "kernel cache: %s; kernels are kept in memory only", msg);
   s->write_warned = 1;
   return FJ_ECACHE;
 }
@@ -608,7 +606,7 @@ static void put_alias(fjc_store *s, const char *arch, const fjc_key *key,
 fj_status fjc_store_put(fjc_store *store, const char *arch, const fjc_key *key,
                         const fjc_key *source_key, const void *data,
                         size_t size, const char *meta_json, char *path_out,
-                        size_t path_len) {
+                        size_t path_len, char *err, size_t errlen) {
   char dir[STORE_PATH_MAX], path[STORE_PATH_MAX];
   unsigned char raw[ENTRY_HEADER_SIZE];
   const char *what;
@@ -616,24 +614,25 @@ fj_status fjc_store_put(fjc_store *store, const char *arch, const fjc_key *key,
   put_path(path_out, path_len, "");
   if (!store || !key || !data || size == 0 || size > ENTRY_MAX_PAYLOAD ||
       !fjc_arch_is_valid(arch)) {
-    if (store)
-      fjc_store_set_error(store, "fjc_store_put: invalid argument (arch '%s', %zu bytes)",
-                arch ? arch : "(null)", size);
+    fjc_errmsg(err, errlen,
+               "fjc_store_put: invalid argument (arch '%s', %zu bytes)",
+               arch ? arch : "(null)", size);
     return FJ_EINVAL;
   }
   if (!store->root)
     return FJ_OK;
   if (entry_dir(store, arch, key, dir, sizeof dir) ||
       entry_file(store, arch, key, ".cubin", path, sizeof path))
-    return write_failed(store, "build a path under", store->root,
-                        ENAMETOOLONG);
+    return write_failed(store, "build a path under", store->root, ENAMETOOLONG,
+                        err, errlen);
   if (injected_create_errno(store))
-    return write_failed(store, "create", dir, injected_create_errno(store));
+    return write_failed(store, "create", dir, injected_create_errno(store), err,
+                        errlen);
   if (make_dirs(dir))
-    return write_failed(store, "create", dir, errno);
+    return write_failed(store, "create", dir, errno, err, errlen);
   encode_header(raw, key, data, size);
   if (publish_file(store, dir, path, raw, sizeof raw, data, size, &what))
-    return write_failed(store, what, path, errno);
+    return write_failed(store, what, path, errno, err, errlen);
   if (meta_json)
     put_sidecar(store, arch, key, dir, meta_json);
   fjc_sync_dir(dir);
@@ -655,16 +654,15 @@ static int open_lock_file(const char *path) {
   return fd;
 }
 
-fj_status fjc_store_lock(fjc_store *store, const char *arch,
-                         const fjc_key *key, int *lock_fd) {
+fj_status fjc_store_lock(fjc_store *store, const char *arch, const fjc_key *key,
+                         int *lock_fd, char *err, size_t errlen) {
   char dir[STORE_PATH_MAX], path[STORE_PATH_MAX];
   int fd;
-  if (!lock_fd)
-    return FJ_EINVAL;
-  *lock_fd = -1;
-  if (!store || !key || !fjc_arch_is_valid(arch)) {
-    if (store)
-      fjc_store_set_error(store, "fjc_store_lock: invalid argument");
+  if (lock_fd)
+    *lock_fd = -1;
+  if (!lock_fd || !store || !key || !fjc_arch_is_valid(arch)) {
+    fjc_errmsg(err, errlen, "fjc_store_lock: invalid argument (arch '%s')",
+               arch ? arch : "(null)");
     return FJ_EINVAL;
   }
   if (!store->root || injected_create_errno(store))

@@ -82,9 +82,6 @@ void fjc_store_close(fjc_store *store);
 int fjc_store_enabled(const fjc_store *store);
 /* The root directory ("" when disabled); borrowed, lives with the store. */
 const char *fjc_store_root(const fjc_store *store);
-/* Why the last failing call failed ("" if none); borrowed, valid until the
- * next call on store. */
-const char *fjc_store_last_error(const fjc_store *store);
 
 /* 1 when arch is a plain target name, [A-Za-z0-9_]{1,31}, safe as a path
  * component. */
@@ -104,11 +101,6 @@ fj_status fjc_store_mark_in_use(fjc_store *store, const fjc_key *key);
 void fjc_store_log(const fjc_store *store, fj_log_level level, const char *fmt,
                    ...) __attribute__((format(printf, 3, 4)));
 
-/* Sets the message fjc_store_last_error returns (for the cache/ modules that
- * work on a store). */
-void fjc_store_set_error(fjc_store *store, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
 /* Checks one open entry file completely, reading it from offset 0: header,
  * length, key and checksum. key may be NULL to accept the key the header
  * names (its bytes then land in *key_out if not NULL). Returns NULL when
@@ -125,42 +117,46 @@ int fjc_alias_read_fd(int fd, fjc_key *key);
 /* Looks up the entry of (arch, key). FJ_OK: *data (malloc'd, the caller
  * frees) and *size hold the cubin, path_out (if not NULL) the file. Otherwise
  * FJ_ENOTFOUND (missing, unreadable or corrupt: never an error), *data NULL,
- * path_out "". FJ_EINVAL for an arch that is not [A-Za-z0-9_]{1,31}.
- * A hit sets the entry's mtime to now (its LRU age) and marks the key in
- * use; a read-only cache that cannot be touched still hits. */
+ * path_out "", err why it missed (the path and the reason). FJ_EINVAL for an
+ * arch that is not [A-Za-z0-9_]{1,31}. A hit sets the entry's mtime to now
+ * (its LRU age) and marks the key in use; a read-only cache that cannot be
+ * touched still hits. */
 fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
                         void **data, size_t *size, char *path_out,
-                        size_t path_len);
+                        size_t path_len, char *err, size_t errlen);
 
 /* Looks up the entry that the source key's alias names (see the top of
  * this file): what a process without NVRTC finds by the key of everything
  * but the compiler version. FJ_OK as fjc_store_get, and *key_out (may be
  * NULL; written only on a hit) the entry's full key. FJ_ENOTFOUND for no
  * alias, a corrupt one (logged as a warning), a dangling one, and a bad
- * entry (logged by its own check). FJ_EINVAL as fjc_store_get. */
+ * entry (logged by its own check), err saying which. FJ_EINVAL as
+ * fjc_store_get. */
 fj_status fjc_store_get_by_source(fjc_store *store, const char *arch,
                                   const fjc_key *source_key, fjc_key *key_out,
                                   void **data, size_t *size, char *path_out,
-                                  size_t path_len);
+                                  size_t path_len, char *err, size_t errlen);
 
 /* Publishes the cubin of (arch, key), replacing any entry, then, when
  * meta_json is not NULL, the <keyhex>.json sidecar and, when source_key is
  * not NULL (and not key itself), the source key's alias naming key. FJ_OK:
  * path_out holds the .cubin path ("" for a disabled store). FJ_ECACHE:
- * nothing was published, no temp file is left, fjc_store_last_error says
- * why. A sidecar or alias that cannot be written is only logged: the cubin
- * is what matters. Never prunes. */
+ * nothing was published, no temp file is left, err names the path and the
+ * reason (also logged, see the top of this file). A sidecar or alias that
+ * cannot be written is only logged: the cubin is what matters. Never
+ * prunes. */
 fj_status fjc_store_put(fjc_store *store, const char *arch, const fjc_key *key,
                         const fjc_key *source_key, const void *data,
                         size_t size, const char *meta_json, char *path_out,
-                        size_t path_len);
+                        size_t path_len, char *err, size_t errlen);
 
 /* Takes the exclusive per-key lock, blocking until it is free, so concurrent
  * compilers of one key compile once: lock, get again, compile and put on a
  * miss, unlock. FJ_OK with *lock_fd = -1 when locking is unavailable
- * (disabled store, read-only root): proceed without it. */
-fj_status fjc_store_lock(fjc_store *store, const char *arch,
-                         const fjc_key *key, int *lock_fd);
+ * (disabled store, read-only root): proceed without it. FJ_EINVAL (err says
+ * so) only for a NULL argument or a bad arch. */
+fj_status fjc_store_lock(fjc_store *store, const char *arch, const fjc_key *key,
+                         int *lock_fd, char *err, size_t errlen);
 /* Releases a lock from fjc_store_lock; -1 is a no-op. */
 void fjc_store_unlock(int lock_fd);
 

@@ -223,9 +223,10 @@ static int count_alias(void *user, const fjc_alias_info *a) {
 }
 
 static int count_aliases(fjc_store *s, alias_count *ac) {
-  if (fjc_store_list_aliases(s, count_alias, ac) == FJ_OK)
+  char err[1024];
+  if (fjc_store_list_aliases(s, count_alias, ac, err, sizeof err) == FJ_OK)
     return 0;
-  cc_error("%s", fjc_store_last_error(s));
+  cc_error("%s", err);
   return -1;
 }
 
@@ -279,9 +280,10 @@ static int newest_first(const void *pa, const void *pb) {
 }
 
 static int load_list(fjc_store *s, entry_list *l) {
+  char err[1024];
   memset(l, 0, sizeof *l);
-  if (fjc_store_list(s, collect, l) != FJ_OK) {
-    cc_error("%s", fjc_store_last_error(s));
+  if (fjc_store_list(s, collect, l, err, sizeof err) != FJ_OK) {
+    cc_error("%s", err);
     return -1;
   }
   if (l->failed) {
@@ -446,13 +448,15 @@ static void print_bad(void *user, const char *path, const char *why) {
 
 static int cmd_verify(const cc_opts *o) {
   fjc_verify_report r;
+  char err[1024];
   if (o->pack)
     return pack_verify(o->pack);
   fjc_store *s = open_store(o);
   if (!s)
     return CC_FAIL;
-  if (fjc_store_verify(s, o->remove, print_bad, NULL, &r) != FJ_OK) {
-    cc_error("verify: %s", fjc_store_last_error(s));
+  if (fjc_store_verify(s, o->remove, print_bad, NULL, &r, err, sizeof err) !=
+      FJ_OK) {
+    cc_error("verify: %s", err);
     fjc_store_close(s);
     return CC_FAIL;
   }
@@ -478,7 +482,7 @@ static int cmd_verify(const cc_opts *o) {
 static int cmd_prune(const cc_opts *o) {
   fjc_prune_report r;
   uint64_t max;
-  char a[32], b[32], c[32];
+  char a[32], b[32], c[32], err[1024];
   if (!o->max_bytes) {
     cc_error("prune needs --max-bytes N (see flexjit cache prune --help)");
     return CC_USAGE;
@@ -491,7 +495,7 @@ static int cmd_prune(const cc_opts *o) {
   fjc_store *s = open_store(o);
   if (!s)
     return CC_FAIL;
-  fj_status st = fjc_store_prune(s, max, NULL, 0, &r);
+  fj_status st = fjc_store_prune(s, max, NULL, 0, &r, err, sizeof err);
   printf("removed %d of %d entries (%s); %s remain (limit %s)", r.removed,
          r.entries, human_bytes(r.bytes_removed, a, sizeof a),
          human_bytes(r.bytes_after, b, sizeof b),
@@ -500,7 +504,7 @@ static int cmd_prune(const cc_opts *o) {
     printf("; %d dangling source-key aliases removed", r.aliases_removed);
   printf("\n");
   if (st != FJ_OK)
-    cc_error("prune: %s", fjc_store_last_error(s));
+    cc_error("prune: %s", err);
   fjc_store_close(s);
   return st == FJ_OK ? CC_OK : CC_FAIL;
 }
@@ -508,15 +512,15 @@ static int cmd_prune(const cc_opts *o) {
 static int cmd_clear(const cc_opts *o) {
   int removed = 0;
   uint64_t bytes = 0;
-  char size[32];
+  char size[32], err[1024];
   fjc_store *s = open_store(o);
   if (!s)
     return CC_FAIL;
-  fj_status st = fjc_store_clear(s, &removed, &bytes);
+  fj_status st = fjc_store_clear(s, &removed, &bytes, err, sizeof err);
   printf("removed %d entries (%s) from %s\n", removed,
          human_bytes(bytes, size, sizeof size), fjc_store_root(s));
   if (st != FJ_OK)
-    cc_error("clear: %s", fjc_store_last_error(s));
+    cc_error("clear: %s", err);
   fjc_store_close(s);
   return st == FJ_OK ? CC_OK : CC_FAIL;
 }

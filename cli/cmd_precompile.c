@@ -394,8 +394,8 @@ static int add_to_pack(fjc_pack_writer *w, fjc_store *store,
   int rc = -1;
   memset(&e, 0, sizeof e);
   if (fjc_key_from_hex(r->info.key, &e.full_key) != 0 ||
-      fjc_store_get(store, r->info.arch, &e.full_key, &data, &size, NULL, 0) !=
-          FJ_OK) {
+      fjc_store_get(store, r->info.arch, &e.full_key, &data, &size, NULL, 0,
+                    NULL, 0) != FJ_OK) {
     pc_error("cannot read back %s (key %s) from %s", r->info.name,
              r->info.key, fjc_store_root(store));
     return -1;
@@ -474,7 +474,7 @@ static void remove_temp_cache(const char *dir) {
   fjc_store *store = NULL;
   char err[256];
   if (fjc_store_open(dir, 0, NULL, NULL, &store, err, sizeof err) == FJ_OK)
-    fjc_store_clear(store, NULL, NULL);
+    fjc_store_clear(store, NULL, NULL, NULL, 0);
   fjc_store_close(store);
   rmdir(dir);
 }

@@ -6,6 +6,15 @@
  *  - Every function that can fail returns fj_status: 0 on success, negative on
  *    failure. The detailed message (spec file and line, NVRTC log, CUresult
  *    name) is kept in the context and read with fj_context_last_error().
+ *  - For contributors: internally, a function that can fail returns fj_status
+ *    (one that returns a number, such as an id, returns -1) and writes its
+ *    message into the caller's buffer (char *err, size_t errlen: err may be
+ *    NULL; on failure it gets the message, truncated, naming the path or the
+ *    input and the reason). Only the public API keeps a message, in the
+ *    context: runtime/ code copies the buffer there, or writes there directly
+ *    (fjr_fail). The one exception is the traced graph, whose builders keep
+ *    theirs in the graph (fjg_graph_error). Warnings that are not failures go
+ *    to the log.
  *  - Handles are opaque. fj_X_destroy(NULL) is a no-op. Specs must be destroyed
  *    before the context that loaded them.
  *  - A context is not thread-safe: use one per thread, or serialize calls.

@@ -291,7 +291,7 @@ static fj_status compile(fj_context *ctx, const fj_spec *spec, const fjr_nvrtc *
   sidecar(spec, k, nvrtc_version, &meta);
   if (fjc_store_put(store, k->cfg.arch, &k->key, &k->source_key, k->cubin,
                     k->cubin_size, meta.failed ? NULL : meta.data, k->path,
-                    sizeof k->path) != FJ_OK)
+                    sizeof k->path, NULL, 0) != FJ_OK)
     k->path[0] = '\0'; /* in memory only; the store warned */
   else
     fjc_store_prune_to_limit(store);
@@ -332,10 +332,10 @@ static fj_status fetch(fj_context *ctx, const fj_spec *spec, fjr_kernel *k) {
    * compiler made of this source, whose full key then names the kernel. */
   if (store && (nvst == FJ_OK
                     ? fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin,
-                                    &k->cubin_size, k->path, sizeof k->path)
+                                    &k->cubin_size, k->path, sizeof k->path, NULL, 0)
                     : fjc_store_get_by_source(store, k->cfg.arch, &k->source_key, &k->key,
                                               &k->cubin, &k->cubin_size, k->path,
-                                              sizeof k->path)) == FJ_OK)
+                                              sizeof k->path, NULL, 0)) == FJ_OK)
     goto done;
   if (nvst != FJ_OK) {
     st = fjr_fail(ctx, FJ_ENONVRTC,
@@ -345,10 +345,10 @@ static fj_status fetch(fj_context *ctx, const fj_spec *spec, fjr_kernel *k) {
     goto done;
   }
   if (store) {
-    fjc_store_lock(store, k->cfg.arch, &k->key, &lock_fd);
+    fjc_store_lock(store, k->cfg.arch, &k->key, &lock_fd, NULL, 0);
     /* Another process may have compiled it while we waited. */
     if (fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin, &k->cubin_size, k->path,
-                      sizeof k->path) == FJ_OK)
+                      sizeof k->path, NULL, 0) == FJ_OK)
       goto done;
   }
   k->from_cache = 0;

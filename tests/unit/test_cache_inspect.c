@@ -75,9 +75,9 @@ static void put_all(fixture *f) {
              "{\"spec\": \"x.lua\", \"head_dim\": 64, \"nested\": {\"name\": "
              "\"wrong\"}, \"name\": \"fj_fwd_k%d_d64_bf16_%s\"}",
              i, archs[i]);
-    assert_int_equal(fjc_store_put(f->store, archs[i], &f->keys[i], NULL, f->cubin,
-                                   sizeof f->cubin - (size_t)i,
-                                   i == 3 ? NULL : meta, NULL, 0),
+    assert_int_equal(fjc_store_put(f->store, archs[i], &f->keys[i], NULL,
+                                   f->cubin, sizeof f->cubin - (size_t)i,
+                                   i == 3 ? NULL : meta, NULL, 0, NULL, 0),
                      FJ_OK);
   }
 }
@@ -120,7 +120,7 @@ static void test_list(void **state) {
            FJ_VERSION_STRING);
   FILE *fp = fopen(path, "w");
   fclose(fp);
-  assert_int_equal(fjc_store_list(f->store, remember, &s), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, remember, &s, NULL, 0), FJ_OK);
   assert_int_equal(s.n, 4);
   for (int i = 0; i < 4; i++) {
     const fjc_entry_info *e = find_seen(&s, &f->keys[i]);
@@ -150,10 +150,12 @@ static int stop_at_first(void *user, const fjc_entry_info *e) {
 static void test_list_stops_and_handles_empty(void **state) {
   fixture *f = *state;
   int calls = 0;
-  assert_int_equal(fjc_store_list(f->store, stop_at_first, &calls), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, stop_at_first, &calls, NULL, 0),
+                   FJ_OK);
   assert_int_equal(calls, 0);
   put_all(f);
-  assert_int_equal(fjc_store_list(f->store, stop_at_first, &calls), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, stop_at_first, &calls, NULL, 0),
+                   FJ_OK);
   assert_int_equal(calls, 1);
 }
 
@@ -195,7 +197,8 @@ static void test_verify_finds_corrupt_entry(void **state) {
   bad_list bad = {0};
   char path[1024], other[1024], tmp_old[1100], tmp_new[1100];
   put_all(f);
-  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.checked, 4);
   assert_int_equal(rep.bad, 0);
 
@@ -222,7 +225,8 @@ static void test_verify_finds_corrupt_entry(void **state) {
   assert_int_equal(utimensat(AT_FDCWD, tmp_old, t, 0), 0);
 
   /* Report only. */
-  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.checked, 4);
   assert_int_equal(rep.bad, 2);
   assert_int_equal(rep.removed, 0);
@@ -239,7 +243,8 @@ static void test_verify_finds_corrupt_entry(void **state) {
   assert_int_equal(access(path, F_OK), 0);
 
   /* Repair. */
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.bad, 2);
   assert_int_equal(rep.removed, 2);
   assert_int_equal(rep.stale_temps, 1);
@@ -247,7 +252,8 @@ static void test_verify_finds_corrupt_entry(void **state) {
   assert_int_equal(access(other, F_OK), -1);
   assert_int_equal(access(tmp_old, F_OK), -1);
   assert_int_equal(access(tmp_new, F_OK), 0);
-  assert_int_equal(fjc_store_verify(f->store, 0, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.checked, 2);
   assert_int_equal(rep.bad, 0);
 }
@@ -259,7 +265,8 @@ static void test_verify_leaves_foreign_format(void **state) {
   put_all(f);
   entry_path(f, 2, path, sizeof path);
   flip_byte(path, 8); /* format version 1 -> 17 */
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.foreign, 1);
   assert_int_equal(rep.bad, 0);
   assert_int_equal(access(path, F_OK), 0);
@@ -272,18 +279,19 @@ static void test_clear(void **state) {
   uint64_t bytes = 0;
   int fd;
   put_all(f);
-  assert_int_equal(fjc_store_lock(f->store, "sm_80", &f->keys[0], &fd), FJ_OK);
+  assert_int_equal(fjc_store_lock(f->store, "sm_80", &f->keys[0], &fd, NULL, 0),
+                   FJ_OK);
   fjc_store_unlock(fd);
   snprintf(keep, sizeof keep, "%s/notes.txt", f->root);
   write_file(keep, "mine", 4);
-  assert_int_equal(fjc_store_clear(f->store, &removed, &bytes), FJ_OK);
+  assert_int_equal(fjc_store_clear(f->store, &removed, &bytes, NULL, 0), FJ_OK);
   assert_int_equal(removed, 4);
   assert_true(bytes >= 4 * 48 + 4 * sizeof f->cubin - 6);
   assert_int_equal(access(keep, F_OK), 0);
   snprintf(path, sizeof path, "%s/%s", f->root, FJ_VERSION_STRING);
   assert_int_equal(access(path, F_OK), -1); /* empty directories went too */
   seen s = {0};
-  assert_int_equal(fjc_store_list(f->store, remember, &s), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, remember, &s, NULL, 0), FJ_OK);
   assert_int_equal(s.n, 0);
 }
 
@@ -398,14 +406,15 @@ static void test_walkers_do_not_follow_symlinks(void **state) {
   assert_int_equal(outside_files, 9);
 
   seen s = {0};
-  assert_int_equal(fjc_store_list(f->store, remember, &s), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, remember, &s, NULL, 0), FJ_OK);
   assert_int_equal(s.n, 4);
   fjc_verify_report rep;
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.checked, 4);
   assert_int_equal(rep.bad, 0);
   assert_int_equal(count_outside(out), outside_files);
-  assert_int_equal(fjc_store_clear(f->store, NULL, NULL), FJ_OK);
+  assert_int_equal(fjc_store_clear(f->store, NULL, NULL, NULL, 0), FJ_OK);
   assert_int_equal(count_outside(out), outside_files);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
@@ -423,7 +432,7 @@ static void test_shipped_store_ignores_fault_variable(void **state) {
                    FJ_OK);
   unsetenv("FLEXJIT_CACHE_FAULT");
   assert_int_equal(fjc_store_put(s, "sm_80", &f->keys[0], NULL, f->cubin, 100,
-                                 NULL, NULL, 0),
+                                 NULL, NULL, 0, NULL, 0),
                    FJ_OK);
   fjc_store_close(s);
 }
@@ -449,7 +458,7 @@ static void put_all_with_aliases(fixture *f) {
     fjc_key source;
     make_source(i, &source);
     assert_int_equal(fjc_store_put(f->store, archs[i], &f->keys[i], &source,
-                                   f->cubin, 100, "{}", NULL, 0),
+                                   f->cubin, 100, "{}", NULL, 0, NULL, 0),
                      FJ_OK);
   }
 }
@@ -475,7 +484,8 @@ static int count_alias(void *user, const fjc_alias_info *a) {
 
 static alias_seen aliases(fixture *f) {
   alias_seen s = {0, 0, 0};
-  assert_int_equal(fjc_store_list_aliases(f->store, count_alias, &s), FJ_OK);
+  assert_int_equal(fjc_store_list_aliases(f->store, count_alias, &s, NULL, 0),
+                   FJ_OK);
   return s;
 }
 
@@ -490,12 +500,13 @@ static void test_aliases_list_verify_clear(void **state) {
   fjc_key source;
   put_all_with_aliases(f);
   seen s = {0};
-  assert_int_equal(fjc_store_list(f->store, remember, &s), FJ_OK);
+  assert_int_equal(fjc_store_list(f->store, remember, &s, NULL, 0), FJ_OK);
   assert_int_equal(s.n, 4);
   alias_seen a = aliases(f);
   assert_int_equal(a.n, 4);
   assert_int_equal(a.dangling + a.corrupt, 0);
-  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.aliases, 4);
   assert_int_equal(rep.bad_aliases, 0);
 
@@ -508,11 +519,13 @@ static void test_aliases_list_verify_clear(void **state) {
   a = aliases(f);
   assert_int_equal(a.dangling, 1);
   assert_int_equal(a.corrupt, 1);
-  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 0, note_bad, &bad, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.bad_aliases, 2);
   assert_int_equal(bad.n, 2);
   assert_true(strstr(bad.why[0], "dangling") || strstr(bad.why[1], "dangling"));
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.removed_aliases, 2);
   assert_int_equal(access(alias, F_OK), -1);
   a = aliases(f);
@@ -521,7 +534,8 @@ static void test_aliases_list_verify_clear(void **state) {
   /* verify --remove of a corrupt entry takes its alias in the same run. */
   entry_path(f, 3, path, sizeof path);
   flip_byte(path, 48 + 50);
-  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep), FJ_OK);
+  assert_int_equal(fjc_store_verify(f->store, 1, NULL, NULL, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_int_equal(rep.removed_aliases, 1);
   a = aliases(f);
@@ -529,7 +543,7 @@ static void test_aliases_list_verify_clear(void **state) {
 
   /* clear deletes aliases too, and the folders that held them. */
   int removed = 0;
-  assert_int_equal(fjc_store_clear(f->store, &removed, NULL), FJ_OK);
+  assert_int_equal(fjc_store_clear(f->store, &removed, NULL, NULL, 0), FJ_OK);
   assert_int_equal(removed, 2);
   a = aliases(f);
   assert_int_equal(a.n, 0);
@@ -541,22 +555,23 @@ static int failing_walks(void *arg) {
   fixture *f = arg;
   fjc_store *s = NULL;
   fjc_verify_report rep;
-  char err[256];
+  char err[1200] = "";
   int removed = -1, rc = 0;
   if (fjc_store_open(f->root, 0, NULL, NULL, &s, err, sizeof err) != FJ_OK)
     return 10;
   /* clear and verify --remove on a read-only cache: FJ_EIO naming a path
    * under the root and the reason. */
-  if (fjc_store_clear(s, &removed, NULL) != FJ_EIO || removed != 0)
+  if (fjc_store_clear(s, &removed, NULL, err, sizeof err) != FJ_EIO ||
+      removed != 0)
     rc = 11;
-  else if (!strstr(fjc_store_last_error(s), f->root) ||
-           !strstr(fjc_store_last_error(s), "Permission denied"))
+  else if (!strstr(err, f->root) || !strstr(err, "Permission denied"))
     rc = 12;
-  else if (fjc_store_verify(s, 1, NULL, NULL, &rep) != FJ_EIO ||
+  else if (fjc_store_verify(s, 1, NULL, NULL, &rep, err, sizeof err) !=
+               FJ_EIO ||
            rep.bad != 1 || rep.removed != 0)
     rc = 13;
   if (rc)
-    fprintf(stderr, "child: %s\n", fjc_store_last_error(s));
+    fprintf(stderr, "child: %s\n", err);
   fjc_store_close(s);
   return rc;
 }
@@ -564,14 +579,14 @@ static int failing_walks(void *arg) {
 static int unreadable_listing(void *arg) {
   fixture *f = arg;
   fjc_store *s = NULL;
-  char err[256];
+  char err[1200] = "";
   seen sn = {0};
   int rc = 0;
   if (fjc_store_open(f->root, 0, NULL, NULL, &s, err, sizeof err) != FJ_OK)
     return 10;
-  if (fjc_store_list(s, remember, &sn) != FJ_EIO)
+  if (fjc_store_list(s, remember, &sn, err, sizeof err) != FJ_EIO)
     rc = 11;
-  else if (!strstr(fjc_store_last_error(s), "cannot read"))
+  else if (!strstr(err, "cannot read"))
     rc = 12;
   fjc_store_close(s);
   return rc;
@@ -596,6 +611,33 @@ static void test_walk_failures_are_errors(void **state) {
            FJ_VERSION_STRING);
   assert_int_equal(system(cmd), 0);
   assert_int_equal(access(path, F_OK), 0);
+}
+
+/* An entry that cannot be evicted says why, in the caller's buffer; one
+ * already gone is no failure and leaves the buffer alone. */
+static void test_evict_failure_says_why(void **state) {
+  fixture *f = *state;
+  char dir[600], aa[700], cmd[1500], err[1200] = "untouched";
+  fjc_key key;
+  assert_int_equal(fjc_key_from_hex("ab000000000000000000000000000000", &key),
+                   0);
+  assert_int_equal(fjc_entry_evict(f->store, FJ_VERSION_STRING, "sm_80", &key,
+                                   err, sizeof err),
+                   0);
+  assert_string_equal(err, "untouched");
+  /* <aa> is a file, not a directory: the entry cannot be reached. */
+  snprintf(dir, sizeof dir, "%s/%s/sm_80", f->root, FJ_VERSION_STRING);
+  snprintf(aa, sizeof aa, "%s/ab", dir);
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s' && touch '%s'", dir, aa);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(fjc_entry_evict(f->store, FJ_VERSION_STRING, "sm_80", &key,
+                                   err, sizeof err),
+                   -1);
+  assert_non_null(strstr(err, aa));
+  assert_non_null(strstr(err, "Not a directory"));
+  assert_int_equal(
+      fjc_entry_evict(f->store, "a/b", "sm_80", &key, err, sizeof err), -1);
+  assert_non_null(strstr(err, "invalid argument"));
 }
 
 static void test_meta_string(void **state) {
@@ -638,6 +680,7 @@ int main(void) {
       T(test_walkers_do_not_follow_symlinks),
       T(test_aliases_list_verify_clear),
       T(test_walk_failures_are_errors),
+      T(test_evict_failure_says_why),
       T(test_shipped_store_ignores_fault_variable),
   };
 #undef T

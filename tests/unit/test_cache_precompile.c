@@ -241,7 +241,7 @@ static void test_precompile_to_directory(void **state) {
   int n = 0;
   assert_int_equal(fjc_store_open(out, 0, NULL, NULL, &s, err, sizeof err),
                    FJ_OK);
-  assert_int_equal(fjc_store_list(s, count_entry, &n), FJ_OK);
+  assert_int_equal(fjc_store_list(s, count_entry, &n, NULL, 0), FJ_OK);
   assert_int_equal(n, 2);
   fjc_store_close(s);
 
@@ -417,7 +417,7 @@ static void test_precompile_blockmask_pass(void **state) {
   char err[256];
   int n = 0;
   assert_int_equal(fjc_store_open(out, 0, NULL, NULL, &s, err, sizeof err), FJ_OK);
-  assert_int_equal(fjc_store_list(s, count_entry, &n), FJ_OK);
+  assert_int_equal(fjc_store_list(s, count_entry, &n, NULL, 0), FJ_OK);
   assert_int_equal(n, 3); /* sm_80 once, sm_90a plain and 128-row */
   fjc_store_close(s);
 }

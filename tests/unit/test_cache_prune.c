@@ -120,9 +120,10 @@ static void put_aged(fixture *f, int n) {
   for (int i = 0; i < n; i++) {
     int fd;
     assert_int_equal(fjc_store_put(other, ARCH, &f->keys[i], NULL, f->cubin,
-                                   sizeof f->cubin, "{}", NULL, 0),
+                                   sizeof f->cubin, "{}", NULL, 0, NULL, 0),
                      FJ_OK);
-    assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[i], &fd), FJ_OK);
+    assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[i], &fd, NULL, 0),
+                     FJ_OK);
     fjc_store_unlock(fd);
     set_age(f, i, 1000 + i);
   }
@@ -135,9 +136,9 @@ static void test_get_touches_entry(void **state) {
   size_t size = 0;
   put_aged(f, 1);
   assert_int_equal(age_of(f, 0), 1000);
-  assert_int_equal(
-      fjc_store_get(f->store, ARCH, &f->keys[0], &data, &size, NULL, 0),
-      FJ_OK);
+  assert_int_equal(fjc_store_get(f->store, ARCH, &f->keys[0], &data, &size,
+                                 NULL, 0, NULL, 0),
+                   FJ_OK);
   free(data);
   assert_true(age_of(f, 0) > time(NULL) - 60);
   /* A hit marks the key in use. */
@@ -154,7 +155,8 @@ static void test_prune_evicts_oldest_first(void **state) {
   /* Entry 3 was used recently: it is now the youngest. */
   set_age(f, 3, 5000);
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.entries, 5);
   assert_int_equal(rep.removed, 2);
   assert_int_equal(rep.bytes_before, 5 * ENTRY_BYTES);
@@ -170,11 +172,13 @@ static void test_prune_evicts_oldest_first(void **state) {
   }
   /* Under the limit: nothing to do. */
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.removed, 0);
   /* One byte less evicts the next oldest, 2 (3 is younger). */
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES - 1, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES - 1, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_false(exists(f, 2, ".cubin"));
   assert_true(exists(f, 3, ".cubin"));
@@ -193,7 +197,8 @@ static void test_prune_never_evicts_in_use(void **state) {
                                                : f->keys[2].hex[i]);
   in_use[0] = f->keys[0].hex;
   in_use[1] = upper;
-  assert_int_equal(fjc_store_prune(f->store, 0, in_use, 2, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, in_use, 2, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.removed, 2);
   assert_int_equal(rep.kept_in_use, 2);
   assert_int_equal(rep.bytes_after, 2 * ENTRY_BYTES);
@@ -210,15 +215,16 @@ static void test_prune_skips_entry_being_compiled(void **state) {
   put_aged(f, 2);
   /* Another "process" (a separate open file description) compiles 0. */
   fjc_store *other = open_store(f);
-  assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[0], &fd), FJ_OK);
+  assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[0], &fd, NULL, 0),
+                   FJ_OK);
   assert_true(fd >= 0);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_true(exists(f, 0, ".cubin"));
   assert_false(exists(f, 1, ".cubin"));
   fjc_store_unlock(fd);
   fjc_store_close(other);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_false(exists(f, 0, ".cubin"));
 }
 
@@ -236,12 +242,13 @@ static void test_prune_to_limit(void **state) {
                                   &f->warnings, &s, err, sizeof err),
                    FJ_OK);
   assert_int_equal(fjc_store_max_bytes(s), 3 * ENTRY_BYTES);
-  assert_int_equal(fjc_store_get(s, ARCH, &f->keys[0], &data, &size, NULL, 0),
-                   FJ_OK);
+  assert_int_equal(
+      fjc_store_get(s, ARCH, &f->keys[0], &data, &size, NULL, 0, NULL, 0),
+      FJ_OK);
   free(data);
   set_age(f, 0, 900); /* oldest on disk, but in use by s */
   assert_int_equal(fjc_store_put(s, ARCH, &f->keys[3], NULL, f->cubin,
-                                 sizeof f->cubin, "{}", NULL, 0),
+                                 sizeof f->cubin, "{}", NULL, 0, NULL, 0),
                    FJ_OK);
   for (int i = 0; i < 4; i++)
     assert_true(exists(f, i, ".cubin")); /* a put alone evicts nothing */
@@ -270,15 +277,16 @@ static void test_prune_removes_aliases_of_evicted(void **state) {
   put_aged(f, 2);
   fjc_store *other = open_store(f);
   assert_int_equal(fjc_store_put(other, ARCH, &f->keys[5], &source, f->cubin,
-                                 sizeof f->cubin, "{}", NULL, 0),
+                                 sizeof f->cubin, "{}", NULL, 0, NULL, 0),
                    FJ_OK);
   fjc_store_close(other);
   set_age(f, 5, 500); /* the oldest */
   snprintf(alias, sizeof alias, "%s/%s/%s/%.2s/%s.src", f->root,
            FJ_VERSION_STRING, ARCH, source.hex, source.hex);
   assert_int_equal(access(alias, F_OK), 0);
-  assert_int_equal(fjc_store_prune(f->store, 2 * ENTRY_BYTES, NULL, 0, &rep),
-                   FJ_OK);
+  assert_int_equal(
+      fjc_store_prune(f->store, 2 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_int_equal(rep.aliases_removed, 1);
   assert_false(exists(f, 5, ".cubin"));
@@ -290,11 +298,10 @@ static int prune_read_only(void *arg) {
   fixture *f = arg;
   fjc_prune_report rep;
   fjc_store *s = NULL;
-  char err[256];
+  char err[256], msg[1300] = "";
   if (fjc_store_open(f->root, 0, NULL, NULL, &s, err, sizeof err) != FJ_OK)
     return 10;
-  fj_status st = fjc_store_prune(s, 0, NULL, 0, &rep);
-  const char *msg = fjc_store_last_error(s);
+  fj_status st = fjc_store_prune(s, 0, NULL, 0, &rep, msg, sizeof msg);
   int rc = st != FJ_EIO                         ? 11
            : rep.removed != 0                   ? 12
            : !strstr(msg, f->root)              ? 13
@@ -368,16 +375,17 @@ static void test_prune_disabled_or_missing_root(void **state) {
   fjc_store *s = NULL;
   char err[128];
   assert_int_equal(fjc_store_open("", 0, NULL, NULL, &s, err, sizeof err), FJ_OK);
-  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_int_equal(rep.entries, 0);
   fjc_store_close(s);
   char missing[300];
   snprintf(missing, sizeof missing, "%s/nothing-here", f->root);
   assert_int_equal(fjc_store_open(missing, 0, NULL, NULL, &s, err, sizeof err),
                    FJ_OK);
-  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   fjc_store_close(s);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 1, &rep), FJ_EINVAL);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 1, &rep, NULL, 0),
+                   FJ_EINVAL);
 }
 
 static void test_parse_size(void **state) {
