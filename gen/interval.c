@@ -237,6 +237,21 @@ static fj_iv node_iv(const fjg_node *nodes, const fjg_node *n, const fj_iv *iv,
   return bool_iv((fjg_op)n->op, a, b);
 }
 
+void fjg_iv_apply(fjg_op op, fjg_type operand_type, const int64_t a[2],
+                  const int64_t b[2], const int64_t c[2], int64_t out[2]) {
+  fj_iv x = fj_iv_make(a[0], a[1]), y = fj_iv_make(b[0], b[1]), r;
+  if (op == FJG_OP_WHERE)
+    r = fj_iv_where(x, y, fj_iv_make(c[0], c[1]));
+  else if (op >= FJG_OP_LT || op == FJG_OP_NOT)
+    r = bool_iv(op, x, y);
+  else if (operand_type == FJG_I32)
+    r = i32_iv(op, x, y);
+  else
+    r = fj_iv_full();
+  out[0] = r.lo;
+  out[1] = r.hi;
+}
+
 int fjg_tile_class_cpu(const fjg_graph *g, const fjg_env *env, int b, int h,
                        int q0, int q1, int kv0, int kv1) {
   int root = fjg_mask_root(g);
