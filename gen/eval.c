@@ -141,8 +141,9 @@ static int compare(fjg_op op, fjg_type type, fjg_value a, fjg_value b) {
   }
 }
 
-fjg_value fjg_apply_op(fjg_op op, fjg_type type, fjg_type operand_type,
-                       fjg_value a, fjg_value b, fjg_value c) {
+static inline fjg_value apply_op(fjg_op op, fjg_type type,
+                                 fjg_type operand_type, fjg_value a,
+                                 fjg_value b, fjg_value c) {
   fjg_value r;
   r.i = 0;
   switch (op) {
@@ -163,6 +164,11 @@ fjg_value fjg_apply_op(fjg_op op, fjg_type type, fjg_type operand_type,
   else
     r.i = apply_i32(op, a.i, b.i);
   return r;
+}
+
+fjg_value fjg_apply_op(fjg_op op, fjg_type type, fjg_type operand_type,
+                       fjg_value a, fjg_value b, fjg_value c) {
+  return apply_op(op, type, operand_type, a, b, c);
 }
 
 static int is_transcendental(int op) {
@@ -209,9 +215,19 @@ int fjg_div_recip(const fjg_graph *g, int divisor, float *recip) {
   return 1;
 }
 
-/* ---- leaves ---- */
+/* ---- the program ---- */
 
-static fjg_value load(const fjg_env *env, const fjg_node *n, int32_t index) {
+/* One node of a root's evaluation, in graph order. Leaves other than inputs
+ * are resolved when the evaluator is set up (env does not change). */
+typedef struct fjg_instr {
+  uint8_t op, type;
+  uint8_t otype; /* the numeric operands' type (the branches' for WHERE) */
+  uint8_t recip; /* score_mod DIV by a constant: multiply by imm instead */
+  int32_t id, a, b, c, arg;
+  fjg_value imm; /* CONST, SIZE, PARAM: the value; recip: the reciprocal */
+} fjg_instr;
+
+static fjg_value load(const fjg_env *env, const fjg_instr *n, int32_t index) {
   fjg_value v;
   v.i = 0;
   if (!env->buffer_data || !env->buffer_len) return v;
@@ -224,8 +240,7 @@ static fjg_value load(const fjg_env *env, const fjg_node *n, int32_t index) {
   return v;
 }
 
-static fjg_value leaf(const fjg_env *env, const fjg_node *n,
-                      const fjg_value *inputs) {
+static fjg_value leaf_value(const fjg_env *env, const fjg_node *n) {
   fjg_value v;
   v.i = 0;
   switch (n->op) {
@@ -235,7 +250,6 @@ static fjg_value leaf(const fjg_env *env, const fjg_node *n,
     else
       v.i = n->imm.i;
     break;
-  case FJG_OP_INPUT: v = inputs[n->arg]; break;
   case FJG_OP_SIZE: v.i = env->sizes[n->arg]; break;
   case FJG_OP_PARAM:
     if (n->type == FJG_F32)
@@ -248,49 +262,41 @@ static fjg_value leaf(const fjg_env *env, const fjg_node *n,
   return v;
 }
 
-/* The value of a non-leaf node from its operands' values (the score_mod's
- * reciprocal rule included). */
-static fjg_value apply_node(const fjg_evaluator *e, int which,
-                            const fjg_node *nodes, int id, fjg_value a,
-                            fjg_value b, fjg_value c) {
-  const fjg_node *n = &nodes[id];
-  if (which == 1 && e->recip[id]) {
+/* The value of a non-leaf, non-LOAD instruction from its operands'. */
+static inline fjg_value apply_instr(const fjg_instr *n, fjg_value a,
+                                    fjg_value b, fjg_value c) {
+  if (n->recip) {
     fjg_value r;
-    float rc = 0;
-    fjg_div_recip(e->g, n->b, &rc);
-    r.f = a.f * rc;
+    r.f = a.f * n->imm.f;
     return r;
   }
-  int typed = n->op == FJG_OP_WHERE ? n->b : n->a;
-  return fjg_apply_op((fjg_op)n->op, (fjg_type)n->type,
-                      (fjg_type)nodes[typed].type, a, b, c);
+  return apply_op((fjg_op)n->op, (fjg_type)n->type, (fjg_type)n->otype, a, b,
+                  c);
 }
 
 /* ---- exact mode ---- */
 
+/* The cost of one evaluation besides its nodes, in node evaluations. */
+enum { CALL_COST = 3 };
+
 static fjg_value run_exact(fjg_evaluator *e, int which,
                            const fjg_value *inputs) {
-  int count;
-  const int32_t *list = fjg_reachable(e->g, which, &count);
-  const fjg_node *nodes = fjg_node_at(e->g, 0);
-  fjg_value *vals = e->vals, zero = {0};
-  int id = 0;
+  const fjg_instr *prog = e->prog[which];
+  int count = e->prog_len[which];
+  fjg_value *vals = e->vals;
   for (int k = 0; k < count; k++) {
-    id = list[k];
-    const fjg_node *n = &nodes[id];
-    if (n->op <= FJG_OP_PARAM) {
-      vals[id] = leaf(&e->env, n, inputs);
-    } else if (n->op == FJG_OP_LOAD) {
-      vals[id] = load(&e->env, n, vals[n->a].i);
-    } else {
-      int arity = fjg_op_arity((fjg_op)n->op);
-      vals[id] = apply_node(e, which, nodes, id, vals[n->a],
-                            arity >= 2 ? vals[n->b] : zero,
-                            arity >= 3 ? vals[n->c] : zero);
+    const fjg_instr *n = &prog[k];
+    fjg_value v;
+    switch (n->op) {
+    case FJG_OP_CONST: case FJG_OP_SIZE: case FJG_OP_PARAM: v = n->imm; break;
+    case FJG_OP_INPUT: v = inputs[n->arg]; break;
+    case FJG_OP_LOAD: v = load(&e->env, n, vals[n->a].i); break;
+    default: v = apply_instr(n, vals[n->a], vals[n->b], vals[n->c]); break;
     }
+    vals[n->id] = v;
   }
-  e->work += (uint64_t)count;
-  return vals[id];
+  e->work += (uint64_t)count + CALL_COST;
+  return vals[prog[count - 1].id];
 }
 
 /* ---- bounded mode ---- */
@@ -585,13 +591,13 @@ static fjg_aval f32_compare(fjg_op op, const fjg_aval *a, const fjg_aval *b,
 }
 
 /* i32 and bool ops on operands of which one is not a single value. */
-static fjg_aval int_bounds(const fjg_node *n, const fjg_node *nodes,
-                           const fjg_aval *a, const fjg_aval *b,
-                           const fjg_aval *c, int32_t nominal) {
+static fjg_aval int_bounds(const fjg_instr *n, const fjg_aval *a,
+                           const fjg_aval *b, const fjg_aval *c,
+                           int32_t nominal) {
   int64_t ia[2] = {a->lo, a->hi}, ib[2] = {0, 0}, ic[2] = {0, 0}, out[2];
   if (b) ib[0] = b->lo, ib[1] = b->hi;
   if (c) ic[0] = c->lo, ic[1] = c->hi;
-  fjg_iv_apply((fjg_op)n->op, (fjg_type)nodes[n->a].type, ia, ib, ic, out);
+  fjg_iv_apply((fjg_op)n->op, (fjg_type)n->otype, ia, ib, ic, out);
   fjg_aval r = av_exact_i(nominal);
   r.lo = out[0], r.hi = out[1];
   r.exact = out[0] == out[1];
@@ -605,12 +611,11 @@ static fjg_value nominal_of(const fjg_aval *a) {
   return v;
 }
 
-static fjg_aval bounded_where(const fjg_node *n, const fjg_aval *c,
-                              const fjg_aval *a, const fjg_aval *b,
-                              const fjg_node *nodes) {
+static fjg_aval bounded_where(const fjg_instr *n, const fjg_aval *c,
+                              const fjg_aval *a, const fjg_aval *b) {
   if (c->lo == c->hi) return c->lo ? *a : *b;
   if (n->type != FJG_F32)
-    return int_bounds(n, nodes, c, a, b, c->v.i ? a->v.i : b->v.i);
+    return int_bounds(n, c, a, b, c->v.i ? a->v.i : b->v.i);
   if (a->exact && b->exact && memcmp(&a->v.f, &b->v.f, sizeof(float)) == 0)
     return *a;
   frange x = range_of(a), y = range_of(b), r;
@@ -620,25 +625,20 @@ static fjg_aval bounded_where(const fjg_node *n, const fjg_aval *c,
   return av_range(r, c->v.i ? a->v.f : b->v.f, 1);
 }
 
-static fjg_aval bounded_node(const fjg_evaluator *e, int which,
-                             const fjg_node *nodes, int id,
-                             const fjg_aval *vals) {
-  const fjg_node *n = &nodes[id];
+static fjg_aval bounded_op(const fjg_instr *n, const fjg_aval *vals) {
   int arity = fjg_op_arity((fjg_op)n->op);
   const fjg_aval *a = &vals[n->a];
   const fjg_aval *b = arity >= 2 ? &vals[n->b] : NULL;
   const fjg_aval *c = arity >= 3 ? &vals[n->c] : NULL;
-  if (n->op == FJG_OP_WHERE) return bounded_where(n, a, b, c, nodes);
+  if (n->op == FJG_OP_WHERE) return bounded_where(n, a, b, c);
   fjg_value zero = {0};
-  fjg_value nom = apply_node(e, which, nodes, id, nominal_of(a),
-                             b ? nominal_of(b) : zero,
-                             c ? nominal_of(c) : zero);
+  fjg_value nom = apply_instr(n, nominal_of(a), b ? nominal_of(b) : zero,
+                              c ? nominal_of(c) : zero);
   int exact = a->exact && (!b || b->exact);
-  fjg_type operand = (fjg_type)nodes[n->a].type;
   if (n->type != FJG_F32) {
     if (exact) return av_exact_i(nom.i);
-    if (operand == FJG_F32) return f32_compare((fjg_op)n->op, a, b, nom.i);
-    return int_bounds(n, nodes, a, b, NULL, nom.i);
+    if (n->otype == FJG_F32) return f32_compare((fjg_op)n->op, a, b, nom.i);
+    return int_bounds(n, a, b, NULL, nom.i);
   }
   if (n->op == FJG_OP_TO_F32) {
     if (exact) return av_exact_f(nom.f);
@@ -652,12 +652,10 @@ static fjg_aval bounded_node(const fjg_evaluator *e, int which,
     return av_exact_f(nom.f);
   if (exact && isnan(a->v.f) && is_transcendental(n->op))
     return av_exact_f(NAN);
-  float rc = 0;
-  int use_recip = which == 1 && e->recip[id] && fjg_div_recip(e->g, n->b, &rc);
-  return f32_bounds((fjg_op)n->op, a, b, nom.f, rc, use_recip);
+  return f32_bounds((fjg_op)n->op, a, b, nom.f, n->imm.f, n->recip);
 }
 
-static fjg_aval bounded_load(const fjg_env *env, const fjg_node *n,
+static fjg_aval bounded_load(const fjg_env *env, const fjg_instr *n,
                              const fjg_aval *index) {
   fjg_value v = load(env, n, index->v.i);
   if (index->lo == index->hi)
@@ -670,65 +668,80 @@ static fjg_aval bounded_load(const fjg_env *env, const fjg_node *n,
 
 static const fjg_aval *run_bounded(fjg_evaluator *e, int which,
                                    const fjg_value *inputs) {
-  int count;
-  const int32_t *list = fjg_reachable(e->g, which, &count);
-  const fjg_node *nodes = fjg_node_at(e->g, 0);
+  const fjg_instr *prog = e->prog[which];
+  int count = e->prog_len[which];
   fjg_aval *vals = e->vals;
-  int id = 0;
   for (int k = 0; k < count; k++) {
-    id = list[k];
-    const fjg_node *n = &nodes[id];
-    if (n->op <= FJG_OP_PARAM) {
-      fjg_value v = leaf(&e->env, n, inputs);
-      vals[id] = n->type == FJG_F32 ? av_exact_f(v.f) : av_exact_i(v.i);
-    } else if (n->op == FJG_OP_LOAD) {
-      vals[id] = bounded_load(&e->env, n, &vals[n->a]);
-    } else {
-      vals[id] = bounded_node(e, which, nodes, id, vals);
+    const fjg_instr *n = &prog[k];
+    fjg_aval *v = &vals[n->id];
+    switch (n->op) {
+    case FJG_OP_CONST: case FJG_OP_SIZE: case FJG_OP_PARAM: case FJG_OP_INPUT: {
+      fjg_value x = n->op == FJG_OP_INPUT ? inputs[n->arg] : n->imm;
+      *v = n->type == FJG_F32 ? av_exact_f(x.f) : av_exact_i(x.i);
+      break;
+    }
+    case FJG_OP_LOAD: *v = bounded_load(&e->env, n, &vals[n->a]); break;
+    default: *v = bounded_op(n, vals); break;
     }
   }
-  e->work += 4 * (uint64_t)count;
-  return &vals[id];
+  e->work += 4 * (uint64_t)count + CALL_COST;
+  return &vals[prog[count - 1].id];
 }
 
 /* ---- the evaluator ---- */
 
 /* A root needs bounded mode when it reaches an op the kernel does not
  * compute exactly like the CPU. */
-static int needs_bounds(const fjg_graph *g, int which) {
-  int count;
-  const int32_t *list = fjg_reachable(g, which, &count);
+static int needs_bounds(const fjg_instr *prog, int count) {
   for (int k = 0; k < count; k++) {
-    const fjg_node *n = fjg_node_at(g, list[k]);
-    if (is_transcendental(n->op)) return 1;
-    if ((n->op == FJG_OP_MIN || n->op == FJG_OP_MAX) && n->type == FJG_F32)
+    if (is_transcendental(prog[k].op)) return 1;
+    if ((prog[k].op == FJG_OP_MIN || prog[k].op == FJG_OP_MAX) &&
+        prog[k].type == FJG_F32)
       return 1;
   }
   return 0;
 }
 
-/* Score_mod divisions the emitter writes as a multiplication by the
- * reciprocal: by a constant, deciding nothing. */
-static void mark_recip(const fjg_graph *g, uint8_t *decisive, uint8_t *recip) {
+/* Writes root `which`'s program. In a score_mod, a division by a constant
+ * that decides nothing multiplies by its reciprocal, as the emitter writes
+ * it (decisive: scratch, one byte per node up to the root). */
+static void compile(fjg_evaluator *e, int which, fjg_instr *prog,
+                    uint8_t *decisive) {
   int count;
-  float r;
-  const int32_t *list = fjg_reachable(g, 1, &count);
-  fjg_decisive_nodes(g, 1, decisive);
+  const fjg_graph *g = e->g;
+  const int32_t *list = fjg_reachable(g, which, &count);
+  const fjg_node *nodes = fjg_node_at(g, 0);
+  if (which == 1) fjg_decisive_nodes(g, 1, decisive);
   for (int k = 0; k < count; k++) {
-    const fjg_node *n = fjg_node_at(g, list[k]);
-    recip[list[k]] = n->op == FJG_OP_DIV && !decisive[list[k]] &&
-                     fjg_div_recip(g, n->b, &r);
+    const fjg_node *n = &nodes[list[k]];
+    fjg_instr *p = &prog[k];
+    int arity = fjg_op_arity((fjg_op)n->op);
+    memset(p, 0, sizeof *p);
+    p->op = n->op, p->type = n->type, p->id = list[k], p->arg = n->arg;
+    /* Missing operands read node 0's slot (any valid one; unused). */
+    p->a = arity >= 1 ? n->a : list[0];
+    p->b = arity >= 2 ? n->b : list[0];
+    p->c = arity >= 3 ? n->c : list[0];
+    if (arity >= 1) p->otype = nodes[n->op == FJG_OP_WHERE ? n->b : n->a].type;
+    if (n->op == FJG_OP_CONST || n->op == FJG_OP_SIZE || n->op == FJG_OP_PARAM)
+      p->imm = leaf_value(&e->env, n);
+    if (which == 1 && n->op == FJG_OP_DIV && !decisive[list[k]] &&
+        fjg_div_recip(g, n->b, &p->imm.f))
+      p->recip = 1;
   }
+  e->prog_len[which] = count;
+  e->bounded[which] = count > 0 && needs_bounds(prog, count);
 }
 
 enum { SMALL_GRAPH = 128 };
 
 typedef struct small_space {
   fjg_aval vals[SMALL_GRAPH];
-  uint8_t recip[SMALL_GRAPH], decisive[SMALL_GRAPH];
+  fjg_instr prog[2][SMALL_GRAPH];
+  uint8_t decisive[SMALL_GRAPH];
 } small_space;
 
-/* Sets e up, with its scratch in `small` when the graph fits (and small is
+/* Sets e up, with its memory in `small` when the graph fits (and small is
  * not NULL), else on the heap. */
 static fj_status setup(fjg_evaluator *e, const fjg_graph *g,
                        const fjg_env *env, small_space *small) {
@@ -738,24 +751,31 @@ static fj_status setup(fjg_evaluator *e, const fjg_graph *g,
   int n = fjg_mask_root(g) > fjg_score_root(g) ? fjg_mask_root(g)
                                                : fjg_score_root(g);
   n = n < 0 ? 1 : n + 1;
+  int len[2];
+  fjg_reachable(g, 0, &len[0]);
+  fjg_reachable(g, 1, &len[1]);
   uint8_t *decisive;
   if (small && n <= SMALL_GRAPH) {
-    e->vals = small->vals, e->recip = small->recip, decisive = small->decisive;
+    e->vals = small->vals;
+    e->prog[0] = small->prog[0], e->prog[1] = small->prog[1];
+    decisive = small->decisive;
+    e->own = 0;
   } else {
     e->vals = malloc((size_t)n * sizeof(fjg_aval));
-    e->recip = malloc((size_t)n * 2);
-    if (!e->vals || !e->recip) {
-      free(e->vals), free(e->recip);
-      memset(e, 0, sizeof *e);
+    e->prog[0] = malloc(((size_t)len[0] + 1) * sizeof(fjg_instr));
+    e->prog[1] = malloc(((size_t)len[1] + 1) * sizeof(fjg_instr));
+    decisive = malloc((size_t)n);
+    e->own = 1;
+    if (!e->vals || !e->prog[0] || !e->prog[1] || !decisive) {
+      free(decisive);
+      fjg_evaluator_free(e);
       return FJ_ENOMEM;
     }
-    decisive = e->recip + n;
   }
-  memset(e->recip, 0, (size_t)n);
   memset(decisive, 0, (size_t)n);
-  if (fjg_score_root(g) >= 0) mark_recip(g, decisive, e->recip);
-  e->bounded[0] = fjg_mask_root(g) >= 0 && needs_bounds(g, 0);
-  e->bounded[1] = fjg_score_root(g) >= 0 && needs_bounds(g, 1);
+  compile(e, 0, e->prog[0], decisive);
+  compile(e, 1, e->prog[1], decisive);
+  if (e->own) free(decisive);
   return FJ_OK;
 }
 
@@ -766,8 +786,11 @@ fj_status fjg_evaluator_init(fjg_evaluator *e, const fjg_graph *g,
 
 void fjg_evaluator_free(fjg_evaluator *e) {
   if (!e) return;
-  free(e->vals);
-  free(e->recip);
+  if (e->own) {
+    free(e->vals);
+    free(e->prog[0]);
+    free(e->prog[1]);
+  }
   memset(e, 0, sizeof *e);
 }
 
@@ -782,14 +805,13 @@ static void set_inputs(fjg_value *in, float score, int b, int h, int q,
 
 const fjg_aval *fjg_eval_root(fjg_evaluator *e, int which, float score, int b,
                               int h, int q, int kv) {
-  int root = which == 0 ? fjg_mask_root(e->g) : fjg_score_root(e->g);
-  if (root < 0) return NULL;
+  if (!e->prog_len[which]) return NULL;
   fjg_value in[FJG_NUM_INPUTS];
   set_inputs(in, score, b, h, q, kv);
   if (e->bounded[which]) return run_bounded(e, which, in);
   fjg_value v = run_exact(e, which, in);
-  e->result = fjg_node_at(e->g, root)->type == FJG_F32 ? av_exact_f(v.f)
-                                                        : av_exact_i(v.i);
+  const fjg_instr *root = (const fjg_instr *)e->prog[which] + e->prog_len[which] - 1;
+  e->result = root->type == FJG_F32 ? av_exact_f(v.f) : av_exact_i(v.i);
   return &e->result;
 }
 
@@ -801,7 +823,7 @@ int fjg_eval_mask3(fjg_evaluator *e, int b, int h, int q, int kv) {
 int fjg_eval_mask_guess(fjg_evaluator *e, int b, int h, int q, int kv,
                         int *uncertain) {
   if (uncertain) *uncertain = 0;
-  if (fjg_mask_root(e->g) < 0) return 1;
+  if (!e->prog_len[0]) return 1;
   if (!e->bounded[0]) {
     fjg_value in[FJG_NUM_INPUTS];
     set_inputs(in, 0, b, h, q, kv);
@@ -815,7 +837,7 @@ int fjg_eval_mask_guess(fjg_evaluator *e, int b, int h, int q, int kv,
 float fjg_eval_score_f32(fjg_evaluator *e, float score, int b, int h, int q,
                          int kv, int *uncertain) {
   if (uncertain) *uncertain = 0;
-  if (fjg_score_root(e->g) < 0) return score;
+  if (!e->prog_len[1]) return score;
   if (!e->bounded[1]) {
     fjg_value in[FJG_NUM_INPUTS];
     set_inputs(in, score, b, h, q, kv);
@@ -827,9 +849,9 @@ float fjg_eval_score_f32(fjg_evaluator *e, float score, int b, int h, int q,
 }
 
 int fjg_eval_cost(const fjg_evaluator *e, int which) {
-  int count;
-  fjg_reachable(e->g, which, &count);
-  return e->bounded[which & 1] ? 4 * count : count;
+  which &= 1;
+  int n = e->prog_len[which];
+  return (e->bounded[which] ? 4 * n : n) + CALL_COST;
 }
 
 /* ---- one-shot wrappers (gen/graph.h) ---- */
@@ -840,7 +862,7 @@ int fjg_eval_mask(const fjg_graph *g, const fjg_env *env, int b, int h, int q,
   fjg_evaluator e;
   if (setup(&e, g, env, &small) != FJ_OK) return 0;
   int v = fjg_eval_mask_guess(&e, b, h, q, kv, NULL);
-  if (e.vals != small.vals) fjg_evaluator_free(&e);
+  fjg_evaluator_free(&e);
   return v;
 }
 
@@ -850,6 +872,6 @@ double fjg_eval_score(const fjg_graph *g, const fjg_env *env, double score,
   fjg_evaluator e;
   if (setup(&e, g, env, &small) != FJ_OK) return NAN;
   float v = fjg_eval_score_f32(&e, (float)score, b, h, q, kv, NULL);
-  if (e.vals != small.vals) fjg_evaluator_free(&e);
+  fjg_evaluator_free(&e);
   return v;
 }

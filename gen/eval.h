@@ -59,11 +59,13 @@ typedef struct fjg_evaluator {
   const fjg_graph *g;
   fjg_env env;
   int bounded[2];   /* per root (0 mask, 1 score): needs bounded mode */
-  uint8_t *recip;   /* per node: score_mod division by a constant's
-                       reciprocal (as the emitter writes it) */
+  void *prog[2];    /* per root: its nodes in order, leaves resolved */
+  int prog_len[2];  /* 0 when the root is absent */
   void *vals;       /* scratch, one value per node up to the largest root */
+  int own;          /* prog and vals are on the heap */
   fjg_aval result;  /* fjg_eval_root's answer in exact mode */
-  uint64_t work;    /* node evaluations so far (bounded ones count 4) */
+  uint64_t work;    /* node evaluations so far (bounded ones count 4, and
+                       each call 3 more) */
 } fjg_evaluator;
 
 /* Prepares an evaluator of g with env (NULL: no arguments, sizes 0).
@@ -94,7 +96,7 @@ float fjg_eval_score_f32(fjg_evaluator *e, float score, int b, int h, int q,
 const fjg_aval *fjg_eval_root(fjg_evaluator *e, int which, float score, int b,
                               int h, int q, int kv);
 
-/* Nodes a root reaches per evaluation (the unit of `work`). */
+/* What one evaluation of a root adds to `work`. */
 int fjg_eval_cost(const fjg_evaluator *e, int which);
 
 /* ---- decisions shared with the emitter ---- */

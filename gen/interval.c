@@ -258,14 +258,15 @@ int fjg_tile_class_cpu(const fjg_graph *g, const fjg_env *env, int b, int h,
   if (root < 0) return FJG_TILE_FULL;
   int count;
   const int32_t *list = fjg_reachable(g, 0, &count);
-  fj_iv *iv = malloc((size_t)(root + 1) * sizeof *iv);
+  fj_iv small[128];
+  fj_iv *iv = root < 128 ? small : malloc((size_t)(root + 1) * sizeof *iv);
   if (!iv) return FJG_TILE_PARTIAL;
   tile t = {env, b, h, q0, q1, kv0, kv1};
   const fjg_node *nodes = fjg_node_at(g, 0);
   for (int k = 0; k < count; k++)
     iv[list[k]] = node_iv(nodes, &nodes[list[k]], iv, &t);
   int cls = fj_iv_tile_class(iv[root]);
-  free(iv);
+  if (iv != small) free(iv);
   return cls;
 }
 
