@@ -220,7 +220,7 @@ int fjg_div_recip(const fjg_graph *g, int divisor, float *recip) {
 /* One node of a root's evaluation, in graph order. Leaves other than inputs
  * are resolved when the evaluator is set up (env does not change). */
 typedef struct fjg_instr {
-  uint8_t op, type;
+  uint8_t op, type, arity;
   uint8_t otype; /* the numeric operands' type (the branches' for WHERE) */
   uint8_t recip; /* score_mod DIV by a constant: multiply by imm instead */
   int32_t id, a, b, c, arg;
@@ -626,7 +626,7 @@ static fjg_aval bounded_where(const fjg_instr *n, const fjg_aval *c,
 }
 
 static fjg_aval bounded_op(const fjg_instr *n, const fjg_aval *vals) {
-  int arity = fjg_op_arity((fjg_op)n->op);
+  int arity = n->arity;
   const fjg_aval *a = &vals[n->a];
   const fjg_aval *b = arity >= 2 ? &vals[n->b] : NULL;
   const fjg_aval *c = arity >= 3 ? &vals[n->c] : NULL;
@@ -718,6 +718,7 @@ static void compile(fjg_evaluator *e, int which, fjg_instr *prog,
     int arity = fjg_op_arity((fjg_op)n->op);
     memset(p, 0, sizeof *p);
     p->op = n->op, p->type = n->type, p->id = list[k], p->arg = n->arg;
+    p->arity = (uint8_t)arity;
     /* Missing operands read node 0's slot (any valid one; unused). */
     p->a = arity >= 1 ? n->a : list[0];
     p->b = arity >= 2 ? n->b : list[0];

@@ -1,10 +1,15 @@
 /* tests/unit/test_emit_cuda.c: the CUDA emitter (gen/emit_cuda.c).
  *
  * Besides layout and assembly checks, the emitted prologue is compiled for
- * the HOST with g++ (CUDA qualifiers defined away) and run: fj_mask,
- * fj_score_mod and fj_tile_class must agree with the CPU evaluator and
- * fjg_tile_class_cpu on random inputs. That checks the emitted expressions
- * and the shared interval rules without a GPU. */
+ * the HOST with g++ (CUDA qualifiers defined away, the round-to-nearest
+ * intrinsics as plain float operations, no contraction) and run: fj_mask,
+ * fj_score_mod and fj_tile_class must agree with the CPU evaluator (bit for
+ * bit where it says exact, inside its bounds where the kernel's exp/log/tanh
+ * differ from glibc's) and fjg_tile_class_cpu on random graphs, random f32
+ * masks, and i32 edge values against Lua's semantics written out here. That
+ * checks the emitted expressions and the shared interval rules without a
+ * GPU. NVRTC's PTX shows that f32 arithmetic deciding a comparison is never
+ * contracted into an FMA. */
 #include <dlfcn.h>
 #include <float.h>
 #include <math.h>
@@ -564,6 +569,83 @@ static void test_division_by_constant(void **state) {
   fjg_graph_destroy(g);
 }
 
+/* ---- i32 semantics at the edges ---- */
+
+/* Lua's semantics written out independently: wrapping + - * and unary -,
+ * floor division and floored modulo, x // 0 = x % 0 = 0. */
+static int32_t lua_i32(fjg_op op, int32_t x, int32_t y) {
+  int64_t a = x, b = y;
+  switch (op) {
+  case FJG_OP_ADD: return (int32_t)(uint32_t)(a + b);
+  case FJG_OP_SUB: return (int32_t)(uint32_t)(a - b);
+  case FJG_OP_MUL: return (int32_t)(uint32_t)(uint64_t)(a * b);
+  case FJG_OP_NEG: return (int32_t)(uint32_t)(-a);
+  case FJG_OP_ABS: return (int32_t)(uint32_t)(a < 0 ? -a : a);
+  case FJG_OP_IDIV: {
+    if (b == 0) return 0;
+    int64_t q = a / b;
+    if (q * b != a && ((a < 0) != (b < 0))) q--;
+    return (int32_t)(uint32_t)q;
+  }
+  default: { /* MOD */
+    if (b == 0) return 0;
+    int64_t r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    return (int32_t)r;
+  }
+  }
+}
+
+/* eq(op(x, y), z) for params x, y, z is true on the host-compiled emitted
+ * code and in the evaluator for z = Lua's answer, on every pair of edge
+ * values (INT32_MIN // -1, x % 0, wrapping products, ...). */
+static void test_i32_edges(void **state) {
+  (void)state;
+  if (system("g++ --version > /dev/null 2>&1") != 0) skip();
+  static const fjg_op ops[] = {FJG_OP_ADD, FJG_OP_SUB, FJG_OP_MUL, FJG_OP_NEG,
+                               FJG_OP_ABS, FJG_OP_IDIV, FJG_OP_MOD};
+  enum { N = sizeof ops / sizeof ops[0] };
+  static const int32_t vals[] = {INT32_MIN, INT32_MIN + 1, -65536, -7, -2, -1, 0,
+                                 1, 2, 3, 7, 65536, 46341, INT32_MAX - 1, INT32_MAX};
+  fjg_graph *graphs[NUM_GRAPHS];
+  for (int i = 0; i < NUM_GRAPHS; i++) {
+    graphs[i] = fjg_graph_create();
+    fjg_op op = ops[i % N];
+    int x = fjg_param(graphs[i], "x", FJG_I32), y = fjg_param(graphs[i], "y", FJG_I32);
+    int z = fjg_param(graphs[i], "z", FJG_I32);
+    int r = op == FJG_OP_NEG || op == FJG_OP_ABS ? fjg_unary(graphs[i], op, x)
+                                                 : bin(graphs[i], op, x, y);
+    fjg_set_mask_root(graphs[i], bin(graphs[i], FJG_OP_EQ, r, z));
+  }
+  char dir[] = "/tmp/fj_emit_i32_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  void *lib = build_host_library(graphs, dir);
+  int sizes[5] = {1, 1, 1, 1, 1};
+  for (int i = 0; i < N; i++) {
+    mask_fn mask = (mask_fn)sym(lib, "mask", i);
+    fjg_evaluator ev;
+    for (size_t a = 0; a < sizeof vals / sizeof vals[0]; a++)
+      for (size_t b = 0; b < sizeof vals / sizeof vals[0]; b++) {
+        int32_t p[3] = {vals[a], vals[b], lua_i32(ops[i], vals[a], vals[b])};
+        unsigned char params[64];
+        fjg_user_params_pack(graphs[i], p, NULL, NULL, NULL, params);
+        fjg_env env = {{1, 1, 1, 1, 1}, p, NULL, NULL, NULL};
+        assert_int_equal(fjg_evaluator_init(&ev, graphs[i], &env), FJ_OK);
+        if (fjg_eval_mask3(&ev, 0, 0, 0, 0) != FJG_ALLOWED ||
+            !mask(params, sizes, 0, 0, 0, 0))
+          fail_msg("%s(%d, %d): want %d, evaluator %d, emitted %d", fjg_op_name(ops[i]),
+                   vals[a], vals[b], p[2], fjg_eval_mask3(&ev, 0, 0, 0, 0),
+                   mask(params, sizes, 0, 0, 0, 0));
+        fjg_evaluator_free(&ev);
+      }
+  }
+  dlclose(lib);
+  for (int i = 0; i < NUM_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 /* ---- the kernel's rounding, seen in PTX ---- */
 
 /* PTX of the emitted prologue plus a kernel that calls fj_mask (or
@@ -692,6 +774,7 @@ int main(void) {
       cmocka_unit_test(test_forward_tu_compiles_with_nvrtc),
       cmocka_unit_test(test_emitted_code_matches_cpu),
       cmocka_unit_test(test_division_by_constant),
+      cmocka_unit_test(test_i32_edges),
       cmocka_unit_test(test_decisive_f32_is_not_contracted),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
