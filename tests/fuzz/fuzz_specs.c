@@ -496,7 +496,7 @@ static int check_masks(const fjg_graph *g, rng *r, const char *spec,
   if (fjg_evaluator_init(&e, g, &w.env) != FJ_OK) return report(spec, o->seed, index, "evaluator: no memory");
   int b = pick(r, B), h = pick(r, H), failed = 0;
   int nq = (lq + bq - 1) / bq, nkv = (lk + bk - 1) / bk;
-  uint8_t cls[4096];
+  uint8_t cls[70 * 70];
   fjg_census c;
   fj_status s = fjg_mask_census(g, &w.env, b, h, lq, lk, bq, bk, UINT64_MAX, cls, &c);
   if (s != FJ_OK) {
