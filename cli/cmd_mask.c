@@ -103,7 +103,6 @@ typedef struct mask_state {
   int nq, nkv;
   uint8_t *cls;        /* nq x nkv census classes of the drawn (b, h) */
   fjg_census census;
-  uint64_t work;       /* node evaluations spent so far */
 } mask_state;
 
 /* ---- arguments ---- */
@@ -297,7 +296,6 @@ static int element_grid(mask_state *s, grid *g) {
     for (int kv = 0; kv < g->cols; kv++)
       g->cell[(size_t)q * g->cols + kv] =
           cell_of[fjg_eval_mask3(&e, s->a->at_b, s->a->at_h, q, kv)];
-  s->work += e.work;
   fjg_evaluator_free(&e);
   return 1;
 }
@@ -472,7 +470,6 @@ static int count_mask(mask_state *s) {
   fj_status st = fjg_mask_census(s->g, &s->env, a->at_b, a->at_h, a->q_len,
                                  a->kv_len, a->block, a->block, a->work_limit,
                                  s->cls, &s->census);
-  s->work = s->census.work;
   if (st == FJ_EUNSUPPORTED) {
     cli_error("mask", "counting this mask over Lq %d x Lk %d needs more than "
               "%llu mask node evaluations (--work-limit; interval analysis "
