@@ -771,6 +771,10 @@ int main(int argc, char **argv) {
   char src_path[] = "/tmp/fuzz_specs_src_XXXXXX";
   int fd = mkstemp(src_path);
   if (fd >= 0) close(fd);
+  if (o.host_batch > 0 && system("g++ --version > /dev/null 2>&1") != 0) {
+    printf("g++ not found: host checks skipped\n");
+    o.host_batch = 0;
+  }
   time_t t0 = time(NULL);
   for (long i = o.first; i < o.first + o.count; i++) {
     char *text = spec_text(o.seed, i);
