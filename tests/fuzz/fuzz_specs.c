@@ -352,31 +352,41 @@ static void gen_spec(gen *g, FILE *f) {
   if (has_mask) {
     set_args(g, 0);
     for (int i = 0; i < nparams; i++) add_name(g, ptypes[i], pnames[i]);
-    const char *wrap = NULL;
-    int k = pick(&g->r, 10);
-    if (k == 0) wrap = "and_masks(causal(), %s)";
-    if (k == 1) wrap = "or_masks(sliding_window(33), %s)";
-    if (k == 2) wrap = "and_masks(chunked(16), %s)";
-    if (k == 3 && g->num_ibufs) wrap = "and_masks(document(d0), %s)";
-    if (k == 3 && !g->num_ibufs) wrap = "or_masks(prefix_lm(5), %s)";
-    if (k == 4) wrap = "and_masks(causal{align = \"bottom_right\"}, %s)";
-    fprintf(f, "  mask_mod = ");
-    if (wrap) fprintf(f, "%.*s", (int)(strstr(wrap, "%s") - wrap), wrap);
-    fprintf(f, "function(b, h, q, kv)\n");
+    /* A prelude builder around the generated function, sometimes. */
+    char wrap[160] = "";
+    const char *ip = NULL;
+    for (int i = 0; i < nparams; i++)
+      if (ptypes[i] == T_I32) ip = pnames[i];
+    int k = pick(&g->r, 12);
+    if (k == 0) snprintf(wrap, sizeof wrap, "and_masks(causal(), ");
+    if (k == 1) snprintf(wrap, sizeof wrap, "or_masks(sliding_window(%s), ", ip ? ip : "33");
+    if (k == 2) snprintf(wrap, sizeof wrap, "and_masks(chunked(%d), ", between(&g->r, 1, 40));
+    if (k == 3 && g->num_ibufs)
+      snprintf(wrap, sizeof wrap, "and_masks(document(%s), ", g->ibufs[0]);
+    if (k == 3 && !g->num_ibufs)
+      snprintf(wrap, sizeof wrap, "or_masks(prefix_lm(%s), ", ip ? ip : "5");
+    if (k == 4)
+      snprintf(wrap, sizeof wrap, "and_masks(causal{align = \"bottom_right\"}, ");
+    if (k == 5)
+      snprintf(wrap, sizeof wrap, "and_masks(sliding_window(%d, {causal = false}), ",
+               between(&g->r, 1, 50));
+    fprintf(f, "  mask_mod = %sfunction(b, h, q, kv)\n", wrap);
     gen_body(g, f, T_BOOL, "    ");
-    fprintf(f, "  end%s,\n", wrap ? strstr(wrap, "%s") + 2 : "");
+    fprintf(f, "  end%s,\n", wrap[0] ? ")" : "");
   }
   if (has_score) {
     set_args(g, 1);
     for (int i = 0; i < nparams; i++) add_name(g, ptypes[i], pnames[i]);
-    int k = pick(&g->r, 10);
-    const char *wrap = k == 0 ? "compose_scores(softcap(30), %s)"
-                       : k == 1 ? "compose_scores(alibi(), %s)" : NULL;
-    fprintf(f, "  score_mod = ");
-    if (wrap) fprintf(f, "%.*s", (int)(strstr(wrap, "%s") - wrap), wrap);
-    fprintf(f, "function(score, b, h, q, kv)\n");
+    char wrap[160] = "";
+    int k = pick(&g->r, 12);
+    if (k == 0) snprintf(wrap, sizeof wrap, "compose_scores(softcap(%d), ", between(&g->r, 1, 50));
+    if (k == 1) snprintf(wrap, sizeof wrap, "compose_scores(alibi(), ");
+    if (k == 2) snprintf(wrap, sizeof wrap, "compose_scores(alibi(%d), ", between(&g->r, 1, 16));
+    if (k == 3 && g->num_fbufs)
+      snprintf(wrap, sizeof wrap, "compose_scores(relative_bias(%s), ", g->fbufs[0]);
+    fprintf(f, "  score_mod = %sfunction(score, b, h, q, kv)\n", wrap);
     gen_body(g, f, chance(&g->r, 80) ? T_F32 : T_I32, "    ");
-    fprintf(f, "  end%s,\n", wrap ? strstr(wrap, "%s") + 2 : "");
+    fprintf(f, "  end%s,\n", wrap[0] ? ")" : "");
   }
   fprintf(f, "}\n");
 }
