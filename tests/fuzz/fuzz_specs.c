@@ -169,8 +169,8 @@ static expr traced_leaf(gen *g, int type) {
     return r;
   }
   int n = g->num_names[type], from = g->first_local[type];
-  /* Locals half of the time when there are any: a DAG, not a tree. */
-  int i = from < n && chance(&g->r, 50) ? between(&g->r, from, n - 1)
+  /* Mostly locals when there are any: a DAG, not a tree. */
+  int i = from < n && chance(&g->r, 65) ? between(&g->r, from, n - 1)
                                         : pick(&g->r, n);
   return traced(fmt("%s", g->names[type][i]));
 }
@@ -310,7 +310,7 @@ static void gen_body(gen *g, FILE *f, int ret_type, const char *indent) {
     free(e.text);
     add_name(g, t, name);
   }
-  expr e = gen_expr(g, ret_type, between(&g->r, 2, 5), 1);
+  expr e = gen_expr(g, ret_type, between(&g->r, 3, 6), 1);
   fprintf(f, "%sreturn %s\n", indent, e.text);
   free(e.text);
   for (int t = 0; t < NUM_T; t++) g->num_names[t] = g->first_local[t] = base[t];
