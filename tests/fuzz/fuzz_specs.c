@@ -553,9 +553,16 @@ static int check_masks(const fjg_graph *g, rng *r, const char *spec,
   if (total[FJG_UNCERTAIN]) st->uncertain_specs++;
   fjg_block_mask_host_free(&m);
 
-  /* Interval soundness: tiles anywhere, also past the lengths and negative. */
+  /* Interval soundness: tiles anywhere, also past the lengths and negative,
+   * and a quarter of them far out (indices near 2^31, where i32 arithmetic
+   * wraps). */
   for (int t = 0; t < 24 && !failed; t++) {
     int q0 = between(r, -8, lq), kv0 = between(r, -8, lk);
+    if (t % 4 == 3) {
+      q0 = (int)(next(r) % 2147483000u) - (chance(r, 30) ? 1073741800 : 0);
+      kv0 = chance(r, 50) ? q0 - between(r, -40, 40)
+                          : (int)(next(r) % 2147483000u);
+    }
     int q1 = q0 + pick(r, 24), kv1 = kv0 + pick(r, 24);
     int bb = pick(r, B), hh = pick(r, H);
     int cl = fjg_tile_class_cpu(g, &w.env, bb, hh, q0, q1, kv0, kv1);
