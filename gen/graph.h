@@ -224,7 +224,10 @@ typedef struct fjg_env {
 } fjg_env;
 
 /* Evaluates the mask (1 when no mask_mod) and the score_mod (score itself
- * when none). f32 values are computed in double here: the reference. */
+ * when none) once, in float32 as the kernel does (gen/eval.h, which also has
+ * the evaluator object for loops and the uncertain elements, where the
+ * kernel's exp/log/tanh may decide otherwise; these return the CPU's
+ * value there). */
 int fjg_eval_mask(const fjg_graph *g, const fjg_env *env, int b, int h, int q,
                   int kv);
 double fjg_eval_score(const fjg_graph *g, const fjg_env *env, double score,
