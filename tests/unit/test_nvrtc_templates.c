@@ -5,10 +5,9 @@
  *   - a causal mask with score_mod = score;
  *   - no mask, a tanh softcap plus a bias read from an i32 buffer at an index
  *     taken modulo an i32 param.
- * The translation unit is assembled as gen/emit_cuda.c does (defines,
- * fj_common.cuh, prologue, fj_fwd.cuh, sm80/fwd.cuh; tests/unit/template_tu.h)
- * and needs no
- * include path: the template uses PTX for every conversion, mma, ldmatrix
+ * The translation unit is assembled as gen/emit_cuda.c does (defines, then
+ * the parts gen/templates.c lists for the sm80 forward kernel;
+ * tests/unit/template_tu.h) and needs no include path: the template uses PTX for every conversion, mma, ldmatrix
  * and cp.async. Prints the NVRTC log on failure and each compile time.
  * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units.
  */
