@@ -20,7 +20,8 @@ The set: sm_90a with the sm90 template for every example spec of
 bench/sass_check.py at head dims 64, 128 and 256, bf16 and fp16; the same
 with FLEXJIT_PERSISTENT=0 or =1 where that is not the default; the two-
 consumer D=64 kernel that block masks of 128-row blocks take
-(FLEXJIT_CONSUMERS=2); the sm80 template at sm_80 and sm_90a, D=64 and 128;
+(FLEXJIT_CONSUMERS=2); the sm80 template at sm_80, sm_86 (the shapes of
+parts with about 100 KiB of shared memory) and sm_90a, D=64 and 128;
 and a few builds of non-default switches that ship or that tools use (the
 spill fallback FJ_INTRA_WG_OVERLAP=0, FJ_TRACE=1). The block-mask builder's
 kernels are not reachable from `flexjit compile` and are not dumped.
@@ -59,7 +60,7 @@ def kernels():
             out.append(("sm90_%s_d64_%s_two_consumers" % (spec, dt), spec,
                         ["--arch", "sm_90a", "--head-dim", "64", "--dtype", dt],
                         {"FLEXJIT_CONSUMERS": "2"}))
-            for arch in ("sm_80", "sm_90a"):
+            for arch in ("sm_80", "sm_86", "sm_90a"):
                 for d in (64, 128):
                     out.append(("sm80_%s_d%d_%s_%s" % (spec, d, dt, arch), spec,
                                 ["--arch", arch, "--head-dim", str(d), "--dtype", dt],

@@ -19,13 +19,6 @@
 //                      instead, and fj_tile_class only refines PARTIAL ones
 //                      per warp
 //   FJ_HAS_SCORE_MOD   0 | 1: 1 calls fj_score_mod per element
-//   FJ_Q_IN_REGISTERS  optional, 0 | 1: keep the Q fragments in registers for
-//                      the whole kv loop (default: 1 when a warp owns 16 rows)
-//   FJ_MIN_BLOCKS_PER_SM optional, second __launch_bounds__ argument (default 1)
-//   FJ_SUB_N           optional, kv columns per online-softmax step, dividing
-//                      FJ_BLOCK_N (default: see fjk_default_sub_n below)
-//   FJ_RESCALE_THRESHOLD optional float, log2 units the running max may grow
-//                      before O is rescaled (default 0.0f: exact FA2 update)
 // Hooks (from the generated prologue; see common/fj_common.cuh):
 //   struct fj_user_params;                               always
 //   fj_tile_class(user, sz, b, h, q0, q1, kv0, kv1)      when FJ_HAS_MASK
@@ -57,12 +50,10 @@
 #if defined(FJ_DTYPE_BF16) == defined(FJ_DTYPE_F16)
 #error "sm80/fwd.cuh: define exactly one of FJ_DTYPE_BF16, FJ_DTYPE_F16"
 #endif
-#ifndef FJ_Q_IN_REGISTERS
-#define FJ_Q_IN_REGISTERS (FJ_BLOCK_M / FJ_NUM_WARPS == 16)
-#endif
-#ifndef FJ_MIN_BLOCKS_PER_SM
-#define FJ_MIN_BLOCKS_PER_SM 1
-#endif
+// The Q fragments stay in registers for the whole kv loop when a warp owns
+// 16 rows; with 32 they would take the registers S and O need, and are read
+// from shared memory at every k step instead.
+#define FJK_Q_IN_REGISTERS (FJ_BLOCK_M / FJ_NUM_WARPS == 16)
 
 // Shapes derived from the configuration.
 constexpr int FJK_THREADS = FJ_NUM_WARPS * 32;
@@ -85,23 +76,17 @@ constexpr int fjk_default_sub_n() {
     n /= 2;
   return n;
 }
-#ifdef FJ_SUB_N
-constexpr int FJK_SUB_N = FJ_SUB_N;
-#else
 constexpr int FJK_SUB_N = fjk_default_sub_n();
-#endif
 constexpr int FJK_NT = FJK_SUB_N / 8;              // n8 tiles of S per warp
 constexpr int FJK_PT = FJK_SUB_N / 16;             // k16 steps of P.V
 // The exponent shift of a row is raised only when its max grows by more than
-// FJ_RESCALE_THRESHOLD log2 units, and O is rescaled only when some row of the
-// warp raised it. 0 (the default) is the exact FlashAttention-2 update, which
-// still skips the O rescale on sub-tiles where no row's max grew. 8 is
-// FlashAttention-4's lazy rescaling (P <= 256): about 5% faster on H200 at
-// 8x4096, but the dominant key of a near one-hot row no longer gets P = 1
-// exactly, and its rounding roughly doubles the output error there.
-#ifndef FJ_RESCALE_THRESHOLD
-#define FJ_RESCALE_THRESHOLD 0.0f
-#endif
+// FJK_RESCALE_THRESHOLD log2 units, and O is rescaled only when some row of
+// the warp raised it. 0 is the exact FlashAttention-2 update, which still
+// skips the O rescale on sub-tiles where no row's max grew. (A threshold of
+// 8, FlashAttention-4's lazy rescaling, leaves the dominant key of a near
+// one-hot row without P = 1 exactly, and its rounding roughly doubles the
+// output error there.)
+constexpr float FJK_RESCALE_THRESHOLD = 0.0f;
 constexpr int FJK_CHUNKS = FJ_HEAD_DIM / 8;        // 16-byte chunks per row
 constexpr int FJK_ROW_BYTES = FJ_HEAD_DIM * 2;
 constexpr int FJK_TILE_BYTES = FJ_BLOCK_N * FJK_ROW_BYTES;
@@ -252,7 +237,7 @@ __device__ __forceinline__ int fjk_advance(const fj_fwd_params &p, int bm_row,
 __device__ __forceinline__ void fjk_tile_step(
     const fj_fwd_params &p, int b, int h, int wq0, int kv0, bool need_mask,
     bool ragged, unsigned sk, unsigned sv, unsigned s_q, float exp_scale,
-#if FJ_Q_IN_REGISTERS
+#if FJK_Q_IN_REGISTERS
     const unsigned (&qf)[FJK_MT][FJK_KT][4],
 #endif
     float (&acc)[FJK_MT][FJK_DT][4], float (&row_m)[FJK_MT][2],
@@ -278,7 +263,7 @@ __device__ __forceinline__ void fjk_tile_step(
       for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < FJK_KT; ++kk) {
-#if FJ_Q_IN_REGISTERS
+#if FJK_Q_IN_REGISTERS
 #define FJK_QA(mt) qf[mt][kk]
 #else
     unsigned qa[FJK_MT][4];
@@ -364,7 +349,7 @@ __device__ __forceinline__ void fjk_tile_step(
       const float m_tile = mx * exp_scale;
       // Raise the shift only when the max outgrows it by the threshold
       // (always when it was -inf and is no longer). -inf - -inf never occurs.
-      const bool grow = m_tile > m_old + FJ_RESCALE_THRESHOLD;
+      const bool grow = m_tile > m_old + FJK_RESCALE_THRESHOLD;
       alpha[mt][hh] = grow ? fj_exp2(m_old - m_tile) : 1.0f;
       const float m_use = grow ? m_tile : m_old;
       row_m[mt][hh] = m_use;
@@ -432,7 +417,7 @@ __device__ __forceinline__ void fjk_tile_step(
   }
 }
 
-extern "C" __global__ void __launch_bounds__(FJK_THREADS, FJ_MIN_BLOCKS_PER_SM)
+extern "C" __global__ void __launch_bounds__(FJK_THREADS, 1)
 fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
   extern __shared__ __align__(128) unsigned char fjk_smem[];
 
@@ -521,7 +506,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
       fjk_cp_async_commit();
     }
 
-#if FJ_Q_IN_REGISTERS
+#if FJK_Q_IN_REGISTERS
     unsigned qf[FJK_MT][FJK_KT][4];
     fjk_cp_async_wait<FJ_NUM_STAGES - 1>();  // the Q group
     __syncthreads();
@@ -589,7 +574,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
           fjk_tile_step(p, b, h, wq0, skv0, need_mask, skv0 + FJK_SUB_N > Lk,
                         sk + sub * FJK_SUB_N * FJK_ROW_BYTES,
                         sv + sub * FJK_SUB_N * FJK_ROW_BYTES, s_q, exp_scale,
-#if FJ_Q_IN_REGISTERS
+#if FJK_Q_IN_REGISTERS
                         qf,
 #endif
                         acc, row_m, row_l);

@@ -28,10 +28,7 @@
 //                      0 when ptxas reports spills, runtime/forward.c)
 //   FJ_PERSISTENT      optional, 0 | 1 (the generator's fjg_config.persistent):
 //                      the persistent kernel, grid (min(SMs, items), 1, 1)
-//   FJ_BM_CACHE, FJ_RESCALE_SLACK, FJ_EXP2_EMU, FJ_PV_WAIT_SPLIT,
-//   FJ_EARLY_ADVANCE, FJ_EPI_TMA, FJ_EPI_TMA_DEFER, FJ_PERSIST_DYNAMIC,
-//   FJ_PERSIST_SCHED_CARRY, FJ_PERSIST_EPI_SMEM, FJ_Q_BUFS, FJ_MASK_LK_APART,
-//   FJ_EPI_APPROX, FJ_TAIL_ROWS optional,
+//   FJ_BM_CACHE, FJ_EXP2_EMU, FJ_Q_BUFS optional,
 //                      each described where it is defined below
 //   FJ_DEBUG_WAIT_LIMIT optional: trap after that many mbarrier polls
 //                      (debugging only: the counter makes the kernel spill)
@@ -134,28 +131,13 @@
 #ifndef FJ_Q_BUFS
 #define FJ_Q_BUFS 1
 #endif
-// FJ_PERSIST_EPI_SMEM (default 1; 0 for ablations; needs FJ_Q_BUFS == 2):
-// the persistent kernel's epilogue stages O in the item's own Q buffer and
-// stores 16-byte rows (fjh_epilogue, as the non-persistent kernel does)
-// instead of writing O from registers, and frees that buffer for the
-// producer after the epilogue instead of after the last Q K^T (sliding
-// window 2 x 16384 490 vs 470 TFLOP/s: bench/RESULTS.md, session 9, run 1).
-#ifndef FJ_PERSIST_EPI_SMEM
-#define FJ_PERSIST_EPI_SMEM 1
-#endif
-// FJ_PERSIST_SCHED_CARRY (default 1; 0 for ablations): in the persistent
-// kernel the ping-pong turn passes from item to item as from tile to tile:
-// consumer 0 starts the next item's first Q K^T once consumer 1 has issued
-// its last P V of this one, while consumer 1 finishes (softmax, P V,
-// epilogue). With 0, each item starts the ring afresh (consumer 1 gives the
-// turn at its start and keeps its last one), so consumer 0 waits at every
-// item for consumer 1's whole epilogue: the two meet at item boundaries as
-// in the non-persistent kernel.
-#ifndef FJ_PERSIST_SCHED_CARRY
-#define FJ_PERSIST_SCHED_CARRY 1
-#endif
-#define FJH_SCHED_CARRY (FJ_PERSISTENT && FJ_PERSIST_SCHED_CARRY && FJ_PINGPONG)
-#define FJH_PERSIST_EPI_SMEM (FJ_PERSISTENT && FJ_PERSIST_EPI_SMEM && FJ_Q_BUFS == 2)
+// The persistent kernel's ping-pong turn passes from item to item as from
+// tile to tile: consumer 0 starts the next item's first Q K^T once consumer
+// 1 has issued its last P V of this one, while consumer 1 finishes.
+#define FJH_SCHED_CARRY (FJ_PERSISTENT && FJ_PINGPONG)
+// With two Q buffers the persistent kernel's epilogue stages O in the
+// item's own Q buffer and frees it for the producer afterwards.
+#define FJH_PERSIST_EPI_SMEM (FJ_PERSISTENT && FJ_Q_BUFS == 2)
 
 // Consumer warpgroups: two (12 warps, BLOCK_M 128), or three at head dim
 // 64 (16 warps, BLOCK_M 192: FlashAttention-3's tile for small heads, a
@@ -862,22 +844,10 @@ __device__ __forceinline__ void fjh_sched_arrive(int c, bool last) {
 // FULL (bench/RESULTS.md, session 3, run 1: full 8 x 4096 +9%).
 enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1 };
 
-// FJ_MASK_LK_APART (default 1; 0 for ablations): on a masked tile the
-// columns past Lk are dropped by the same pass as on an unmasked one, after
-// the mask, and only on a tile that reaches past Lk; before, the mask's
-// loop tested ki < Lk on every element of every masked tile (a fifth of the
-// sliding window's mask instructions, bench/RESULTS.md, session 12).
-#ifndef FJ_MASK_LK_APART
-#define FJ_MASK_LK_APART 1
-#endif
-
-// FJ_RESCALE_SLACK (optional, default 8; 0 turns it off): the softmax keeps
-// its running max until a row's scores exceed it by more than this many
-// log2 units, so O is rescaled only then (see fjh_softmax). Exponents stay
-// below 2^FJ_RESCALE_SLACK.
-#ifndef FJ_RESCALE_SLACK
-#define FJ_RESCALE_SLACK 8
-#endif
+// The softmax keeps its running max until a row's scores exceed it by more
+// than this many log2 units, so O is rescaled only then (see fjh_softmax).
+// Exponents stay below 2^FJH_RESCALE_SLACK.
+#define FJH_RESCALE_SLACK 8
 
 // FJ_EXP2_EMU (0: off): one exponential in every FJ_EXP2_EMU of a row is
 // computed on the FMA pipe (fjh_exp2_poly) instead of the MUFU unit (16
@@ -1000,12 +970,10 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS; ++i) {
       const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-      const bool keep = (FJ_MASK_LK_APART || ki < Lk) &
-                        fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
+      const bool keep = fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
       s[i] = keep ? s[i] : fj_neg_inf();
     }
   }
-  if (FJ_MASK_LK_APART || mode != FJH_TILE_MASK)
 #endif
   if (kv0 + FJ_BLOCK_N > Lk) {
 #pragma unroll
@@ -1027,16 +995,12 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_old = row_m[hh];
-#if FJ_RESCALE_SLACK > 0
     // The running max moves only when a score exceeds it by more than the
     // slack; below that, exponents stay at most 2^slack and O keeps its
     // scale (FlashAttention-4's conditional rescaling). l and the LSE use
     // the same stale max, so the result is unchanged but for rounding.
     const float m_cand = mx * exp_scale;
-    const float m_new = m_cand > m_old + (float)FJ_RESCALE_SLACK ? m_cand : m_old;
-#else
-    const float m_new = fmaxf(m_old, mx * exp_scale);
-#endif
+    const float m_new = m_cand > m_old + (float)FJH_RESCALE_SLACK ? m_cand : m_old;
     // m_old = -inf: alpha = 0 (O and l are 0 anyway); both -inf: shift by 0
     // instead of computing (-inf) - (-inf) = NaN, all terms are 0 then.
     alpha[hh] = m_new == m_old ? 1.0f : fj_exp2(m_old - m_new);
@@ -1079,16 +1043,6 @@ __device__ __forceinline__ void fjh_rescale_o(float (&o)[FJH_O_REGS],
   if (fjh_rescale_needed(alpha)) fjh_rescale_by(o, alpha);
 }
 
-// The end of a steady-state iteration, after the softmax of the next tile:
-// wait for P V of the current one, free its V stage, rescale O. The vote
-// comes first and each of its branches waits on its own: with the wait in
-// the softmax's basic block, ptxas scheduled it (WARPGROUP.DEPBAR) above
-// the softmax's exponentials, and the softmax ran after P V instead of
-// beside it (SASS, bench/RESULTS.md, session 6).
-// FJ_PV_WAIT_SPLIT=0 (an ablation) puts the wait back in that block.
-#ifndef FJ_PV_WAIT_SPLIT
-#define FJ_PV_WAIT_SPLIT 1
-#endif
 // P V of a tile has completed: O and P may be touched again (P stays put
 // until then: its wgmma reads it from registers), and V's stage is free.
 __device__ __forceinline__ void fjh_pv_wait(float (&o)[FJH_O_REGS],
@@ -1098,50 +1052,39 @@ __device__ __forceinline__ void fjh_pv_wait(float (&o)[FJH_O_REGS],
   fjh_fence_regs(pf);
   fjh_mbar_arrive(v_empty);
 }
+// The end of a steady-state iteration, after the softmax of the next tile:
+// wait for P V of the current one, free its V stage, rescale O. The vote
+// comes first and each of its branches waits on its own: with the wait in
+// the softmax's basic block, ptxas scheduled it (WARPGROUP.DEPBAR) above
+// the softmax's exponentials, and the softmax ran after P V instead of
+// beside it.
 __device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS],
                                             unsigned (&pf)[FJH_PK][4],
                                             const float (&alpha)[2], unsigned v_empty) {
-#if !FJ_PV_WAIT_SPLIT
-  fjh_pv_wait(o, pf, v_empty);
-  fjh_rescale_o(o, alpha);
-#else
   if (fjh_rescale_needed(alpha)) {
     fjh_pv_wait(o, pf, v_empty);
     fjh_rescale_by(o, alpha);
   } else {
     fjh_pv_wait(o, pf, v_empty);
   }
-#endif
 }
 
-// The epilogue's reciprocal and logarithm on the special-function unit
-// (FJ_EPI_APPROX, default 1; 0 for ablations, IEEE 1/l and log2f): l is a
-// sum of exponentials of which the row's largest is at least 1 (2^0 at the
-// running max, which only lags the true max), so it is normal and at least
-// 1 where it is used; the approximations' relative errors (about 2^-23 and
-// 2^-22) are far below O's bf16 rounding and the LSE's tolerance, and they
-// drop the IEEE paths' denormal and slow-path branches from every item's
-// epilogue.
-#ifndef FJ_EPI_APPROX
-#define FJ_EPI_APPROX 1
-#endif
+// The epilogue's reciprocal and logarithm on the special-function unit: l
+// is a sum of exponentials of which the row's largest is at least 1 (2^0 at
+// the running max, which only lags the true max), so it is normal and at
+// least 1 where it is used; the approximations' relative errors (about
+// 2^-23 and 2^-22) are far below O's bf16 rounding and the LSE's tolerance,
+// and they drop the IEEE paths' denormal and slow-path branches from every
+// item's epilogue.
 __device__ __forceinline__ float fjh_rcp(float x) {
-#if FJ_EPI_APPROX
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
-#else
-  return 1.f / x;
-#endif
 }
 __device__ __forceinline__ float fjh_log2(float x) {
-#if FJ_EPI_APPROX
   float r;
   asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
-#else
-  return log2f(x);
-#endif
 }
 
 // The quad's partial row sums of this thread's two rows summed (in place),
@@ -1164,7 +1107,7 @@ __device__ __forceinline__ float fjh_lse(float m, float l) {
 
 // A consumer's 64 rows of O from shared memory (sq, 128-byte swizzle) to
 // global memory, 16 bytes a thread at a time, rows below Lq only: the
-// epilogue's copy where O has no tensor map (or FJ_EPI_TMA=0).
+// epilogue's copy where O has no tensor map.
 __device__ __forceinline__ void fjh_store_o_rows(const fj_fwd_params &p, int b, int h,
                                                  int wq0, unsigned sq) {
   const int tid = threadIdx.x & 127;
@@ -1186,29 +1129,18 @@ __device__ __forceinline__ void fjh_store_o_rows(const fj_fwd_params &p, int b, 
   }
 }
 
-// FJ_EPI_TMA (default 1; 0 for ablations): the epilogue's O leaves shared
-// memory by one TMA store a consumer (maps.o, when the host could encode
-// it), issued by its thread 0, which waits only until the copy has read
-// the buffer; without, all 128 threads copied it to global memory in
-// 16-byte loads and stores (bench/RESULTS.md, session 10: the copy cost
-// the persistent kernel about 0.8 us an item; the TMA store won back a
-// sixth of that).
-#ifndef FJ_EPI_TMA
-#define FJ_EPI_TMA 1
-#endif
-// FJ_EPI_TMA_DEFER (persistent kernel; default 1, 0 for ablations): the
-// storing thread does not wait for the store to read the item's Q buffer
-// before the next item; it waits, and frees the buffer for the producer,
-// once it has issued the next item's first Q K^T (fjh_release_q): the
-// buffer's next Q is an item away.
-#ifndef FJ_EPI_TMA_DEFER
-#define FJ_EPI_TMA_DEFER 1
-#endif
-#define FJH_EPI_DEFER (FJ_EPI_TMA && FJ_EPI_TMA_DEFER && FJH_PERSIST_EPI_SMEM)
+// In the persistent kernel with two Q buffers the storing thread does not
+// wait for the TMA store to read the item's Q buffer before the next item;
+// it waits, and frees the buffer for the producer, once it has issued the
+// next item's first Q K^T (fjh_release_q): the buffer's next Q is an item
+// away.
+#define FJH_EPI_DEFER FJH_PERSIST_EPI_SMEM
 
 // Epilogue of consumer c: O / l into its 64 rows of the Q area (the Q tile
 // is dead once its last Q K^T completed), then to global memory (a TMA
-// store, or 16-byte coalesced stores of the rows below Lq), and the LSE.
+// store issued by its thread 0, which waits only until the copy has read
+// the buffer, or where O has no tensor map 16-byte coalesced stores of the
+// rows below Lq by all its threads), and the LSE.
 // defer: thread 0 leaves the wait for the store's reads to its caller
 // (fjh_release_q).
 __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tma_maps &maps,
@@ -1240,7 +1172,6 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
                  :: "r"(addr), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
   }
-#if FJ_EPI_TMA
   if (maps.o_ok) {
     // The stmatrix writes (generic proxy) before the TMA's reads (async).
     fjh_fence_proxy_async();
@@ -1252,9 +1183,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
       fjh_bulk_commit();
       if (!defer) fjh_bulk_wait_read();  // the buffer is free again
     }
-  } else
-#endif
-  {
+  } else {
     fjh_bar_sync(FJH_BAR_EPI + c, 128);
     fjh_store_o_rows(p, b, h, wq0, sq);
   }
@@ -1367,16 +1296,6 @@ __device__ __forceinline__ void fjh_epilogue_item(const fj_fwd_params &p,
 }
 #endif
 
-// FJ_EARLY_ADVANCE (default 1; 0 for ablations): in the steady-state loop
-// the consumer finds the tile after the next one (fjh_advance) and its mode
-// between issuing the GEMMs and waiting for S, where the walk's latency
-// (shared-memory reads of a block mask's list, the interval classifier's
-// arithmetic) hides behind the tensor cores, instead of after the softmax,
-// on the way to the next Q K^T.
-#ifndef FJ_EARLY_ADVANCE
-#define FJ_EARLY_ADVANCE 1
-#endif
-
 // Consumer c (0 .. FJH_NC - 1) owns query rows q0 + 64 c .. + 63 of the
 // CTA's tile.
 // n as for fjh_produce; kq: the item's number among the CTA's items (0 in
@@ -1445,9 +1364,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
     int cls_n;
     int jn = fjh_advance(p, b, h, q0, q1, j, lo, &t, &cls_n, kq);
     fjh_stage st1 = fjh_stage_next(st0);
-#if FJ_EARLY_ADVANCE
     int mode_n = jn >= lo ? fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n) : 0;
-#endif
     // Steady state: Q K^T of tile jn and P V of tile j in flight together;
     // the softmax of jn runs while P V of j is still on the tensor cores. No
     // register an in-flight wgmma reads or writes is defined in between: P
@@ -1460,10 +1377,6 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
       const int fjh_k = fjh_it == 1 || fjh_it == 2 ? 8 + 9 * (fjh_it - 1) : -1;
 #endif
       FJH_TRL(0);
-#if !FJ_EARLY_ADVANCE
-      // Classified before S exists: fewer registers live in the softmax.
-      const int mode_n = fjh_tile_mode(p, b, h, wq0, jn * FJ_BLOCK_N, cls_n);
-#endif
       FJH_TRL(1);
       fjh_sched_wait(c);
       FJH_TRL(2);
@@ -1476,14 +1389,12 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
       fjh_issue_pv(o, pf, dv + st0.s * DS);
       fjh_wgmma_commit();
       fjh_sched_arrive(c, false);
-#if FJ_EARLY_ADVANCE
       // The tile after jn and its mode while the tensor cores work: the
       // walk (a block mask's list in shared memory, or the classifier)
-      // needs nothing of S.
+      // needs nothing of S, and its latency hides behind the GEMMs.
       const int j_after = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n, kq);
       const int mode_after =
           j_after >= lo ? fjh_tile_mode(p, b, h, wq0, j_after * FJ_BLOCK_N, cls_n) : 0;
-#endif
       FJH_TRL(4);
       fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
       fjh_fence_regs(s);
@@ -1498,12 +1409,8 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
       ++n;
       st0 = st1;
       st1 = fjh_stage_next(st1);
-#if FJ_EARLY_ADVANCE
       jn = j_after;
       mode_n = mode_after;
-#else
-      jn = fjh_advance(p, b, h, q0, q1, jn, lo, &t, &cls_n, kq);
-#endif
       FJH_TRL(8);
     }
     // Last tile: P V alone.
@@ -1639,22 +1546,19 @@ __device__ __forceinline__ int fjh_num_m(const fj_fwd_params &p) {
 // (all heads' query block m together was measured 24% slower on full
 // attention, bench/RESULTS.md, session 4).
 //
-// FJ_TAIL_ROWS (masked kernels; default 8, 0 for ablations): the first
-// FJ_TAIL_ROWS query blocks of every head come last, block FJ_TAIL_ROWS - 1
-// of each head, then the block before, ..., after all the other items in
-// the order above. Under causal, sliding-window or document masks those
+// In masked kernels the first FJH_TAIL_ROWS query blocks of every head come
+// last, block FJH_TAIL_ROWS - 1 of each head, then the block before, ...,
+// after all the other items in the order above. Under causal, sliding-window or document masks those
 // rows are the shortest, and a run of short items at the end evens out
 // when the CTAs finish (with equal items, as under a sliding window, the
 // last wave otherwise leaves most CTAs idle for up to an item); their K and
 // V are a few tiles a head, which stay in L2. Full attention, whose rows
 // are all alike and read all of K and V, keeps the head-by-head order.
-#ifndef FJ_TAIL_ROWS
-#define FJ_TAIL_ROWS 8
-#endif
+#define FJH_TAIL_ROWS 8
 __device__ __forceinline__ fjh_work fjh_item(const fj_fwd_params &p, int i) {
   const int nm = fjh_num_m(p);
-#if FJ_HAS_MASK && FJ_TAIL_ROWS > 0
-  const int nt = min(nm, FJ_TAIL_ROWS), nh = nm - nt;  // tail rows, head rows
+#if FJ_HAS_MASK
+  const int nt = min(nm, FJH_TAIL_ROWS), nh = nm - nt;  // tail rows, head rows
   const int hbs = p.sz.Hq * p.sz.B;
   if (i >= nh * hbs) {
     const int r = i - nh * hbs, k = r / hbs, hb = r - k * hbs;
@@ -1675,26 +1579,19 @@ __device__ __forceinline__ int fjh_item_pos(int k) {
   const int g = (int)gridDim.x, x = (int)blockIdx.x;
   return k * g + ((k & 1) ? g - 1 - x : x);
 }
-// FJ_PERSIST_DYNAMIC (default 1; 0 for ablations): with a work counter
-// (maps.sched), a CTA's first item is its blockIdx.x and each next one the
-// counter's next value plus gridDim.x: whichever CTA is free first takes
-// the next item of the order, as the hardware deals out the
-// non-persistent kernel's CTAs (the static snake left causal 3% behind
-// that: bench/RESULTS.md, session 9, run 2).
-#ifndef FJ_PERSIST_DYNAMIC
-#define FJ_PERSIST_DYNAMIC 1
-#endif
-// Called by all of warp 0 for its k-th item (k = 0, 1, ... in turn).
+// With a work counter (maps.sched), a CTA's first item is its blockIdx.x
+// and each next one the counter's next value plus gridDim.x: whichever CTA
+// is free first takes the next item of the order, as the hardware deals out
+// the non-persistent kernel's CTAs. Without one (a device without memory
+// pools), the static snake of fjh_item_pos. Called by all of warp 0 for its
+// k-th item (k = 0, 1, ... in turn).
 __device__ __forceinline__ int fjh_next_item(const fj_tma_maps &maps, int k, int lane) {
-#if FJ_PERSIST_DYNAMIC
   if (maps.sched != nullptr) {
     if (k == 0) return (int)blockIdx.x;
     int i = 0;
     if (lane == 0) i = atomicAdd(maps.sched, 1);
     return __shfl_sync(0xffffffffu, i, 0) + (int)gridDim.x;
   }
-#endif
-  (void)maps; (void)lane;
   return fjh_item_pos(k);
 }
 
