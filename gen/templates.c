@@ -21,7 +21,9 @@ static const char *const sm80_forward[] = {
     "common/tile_walk.cuh", "sm80/fwd.cuh", NULL};
 static const char *const sm90_forward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
-    "common/tile_walk.cuh", "sm90/fwd.cuh", NULL};
+    "common/tile_walk.cuh", "sm90/config.cuh", "sm90/ptx.cuh", "sm90/trace.cuh",
+    "sm90/tile_walk.cuh", "sm90/pipeline.cuh", "sm90/producer.cuh", "sm90/softmax.cuh",
+    "sm90/mainloop.cuh", "sm90/epilogue.cuh", "sm90/scheduler.cuh", "sm90/fwd.cuh", NULL};
 
 static const struct {
   const char *template_name, *kernel;
