@@ -1,5 +1,6 @@
 // templates/common/fj_fwd.cuh: the forward kernel's parameter, which both
-// forward templates (sm80, sm90) take first. Needs fj_sizes
+// forward templates (sm80, sm90) take first, and the check that the
+// generator defined the configuration macros both need. Needs fj_sizes
 // (fj_common.cuh) and the generated fj_user_params.
 //
 // The host mirror is runtime/launch_params.h (struct fjr_fwd_params_fixed):
@@ -9,6 +10,15 @@
 // B) with FJ_NUM_WARPS * 32 threads and the dynamic shared memory gen/config.c
 // computes.
 #pragma once
+
+#if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
+    !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \
+    !defined(FJ_HAS_MASK) || !defined(FJ_HAS_SCORE_MOD)
+#error "forward kernel: a configuration macro from the generator is missing"
+#endif
+#if defined(FJ_DTYPE_BF16) == defined(FJ_DTYPE_F16)
+#error "forward kernel: define exactly one of FJ_DTYPE_BF16, FJ_DTYPE_F16"
+#endif
 
 struct fj_fwd_params {
   const void *q;

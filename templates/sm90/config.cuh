@@ -23,8 +23,8 @@
 //   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute;
 //                      or 16 at head dim 64: warpgroups 1-3 compute
 //   FJ_NUM_STAGES      >= 2: K and V tiles in shared memory
-//   FJ_HAS_MASK        0 | 1: as in sm80/fwd.cuh
-//   FJ_HAS_SCORE_MOD   0 | 1: as in sm80/fwd.cuh
+//   FJ_HAS_MASK        0 | 1: as in sm80/config.cuh
+//   FJ_HAS_SCORE_MOD   0 | 1: as in sm80/config.cuh
 //   FJ_PERSISTENT      optional, 0 | 1 (fjg_config.persistent): the
 //                      persistent kernel, grid (min(SMs, items), 1, 1)
 //   FJ_Q_BUFS          optional, 1 | 2 (fjg_config.q_bufs): Q buffers of the
@@ -32,9 +32,9 @@
 // Tunables (optional, from $FLEXJIT_KERNEL_DEFINES; defaults below):
 //   FJ_PINGPONG, FJ_INTRA_WG_OVERLAP, FJ_PRODUCER_REGS, FJ_CONSUMER_REGS,
 //   FJ_EXP2_EMU, FJ_BM_CACHE, FJ_TRACE, FJ_DEBUG_WAIT_LIMIT
-// Hooks: exactly those of sm80/fwd.cuh (fj_user_params, fj_tile_class,
+// Hooks: exactly those of sm80/config.cuh (fj_user_params, fj_tile_class,
 //   fj_mask, fj_score_mod; see common/fj_common.cuh), same semantics.
-// Block masks: as sm80/fwd.cuh. With p.bm_kv_num set, the kv tiles and
+// Block masks: as sm80/config.cuh. With p.bm_kv_num set, the kv tiles and
 //   their classes come from the mask row's lists (PARTIAL blocks, then FULL
 //   ones, each bm_kv_ratio tiles of FJ_BLOCK_N) instead of fj_tile_class;
 //   FULL tiles skip the mask, PARTIAL ones are refined per consumer
@@ -62,21 +62,13 @@
 //   zero fill out of bounds; maps.o (boxes of (64, 64, 1, 1): one
 //   consumer's rows) stores O when maps.o_ok is 1, else O is stored with
 //   ordinary predicated stores.
-// Requirements the host checks: as sm80/fwd.cuh (16-byte aligned pointers,
+// Requirements the host checks: as sm80/config.cuh (16-byte aligned pointers,
 //   strides multiples of 8 elements), plus what cuTensorMapEncodeTiled needs.
-// Semantics: as sm80/fwd.cuh; LSE natural log; rows with no allowed pair get
+// Semantics: as sm80/config.cuh; LSE natural log; rows with no allowed pair get
 //   O = 0 and LSE = -inf.
 // ---------------------------------------------------------------------------
 #pragma once
 
-#if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
-    !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \
-    !defined(FJ_HAS_MASK) || !defined(FJ_HAS_SCORE_MOD)
-#error "sm90/config.cuh: a configuration macro from the generator is missing"
-#endif
-#if defined(FJ_DTYPE_BF16) == defined(FJ_DTYPE_F16)
-#error "sm90/config.cuh: define exactly one of FJ_DTYPE_BF16, FJ_DTYPE_F16"
-#endif
 #ifndef FJ_PERSISTENT
 #define FJ_PERSISTENT 0
 #endif
@@ -147,7 +139,8 @@
 // is then not computed (trace.cuh).
 // FJ_DEBUG_WAIT_LIMIT (undefined): debugging only: trap after that many
 // polls of an mbarrier, so that a pipeline bug fails the launch instead of
-// hanging the GPU (the counter makes the kernel spill).
+// hanging the GPU (the counter's registers make ptxas serialize the
+// consumers' wgmma: timings of such a build mean nothing).
 
 // ---- shapes ----------------------------------------------------------------
 

@@ -75,7 +75,7 @@ struct fjh_max_tree<0> {
 //
 // score_mod, the mask and the kv bound on S, then the online-softmax update:
 // running max (log2 units) and sum, alpha (the factor O must be scaled by)
-// and P = exp2(...) in place of S. Same arithmetic as sm80/fwd.cuh.
+// and P = exp2(...) in place of S. Same arithmetic as sm80/mainloop.cuh.
 __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h, int wq0,
                                             int kv0, int mode, float exp_scale,
                                             float (&s)[FJH_S_REGS], float (&row_m)[2],
