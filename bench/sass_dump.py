@@ -11,7 +11,8 @@ restructured, a comment edited), dump before and after and compare:
 Each kernel is built by `flexjit compile --emit-cubin` exactly as the runtime
 builds it (NVRTC with flexjit's options, the spill fallback included) into a
 scratch cache, then disassembled by `cuobjdump -sass`. A file holds the
-resource usage (`cuobjdump -res-usage`: registers, shared memory, stack)
+resource usage (`cuobjdump -res-usage`: registers, shared memory, stack,
+the module's global variables)
 and every instruction with its encoding (scheduling bits included), one a
 line, without the addresses in front (an inserted instruction then shows as
 one line, not as a shift of everything after it).
@@ -83,7 +84,7 @@ def kernels():
 def normalize(sass_text, res_text):
     lines = []
     for line in res_text.splitlines():
-        if "REG:" in line or line.strip().startswith("Function"):
+        if "REG:" in line or "GLOBAL:" in line or line.strip().startswith("Function"):
             lines.append(line.strip())
     pending = None
     for line in sass_text.splitlines():

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "6af12a59f2e417f3ec0a0f50ca05deea"
+#define PINNED_SOURCE_KEY "56da1d3cbbe60d297a45a242f6ed4fc2"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
