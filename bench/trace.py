@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a CTA's time goes: phase timings of the sm90 forward kernel.
 
-Builds the kernel with FJ_TRACE (templates/sm90/fwd.cuh), which writes SM
+Builds the kernel with FJ_TRACE (templates/sm90/trace.cuh), which writes SM
 clock stamps of each work item's phases over the LSE (an item is a CTA, or
 one query block of the persistent kernel), runs one launch through
 `flexjit run --dump`, and prints the median of each phase over the items,
@@ -26,11 +26,11 @@ CASES = {
     "document": ("document.lua", [], 1, 16, 16384, 128),
     "causal64": ("causal.lua", [], 4, 32, 4096, 64),
 }
-# Consumer c's stamps at 32 c + k, the producer's at 64 + k (fwd.cuh).
+# Consumer c's stamps at 32 c + k, the producer's at 64 + k (sm90/trace.cuh).
 C_ENTRY, C_Q, C_K, C_FIRST, C_LOOP, C_LASTPV, C_EPI, C_TILES = range(8)
 P_ENTRY, P_ROLE, P_ISSUED, P_SMID, P_NS_LO, P_NS_HI = 64, 65, 66, 67, 68, 69
 # Loop iterations 1 and 2 of consumer c: nine stamps each at 32 c + 8 and
-# 32 c + 17 (fwd.cuh); the producer's tile i: 64 + 8 + 2 i (K of tile i + 1
+# 32 c + 17 (sm90/trace.cuh); the producer's tile i: 64 + 8 + 2 i (K of tile i + 1
 # issued), + 9 (V of tile i issued), i < 24.
 
 
@@ -164,10 +164,9 @@ def run_case(name, persistent):
         print("| consumer 0: epilogue end to next item's Q ready | %.2f | %.2f |"
               % (median(w) * us, w[int(len(w) * 0.9)] * us))
     # Loop iterations 1 and 2 (consumers with at least 4 tiles): where the
-    # time between consecutive stamps goes. With FJ_EARLY_ADVANCE (the
-    # default) the walk to the tile after next and its mode run after the
-    # GEMMs are issued ("issue QK, V wait, PV, walk"): "tile mode" is then
-    # empty and "pack, next tile" holds the pack of P.
+    # time between consecutive stamps goes. The walk to the tile after next
+    # and its mode run after the GEMMs are issued ("issue QK, V wait, PV,
+    # walk"): "tile mode" is empty and "pack, next tile" holds the pack of P.
     steps = ["tile mode", "turn (ping-pong)", "K ready", "issue QK, V wait, PV, walk",
              "S ready", "softmax", "P V done, rescale", "pack, next tile"]
     cols = {k: [] for k in steps}

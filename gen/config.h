@@ -4,7 +4,7 @@
  * A configuration is chosen from the head dim, the dtype and the target
  * architecture only (never from the spec), so every kernel of one
  * (head_dim, dtype, arch) shares it. The emitter writes it as the FJ_* macros
- * that templates/<template_name>/fwd.cuh lists at its top; the runtime
+ * that templates/<template_name>/config.cuh lists at its top; the runtime
  * launches with grid (ceil(Lq / block_m), Hq, B), `threads` threads and
  * `smem_bytes` of dynamic shared memory.
  */

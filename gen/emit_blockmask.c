@@ -143,16 +143,11 @@ static const char kernel_source[] =
 const char *fjg_blockmask_kernel_source(void) { return kernel_source; }
 
 fj_status fjg_emit_blockmask_tu(const fjg_graph *g, fjg_buf *out) {
-  size_t len = 0;
-  const char *common = fjg_template_text("common/fj_common.cuh", &len);
-  if (!common) return FJ_ENOTFOUND;
+  const char *const *parts = fjg_template_parts("common", "blockmask");
+  if (!parts || !fjg_template_text(parts[0], NULL)) return FJ_ENOTFOUND;
   fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n#define FJ_BM_WARPS %d\n",
                  fjg_mask_root(g) >= 0, FJG_BLOCKMASK_WARPS);
-  fjg_buf_printf(out, "\n// ---- template common/fj_common.cuh ----\n");
-  fjg_buf_append(out, common, len);
-  fjg_buf_printf(out, "\n");
-  fj_status st = fjg_emit_interval_rules(g, out);
-  if (st == FJ_OK) st = fjg_emit_prologue(g, out);
+  fj_status st = fjg_emit_parts(g, parts, out);
   if (st != FJ_OK) return st;
   fjg_buf_printf(out, "\n%s", kernel_source);
   return out->failed ? FJ_ENOMEM : FJ_OK;

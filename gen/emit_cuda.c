@@ -562,22 +562,27 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
 }
 
+fj_status fjg_emit_parts(const fjg_graph *g, const char *const *parts, fjg_buf *out) {
+  if (!parts) return FJ_ENOTFOUND;
+  for (const char *const *part = parts; *part; part++) {
+    fj_status st = FJ_OK;
+    if (strcmp(*part, FJG_PART_PROLOGUE) == 0) {
+      fjg_buf_printf(out, "\n");
+      st = fjg_emit_interval_rules(g, out);
+      if (st == FJ_OK) st = fjg_emit_prologue(g, out);
+    } else {
+      st = put_template(out, *part);
+    }
+    if (st != FJ_OK) return st;
+  }
+  return out->failed ? FJ_ENOMEM : FJ_OK;
+}
+
 fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
                               fjg_buf *out) {
   if (!cfg || !cfg->template_name) return FJ_EINVAL;
-  char arch_template[160];
-  int n = snprintf(arch_template, sizeof arch_template, "%s/fwd.cuh",
-                   cfg->template_name);
-  if (n < 0 || (size_t)n >= sizeof arch_template) return FJ_EINVAL;
-  if (!fjg_template_text(arch_template, NULL)) return FJ_ENOTFOUND;
-
+  const char *const *parts = fjg_template_parts(cfg->template_name, "forward");
+  if (!parts) return FJ_ENOTFOUND;
   put_config_defines(out, g, cfg);
-  fj_status st = put_template(out, "common/fj_common.cuh");
-  if (st != FJ_OK) return st;
-  fjg_buf_printf(out, "\n");
-  if ((st = fjg_emit_interval_rules(g, out)) != FJ_OK) return st;
-  if ((st = fjg_emit_prologue(g, out)) != FJ_OK) return st;
-  if ((st = put_template(out, "common/fj_fwd.cuh")) != FJ_OK) return st;
-  if ((st = put_template(out, arch_template)) != FJ_OK) return st;
-  return out->failed ? FJ_ENOMEM : FJ_OK;
+  return fjg_emit_parts(g, parts, out);
 }

@@ -37,11 +37,17 @@ fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out);
  * (comments, names) is copied into CUDA. */
 fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out);
 
+/* A kernel's parts (fjg_template_parts) in order: each template's text
+ * under a "// ---- template NAME ----" line, and at FJG_PART_PROLOGUE the
+ * interval rules and the prologue of g. FJ_ENOTFOUND when parts is NULL or
+ * a template is missing. */
+fj_status fjg_emit_parts(const fjg_graph *g, const char *const *parts, fjg_buf *out);
+
 /* The whole forward translation unit but the banner (runtime/kernels.c
- * writes it):
- * the configuration #defines, common/fj_common.cuh, the prologue,
- * common/fj_fwd.cuh and <cfg->template_name>/fwd.cuh. FJ_ENOTFOUND
- * when a template is missing, FJ_EINVAL on a NULL cfg. */
+ * writes it): the configuration #defines, then the parts of
+ * cfg->template_name's "forward" kernel (gen/templates.c). FJ_ENOTFOUND
+ * when the template or one of its parts is missing, FJ_EINVAL on a NULL
+ * cfg. */
 fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
                               fjg_buf *out);
 

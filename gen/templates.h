@@ -12,6 +12,18 @@
 
 #include "gen/graph.h"
 
+/* Where a part list (fjg_template_parts) puts the generated code of the
+ * spec: the interval rules and the prologue (gen/emit_cuda.h). */
+#define FJG_PART_PROLOGUE "(prologue)"
+
+/* The parts of one kernel's translation unit, in the order they are pasted
+ * after the configuration #defines: template names, and FJG_PART_PROLOGUE
+ * where the spec's generated code goes. NULL-terminated, static; NULL when
+ * template_name has no such kernel. Kernels: "forward" of "sm80" and
+ * "sm90", "blockmask" of "common" (the block-mask builder, whose kernels
+ * gen/emit_blockmask.c appends). */
+const char *const *fjg_template_parts(const char *template_name, const char *kernel);
+
 /* Text of the template `name` (borrowed, static) and its size in bytes, or
  * NULL when there is no such template. `len` may be NULL. */
 const char *fjg_template_text(const char *name, size_t *len);

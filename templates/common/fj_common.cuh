@@ -22,7 +22,9 @@
 //      is true for every pair, FJ_TILE_PARTIAL otherwise (always sound; it
 //      does not know about Lq/Lk bounds, which the kernel handles itself).
 //      h is the query head; b the batch index.
-//   4. common/fj_fwd.cuh, then the architecture template (sm80/fwd.cuh).
+//   4. the kernel's other parts, in the order gen/templates.c lists them
+//      (for a forward kernel: common/fj_fwd.cuh, common/ptx.cuh,
+//      common/tile_walk.cuh, then the architecture template's parts).
 #pragma once
 
 typedef unsigned short fj_u16;

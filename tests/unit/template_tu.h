@@ -2,8 +2,8 @@
  * tests/unit/template_tu.h: what the template compile tests (test_nvrtc_templates
  * for sm80, test_sm90_compile for sm90) share: hand-written prologues in the
  * generator's format, and the translation unit assembled the way
- * gen/emit_cuda.c does (defines, fj_common.cuh, prologue, fj_fwd.cuh, the
- * architecture template), from the source tree's templates.
+ * gen/emit_cuda.c does (defines, then the kernel's parts as gen/templates.c
+ * lists them, the prologue among them), from the source tree's templates.
  * Include after <cmocka.h> and <nvrtc.h>; needs FJ_SOURCE_DIR.
  */
 #ifndef FJ_TESTS_TEMPLATE_TU_H
@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "gen/config.h"
+#include "gen/templates.h"
 
 #ifndef FJ_SOURCE_DIR
 #error "FJ_SOURCE_DIR must name the source tree"
@@ -69,15 +70,13 @@ static char *fjt_slurp(const char *rel) {
   return s;
 }
 
-/* The translation unit of c->template_name's forward template with this
- * prologue, then `tail` (extra checks; may be ""). malloc'd. */
+/* The translation unit of c->template_name's forward kernel with this
+ * prologue, then `tail` (extra checks; may be ""): its parts in the order
+ * gen/templates.c lists them, read from the source tree. malloc'd. */
 static char *fjt_build_tu(const fjg_config *c, int has_mask, int has_score_mod,
                           const char *prologue, const char *tail) {
-  char fwd_path[128];
-  snprintf(fwd_path, sizeof fwd_path, "templates/%s/fwd.cuh", c->template_name);
-  char *common = fjt_slurp("templates/common/fj_common.cuh");
-  char *shared = fjt_slurp("templates/common/fj_fwd.cuh");
-  char *fwd = fjt_slurp(fwd_path);
+  const char *const *parts = fjg_template_parts(c->template_name, "forward");
+  assert_non_null(parts);
   char defs[512];
   snprintf(defs, sizeof defs,
            "#define FJ_HEAD_DIM %d\n#define %s 1\n#define FJ_BLOCK_M %d\n"
@@ -87,14 +86,26 @@ static char *fjt_build_tu(const fjg_config *c, int has_mask, int has_score_mod,
            c->head_dim, c->dtype == FJ_DTYPE_F16 ? "FJ_DTYPE_F16" : "FJ_DTYPE_BF16",
            c->block_m, c->block_n, c->num_warps, c->num_stages, has_mask,
            has_score_mod, c->persistent, c->q_bufs > 1 ? c->q_bufs : 1);
-  size_t n = strlen(defs) + strlen(common) + strlen(prologue) + strlen(shared) +
-             strlen(fwd) + strlen(tail) + 8;
+  size_t n = strlen(defs) + strlen(tail) + 1, used = 0;
   char *tu = malloc(n);
   assert_non_null(tu);
-  snprintf(tu, n, "%s%s\n%s\n%s\n%s%s", defs, common, prologue, shared, fwd, tail);
-  free(common);
-  free(shared);
-  free(fwd);
+  memcpy(tu, defs, strlen(defs) + 1);
+  used = strlen(defs);
+  for (const char *const *part = parts; *part; part++) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "templates/%s", *part);
+    char *text = strcmp(*part, FJG_PART_PROLOGUE) == 0 ? NULL : fjt_slurp(rel);
+    const char *piece = text ? text : prologue;
+    const size_t len = strlen(piece);
+    n += len + 1;
+    tu = realloc(tu, n);
+    assert_non_null(tu);
+    memcpy(tu + used, piece, len);
+    tu[used + len] = '\n';
+    used += len + 1;
+    free(text);
+  }
+  memcpy(tu + used, tail, strlen(tail) + 1);
   return tu;
 }
 

@@ -148,11 +148,22 @@ static void test_forward_tu_layout(void **state) {
   p = after(s, "#define FJ_NUM_STAGES 2\n", p);
   p = after(s, "#define FJ_HAS_MASK 1\n", p);
   p = after(s, "#define FJ_HAS_SCORE_MOD 0\n", p);
-  p = after(s, "template common/fj_common.cuh", p);
-  p = after(s, "generated prologue", p);
-  p = after(s, "int a_window;", p);
-  p = after(s, "template common/fj_fwd.cuh", p);
-  p = after(s, "template sm80/fwd.cuh", p);
+  /* The parts in the order of gen/templates.c's list, the prologue among
+   * them, each once. */
+  const char *const *parts = fjg_template_parts("sm80", "forward");
+  assert_non_null(parts);
+  for (const char *const *part = parts; *part; part++) {
+    char line[256];
+    if (strcmp(*part, FJG_PART_PROLOGUE) == 0) {
+      p = after(s, "generated prologue", p);
+      p = after(s, "int a_window;", p);
+      continue;
+    }
+    snprintf(line, sizeof line, "// ---- template %s ----\n", *part);
+    p = after(s, line, p);
+    assert_null(strstr(p + 1, line));
+  }
+  p = after(s, "fj_attention_fwd", p);
   assert_null(strstr(s, "#define FJ_DTYPE_F16"));
   fjg_buf_free(&b);
 
@@ -181,6 +192,40 @@ static void test_forward_tu_layout(void **state) {
   assert_true(all.len > len);
   assert_non_null(memmem(all.data, all.len, common, len));
   fjg_buf_free(&all);
+}
+
+/* Every kernel's part list names embedded templates, the prologue once;
+ * every embedded template is a part of some kernel (none is dead weight in
+ * the cache key). */
+static void test_template_parts(void **state) {
+  (void)state;
+  static const char *const kernels[][2] = {
+      {"sm80", "forward"}, {"sm90", "forward"}, {"common", "blockmask"}};
+  const int count = fjg_template_count_get();
+  int *used = calloc((size_t)count, sizeof *used);
+  assert_non_null(used);
+  for (size_t k = 0; k < sizeof kernels / sizeof kernels[0]; k++) {
+    const char *const *parts = fjg_template_parts(kernels[k][0], kernels[k][1]);
+    assert_non_null(parts);
+    int prologues = 0;
+    for (const char *const *part = parts; *part; part++) {
+      if (strcmp(*part, FJG_PART_PROLOGUE) == 0) {
+        prologues++;
+        continue;
+      }
+      if (!fjg_template_text(*part, NULL))
+        fail_msg("%s %s: part %s is not embedded", kernels[k][0], kernels[k][1], *part);
+      for (int i = 0; i < count; i++)
+        if (strcmp(fjg_template_name_at(i), *part) == 0) used[i] = 1;
+    }
+    assert_int_equal(prologues, 1);
+  }
+  for (int i = 0; i < count; i++)
+    if (!used[i]) fail_msg("template %s is in no kernel's part list", fjg_template_name_at(i));
+  free(used);
+  assert_null(fjg_template_parts("sm80", "backward"));
+  assert_null(fjg_template_parts("sm999", "forward"));
+  assert_null(fjg_template_parts(NULL, "forward"));
 }
 
 /* The whole forward TU through NVRTC, for sm_80: generator and kernel
@@ -770,6 +815,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_user_params_layout),
       cmocka_unit_test(test_forward_tu_layout),
+      cmocka_unit_test(test_template_parts),
       cmocka_unit_test(test_forward_tu_compiles_with_nvrtc),
       cmocka_unit_test(test_emitted_code_matches_cpu),
       cmocka_unit_test(test_division_by_constant),

@@ -1,14 +1,14 @@
 /*
  * tests/unit/test_nvrtc_templates.c: the forward template compiles with
  * NVRTC (CPU only, no GPU needed) for sm_80 and sm_90a, both dtypes and both
- * head dims, with two hand-written prologues in the generator's format:
+ * head dims (and the sm_89 shapes), with two hand-written prologues in the
+ * generator's format:
  *   - a causal mask with score_mod = score;
  *   - no mask, a tanh softcap plus a bias read from an i32 buffer at an index
  *     taken modulo an i32 param.
- * The translation unit is assembled as gen/emit_cuda.c does (defines,
- * fj_common.cuh, prologue, fj_fwd.cuh, sm80/fwd.cuh; tests/unit/template_tu.h)
- * and needs no
- * include path: the template uses PTX for every conversion, mma, ldmatrix
+ * The translation unit is assembled as gen/emit_cuda.c does (defines, then
+ * the parts gen/templates.c lists for the sm80 forward kernel;
+ * tests/unit/template_tu.h) and needs no include path: the template uses PTX for every conversion, mma, ldmatrix
  * and cp.async. Prints the NVRTC log on failure and each compile time.
  * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units.
  */
@@ -104,6 +104,18 @@ static void test_softcap_bias(void **state) {
   run_matrix(0, 1, fjt_softcap_bias, "softcap+bias");
 }
 
+/* The shapes of parts with about 100 KiB of shared memory (sm_86, sm_89,
+ * sm_120): at D=128 a warp owns 16 rows and keeps Q in registers, a path
+ * the sm_80 and sm_90a shapes (32 rows a warp) do not take. */
+static void test_small_smem_shapes(void **state) {
+  (void)state;
+  fjg_config c;
+  assert_int_equal(fjg_config_choose(128, FJ_DTYPE_BF16, "sm_89", &c, NULL, 0), FJ_OK);
+  assert_int_equal(c.block_m / c.num_warps, 16);
+  compile_one("sm_89", 128, FJ_DTYPE_BF16, 1, 1, fjt_causal, "causal");
+  compile_one("sm_89", 64, FJ_DTYPE_F16, 0, 1, fjt_softcap_bias, "softcap+bias");
+}
+
 /* The template must reject a configuration it cannot run, at compile time. */
 static void test_bad_config_rejected(void **state) {
   (void)state;
@@ -131,6 +143,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_causal),
       cmocka_unit_test(test_softcap_bias),
+      cmocka_unit_test(test_small_smem_shapes),
       cmocka_unit_test(test_bad_config_rejected),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -261,9 +261,10 @@ static void test_document_softcap(void **state) {
 }
 
 /* A variant built from optional macros (defs: "-DNAME=VALUE" options) must
- * keep compiling: the FJ_TRACE builds (timing only, bench/trace.py; their
- * stamps read %clock) and the FJ_PV_WAIT_SPLIT=0 ablation, which must not
- * spill on their register budgets (check_spills); persistent: 1, the
+ * keep compiling: every tunable of sm90/config.cuh at a value other than
+ * its default, and the FJ_TRACE builds (timing only, bench/trace.py; their
+ * stamps read %clock), which must not spill on their register budgets
+ * (check_spills: a spill would time another kernel); persistent: 1, the
  * configuration of the persistent kernel (FLEXJIT_PERSISTENT=1), with its Q
  * buffers; 2, two consumer warpgroups (D=64's kernel for block masks of
  * 128-row blocks, and its traced build: three consumers are not traced). */
@@ -301,17 +302,30 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
     fail_msg("nvrtcCompileProgram (%s): %s", what, nvrtcGetErrorString(r));
   }
   if (check_spills) assert_true(check_no_spills(log, what) >= 1);
+  /* Serialized wgmma (C7512-C7520) would time another kernel. Not checked
+   * where spills are allowed (the mbarrier poll counter's registers
+   * serialize them, C7512), nor in the traces: the traced persistent kernel
+   * has them (C7520, a WG.AR in a divergent path around its stamps). */
+  int traced = 0;
+  for (int i = 0; i < ndefs; i++) traced |= !strcmp(defs[i], "-DFJ_TRACE=1");
+  if (check_spills && !traced && (strstr(log, "serialized") || strstr(log, "C7513") ||
+                                  strstr(log, "C7515") || strstr(log, "C7520")))
+    fail_msg("%s D=%d: ptxas serialized wgmma:\n%s", what, head_dim, log);
   size_t ptx_size = 0;
   assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
   char *ptx = malloc(ptx_size);
   assert_non_null(ptx);
   assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  /* The value took effect. */
   for (int i = 0; i < ndefs; i++) {
     if (!strcmp(defs[i], "-DFJ_TRACE=1")) assert_non_null(strstr(ptx, "%clock"));
-    /* The persistent kernel's O leaves from registers with this. */
-    if (!strcmp(defs[i], "-DFJ_PERSIST_EPI_SMEM=0")) assert_null(strstr(ptx, "stmatrix"));
+    /* Only the ping-pong's turns use bar.arrive. */
+    if (!strcmp(defs[i], "-DFJ_PINGPONG=0")) assert_null(strstr(ptx, "bar.arrive"));
+    if (!strncmp(defs[i], "-DFJ_DEBUG_WAIT_LIMIT=", 22)) assert_non_null(strstr(ptx, "trap;"));
+    if (!strcmp(defs[i], "-DFJ_CONSUMER_REGS=232"))
+      assert_non_null(strstr(ptx, "setmaxnreg.inc.sync.aligned.u32 232"));
   }
-  printf("  %-24s D=%-3d compiled%s\n", what, head_dim, check_spills ? ", no spills" : "");
+  printf("  %-34s D=%-3d compiled%s\n", what, head_dim, check_spills ? ", no spills" : "");
   free(ptx);
   free(log);
   nvrtcDestroyProgram(&prog);
@@ -321,24 +335,31 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
 static void test_variants_compile(void **state) {
   (void)state;
   static const char *const trace[] = {"-DFJ_TRACE=1"};
-  static const char *const wait[] = {"-DFJ_PV_WAIT_SPLIT=0"};
-  static const char *const walk[] = {"-DFJ_EARLY_ADVANCE=0"};
-  static const char *const epi[] = {"-DFJ_PERSIST_EPI_SMEM=0"};
-  static const char *const carry[] = {"-DFJ_PERSIST_SCHED_CARRY=0"};
+  static const char *const no_pingpong[] = {"-DFJ_PINGPONG=0"};
+  static const char *const no_overlap[] = {"-DFJ_INTRA_WG_OVERLAP=0"};
+  static const char *const regs[] = {"-DFJ_PRODUCER_REGS=40", "-DFJ_CONSUMER_REGS=232"};
+  static const char *const emu[] = {"-DFJ_EXP2_EMU=1"};
+  static const char *const bm_cache[] = {"-DFJ_BM_CACHE=2"};
+  static const char *const wait_limit[] = {"-DFJ_DEBUG_WAIT_LIMIT=100000000"};
   /* The traces must not spill either: a spill would time another kernel. */
   compile_variant("causal, FJ_TRACE", 128, 1, fjt_causal, trace, 1, 1, 0);
   compile_variant("document, FJ_TRACE", 64, 1, kDocument, trace, 1, 1, 2);
   /* D=64 with two consumers: the kernel block masks of 128-row blocks take. */
   compile_variant("document, two consumers", 64, 1, kDocument, NULL, 0, 1, 2);
   compile_variant("causal, FJ_TRACE persistent", 128, 1, fjt_causal, trace, 1, 1, 1);
-  compile_variant("causal, FJ_PV_WAIT_SPLIT=0", 128, 1, fjt_causal, wait, 1, 1, 0);
-  compile_variant("document, FJ_PV_WAIT_SPLIT=0", 64, 1, kDocument, wait, 1, 1, 0);
-  /* Ablations: the early tile walk; the persistent kernel's O from
-   * registers, and its ping-pong ring restarted at every item. */
-  compile_variant("causal, FJ_EARLY_ADVANCE=0", 128, 1, fjt_causal, walk, 1, 1, 0);
-  compile_variant("document, persistent regs O", 128, 1, kDocument, epi, 1, 1, 1);
-  compile_variant("document, persistent regs O", 64, 1, kDocument, epi, 1, 1, 1);
-  compile_variant("causal, persistent no carry", 128, 1, fjt_causal, carry, 1, 1, 1);
+  /* The tunables: the ping-pong off; the spill fallback (no overlap); a
+   * register split; every exponential on the FMA pipe; block-mask rows past
+   * two blocks read from global memory (what tests set to reach that path);
+   * the mbarrier poll limit (its counter may spill). */
+  compile_variant("causal, FJ_PINGPONG=0 persistent", 128, 1, fjt_causal, no_pingpong, 1,
+                  1, 1);
+  compile_variant("document, FJ_INTRA_WG_OVERLAP=0", 128, 1, kDocument, no_overlap, 1, 1,
+                  1);
+  compile_variant("causal, registers 40 / 232", 128, 1, fjt_causal, regs, 2, 1, 0);
+  compile_variant("causal, FJ_EXP2_EMU=1", 64, 1, fjt_causal, emu, 1, 1, 0);
+  compile_variant("document, FJ_BM_CACHE=2 persistent", 128, 1, kDocument, bm_cache, 1, 1,
+                  1);
+  compile_variant("causal, FJ_DEBUG_WAIT_LIMIT", 128, 1, fjt_causal, wait_limit, 1, 0, 0);
   /* The persistent kernel at D=256, with one Q buffer (compile_one covers
    * D=64 and 128, with two). Not shipped: its producer threads spill a few
    * bytes at 40 registers (the consumers need 232), which is allowed. */

@@ -1,0 +1,54 @@
+// templates/sm80/pipeline.cuh: tiles from global memory into swizzled shared
+// memory with cp.async, and how a lane addresses them with ldmatrix.
+#pragma once
+
+// Copies rows [0, ROWS) of a tile whose first row is `g`, rows `ss` elements
+// apart, into swizzled shared memory at `s`: 16-byte chunk c of row r lands
+// at chunk c ^ (r & 7), so the 8 row addresses of one ldmatrix hit 8
+// different bank groups. Rows >= valid (>= 1) are zero-filled from a clamped,
+// in-bounds address: V rows past Lk must be finite, since P = 0 times NaN
+// garbage would still be NaN. Each row address is computed from the clamped
+// row on the spot; precomputed 64-bit row offsets would be loop invariants
+// that the compiler keeps in registers (32 of them for K and V at D=128).
+template <int ROWS>
+__device__ __forceinline__ void fjk_load_tile(unsigned s, const fj_u16 *g,
+                                              long long ss, int valid) {
+  const int tid = fj_tid();
+  const int r = tid / FJK_CHUNKS, c = tid % FJK_CHUNKS;
+  const unsigned dst = s + r * FJK_ROW_BYTES + ((c ^ (r & 7)) << 4);
+#pragma unroll
+  for (int i = 0; i < ROWS / FJK_LOAD_ROWS; ++i) {
+    const int row = r + i * FJK_LOAD_ROWS;
+    const fj_u16 *src = g + (long long)min(row, valid - 1) * ss + c * 8;
+    fjk_cp_async16(dst + i * FJK_LOAD_ROWS * FJK_ROW_BYTES, src, row < valid ? 16 : 0);
+  }
+}
+
+
+// Per-lane ldmatrix addressing. Every ldmatrix group starts at a multiple
+// of 8 rows, so the swizzle term of a lane is (lane & 7) throughout:
+// physical chunk = logical chunk ^ (lane & 7). Logical chunks are 2*k + c
+// with c in {0, 1} fixed per lane, so chunk ^ (lane & 7) = 2*k ^ x_lane.
+// Q (A operand): matrices (rows 0-7, k lo), (rows 8-15, k lo), (0-7, hi), (8-15, hi).
+// K (B operand of Q.K^T): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, lo), (8-15, hi).
+// V (B operand of P.V, transposed): (kv 0-7, d lo), (kv 8-15, d lo), (0-7, hi), (8-15, hi).
+#define FJK_LANE_ADDRESSING(lane_)                                                      \
+  const int x_q = ((lane_) >> 4) ^ ((lane_) & 7);                                      \
+  const unsigned q_row =                                                                \
+      (warp * FJK_WARP_ROWS + (((lane_) >> 3) & 1) * 8 + ((lane_) & 7)) * FJK_ROW_BYTES; \
+  const int x_k = (((lane_) >> 3) & 1) ^ ((lane_) & 7);                                \
+  const unsigned k_row = ((((lane_) >> 4) * 8) + ((lane_) & 7)) * FJK_ROW_BYTES;         \
+  const int x_v = x_q;                                                                  \
+  const unsigned v_row = ((((lane_) >> 3) & 1) * 8 + ((lane_) & 7)) * FJK_ROW_BYTES;    \
+  (void)x_q, (void)q_row, (void)x_k, (void)k_row, (void)x_v, (void)v_row;
+
+// K and V of kv tile j (rows j * FJ_BLOCK_N ..; gk, gv: the head's first
+// rows; Lk: the sequence's) into stage st of the K and V tiles at s_k and
+// s_v.
+__device__ __forceinline__ void fjk_load_kv(const fj_fwd_params &p, unsigned s_k, unsigned s_v,
+                                            int st, const fj_u16 *gk, const fj_u16 *gv, int j,
+                                            int Lk) {
+  const int kv0 = j * FJ_BLOCK_N;
+  fjk_load_tile<FJ_BLOCK_N>(s_k + st * FJK_TILE_BYTES, gk + kv0 * p.k_ss, p.k_ss, Lk - kv0);
+  fjk_load_tile<FJ_BLOCK_N>(s_v + st * FJK_TILE_BYTES, gv + kv0 * p.v_ss, p.v_ss, Lk - kv0);
+}

@@ -1,0 +1,138 @@
+// templates/sm90/tile_walk.cuh: a work item and the walk over its kv tiles,
+// which the producer and every consumer compute alike (each role advances on
+// its own, once per tile): a block mask's row, copied into shared memory,
+// or the interval classifier (common/tile_walk.cuh), and how a consumer
+// treats a tile (evaluate the mask or not).
+#pragma once
+
+// A work item: query rows [q0, q1] of head h, batch b, the k-th item of
+// its CTA, and its kv tiles, walked from hi (class hi_cls) down: without a
+// block mask the non-EMPTY blocks of [lo, hi]; with one (p.bm_kv_num !=
+// nullptr) the mask row's PARTIAL blocks, then its FULL blocks, each a run
+// of bm_kv_ratio tiles, at positions t = 0, 1, ... of that sequence, from
+// the row's copy in shared memory (fjh_bm_cache(k)). The block-mask walk
+// ends with -1 and lo is 0 then, so every `j >= lo` test serves both walks.
+struct fjh_item {
+  int b, h, q0, q1;
+  int lo, hi, hi_cls, t;
+  int k;
+};
+
+// Index of the row of query block q0 / FJ_BLOCK_M in the block mask's
+// count arrays.
+__device__ __forceinline__ int fjh_bm_row(const fj_fwd_params &p, int b, int h, int q0) {
+  return b * p.bm_b_stride + h * p.bm_h_stride + (q0 / FJ_BLOCK_M) / p.bm_q_ratio;
+}
+
+// An item's row of the block mask in shared memory: its PARTIAL blocks,
+// then its FULL ones, so that the producer and the consumers step from tile
+// to tile without a chain of dependent global loads between them. Rows
+// longer than FJH_BM_CACHE blocks are read from global memory instead.
+struct fjh_bm_row_cache {
+  int np, n;  // PARTIAL blocks; PARTIAL + FULL blocks
+  int blk[FJH_BM_CACHE];
+};
+// The copy of the CTA's k-th item, in static shared memory: the CTA keeps
+// one for each item it holds at a time (the persistent kernel's ring has
+// two).
+enum { FJH_BM_ROWS = FJ_PERSISTENT ? 2 : 1 };
+__device__ __forceinline__ fjh_bm_row_cache &fjh_bm_cache(int k) {
+  __shared__ fjh_bm_row_cache c[FJH_BM_ROWS];
+  return c[FJH_BM_ROWS == 1 ? 0 : k & 1];
+}
+
+// Threads i = first, first + stride, ... of the caller copy the block-mask
+// row of query block q0 into c (the caller then synchronizes them).
+__device__ __forceinline__ void fjh_bm_fill(const fj_fwd_params &p, int b, int h, int q0,
+                                            fjh_bm_row_cache &c, int first, int stride) {
+  const int row = fjh_bm_row(p, b, h, q0);
+  const int np = __ldg(p.bm_kv_num + row);
+  const int n = np + __ldg(p.bm_full_num + row);
+  const long long base = (long long)row * p.bm_nkv;
+  // Entry i of both lists is loaded before the counts are known (the lists
+  // are nkv long, read past their counts too): one round trip to global
+  // memory before the CTA's first K load instead of two.
+  const int m = min(p.bm_nkv, FJH_BM_CACHE);
+  for (int i = first; i < m; i += stride) {
+    const int a = __ldg(p.bm_kv_idx + base + i);
+    const int f = __ldg(p.bm_full_idx + base + i);
+    // Past FJH_BM_CACHE blocks the walk reads global memory instead.
+    if (i < np) c.blk[i] = a;
+    if (i < n - np && np + i < FJH_BM_CACHE) c.blk[np + i] = f;
+  }
+  if (first == 0) {
+    c.np = np;
+    c.n = n;
+  }
+}
+
+// The tile at position *t, or the first after it that starts below Lk (the
+// tail of a row's last block may not); *t moves to it and *cls receives its
+// class. -1 past the end of the row's lists (at once for an empty row).
+__device__ __forceinline__ int fjh_bm_tile(const fj_fwd_params &p, const fjh_item &it,
+                                           int *t, int *cls) {
+  const fjh_bm_row_cache &c = fjh_bm_cache(it.k);
+  const int cnp = c.np, cn = c.n;
+  const bool cached = cn <= FJH_BM_CACHE;
+  const int *cblk = c.blk;
+  const int r = p.bm_kv_ratio;
+  const int np = cnp * r;
+  const int n = cn * r;
+  for (; *t < n; ++*t) {
+    const bool partial = *t < np;
+    // r is 1 unless the mask's blocks are wider than a tile: no division
+    // by a runtime value on every tile then.
+    const int k = r == 1 ? *t : *t / r;
+    int blk;
+    if (cached) {
+      blk = cblk[k];
+    } else {
+      const long long base = (long long)fjh_bm_row(p, it.b, it.h, it.q0) * p.bm_nkv;
+      blk = partial ? __ldg(p.bm_kv_idx + base + k)
+                    : __ldg(p.bm_full_idx + base + k - cnp);
+    }
+    const int j = r == 1 ? blk : blk * r + *t % r;
+    if (j * FJ_BLOCK_N < p.sz.Lk) {
+      *cls = partial ? FJ_TILE_PARTIAL : FJ_TILE_FULL;
+      return j;
+    }
+  }
+  return -1;
+}
+
+// The tile after j (at position *t with a block mask): the block mask's
+// next, else the classifier's next non-EMPTY block below j. Every role
+// advances only through here, once per tile.
+__device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, const fjh_item &it, int j,
+                                           int *t, int *cls) {
+  if (p.bm_kv_num != nullptr) {
+    ++*t;
+    return fjh_bm_tile(p, it, t, cls);
+  }
+  return fj_next_block(p, it.b, it.h, it.q0, it.q1, j, it.lo, cls);
+}
+
+// What a consumer does to the scores of a tile: 0 nothing (FULL for its
+// rows), 1 evaluate the mask. There is no "mask everything" mode: ptxas
+// turned its per-element s = -inf into moves and selects paid on every
+// tile; a tile EMPTY for the warpgroup's rows evaluates the mask instead
+// (all false: the same result), and rows past Lq, which are never stored,
+// are computed as if FULL.
+enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1 };
+
+// The mode of the tile at kv0 (class cls for the CTA's rows) for the 64
+// rows from wq0.
+__device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int h,
+                                             int wq0, int kv0, int cls) {
+  if (wq0 >= p.sz.Lq) return FJH_TILE_KEEP;  // never stored
+#if FJ_HAS_MASK
+  if (cls == FJ_TILE_PARTIAL) {
+    const int wq1 = min(wq0 + FJH_WG_ROWS, p.sz.Lq) - 1;
+    const int wc = fj_tile_class(p.user, p.sz, b, h, wq0, wq1, kv0,
+                                 min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1);
+    return wc == FJ_TILE_FULL ? FJH_TILE_KEEP : FJH_TILE_MASK;
+  }
+#endif
+  (void)b; (void)h; (void)kv0; (void)cls;
+  return FJH_TILE_KEEP;
+}
