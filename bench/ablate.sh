@@ -31,7 +31,7 @@ declare -A case_of=(
   [doc16kb8]="document 8x16384|examples/document.lua --batch 8 --heads 16 --q-len 16384 --buffer doc=/tmp/flexjit-doc16384.npy"
 )
 # slideW: the sliding window of W at 2 x 16384 (a sweep of W separates the
-# per-tile from the per-item cost: bench/RESULTS.md, session 10).
+# per-tile from the per-item cost).
 for w in 128 256 512 1024 2048 4096 8192; do
   case_of[slide$w]="sliding $w 2x16384|examples/sliding_window.lua --batch 2 --heads 16 --q-len 16384 --param window=$w"
 done

@@ -57,16 +57,20 @@ void fjc_key_add_int(fjc_key_builder *b, const char *tag, int64_t value) {
   fjc_key_add(b, tag, le, sizeof le);
 }
 
-void fjc_key_finish(fjc_key_builder *b, fjc_key *out) {
+void fjc_key_from_bytes(const uint8_t bytes[16], fjc_key *out) {
   static const char digits[] = "0123456789abcdef";
-  XXH128_canonical_t canon;
-  XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(state_of(b)));
-  memcpy(out->bytes, canon.digest, sizeof out->bytes);
+  memmove(out->bytes, bytes, sizeof out->bytes);
   for (int i = 0; i < 16; i++) {
     out->hex[2 * i] = digits[out->bytes[i] >> 4];
     out->hex[2 * i + 1] = digits[out->bytes[i] & 15];
   }
   out->hex[32] = '\0';
+}
+
+void fjc_key_finish(fjc_key_builder *b, fjc_key *out) {
+  XXH128_canonical_t canon;
+  XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(state_of(b)));
+  fjc_key_from_bytes(canon.digest, out);
 }
 
 void fjc_key_with_nvrtc(const fjc_key *source_key, const char *nvrtc_version,

@@ -46,6 +46,9 @@ void fjc_key_finish(fjc_key_builder *b, fjc_key *out);
 void fjc_key_with_nvrtc(const fjc_key *source_key, const char *nvrtc_version,
                         fjc_key *out);
 
+/* A key from its 16 canonical bytes (as files store it). */
+void fjc_key_from_bytes(const uint8_t bytes[16], fjc_key *out);
+
 /* Parses 32 hex digits (either case) into *out. Returns 0, or -1 when hex is
  * not a key. */
 int fjc_key_from_hex(const char *hex, fjc_key *out);

@@ -4,9 +4,12 @@
 #include "cache/meta.h"
 #include "cache/key.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct scanner {
   const char *p, *end;
@@ -142,25 +145,32 @@ int fjc_meta_string(const char *json, size_t len, const char *field, char *out,
   }
 }
 
-int fjc_meta_file_string(const char *path, size_t max_bytes, const char *field,
-                         char *out, size_t outlen) {
-  FILE *f;
+int fjc_meta_fd_string(int fd, size_t max_bytes, const char *field,
+                       char *out, size_t outlen) {
   char *buf;
-  size_t n;
+  ssize_t n;
   int rc;
   if (out && outlen)
     out[0] = '\0';
-  f = fopen(path, "rb");
-  if (!f)
-    return -1;
   buf = malloc(max_bytes ? max_bytes : 1);
-  if (!buf) {
-    fclose(f);
+  if (!buf)
     return -1;
-  }
-  n = fread(buf, 1, max_bytes, f);
-  fclose(f);
-  rc = fjc_meta_string(buf, n, field, out, outlen);
+  do
+    n = pread(fd, buf, max_bytes, 0);
+  while (n < 0 && errno == EINTR);
+  rc = n < 0 ? -1 : fjc_meta_string(buf, (size_t)n, field, out, outlen);
   free(buf);
+  return rc;
+}
+
+int fjc_meta_file_string(const char *path, size_t max_bytes, const char *field,
+                         char *out, size_t outlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+  if (out && outlen)
+    out[0] = '\0';
+  if (fd < 0)
+    return -1;
+  rc = fjc_meta_fd_string(fd, max_bytes, field, out, outlen);
+  close(fd);
   return rc;
 }

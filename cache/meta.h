@@ -25,4 +25,8 @@ int fjc_meta_string(const char *json, size_t len, const char *field, char *out,
 int fjc_meta_file_string(const char *path, size_t max_bytes, const char *field,
                          char *out, size_t outlen);
 
+/* The same from an open file, read from offset 0. */
+int fjc_meta_fd_string(int fd, size_t max_bytes, const char *field,
+                       char *out, size_t outlen);
+
 #endif /* FJC_META_H */

@@ -12,10 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache/errmsg.h"
+#include "cache/fileio.h"
 #include "cache/store.h"
 
 #define XXH_INLINE_ALL
@@ -41,34 +42,6 @@ enum {
   REC_CHECKSUM = 224,
 };
 
-static void say(char *err, size_t n, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void say(char *err, size_t n, const char *fmt, ...) {
-  va_list ap;
-  if (!err || !n)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, n, fmt, ap);
-  va_end(ap);
-}
-
-static int write_all(int fd, const void *buf, size_t len) {
-  const unsigned char *p = buf;
-  while (len > 0) {
-    ssize_t w = write(fd, p, len);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0) {
-      if (w == 0)
-        errno = ENOSPC;
-      return -1;
-    }
-    p += w;
-    len -= (size_t)w;
-  }
-  return 0;
-}
-
 /* ---- writer ----------------------------------------------------------- */
 
 struct fjc_pack_writer {
@@ -78,49 +51,6 @@ struct fjc_pack_writer {
   unsigned char *index;  /* count records */
   int count, cap;
 };
-
-fj_status fjc_pack_writer_open(const char *path, fjc_pack_writer **out,
-                               char *err, size_t errlen) {
-  unsigned char zero[PACK_HEADER_SIZE] = {0};
-  fjc_pack_writer *w = NULL;
-  fj_status st = FJ_ENOMEM;
-  if (!path || !out) {
-    say(err, errlen, "fjc_pack_writer_open: NULL argument");
-    return FJ_EINVAL;
-  }
-  *out = NULL;
-  w = calloc(1, sizeof *w);
-  if (w)
-    w->fd = -1;
-  if (!w || !(w->path = strdup(path)) ||
-      asprintf(&w->tmp, "%s.tmp.XXXXXX", path) < 0) {
-    if (w)
-      w->tmp = NULL;
-    say(err, errlen, "out of memory starting pack %s", path);
-    goto fail;
-  }
-  w->fd = mkstemp(w->tmp);
-  if (w->fd < 0) {
-    st = FJ_EIO;
-    say(err, errlen, "cannot create %s: %s", w->tmp, strerror(errno));
-    free(w->tmp);
-    w->tmp = NULL;
-    goto fail;
-  }
-  fchmod(w->fd, 0644);
-  /* The header is written last, once the index is known. */
-  if (write_all(w->fd, zero, sizeof zero)) {
-    st = FJ_EIO;
-    say(err, errlen, "cannot write %s: %s", w->tmp, strerror(errno));
-    goto fail;
-  }
-  w->offset = PACK_HEADER_SIZE;
-  *out = w;
-  return FJ_OK;
-fail:
-  fjc_pack_writer_abort(w);
-  return st;
-}
 
 void fjc_pack_writer_abort(fjc_pack_writer *w) {
   if (!w)
@@ -133,6 +63,49 @@ void fjc_pack_writer_abort(fjc_pack_writer *w) {
   free(w->path);
   free(w->index);
   free(w);
+}
+
+fj_status fjc_pack_writer_open(const char *path, fjc_pack_writer **out,
+                               char *err, size_t errlen) {
+  unsigned char zero[PACK_HEADER_SIZE] = {0};
+  fjc_pack_writer *w = NULL;
+  fj_status st = FJ_ENOMEM;
+  if (!path || !out) {
+    fjc_errmsg(err, errlen, "fjc_pack_writer_open: NULL argument");
+    return FJ_EINVAL;
+  }
+  *out = NULL;
+  w = calloc(1, sizeof *w);
+  if (w)
+    w->fd = -1;
+  if (!w || !(w->path = strdup(path)) ||
+      asprintf(&w->tmp, "%s.tmp.XXXXXX", path) < 0) {
+    if (w)
+      w->tmp = NULL;
+    fjc_errmsg(err, errlen, "out of memory starting pack %s", path);
+    goto fail;
+  }
+  w->fd = mkstemp(w->tmp);
+  if (w->fd < 0) {
+    st = FJ_EIO;
+    fjc_errmsg(err, errlen, "cannot create pack %s: %s", path, strerror(errno));
+    free(w->tmp);
+    w->tmp = NULL;
+    goto fail;
+  }
+  fchmod(w->fd, 0644);
+  /* The header is written last, once the index is known. */
+  if (fjc_write_all(w->fd, zero, sizeof zero)) {
+    st = FJ_EIO;
+    fjc_errmsg(err, errlen, "cannot write %s: %s", w->tmp, strerror(errno));
+    goto fail;
+  }
+  w->offset = PACK_HEADER_SIZE;
+  *out = w;
+  return FJ_OK;
+fail:
+  fjc_pack_writer_abort(w);
+  return st;
 }
 
 int fjc_pack_writer_count(const fjc_pack_writer *w) {
@@ -162,16 +135,16 @@ static int put_text(unsigned char *dst, size_t cap, const char *text) {
 static fj_status check_entry(const fjc_pack_entry *e, char *err,
                              size_t errlen) {
   if (!e->data || e->size == 0) {
-    say(err, errlen, "pack entry %s has no cubin", e->name);
+    fjc_errmsg(err, errlen, "pack entry %s has no cubin", e->name);
     return FJ_EINVAL;
   }
   if (!fjc_arch_is_valid(e->arch)) {
-    say(err, errlen, "pack entry %s: bad arch '%s'", e->name, e->arch);
+    fjc_errmsg(err, errlen, "pack entry %s: bad arch '%s'", e->name, e->arch);
     return FJ_EINVAL;
   }
   if (strnlen(e->name, sizeof e->name) >= sizeof e->name ||
       strnlen(e->nvrtc, sizeof e->nvrtc) >= sizeof e->nvrtc) {
-    say(err, errlen, "pack entry: name or NVRTC version too long");
+    fjc_errmsg(err, errlen, "pack entry: name or NVRTC version too long");
     return FJ_EINVAL;
   }
   return FJ_OK;
@@ -196,7 +169,7 @@ static int align_blob(fjc_pack_writer *w) {
   static const unsigned char zero[PACK_BLOB_ALIGN];
   size_t pad = (size_t)((PACK_BLOB_ALIGN - w->offset % PACK_BLOB_ALIGN) %
                         PACK_BLOB_ALIGN);
-  if (pad && write_all(w->fd, zero, pad))
+  if (pad && fjc_write_all(w->fd, zero, pad))
     return -1;
   w->offset += pad;
   return 0;
@@ -207,7 +180,7 @@ fj_status fjc_pack_writer_add(fjc_pack_writer *w, const fjc_pack_entry *e,
   unsigned char *r;
   fj_status st;
   if (!w || !e) {
-    say(err, errlen, "fjc_pack_writer_add: NULL argument");
+    fjc_errmsg(err, errlen, "fjc_pack_writer_add: NULL argument");
     return FJ_EINVAL;
   }
   if ((st = check_entry(e, err, errlen)) != FJ_OK)
@@ -215,15 +188,16 @@ fj_status fjc_pack_writer_add(fjc_pack_writer *w, const fjc_pack_entry *e,
   if (has_entry(w, e))
     return FJ_OK;
   if (w->count >= (int)PACK_MAX_ENTRIES) {
-    say(err, errlen, "a pack holds at most %u entries", PACK_MAX_ENTRIES);
+    fjc_errmsg(err, errlen, "a pack holds at most %u entries",
+               PACK_MAX_ENTRIES);
     return FJ_EINVAL;
   }
   if (!(r = new_record(w))) {
-    say(err, errlen, "out of memory adding to pack %s", w->path);
+    fjc_errmsg(err, errlen, "out of memory adding to pack %s", w->path);
     return FJ_ENOMEM;
   }
-  if (align_blob(w) || write_all(w->fd, e->data, e->size)) {
-    say(err, errlen, "cannot write %s: %s", w->tmp, strerror(errno));
+  if (align_blob(w) || fjc_write_all(w->fd, e->data, e->size)) {
+    fjc_errmsg(err, errlen, "cannot write %s: %s", w->tmp, strerror(errno));
     return FJ_EIO;
   }
   memcpy(r + REC_SOURCE_KEY, e->source_key.bytes, 16);
@@ -257,16 +231,11 @@ static void encode_header(unsigned char *h, uint64_t count,
 static void sync_parent_dir(const char *path) {
   char *dir = strdup(path);
   char *slash = dir ? strrchr(dir, '/') : NULL;
-  int fd;
   if (!dir)
     return;
   if (slash)
     *(slash == dir ? slash + 1 : slash) = '\0';
-  fd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
+  fjc_sync_dir(slash ? dir : ".");
   free(dir);
 }
 
@@ -277,11 +246,11 @@ fj_status fjc_pack_writer_finish(fjc_pack_writer *w, char *err,
   const char *what = "write";
   fj_status st = FJ_EIO;
   if (!w) {
-    say(err, errlen, "fjc_pack_writer_finish: NULL writer");
+    fjc_errmsg(err, errlen, "fjc_pack_writer_finish: NULL writer");
     return FJ_EINVAL;
   }
   index_size = (size_t)w->count * PACK_RECORD_SIZE;
-  if (align_blob(w) || (index_size && write_all(w->fd, w->index, index_size)))
+  if (align_blob(w) || (index_size && fjc_write_all(w->fd, w->index, index_size)))
     goto fail;
   encode_header(header, (uint64_t)w->count, w->offset, index_size,
                 XXH3_64bits(w->index ? (const void *)w->index : "", index_size));
@@ -305,18 +274,24 @@ fj_status fjc_pack_writer_finish(fjc_pack_writer *w, char *err,
   fjc_pack_writer_abort(w);
   return st;
 fail:
-  say(err, errlen, "cannot %s pack %s: %s", what, w->path, strerror(errno));
+  fjc_errmsg(err, errlen, "cannot %s pack %s: %s", what, w->path,
+             strerror(errno));
   fjc_pack_writer_abort(w);
   return st;
 }
 
 /* ---- reader ----------------------------------------------------------- */
 
+/* The header and the index live in memory from the mount on; blobs are
+ * read with pread when looked up. Nothing maps the file, so a file changed
+ * under a mount (overwritten in place, truncated) can only make reads
+ * short or bytes wrong: a miss with a warning, never a fault. */
 struct fjc_pack {
   char *path;
-  const unsigned char *map;
-  size_t map_size;
-  const unsigned char *index;
+  int fd;
+  unsigned char header[PACK_HEADER_SIZE]; /* as read at mount time */
+  uint64_t file_size;
+  unsigned char *index; /* count records */
   int count;
   uint64_t blob_end; /* the index offset: blobs live in [64, blob_end) */
   fj_log_fn log;
@@ -340,11 +315,10 @@ static const unsigned char *record(const fjc_pack *p, int i) {
   return p->index + (size_t)i * PACK_RECORD_SIZE;
 }
 
-/* Validates the header against the file; NULL or why not. */
+/* Validates the header against the file size; NULL or why not. Sets the
+ * index's place and count. */
 static const char *check_header(fjc_pack *p) {
-  const unsigned char *h = p->map;
-  if (p->map_size < PACK_HEADER_SIZE)
-    return "file too short for a pack header";
+  const unsigned char *h = p->header;
   if (memcmp(h, PACK_MAGIC, 8) != 0)
     return "not a flexjit pack (bad magic)";
   if (fjc_get_le32(h + 8) != PACK_FORMAT)
@@ -355,17 +329,26 @@ static const char *check_header(fjc_pack *p) {
     return "header checksum mismatch";
   uint64_t count = fjc_get_le64(h + 16), off = fjc_get_le64(h + 24),
            size = fjc_get_le64(h + 32), total = fjc_get_le64(h + 48);
-  if (total != p->map_size)
-    return total > p->map_size ? "truncated" : "trailing bytes after the index";
+  if (total != p->file_size)
+    return total > p->file_size ? "truncated" : "trailing bytes after the index";
   if (count > PACK_MAX_ENTRIES || size != count * PACK_RECORD_SIZE)
     return "implausible entry count";
-  if (off < PACK_HEADER_SIZE || off > p->map_size ||
-      p->map_size - off != size)
+  if (off < PACK_HEADER_SIZE || off > p->file_size ||
+      p->file_size - off != size)
     return "index out of bounds";
-  p->index = p->map + off;
   p->count = (int)count;
   p->blob_end = off;
-  if (XXH3_64bits(p->index, size) != fjc_get_le64(h + 40))
+  return NULL;
+}
+
+/* Reads the index (after check_header) and checks its checksum. */
+static const char *read_index(fjc_pack *p) {
+  size_t size = (size_t)p->count * PACK_RECORD_SIZE;
+  if (!(p->index = malloc(size ? size : 1)))
+    return "out of memory for the index";
+  if (size && fjc_pread_all(p->fd, p->index, size, p->blob_end) != 0)
+    return "cannot read the index";
+  if (XXH3_64bits(p->index, size) != fjc_get_le64(p->header + 40))
     return "index checksum mismatch";
   return NULL;
 }
@@ -396,47 +379,43 @@ fj_status fjc_pack_open(const char *path, fjc_pack **out, char *err,
   fjc_pack *p = NULL;
   const char *why;
   fj_status status = FJ_EIO;
-  int fd = -1;
   if (!path || !out) {
-    say(err, errlen, "fjc_pack_open: NULL argument");
+    fjc_errmsg(err, errlen, "fjc_pack_open: NULL argument");
     return FJ_EINVAL;
   }
   *out = NULL;
-  if (!(p = calloc(1, sizeof *p)) || !(p->path = strdup(path))) {
+  if ((p = calloc(1, sizeof *p)))
+    p->fd = -1;
+  if (!p || !(p->path = strdup(path))) {
     status = FJ_ENOMEM;
-    say(err, errlen, "out of memory opening pack %s", path);
+    fjc_errmsg(err, errlen, "out of memory opening pack %s", path);
     goto fail;
   }
-  fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || fstat(fd, &st) != 0) {
-    say(err, errlen, "cannot open pack %s: %s", path, strerror(errno));
+  p->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (p->fd < 0 || fstat(p->fd, &st) != 0) {
+    fjc_errmsg(err, errlen, "cannot open pack %s: %s", path, strerror(errno));
     goto fail;
-  }
-  p->map_size = (size_t)st.st_size;
-  if (p->map_size >= PACK_HEADER_SIZE) {
-    void *m = mmap(NULL, p->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      say(err, errlen, "cannot map pack %s: %s", path, strerror(errno));
-      goto fail;
-    }
-    p->map = m;
   }
   status = FJ_ECACHE;
-  if ((why = check_header(p)) != NULL) {
-    say(err, errlen, "pack %s is corrupt: %s", path, why);
+  p->file_size = (uint64_t)st.st_size;
+  if (!S_ISREG(st.st_mode) || p->file_size < PACK_HEADER_SIZE ||
+      fjc_pread_all(p->fd, p->header, PACK_HEADER_SIZE, 0) != 0) {
+    fjc_errmsg(err, errlen,
+               "pack %s is corrupt: file too short for a pack header", path);
+    goto fail;
+  }
+  if ((why = check_header(p)) != NULL || (why = read_index(p)) != NULL) {
+    fjc_errmsg(err, errlen, "pack %s is corrupt: %s", path, why);
     goto fail;
   }
   for (int i = 0; i < p->count; i++)
     if ((why = check_record(p, i)) != NULL) {
-      say(err, errlen, "pack %s is corrupt: entry %d: %s", path, i, why);
+      fjc_errmsg(err, errlen, "pack %s is corrupt: entry %d: %s", path, i, why);
       goto fail;
     }
-  close(fd);
   *out = p;
   return FJ_OK;
 fail:
-  if (fd >= 0)
-    close(fd);
   fjc_pack_close(p);
   return status;
 }
@@ -444,8 +423,9 @@ fail:
 void fjc_pack_close(fjc_pack *pack) {
   if (!pack)
     return;
-  if (pack->map)
-    munmap((void *)pack->map, pack->map_size);
+  if (pack->fd >= 0)
+    close(pack->fd);
+  free(pack->index);
   free(pack->path);
   free(pack);
 }
@@ -463,39 +443,61 @@ const char *fjc_pack_path(const fjc_pack *pack) {
 
 int fjc_pack_count(const fjc_pack *pack) { return pack ? pack->count : 0; }
 
-static void key_from_bytes(const unsigned char *b, fjc_key *k) {
-  static const char digits[] = "0123456789abcdef";
-  memcpy(k->bytes, b, 16);
-  for (int i = 0; i < 16; i++) {
-    k->hex[2 * i] = digits[b[i] >> 4];
-    k->hex[2 * i + 1] = digits[b[i] & 15];
-  }
-  k->hex[32] = '\0';
-}
-
 fj_status fjc_pack_entry_at(const fjc_pack *pack, int i, fjc_pack_entry *out) {
   if (!pack || !out || i < 0 || i >= pack->count)
     return FJ_EINVAL;
   const unsigned char *r = record(pack, i);
-  key_from_bytes(r + REC_SOURCE_KEY, &out->source_key);
-  key_from_bytes(r + REC_FULL_KEY, &out->full_key);
+  fjc_key_from_bytes(r + REC_SOURCE_KEY, &out->source_key);
+  fjc_key_from_bytes(r + REC_FULL_KEY, &out->full_key);
   snprintf(out->arch, sizeof out->arch, "%s", (const char *)r + REC_ARCH);
   snprintf(out->nvrtc, sizeof out->nvrtc, "%s", (const char *)r + REC_NVRTC);
   snprintf(out->name, sizeof out->name, "%s", (const char *)r + REC_NAME);
-  out->data = pack->map + fjc_get_le64(r + REC_OFFSET);
+  out->data = NULL;
   out->size = (size_t)fjc_get_le64(r + REC_SIZE);
+  out->offset = fjc_get_le64(r + REC_OFFSET);
   return FJ_OK;
 }
 
+/* Reads blob i into *data (malloc'd) and verifies it; NULL, or why not. A
+ * header that differs from the mounted one means the file was replaced in
+ * place: nothing in it can be trusted. */
+static const char *read_blob(const fjc_pack *p, int i, void **data) {
+  const unsigned char *r = record(p, i);
+  uint64_t off = fjc_get_le64(r + REC_OFFSET);
+  size_t size = (size_t)fjc_get_le64(r + REC_SIZE);
+  unsigned char now[PACK_HEADER_SIZE];
+  unsigned char *blob;
+  int rc;
+  *data = NULL;
+  rc = fjc_pread_all(p->fd, now, sizeof now, 0);
+  if (rc == FJC_SHORT_READ)
+    return "the file was truncated after it was mounted";
+  if (rc != 0)
+    return "cannot read the file";
+  if (memcmp(now, p->header, sizeof now) != 0)
+    return "the file was overwritten after it was mounted (replace packs by "
+           "rename, not in place)";
+  if (!(blob = malloc(size)))
+    return "out of memory";
+  rc = fjc_pread_all(p->fd, blob, size, off);
+  if (rc != 0 || XXH3_64bits(blob, size) != fjc_get_le64(r + REC_CHECKSUM)) {
+    free(blob);
+    return rc == FJC_SHORT_READ ? "the file was truncated after it was mounted"
+           : rc != 0            ? "cannot read the file"
+                                : "checksum mismatch";
+  }
+  *data = blob;
+  return NULL;
+}
+
 const char *fjc_pack_check_blob(const fjc_pack *pack, int i) {
+  void *data = NULL;
+  const char *why;
   if (!pack || i < 0 || i >= pack->count)
     return "no such entry";
-  const unsigned char *r = record(pack, i);
-  const unsigned char *blob = pack->map + fjc_get_le64(r + REC_OFFSET);
-  size_t size = (size_t)fjc_get_le64(r + REC_SIZE);
-  return XXH3_64bits(blob, size) == fjc_get_le64(r + REC_CHECKSUM)
-             ? NULL
-             : "checksum mismatch";
+  why = read_blob(pack, i, &data);
+  free(data);
+  return why;
 }
 
 /* NVRTC versions compare number by number: "12.10" > "12.8". */
@@ -556,7 +558,7 @@ static int best_match(const fjc_pack *p, const char *arch,
 
 fj_status fjc_pack_find(const fjc_pack *pack, const char *arch,
                         const fjc_key *full_key, const fjc_key *source_key,
-                        const void **data, size_t *size, const char **name) {
+                        void **data, size_t *size, const char **name) {
   const char *floor_nvrtc = "";
   int i = -1;
   if (!pack || !arch || !data || !size || (!full_key && !source_key))
@@ -571,16 +573,15 @@ fj_status fjc_pack_find(const fjc_pack *pack, const char *arch,
       return FJ_ENOTFOUND;
     const unsigned char *r = record(pack, i);
     floor_nvrtc = (const char *)r + REC_NVRTC;
-    const char *why = fjc_pack_check_blob(pack, i);
+    const char *why = read_blob(pack, i, data);
     if (why) {
       pack_log(pack,
-               "pack %s: ignoring corrupt entry %s (key %s, %s): %s",
+               "pack %s: ignoring entry %s (key %s, %s): %s",
                pack->path, (const char *)r + REC_NAME,
                full_key ? full_key->hex : source_key->hex,
                (const char *)r + REC_ARCH, why);
       continue;
     }
-    *data = pack->map + fjc_get_le64(r + REC_OFFSET);
     *size = (size_t)fjc_get_le64(r + REC_SIZE);
     if (name)
       *name = (const char *)r + REC_NAME;

@@ -24,10 +24,13 @@
  * the pack, matches by source key and arch: the cubin is valid whichever
  * NVRTC version produced it, as long as the source and target match.
  *
- * Integrity: the header and the index are checked when a pack is opened
- * (magic, version, checksums, every blob inside the blob area): a pack that
- * fails is an error at mount time. Blobs are checked on lookup: a corrupt
- * blob is a miss with a warning, never loaded.
+ * Integrity: the header and the index are read and checked when a pack is
+ * opened (magic, version, checksums, every blob inside the blob area): a
+ * pack that fails is an error at mount time. Blobs are read (pread, no
+ * mapping) and checked on lookup: a corrupt blob is a miss with a warning,
+ * never loaded. A file changed after it was opened (overwritten in place,
+ * truncated) gives misses with a warning, never a signal; one replaced by
+ * rename keeps serving the old file's contents.
  */
 #ifndef FJC_PACK_H
 #define FJC_PACK_H
@@ -49,8 +52,9 @@ typedef struct fjc_pack_entry {
   char arch[FJC_PACK_ARCH_MAX];
   char nvrtc[FJC_PACK_NVRTC_MAX];
   char name[FJC_PACK_NAME_MAX];
-  const void *data; /* the cubin */
+  const void *data; /* the cubin (writing; NULL when listed) */
   size_t size;
+  uint64_t offset; /* where the cubin starts in the file (listing only) */
 } fjc_pack_entry;
 
 /* ---- writing ---------------------------------------------------------- */
@@ -88,13 +92,14 @@ void fjc_pack_writer_abort(fjc_pack_writer *w);
 
 typedef struct fjc_pack fjc_pack;
 
-/* Maps a pack read-only and validates its header and index. FJ_EIO (cannot
- * open or map), FJ_ECACHE (not a pack, or a corrupt one: err names the file
- * and the problem), FJ_ENOMEM. The pack holds no mutable state after this:
- * lookups may run from several threads at once. */
+/* Opens a pack read-only, reads and validates its header and index (kept
+ * in memory; the file stays open for the blobs). FJ_EIO (cannot open),
+ * FJ_ECACHE (not a pack, or a corrupt one: err names the file and the
+ * problem), FJ_ENOMEM. The pack holds no mutable state after this: lookups
+ * may run from several threads at once. */
 fj_status fjc_pack_open(const char *path, fjc_pack **out, char *err,
                         size_t errlen);
-/* Unmaps; every pointer the pack handed out dies. NULL is a no-op. */
+/* Closes the file; names the pack handed out die. NULL is a no-op. */
 void fjc_pack_close(fjc_pack *pack);
 
 /* Where corrupt-blob warnings go (default: nowhere). */
@@ -103,20 +108,22 @@ void fjc_pack_set_log(fjc_pack *pack, fj_log_fn log, void *log_user);
 /* The file it was opened from (borrowed, lives with the pack). */
 const char *fjc_pack_path(const fjc_pack *pack);
 int fjc_pack_count(const fjc_pack *pack);
-/* Entry i (0 <= i < count), its data pointing into the mapping (blob not
- * verified). FJ_EINVAL for a bad index. */
+/* Entry i (0 <= i < count) as the index describes it (data NULL; blob not
+ * read). FJ_EINVAL for a bad index. */
 fj_status fjc_pack_entry_at(const fjc_pack *pack, int i, fjc_pack_entry *out);
-/* Re-checks the blob of entry i. Returns NULL when sound, else why not. */
+/* Reads and checks the blob of entry i. Returns NULL when sound, else why
+ * not (a static string). */
 const char *fjc_pack_check_blob(const fjc_pack *pack, int i);
 
 /* Finds the cubin for arch: with full_key, the entry with exactly that key;
  * with full_key NULL (no NVRTC), any entry with source_key (the one built by
- * the highest NVRTC version when several are). The blob is verified first; a
- * corrupt one is logged and skipped. FJ_OK: *data and *size point into the
- * mapping (borrowed; valid until fjc_pack_close), *name (may be NULL) the
- * entry's readable name (same lifetime). FJ_ENOTFOUND otherwise. */
+ * the highest NVRTC version when several are). The blob is read and
+ * verified; a corrupt or unreadable one is logged and skipped. FJ_OK: *data
+ * (malloc'd, the caller frees) and *size hold the cubin, *name (may be
+ * NULL) the entry's readable name (borrowed; valid until fjc_pack_close).
+ * FJ_ENOTFOUND otherwise. */
 fj_status fjc_pack_find(const fjc_pack *pack, const char *arch,
                         const fjc_key *full_key, const fjc_key *source_key,
-                        const void **data, size_t *size, const char **name);
+                        void **data, size_t *size, const char **name);
 
 #endif /* FJC_PACK_H */

@@ -5,20 +5,19 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/file.h>
-#include <unistd.h>
 
+#include "cache/errmsg.h"
 #include "cache/inspect.h"
 
 /* What prune keeps of an entry while it decides. */
 typedef struct candidate {
-  char *path; /* the .cubin */
-  char hex[33];
+  char *path; /* the .cubin: breaks ties between equal ages */
+  fjc_key key;
+  char libver[32], arch[32];
   struct timespec mtime;
   uint64_t bytes;
 } candidate;
@@ -47,7 +46,9 @@ static int collect(void *user, const fjc_entry_info *e) {
     c->failed = 1;
     return 1;
   }
-  memcpy(x->hex, e->key.hex, sizeof x->hex);
+  x->key = e->key;
+  memcpy(x->libver, e->libver, sizeof x->libver);
+  memcpy(x->arch, e->arch, sizeof x->arch);
   x->mtime = e->mtime;
   x->bytes = e->cubin_bytes + e->meta_bytes;
   c->total += x->bytes;
@@ -72,40 +73,6 @@ static int is_in_use(const char *hex, const char *const *keys, int n) {
   return 0;
 }
 
-/* Takes the entry's compile lock without waiting. Returns the descriptor
- * (-1 when there is no lock file: nobody is compiling it), or -2 when
- * another process holds it. */
-static int try_entry_lock(const char *cubin_path) {
-  char path[4096];
-  size_t n = strlen(cubin_path);
-  if (n < 6 || n >= sizeof path)
-    return -1;
-  memcpy(path, cubin_path, n - 6);
-  strcpy(path + n - 6, ".lock");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return -1;
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    close(fd);
-    return -2;
-  }
-  return fd;
-}
-
-/* Evicts one entry unless someone is compiling it. Returns 1 if evicted. */
-static int evict(const candidate *x) {
-  int fd = try_entry_lock(x->path);
-  int gone;
-  if (fd == -2)
-    return 0;
-  gone = fjc_entry_remove(x->path) == 0;
-  if (fd >= 0) {
-    flock(fd, LOCK_UN);
-    close(fd);
-  }
-  return gone;
-}
-
 static void free_candidates(candidates *c) {
   for (int i = 0; i < c->n; i++)
     free(c->v[i].path);
@@ -114,18 +81,23 @@ static void free_candidates(candidates *c) {
 
 fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
                           const char *const *in_use_keys, int n_in_use,
-                          fjc_prune_report *report) {
+                          fjc_prune_report *report, char *err, size_t errlen) {
   fjc_prune_report scratch, *rep = report ? report : &scratch;
   candidates c = {0};
+  char first_failure[1200] = "";
+  int failures = 0;
   fj_status st;
   memset(rep, 0, sizeof *rep);
-  if (!store || n_in_use < 0 || (n_in_use > 0 && !in_use_keys))
+  if (!store || n_in_use < 0 || (n_in_use > 0 && !in_use_keys)) {
+    fjc_errmsg(err, errlen, "fjc_store_prune: invalid argument");
     return FJ_EINVAL;
-  st = fjc_store_list(store, collect, &c);
+  }
+  st = fjc_store_list(store, collect, &c, err, errlen);
   if (st != FJ_OK)
     goto done;
   if (c.failed) {
-    fjc_store_set_error(store, "out of memory listing the kernel cache");
+    fjc_errmsg(err, errlen, "out of memory listing the kernel cache %s",
+               fjc_store_root(store));
     st = FJ_ENOMEM;
     goto done;
   }
@@ -134,19 +106,53 @@ fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
   if (c.n > 1)
     qsort(c.v, (size_t)c.n, sizeof *c.v, by_age);
   for (int i = 0; i < c.n && rep->bytes_after > max_bytes; i++) {
-    if (is_in_use(c.v[i].hex, in_use_keys, n_in_use)) {
+    const candidate *x = &c.v[i];
+    if (is_in_use(x->key.hex, in_use_keys, n_in_use)) {
       rep->kept_in_use++;
       continue;
     }
-    if (!evict(&c.v[i]))
+    /* Only the first failure's message is kept. */
+    int gone =
+        fjc_entry_evict(store, x->libver, x->arch, &x->key,
+                        failures ? NULL : first_failure, sizeof first_failure);
+    failures += gone < 0;
+    if (gone <= 0)
       continue;
     rep->removed++;
-    rep->bytes_removed += c.v[i].bytes;
-    rep->bytes_after -= c.v[i].bytes;
+    rep->bytes_removed += x->bytes;
+    rep->bytes_after -= x->bytes;
+  }
+  if (rep->removed)
+    st = fjc_store_remove_dangling_aliases(store, &rep->aliases_removed, err,
+                                           errlen);
+  if (failures) {
+    fjc_errmsg(err, errlen, "%s%s", first_failure,
+               failures > 1 ? " (and more entries could not be removed)" : "");
+    st = FJ_EIO;
   }
 done:
   free_candidates(&c);
   return st;
+}
+
+void fjc_store_prune_to_limit(fjc_store *store) {
+  fjc_prune_report rep;
+  uint64_t max = fjc_store_max_bytes(store);
+  char why[1300] = "";
+  int n = 0;
+  if (!max || !fjc_store_enabled(store))
+    return;
+  const char *const *keys = fjc_store_in_use(store, &n);
+  if (fjc_store_prune(store, max, keys, n, &rep, why, sizeof why) != FJ_OK)
+    fjc_store_log(store, FJ_LOG_WARN,
+                  "kernel cache: cannot keep %s under %llu bytes: %s",
+                  fjc_store_root(store), (unsigned long long)max, why);
+  if (rep.removed)
+    fjc_store_log(store, FJ_LOG_INFO,
+                  "kernel cache: evicted %d least recently used entries "
+                  "(%llu bytes) to stay under %llu bytes",
+                  rep.removed, (unsigned long long)rep.bytes_removed,
+                  (unsigned long long)max);
 }
 
 /* The multiplier of a size suffix, 0 when it is not one. */

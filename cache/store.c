@@ -5,7 +5,8 @@
 #include "cache/le.h"
 #include "cache/store.h"
 
-#include "cache/prune.h"
+#include "cache/errmsg.h"
+#include "cache/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +29,10 @@
 /* Cubins are megabytes; anything near this is corruption, not a kernel. */
 #define ENTRY_MAX_PAYLOAD ((uint64_t)1 << 31)
 #define STORE_PATH_MAX 4096
+/* A source-key alias: the magic, the entry's key in hex, a newline. */
+#define ALIAS_MAGIC "FJSRC1 "
+#define ALIAS_MAGIC_LEN 7
+#define ALIAS_SIZE (ALIAS_MAGIC_LEN + 32 + 1)
 
 typedef enum {
   FAULT_NONE = 0,
@@ -42,11 +47,10 @@ struct fjc_store {
   fj_log_fn log;
   void *log_user;
   int write_warned; /* the first write failure is a warning, later ones not */
-  store_fault fault;
+  store_fault fault;  /* FAULT_NONE outside test builds */
   uint64_t max_bytes; /* 0: no size limit */
   char **in_use;      /* hex keys served by this store: never pruned */
   int n_in_use, cap_in_use;
-  char last_error[1024];
 };
 
 typedef struct entry_header {
@@ -67,13 +71,6 @@ void fjc_store_log(const fjc_store *s, fj_log_level level, const char *fmt,
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   s->log(s->log_user, level, msg);
-}
-
-void fjc_store_set_error(fjc_store *s, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(s->last_error, sizeof s->last_error, fmt, ap);
-  va_end(ap);
 }
 
 static void put_path(char *out, size_t n, const char *path) {
@@ -113,6 +110,8 @@ static int entry_file(const fjc_store *s, const char *arch, const fjc_key *key,
   return len < 0 || (size_t)len >= n ? -1 : 0;
 }
 
+#ifdef FJC_FAULT_INJECTION
+/* Test builds only: FLEXJIT_CACHE_FAULT (see store.h). */
 static store_fault fault_from_env(void) {
   const char *f = getenv("FLEXJIT_CACHE_FAULT");
   if (!f)
@@ -127,6 +126,9 @@ static store_fault fault_from_env(void) {
     return FAULT_CRASH;
   return FAULT_NONE;
 }
+#else
+static store_fault fault_from_env(void) { return FAULT_NONE; }
+#endif
 
 /* Creation failures injected by FLEXJIT_CACHE_FAULT; 0 when none. */
 static int injected_create_errno(const fjc_store *s) {
@@ -166,105 +168,53 @@ static int make_dirs(const char *path) {
   return 0;
 }
 
-static int read_all(int fd, void *buf, size_t len) {
-  unsigned char *p = buf;
-  while (len > 0) {
-    ssize_t r = read(fd, p, len);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    p += r;
-    len -= (size_t)r;
-  }
-  return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t len) {
-  const unsigned char *p = buf;
-  while (len > 0) {
-    ssize_t w = write(fd, p, len);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w < 0)
-      return -1;
-    if (w == 0) {
-      errno = ENOSPC;
-      return -1;
-    }
-    p += w;
-    len -= (size_t)w;
-  }
-  return 0;
-}
-
 /* ---- open / close ----------------------------------------------------- */
 
-/* The default root: a pointer into the environment or into buf; NULL for a
- * disabled store (FLEXJIT_CACHE_DIR="", or no home: then *why says so). */
-static const char *default_root(char *buf, size_t n, const char **why) {
-  const char *env = getenv("FLEXJIT_CACHE_DIR");
-  if (env)
-    return env[0] ? env : NULL;
-  env = getenv("XDG_CACHE_HOME");
-  if (env && env[0] == '/') {
-    snprintf(buf, n, "%s/flexjit", env);
+const char *fjc_store_default_root(const char *cache_dir_env,
+                                   const char *xdg_cache_home,
+                                   const char *home, char *buf, size_t n,
+                                   const char **why) {
+  if (why)
+    *why = NULL;
+  if (cache_dir_env)
+    return cache_dir_env;
+  if (xdg_cache_home && xdg_cache_home[0] == '/') {
+    snprintf(buf, n, "%s/flexjit", xdg_cache_home);
     return buf;
   }
-  env = getenv("HOME");
-  if (env && env[0]) {
-    snprintf(buf, n, "%s/.cache/flexjit", env);
+  if (home && home[0]) {
+    snprintf(buf, n, "%s/.cache/flexjit", home);
     return buf;
   }
-  *why = "neither FLEXJIT_CACHE_DIR, XDG_CACHE_HOME nor HOME is set";
-  return NULL;
+  if (why)
+    *why = "neither FLEXJIT_CACHE_DIR, XDG_CACHE_HOME nor HOME is set";
+  return "";
 }
 
-/* FLEXJIT_CACHE_MAX_BYTES: a bad value is a warning, not a failure, so a
- * typo in the environment never stops an application. */
-static void max_bytes_from_env(fjc_store *s) {
-  const char *env = getenv("FLEXJIT_CACHE_MAX_BYTES");
-  uint64_t v = 0;
-  if (!env || !env[0])
-    return;
-  if (fjc_parse_size(env, &v) != 0) {
-    fjc_store_log(s, FJ_LOG_WARN,
-                  "ignoring FLEXJIT_CACHE_MAX_BYTES='%s': expected a byte "
-                  "count such as 500000000, 500M or 2G",
-                  env);
-    return;
-  }
-  s->max_bytes = v;
-}
-
-fj_status fjc_store_open(const char *root, fj_log_fn log, void *log_user,
-                         fjc_store **out, char *err, size_t errlen) {
-  char buf[STORE_PATH_MAX];
-  const char *why = NULL, *chosen;
+fj_status fjc_store_open(const char *root, uint64_t max_bytes, fj_log_fn log,
+                         void *log_user, fjc_store **out, char *err,
+                         size_t errlen) {
   fjc_store *s = NULL;
   fj_status st = FJ_ENOMEM;
-  char scratch[8];
 
-  if (!err || !errlen) {
-    err = scratch;
-    errlen = sizeof scratch;
-  }
-  err[0] = '\0';
-  if (!out) {
-    snprintf(err, errlen, "fjc_store_open: out is NULL");
+  if (out)
+    *out = NULL;
+  if (!out || !root) {
+    fjc_errmsg(err, errlen, "fjc_store_open: %s is NULL", out ? "root" : "out");
     return FJ_EINVAL;
   }
-  *out = NULL;
-  chosen = root ? (root[0] ? root : NULL) : default_root(buf, sizeof buf, &why);
   /* Room for "/<libver>/<arch>/<aa>/<key>.cubin" and a temp suffix. */
-  if (chosen && strlen(chosen) >= STORE_PATH_MAX - 128) {
+  if (strlen(root) >= STORE_PATH_MAX - 128) {
     st = FJ_EINVAL;
-    snprintf(err, errlen, "cache directory path is too long");
+    fjc_errmsg(err, errlen,
+               "cache directory path is too long (%zu bytes, at most %d): "
+               "%.64s...",
+               strlen(root), STORE_PATH_MAX - 129, root);
     goto fail;
   }
   s = calloc(1, sizeof *s);
-  if (!s || (chosen && !(s->root = strdup(chosen)))) {
-    snprintf(err, errlen, "out of memory opening the kernel cache");
+  if (!s || (root[0] && !(s->root = strdup(root)))) {
+    fjc_errmsg(err, errlen, "out of memory opening the kernel cache %s", root);
     goto fail;
   }
   /* "dir/" and "dir" name one store; keep printed paths clean. */
@@ -274,11 +224,7 @@ fj_status fjc_store_open(const char *root, fj_log_fn log, void *log_user,
   s->log = log;
   s->log_user = log_user;
   s->fault = fault_from_env();
-  max_bytes_from_env(s);
-  if (why)
-    fjc_store_log(s, FJ_LOG_WARN,
-              "kernel cache disabled: %s; kernels are kept in memory only",
-              why);
+  s->max_bytes = max_bytes;
   *out = s;
   return FJ_OK;
 fail:
@@ -294,11 +240,6 @@ void fjc_store_close(fjc_store *store) {
   free(store->in_use);
   free(store->root);
   free(store);
-}
-
-void fjc_store_set_max_bytes(fjc_store *store, uint64_t max_bytes) {
-  if (store)
-    store->max_bytes = max_bytes;
 }
 
 uint64_t fjc_store_max_bytes(const fjc_store *store) {
@@ -338,10 +279,6 @@ const char *fjc_store_root(const fjc_store *store) {
   return store && store->root ? store->root : "";
 }
 
-const char *fjc_store_last_error(const fjc_store *store) {
-  return store ? store->last_error : "";
-}
-
 /* ---- get -------------------------------------------------------------- */
 
 /* Checks a header against the file and the key; NULL when it is sound, else
@@ -368,8 +305,8 @@ static const char *parse_header(const unsigned char *raw, off_t file_size,
   return NULL;
 }
 
-/* Reads and verifies an open entry. NULL and *data on success, else why the
- * entry is corrupt. */
+/* Reads and verifies an open entry from offset 0. NULL and *data on
+ * success, else why the entry is corrupt. */
 static const char *read_entry(int fd, const fjc_key *key, void **data,
                               size_t *size) {
   unsigned char raw[ENTRY_HEADER_SIZE];
@@ -380,7 +317,7 @@ static const char *read_entry(int fd, const fjc_key *key, void **data,
     return "cannot stat";
   if (st.st_size < (off_t)ENTRY_HEADER_SIZE)
     return "truncated header";
-  if (read_all(fd, raw, sizeof raw))
+  if (fjc_pread_all(fd, raw, sizeof raw, 0))
     return "cannot read header";
   why = parse_header(raw, st.st_size, key, &h);
   if (why)
@@ -388,7 +325,7 @@ static const char *read_entry(int fd, const fjc_key *key, void **data,
   unsigned char *payload = malloc((size_t)h.payload_len);
   if (!payload)
     return "out of memory";
-  if (read_all(fd, payload, (size_t)h.payload_len)) {
+  if (fjc_pread_all(fd, payload, (size_t)h.payload_len, ENTRY_HEADER_SIZE)) {
     free(payload);
     return "cannot read payload";
   }
@@ -401,41 +338,59 @@ static const char *read_entry(int fd, const fjc_key *key, void **data,
   return NULL;
 }
 
-fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
-                        void **data, size_t *size, char *path_out,
-                        size_t path_len) {
-  char path[STORE_PATH_MAX];
-  const char *why;
-  int fd = -1;
-  fj_status st = FJ_ENOTFOUND;
-
-  put_path(path_out, path_len, "");
+/* What both lookups (who) check first: the arguments (FJ_EINVAL), then
+ * whether there is a file to read, <keyhex><ext> of (arch, key), which
+ * lands in path (FJ_ENOTFOUND when not). FJ_OK with *data NULL and *size 0
+ * to go on; otherwise err says why. */
+static fj_status lookup_file(const char *who, const fjc_store *store,
+                             const char *arch, const fjc_key *key,
+                             const char *ext, void **data, size_t *size,
+                             char *path, size_t n, char *err, size_t errlen) {
   if (!store || !key || !data || !size || !fjc_arch_is_valid(arch)) {
-    if (store)
-      fjc_store_set_error(store, "fjc_store_get: invalid argument (arch '%s')",
-                arch ? arch : "(null)");
+    fjc_errmsg(err, errlen, "%s: invalid argument (arch '%s')", who,
+               arch ? arch : "(null)");
     return FJ_EINVAL;
   }
   *data = NULL;
   *size = 0;
-  if (!store->root)
-    return FJ_ENOTFOUND;
-  if (entry_file(store, arch, key, ".cubin", path, sizeof path)) {
-    fjc_store_set_error(store, "cache path too long under %s", store->root);
+  if (!store->root) {
+    fjc_errmsg(err, errlen, "the kernel cache is disabled");
     return FJ_ENOTFOUND;
   }
+  if (entry_file(store, arch, key, ext, path, n)) {
+    fjc_errmsg(err, errlen, "cache path too long under %s", store->root);
+    return FJ_ENOTFOUND;
+  }
+  return FJ_OK;
+}
+
+fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
+                        void **data, size_t *size, char *path_out,
+                        size_t path_len, char *err, size_t errlen) {
+  char path[STORE_PATH_MAX];
+  const char *why;
+  int fd = -1;
+  fj_status st;
+
+  put_path(path_out, path_len, "");
+  st = lookup_file("fjc_store_get", store, arch, key, ".cubin", data, size,
+                   path, sizeof path, err, errlen);
+  if (st != FJ_OK)
+    return st;
+  st = FJ_ENOTFOUND;
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
+    int e = errno;
     /* A missing entry is the normal miss; anything else is worth a note. */
-    fjc_store_set_error(store, "%s: %s", path, strerror(errno));
-    if (errno != ENOENT && errno != ENOTDIR)
+    fjc_errmsg(err, errlen, "%s: %s", path, strerror(e));
+    if (e != ENOENT && e != ENOTDIR)
       fjc_store_log(store, FJ_LOG_WARN, "cannot read cache entry %s: %s", path,
-                strerror(errno));
+                    strerror(e));
     goto fail;
   }
   why = read_entry(fd, key, data, size);
   if (why) {
-    fjc_store_set_error(store, "cache entry %s is corrupt (%s)", path, why);
+    fjc_errmsg(err, errlen, "cache entry %s is corrupt (%s)", path, why);
     fjc_store_log(store, FJ_LOG_WARN,
               "ignoring corrupt cache entry %s (%s); it will be recompiled",
               path, why);
@@ -453,40 +408,81 @@ fail:
   return st;
 }
 
-const char *fjc_entry_check_file(const char *path, const fjc_key *key,
-                                 uint8_t key_out[16], int *foreign) {
+const char *fjc_entry_check_fd(int fd, const fjc_key *key, uint8_t key_out[16],
+                               int *foreign) {
   unsigned char raw[ENTRY_HEADER_SIZE];
   fjc_key named;
-  const char *why = NULL;
+  const char *why;
   void *data = NULL;
   size_t size = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
   *foreign = 0;
-  if (fd < 0)
-    return "cannot open";
-  if (read_all(fd, raw, sizeof raw) != 0) {
-    why = "truncated header";
-    goto done;
-  }
+  if (fjc_pread_all(fd, raw, sizeof raw, 0) != 0)
+    return "truncated header";
   /* Another release's format: not ours to call corrupt. */
   if (memcmp(raw, ENTRY_MAGIC, 8) == 0 && fjc_get_le32(raw + 8) != ENTRY_FORMAT) {
     *foreign = 1;
-    why = "written in another entry format version";
-    goto done;
+    return "written in another entry format version";
   }
   /* Without an expected key, check against the key the header names. */
   memcpy(named.bytes, raw + 32, 16);
-  if (lseek(fd, 0, SEEK_SET) != 0) {
-    why = "cannot seek";
-    goto done;
-  }
   why = read_entry(fd, key ? key : &named, &data, &size);
   if (!why && key_out)
     memcpy(key_out, named.bytes, 16);
-done:
-  close(fd);
   free(data);
   return why;
+}
+
+/* ---- source-key aliases ----------------------------------------------- */
+
+int fjc_alias_read_fd(int fd, fjc_key *key) {
+  char raw[ALIAS_SIZE + 1], hex[33];
+  ssize_t n;
+  do
+    n = pread(fd, raw, sizeof raw, 0);
+  while (n < 0 && errno == EINTR);
+  if (n != ALIAS_SIZE || memcmp(raw, ALIAS_MAGIC, ALIAS_MAGIC_LEN) != 0 ||
+      raw[ALIAS_SIZE - 1] != '\n')
+    return -1;
+  memcpy(hex, raw + ALIAS_MAGIC_LEN, 32);
+  hex[32] = '\0';
+  /* Lowercase only, as written: the file names use the same digits. */
+  if (strspn(hex, "0123456789abcdef") != 32 || fjc_key_from_hex(hex, key))
+    return -1;
+  return 0;
+}
+
+fj_status fjc_store_get_by_source(fjc_store *store, const char *arch,
+                                  const fjc_key *source_key, fjc_key *key_out,
+                                  void **data, size_t *size, char *path_out,
+                                  size_t path_len, char *err, size_t errlen) {
+  char path[STORE_PATH_MAX];
+  fjc_key key;
+  int fd, bad;
+  fj_status st;
+  put_path(path_out, path_len, "");
+  st = lookup_file("fjc_store_get_by_source", store, arch, source_key, ".src",
+                   data, size, path, sizeof path, err, errlen);
+  if (st != FJ_OK)
+    return st;
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    fjc_errmsg(err, errlen, "%s: %s", path, strerror(errno));
+    return FJ_ENOTFOUND;
+  }
+  bad = fjc_alias_read_fd(fd, &key);
+  close(fd);
+  if (bad) {
+    fjc_errmsg(err, errlen, "source-key alias %s is corrupt", path);
+    fjc_store_log(store, FJ_LOG_WARN, "ignoring corrupt source-key alias %s",
+                  path);
+    return FJ_ENOTFOUND;
+  }
+  /* A dangling alias is the entry's plain miss; a bad entry warns there. */
+  st = fjc_store_get(store, arch, &key, data, size, path_out, path_len, err,
+                     errlen);
+  if (st == FJ_OK && key_out)
+    *key_out = key;
+  return st;
 }
 
 /* ---- put -------------------------------------------------------------- */
@@ -497,16 +493,16 @@ static int write_parts(const fjc_store *s, int fd, const void *a, size_t na,
                        const void *b, size_t nb) {
   if (s->fault == FAULT_ENOSPC || s->fault == FAULT_CRASH) {
     size_t half = (na + nb) / 2;
-    if (write_all(fd, a, half < na ? half : na))
+    if (fjc_write_all(fd, a, half < na ? half : na))
       return -1;
     if (s->fault == FAULT_CRASH)
       _exit(86); /* no cleanup, no rename: what a crash leaves behind */
     errno = ENOSPC;
     return -1;
   }
-  if (write_all(fd, a, na))
+  if (fjc_write_all(fd, a, na))
     return -1;
-  return nb ? write_all(fd, b, nb) : 0;
+  return nb ? fjc_write_all(fd, b, nb) : 0;
 }
 
 /* Publishes a + b as `final` via a temp file in `dir` + fsync + rename. On
@@ -549,22 +545,15 @@ fail:
   return -1;
 }
 
-/* Makes the rename durable; best effort, a crash only costs a recompile. */
-static void sync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
-}
-
-/* Records a write failure: a warning the first time, debug afterwards. */
+/* Reports a write failure: into err, and through the log, a warning the
+ * first time, debug afterwards. */
 static fj_status write_failed(fjc_store *s, const char *what, const char *path,
-                              int err) {
-  fjc_store_set_error(s, "cannot %s %s: %s", what, path, strerror(err));
+                              int errnum, char *err, size_t errlen) {
+  char msg[STORE_PATH_MAX + 256];
+  snprintf(msg, sizeof msg, "cannot %s %s: %s", what, path, strerror(errnum));
+  fjc_errmsg(err, errlen, "%s", msg);
   fjc_store_log(s, s->write_warned ? FJ_LOG_DEBUG : FJ_LOG_WARN,
-            "kernel cache: %s; kernels are kept in memory only",
-            s->last_error);
+                "kernel cache: %s; kernels are kept in memory only", msg);
   s->write_warned = 1;
   return FJ_ECACHE;
 }
@@ -591,28 +580,33 @@ static void put_sidecar(fjc_store *s, const char *arch, const fjc_key *key,
               strerror(errno));
 }
 
-/* Keeps the store under its size limit; the entry just put is in use, so
- * it stays. Failures only cost disk space: logged, never returned. */
-static void prune_after_put(fjc_store *s) {
-  fjc_prune_report rep;
-  int n = 0;
-  const char *const *keys = fjc_store_in_use(s, &n);
-  if (fjc_store_prune(s, s->max_bytes, keys, n, &rep) != FJ_OK) {
-    fjc_store_log(s, FJ_LOG_DEBUG, "kernel cache: pruning failed: %s",
-                  s->last_error);
+/* Publishes <source key>.src naming key, after the entry it names, so an
+ * alias never names an entry not yet there. Its directory is the source
+ * key's <aa>. A failure is a warning: without the alias a process without
+ * NVRTC does not find the entry. */
+static void put_alias(fjc_store *s, const char *arch, const fjc_key *key,
+                      const fjc_key *source_key) {
+  char dir[STORE_PATH_MAX], path[STORE_PATH_MAX], text[ALIAS_SIZE + 1];
+  const char *what = "create";
+  if (entry_dir(s, arch, source_key, dir, sizeof dir) ||
+      entry_file(s, arch, source_key, ".src", path, sizeof path))
+    return;
+  snprintf(text, sizeof text, "%s%s\n", ALIAS_MAGIC, key->hex);
+  if (make_dirs(dir) == 0 &&
+      publish_file(s, dir, path, text, ALIAS_SIZE, NULL, 0, &what) == 0) {
+    fjc_sync_dir(dir);
     return;
   }
-  if (rep.removed)
-    fjc_store_log(s, FJ_LOG_INFO,
-                  "kernel cache: evicted %d least recently used entries "
-                  "(%llu bytes) to stay under %llu bytes",
-                  rep.removed, (unsigned long long)rep.bytes_removed,
-                  (unsigned long long)s->max_bytes);
+  fjc_store_log(s, FJ_LOG_WARN,
+                "kernel cache: cannot %s %s: %s; entry %s is found only "
+                "where NVRTC is available",
+                what, path, strerror(errno), key->hex);
 }
 
 fj_status fjc_store_put(fjc_store *store, const char *arch, const fjc_key *key,
-                        const void *data, size_t size, const char *meta_json,
-                        char *path_out, size_t path_len) {
+                        const fjc_key *source_key, const void *data,
+                        size_t size, const char *meta_json, char *path_out,
+                        size_t path_len, char *err, size_t errlen) {
   char dir[STORE_PATH_MAX], path[STORE_PATH_MAX];
   unsigned char raw[ENTRY_HEADER_SIZE];
   const char *what;
@@ -620,31 +614,32 @@ fj_status fjc_store_put(fjc_store *store, const char *arch, const fjc_key *key,
   put_path(path_out, path_len, "");
   if (!store || !key || !data || size == 0 || size > ENTRY_MAX_PAYLOAD ||
       !fjc_arch_is_valid(arch)) {
-    if (store)
-      fjc_store_set_error(store, "fjc_store_put: invalid argument (arch '%s', %zu bytes)",
-                arch ? arch : "(null)", size);
+    fjc_errmsg(err, errlen,
+               "fjc_store_put: invalid argument (arch '%s', %zu bytes)",
+               arch ? arch : "(null)", size);
     return FJ_EINVAL;
   }
   if (!store->root)
     return FJ_OK;
   if (entry_dir(store, arch, key, dir, sizeof dir) ||
       entry_file(store, arch, key, ".cubin", path, sizeof path))
-    return write_failed(store, "build a path under", store->root,
-                        ENAMETOOLONG);
+    return write_failed(store, "build a path under", store->root, ENAMETOOLONG,
+                        err, errlen);
   if (injected_create_errno(store))
-    return write_failed(store, "create", dir, injected_create_errno(store));
+    return write_failed(store, "create", dir, injected_create_errno(store), err,
+                        errlen);
   if (make_dirs(dir))
-    return write_failed(store, "create", dir, errno);
+    return write_failed(store, "create", dir, errno, err, errlen);
   encode_header(raw, key, data, size);
   if (publish_file(store, dir, path, raw, sizeof raw, data, size, &what))
-    return write_failed(store, what, path, errno);
+    return write_failed(store, what, path, errno, err, errlen);
   if (meta_json)
     put_sidecar(store, arch, key, dir, meta_json);
-  sync_dir(dir);
+  fjc_sync_dir(dir);
+  if (source_key && memcmp(source_key->bytes, key->bytes, 16) != 0)
+    put_alias(store, arch, key, source_key);
   put_path(path_out, path_len, path);
   fjc_store_mark_in_use(store, key);
-  if (store->max_bytes)
-    prune_after_put(store);
   return FJ_OK;
 }
 
@@ -659,16 +654,15 @@ static int open_lock_file(const char *path) {
   return fd;
 }
 
-fj_status fjc_store_lock(fjc_store *store, const char *arch,
-                         const fjc_key *key, int *lock_fd) {
+fj_status fjc_store_lock(fjc_store *store, const char *arch, const fjc_key *key,
+                         int *lock_fd, char *err, size_t errlen) {
   char dir[STORE_PATH_MAX], path[STORE_PATH_MAX];
   int fd;
-  if (!lock_fd)
-    return FJ_EINVAL;
-  *lock_fd = -1;
-  if (!store || !key || !fjc_arch_is_valid(arch)) {
-    if (store)
-      fjc_store_set_error(store, "fjc_store_lock: invalid argument");
+  if (lock_fd)
+    *lock_fd = -1;
+  if (!lock_fd || !store || !key || !fjc_arch_is_valid(arch)) {
+    fjc_errmsg(err, errlen, "fjc_store_lock: invalid argument (arch '%s')",
+               arch ? arch : "(null)");
     return FJ_EINVAL;
   }
   if (!store->root || injected_create_errno(store))

@@ -12,14 +12,28 @@
 
 #include "cli/npy.h"
 #include "flexjit.h"
+#include "gen/graph.h"
 
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
-#define CLI_MAX_VALUES 32
+#define CLI_MAX_VALUES FJG_MAX_ARGS /* --param and --buffer: a spec's most */
+#define CLI_MAX_PACKS 16 /* what a context mounts at most */
 
 /* Prints "flexjit: <msg>" (or "flexjit CMD: <msg>") to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* A log callback (fj_log_fn) for the library's contexts and stores: prints
+ * warnings and errors as "flexjit CMD: warning: ..." on stderr; cmd (a
+ * string, or NULL) names the subcommand. */
+void cli_log(void *cmd, fj_log_level level, const char *msg);
+
+/* Checks, before any work, that dir can receive output: it is a writable
+ * folder, or it does not exist and the nearest existing folder above it is
+ * writable (with parents; without, only dir itself may be missing). 0, or -1
+ * with a message naming the path and the reason in err. */
+int cli_check_output_dir(const char *dir, int parents, char *err,
+                         size_t errlen);
 
 /* Strict number parsing: the whole string must be a number in range. */
 int cli_parse_int(const char *s, long lo, long hi, long *out);
@@ -58,7 +72,14 @@ typedef struct run_config {
   cli_value values[CLI_MAX_VALUES];
   int num_values;
   const char *inputs_dir, *dump_dir;
-  int check, bench, iters, warmup;
+  const char *packs[CLI_MAX_PACKS]; /* --pack FILE, mounted in order */
+  int num_packs;
+  int check, bench;
+  /* --bench by triton.testing.do_bench's rules (cli/bench.h): warm-up and
+   * timed calls from time budgets, unless --warmup (>= 0) or --iters (> 0)
+   * give the counts. */
+  double warmup_ms, rep_ms;
+  int warmup, iters;
   uint64_t seed;
   int quiet; /* demo: fewer lines */
   /* --block-mask: build a block mask and launch with it. Auto (0, the
@@ -66,7 +87,8 @@ typedef struct run_config {
   enum { CLI_BM_AUTO = 0, CLI_BM_ON = 1, CLI_BM_OFF = 2 } block_mask;
 } run_config;
 
-/* Defaults: B 1, D 128, bf16, BHSD, 20 iterations after 5 warmups. */
+/* Defaults: B 1, D 128, bf16, BHSD; --bench with do_bench's budgets, 25 ms
+ * of warm-up and 100 ms of timed calls. */
 void cli_run_config_init(run_config *c);
 
 /* Executes a run. Returns an exit status. */
@@ -76,6 +98,10 @@ void cli_values_free(cli_value *v, int n);
 int cmd_compile(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+
+/* Mounts --pack files on ctx; an exit status, or -1 when all mounted. */
+int cli_mount_packs(fj_context *ctx, const char *cmd, const char *const *packs,
+                    int n);
 
 /* Compiles (or finds cached) the forward kernel of one spec for one target
  * and prints a summary; used by `compile` and `demo`. Returns an exit

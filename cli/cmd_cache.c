@@ -28,7 +28,8 @@ static const char cache_usage[] =
     "  ls                 list entries, most recently used first\n"
     "  stats              entry counts and sizes per release and target\n"
     "  verify [--remove]  re-check every entry (magic, length, key,\n"
-    "                     checksum); --remove deletes bad ones\n"
+    "                     checksum) and source-key alias; --remove deletes\n"
+    "                     bad ones\n"
     "  prune --max-bytes N  evict least recently used entries until at most\n"
     "                     N bytes remain (N may end in K, M, G, T)\n"
     "  clear              delete every entry\n"
@@ -37,36 +38,47 @@ static const char cache_usage[] =
     "  --dir DIR          the cache root (default: $FLEXJIT_CACHE_DIR, else\n"
     "                     $XDG_CACHE_HOME/flexjit, else ~/.cache/flexjit)\n"
     "  --pack FILE        ls and verify: a .fjpack instead of a directory\n"
-    "  --help, -h         this text (also after an action)\n";
+    "  --help, -h         this text (also after an action)\n"
+    "\n"
+    "Only files the cache creates are touched, and no symbolic link below the\n"
+    "root is followed. Exit status 1 when an action could not do its job (an\n"
+    "unreadable folder, a file that cannot be removed), with the path and the\n"
+    "reason on stderr.\n";
 
 static const char *const action_help[][2] = {
     {"ls", "usage: flexjit cache ls [--dir DIR | --pack FILE.fjpack]\n"
            "\n"
            "Lists entries, most recently used first: last use, target, size,\n"
-           "release, key and readable kernel name.\n"},
+           "release, key and readable kernel name; then the number of\n"
+           "source-key aliases (how a process without NVRTC finds an entry)\n"
+           "and each dangling or corrupt one.\n"},
     {"stats", "usage: flexjit cache stats [--dir DIR]\n"
               "\n"
               "Prints the number and size of entries per release and target,\n"
-              "the oldest and newest use, and the size limit in effect\n"
-              "(FLEXJIT_CACHE_MAX_BYTES).\n"},
+              "the oldest and newest use, the source-key aliases and the size\n"
+              "limit in effect (FLEXJIT_CACHE_MAX_BYTES).\n"},
     {"verify",
      "usage: flexjit cache verify [--dir DIR | --pack FILE.fjpack] "
      "[--remove]\n"
      "\n"
      "Re-reads every entry and checks its magic, format, length, key and\n"
-     "checksum; prints each bad one. With --remove, deletes bad entries and\n"
-     "temp files left by crashed writers. Exit status 1 when bad entries\n"
-     "remain.\n"},
+     "checksum, then every source-key alias (well formed, its entry there);\n"
+     "prints each bad one. With --remove, deletes bad entries, bad aliases\n"
+     "and temp files left by crashed writers. Exit status 1 when bad\n"
+     "entries or aliases remain, or one could not be removed.\n"},
     {"prune", "usage: flexjit cache prune --max-bytes N [--dir DIR]\n"
               "\n"
               "Evicts least recently used entries until at most N bytes\n"
               "(.cubin + .json) remain. N is a byte count, optionally with a\n"
               "K, M, G or T suffix (powers of 1024). Entries another process\n"
-              "is compiling right now are kept.\n"},
+              "is compiling right now are kept; source-key aliases left\n"
+              "dangling go with their entries. Exit status 1 when an entry\n"
+              "could not be removed.\n"},
     {"clear", "usage: flexjit cache clear [--dir DIR]\n"
               "\n"
-              "Deletes every entry of every release under the cache root.\n"
-              "Only files the cache created are touched.\n"},
+              "Deletes every entry (and alias, lock and temp file) of every\n"
+              "release under the cache root. Only files the cache created are\n"
+              "touched. Exit status 1 when one could not be removed.\n"},
 };
 
 typedef struct cc_opts {
@@ -172,8 +184,14 @@ static const char *local_time(time_t t, char *buf, size_t len) {
 
 static fjc_store *open_store(const cc_opts *o) {
   fjc_store *s = NULL;
-  char err[1024];
-  if (fjc_store_open(o->dir, NULL, NULL, &s, err, sizeof err) != FJ_OK) {
+  char err[1024], buf[4096];
+  const char *root =
+      o->dir ? o->dir
+             : fjc_store_default_root(getenv("FLEXJIT_CACHE_DIR"),
+                                      getenv("XDG_CACHE_HOME"), getenv("HOME"),
+                                      buf, sizeof buf, NULL);
+  if (fjc_store_open(root, 0, cli_log, (void *)"cache", &s, err, sizeof err) !=
+      FJ_OK) {
     cc_error("%s", err);
     return NULL;
   }
@@ -184,6 +202,32 @@ static fjc_store *open_store(const cc_opts *o) {
     return NULL;
   }
   return s;
+}
+
+/* The source-key aliases of a store, counted; bad ones printed when asked. */
+typedef struct alias_count {
+  int all, dangling, corrupt, print;
+} alias_count;
+
+static int count_alias(void *user, const fjc_alias_info *a) {
+  alias_count *ac = user;
+  ac->all++;
+  ac->dangling += a->dangling;
+  ac->corrupt += a->corrupt;
+  if (ac->print && a->corrupt)
+    printf("corrupt source-key alias %s\n", a->path);
+  else if (ac->print && a->dangling)
+    printf("dangling source-key alias %s: entry %s is gone\n", a->path,
+           a->key.hex);
+  return 0;
+}
+
+static int count_aliases(fjc_store *s, alias_count *ac) {
+  char err[1024];
+  if (fjc_store_list_aliases(s, count_alias, ac, err, sizeof err) == FJ_OK)
+    return 0;
+  cc_error("%s", err);
+  return -1;
 }
 
 /* Every entry of the store, collected for sorting. */
@@ -236,9 +280,10 @@ static int newest_first(const void *pa, const void *pb) {
 }
 
 static int load_list(fjc_store *s, entry_list *l) {
+  char err[1024];
   memset(l, 0, sizeof *l);
-  if (fjc_store_list(s, collect, l) != FJ_OK) {
-    cc_error("%s", fjc_store_last_error(s));
+  if (fjc_store_list(s, collect, l, err, sizeof err) != FJ_OK) {
+    cc_error("%s", err);
     return -1;
   }
   if (l->failed) {
@@ -276,6 +321,7 @@ static int cmd_ls(const cc_opts *o) {
   char when[32], size[32];
   if (o->pack)
     return pack_ls(o->pack);
+  alias_count ac = {0, 0, 0, 1};
   fjc_store *s = open_store(o);
   if (!s)
     return CC_FAIL;
@@ -287,6 +333,11 @@ static int cmd_ls(const cc_opts *o) {
            human_bytes(e->cubin_bytes + e->meta_bytes, size, sizeof size),
            e->libver, e->key.hex, e->name[0] ? e->name : "(no metadata)");
   }
+  if (rc == CC_OK && count_aliases(s, &ac) != 0)
+    rc = CC_FAIL;
+  if (rc == CC_OK && ac.all)
+    printf("source-key aliases: %d (how a process without NVRTC finds an "
+           "entry)\n", ac.all);
   free_list(&l);
   fjc_store_close(s);
   return rc;
@@ -354,11 +405,18 @@ static int cmd_stats(const cc_opts *o) {
     printf("oldest use: %s\n",
            local_time(l.v[l.n - 1].mtime.tv_sec, when, sizeof when));
   }
+  alias_count ac = {0, 0, 0, 0};
+  int rc = count_aliases(s, &ac) ? CC_FAIL : CC_OK;
+  printf("source-key aliases: %d", ac.all);
+  if (ac.dangling || ac.corrupt)
+    printf(" (%d dangling, %d corrupt: `flexjit cache verify --remove` "
+           "deletes them)", ac.dangling, ac.corrupt);
+  printf("\n");
   print_limit();
   free(g);
   free_list(&l);
   fjc_store_close(s);
-  return CC_OK;
+  return rc;
 }
 
 static int pack_verify(const char *path) {
@@ -390,13 +448,15 @@ static void print_bad(void *user, const char *path, const char *why) {
 
 static int cmd_verify(const cc_opts *o) {
   fjc_verify_report r;
+  char err[1024];
   if (o->pack)
     return pack_verify(o->pack);
   fjc_store *s = open_store(o);
   if (!s)
     return CC_FAIL;
-  if (fjc_store_verify(s, o->remove, print_bad, NULL, &r) != FJ_OK) {
-    cc_error("%s", fjc_store_last_error(s));
+  if (fjc_store_verify(s, o->remove, print_bad, NULL, &r, err, sizeof err) !=
+      FJ_OK) {
+    cc_error("verify: %s", err);
     fjc_store_close(s);
     return CC_FAIL;
   }
@@ -407,18 +467,22 @@ static int cmd_verify(const cc_opts *o) {
            r.stale_temps);
   if (r.foreign)
     printf(", %d of another entry format left alone", r.foreign);
+  printf("; %d source-key aliases: %d bad", r.aliases, r.bad_aliases);
+  if (o->remove)
+    printf(", %d removed", r.removed_aliases);
   printf("\n");
-  if (r.bad > r.removed && !o->remove)
+  int left = r.bad - r.removed + r.bad_aliases - r.removed_aliases;
+  if (left && !o->remove)
     printf("run `flexjit cache verify --remove` to delete them (they would "
            "be recompiled anyway)\n");
   fjc_store_close(s);
-  return r.bad > r.removed ? CC_FAIL : CC_OK;
+  return left ? CC_FAIL : CC_OK;
 }
 
 static int cmd_prune(const cc_opts *o) {
   fjc_prune_report r;
   uint64_t max;
-  char a[32], b[32], c[32];
+  char a[32], b[32], c[32], err[1024];
   if (!o->max_bytes) {
     cc_error("prune needs --max-bytes N (see flexjit cache prune --help)");
     return CC_USAGE;
@@ -431,35 +495,34 @@ static int cmd_prune(const cc_opts *o) {
   fjc_store *s = open_store(o);
   if (!s)
     return CC_FAIL;
-  if (fjc_store_prune(s, max, NULL, 0, &r) != FJ_OK) {
-    cc_error("%s", fjc_store_last_error(s));
-    fjc_store_close(s);
-    return CC_FAIL;
-  }
-  printf("removed %d of %d entries (%s); %s remain (limit %s)\n", r.removed,
+  fj_status st = fjc_store_prune(s, max, NULL, 0, &r, err, sizeof err);
+  printf("removed %d of %d entries (%s); %s remain (limit %s)", r.removed,
          r.entries, human_bytes(r.bytes_removed, a, sizeof a),
          human_bytes(r.bytes_after, b, sizeof b),
          human_bytes(max, c, sizeof c));
+  if (r.aliases_removed)
+    printf("; %d dangling source-key aliases removed", r.aliases_removed);
+  printf("\n");
+  if (st != FJ_OK)
+    cc_error("prune: %s", err);
   fjc_store_close(s);
-  return CC_OK;
+  return st == FJ_OK ? CC_OK : CC_FAIL;
 }
 
 static int cmd_clear(const cc_opts *o) {
   int removed = 0;
   uint64_t bytes = 0;
-  char size[32];
+  char size[32], err[1024];
   fjc_store *s = open_store(o);
   if (!s)
     return CC_FAIL;
-  if (fjc_store_clear(s, &removed, &bytes) != FJ_OK) {
-    cc_error("%s", fjc_store_last_error(s));
-    fjc_store_close(s);
-    return CC_FAIL;
-  }
+  fj_status st = fjc_store_clear(s, &removed, &bytes, err, sizeof err);
   printf("removed %d entries (%s) from %s\n", removed,
          human_bytes(bytes, size, sizeof size), fjc_store_root(s));
+  if (st != FJ_OK)
+    cc_error("clear: %s", err);
   fjc_store_close(s);
-  return CC_OK;
+  return st == FJ_OK ? CC_OK : CC_FAIL;
 }
 
 int fj_cli_cache(int argc, char **argv) {

@@ -1,9 +1,12 @@
 /*
  * cli/cmd_mask.c: `flexjit mask SPEC.lua --q-len N [--kv-len M] [--block K]
  * [--param ...] [--buffer ...] [--svg FILE]`: draws a spec's mask_mod on the
- * CPU (no GPU, no NVRTC) from the CPU block-mask builder (gen/blockmask_cpu.c):
- * a text grid (elements for small sizes, blocks for large ones), the
- * density of allowed pairs, the block counts, and optionally an SVG picture.
+ * CPU (no GPU, no NVRTC) from the census of gen/blockmask_cpu.c: a text grid
+ * (elements for small sizes, blocks for large ones), the density of allowed
+ * pairs, the block counts, the pairs the CPU cannot decide the kernel's way
+ * (uncertain, gen/eval.h), and optionally an SVG picture. Its work is
+ * bounded: at most MAX_BLOCKS blocks and --work-limit (default
+ * DEFAULT_WORK_LIMIT) mask node evaluations, else an error names the limit.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +15,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "gen/blockmask_cpu.h"
+#include "gen/eval.h"
 #include "gen/interval.h"
 #include "runtime/context.h"
 
@@ -20,10 +24,15 @@ static const char mask_usage[] =
     "\n"
     "Draws the mask_mod of SPEC.lua, evaluated on the CPU (no GPU needed), at\n"
     "one batch entry and query head (0, 0 unless given): a text grid of\n"
-    "elements ('#' allowed, '.'\n"
-    "masked) when both lengths are at most 64, else of blocks ('#' full, '+'\n"
-    "partial, '.' empty; several blocks a character when there are more than\n"
-    "128 a side), the density of allowed pairs and the block counts.\n"
+    "elements ('#' allowed, '.' masked, '?' uncertain) when both lengths are\n"
+    "at most 64, else of blocks ('#' full, '+' partial, '.' empty, '?' holding\n"
+    "uncertain pairs; several blocks a character when there are more than 128\n"
+    "a side), the density of allowed pairs and the block counts.\n"
+    "\n"
+    "Uncertain pairs are those where the kernel's float32 exp, exp2, log, log2,\n"
+    "tanh (or fminf/fmaxf of two zeros) may decide the mask either way: their\n"
+    "error bounds straddle a comparison. They are counted apart from the\n"
+    "allowed ones, and their blocks are partial (the kernel evaluates them).\n"
     "\n"
     "options:\n"
     "  --q-len N           query length (required)\n"
@@ -35,22 +44,44 @@ static const char mask_usage[] =
     "  --buffer NAME=FILE.npy\n"
     "                      a buffer(NAME, dtype): 1-D int32 or float32 .npy\n"
     "  --svg FILE          also write an SVG picture of the grid to FILE\n"
+    "                      (elements up to 256 a side, else blocks)\n"
+    "  --work-limit W      at most W mask node evaluations (default 2^31,\n"
+    "                      about 7 s on one core)\n"
     "  --help              this text\n"
+    "\n"
+    "Limits: at most 4194304 blocks (ceil(N/K) x ceil(M/K)) and the work\n"
+    "limit. Tiles that interval analysis decides cost next to nothing, so\n"
+    "index-only masks such as causal or sliding windows stay cheap up to\n"
+    "lengths of millions, while masks that read buffers cost one evaluation\n"
+    "of the mask's nodes per pair not proven empty (a causal document mask\n"
+    "of 10 nodes at 16384: 1.3 x 10^9). Over a limit the command stops with\n"
+    "an error naming it.\n"
     "\n"
     "Exit status: 0 ok, 1 failure, 2 usage error.\n";
 
+/* Element views up to 64 (text) and 256 (SVG) a side; block views of at
+ * most 128 (text) and 256 (SVG) characters a side. MAX_BLOCKS bounds the
+ * class matrix (4 MiB), the work limit the mask evaluations (fjg_census.work,
+ * about 3 x 10^8 node evaluations a second). */
 enum { ELEMENT_VIEW_MAX = 64, TEXT_MAX_CELLS = 128, SVG_MAX_CELLS = 256 };
+#define MAX_BLOCKS (1LL << 22)
+#define DEFAULT_WORK_LIMIT ((uint64_t)1 << 31)
+
+/* Cell values: FJG_TILE_* (masked/partial/allowed) and UNCERTAIN_CELL. */
+enum { UNCERTAIN_CELL = 3 };
 
 typedef struct mask_args {
   const char *spec_path, *svg_path;
   int q_len, kv_len, block;
   int at_b, at_h; /* the batch entry and head drawn */
+  uint64_t work_limit;
   cli_value values[CLI_MAX_VALUES];
   int num_values;
 } mask_args;
 
 /* What the pictures are drawn from: per cell, 0 empty/masked, 1 partial,
- * 2 full/allowed (FJG_TILE_* values). */
+ * 2 full/allowed (FJG_TILE_* values), 3 uncertain (a pair, or a block or
+ * cell holding uncertain pairs). */
 typedef struct grid {
   int rows, cols;     /* cells */
   int per_row, per_col; /* elements or blocks per cell along q and kv */
@@ -69,7 +100,9 @@ typedef struct mask_state {
   int64_t blen[CLI_MAX_VALUES];
   float *bconv[CLI_MAX_VALUES];
   fjg_env env;
-  fjg_block_mask_host bm;
+  int nq, nkv;
+  uint8_t *cls;        /* nq x nkv census classes of the drawn (b, h) */
+  fjg_census census;
 } mask_state;
 
 /* ---- arguments ---- */
@@ -113,7 +146,7 @@ static int int_value(const char *opt, const char *v, int *out) {
 static int parse_one(int argc, char **argv, int *i, mask_args *a) {
   static const char *const opts[] = {"--q-len", "--kv-len", "--block",
                                      "--param", "--buffer", "--svg", "--at",
-                                     NULL};
+                                     "--work-limit", NULL};
   const char *arg = argv[*i], *v;
   if (cli_is_help(arg)) {
     fputs(mask_usage, stdout);
@@ -130,6 +163,16 @@ static int parse_one(int argc, char **argv, int *i, mask_args *a) {
     if (k == 1) return int_value(opts[k], v, &a->kv_len);
     if (k == 2) return int_value(opts[k], v, &a->block);
     if (k == 3 || k == 4) return add_value(a, v, k == 4);
+    if (k == 7) {
+      char *end;
+      unsigned long long w = strtoull(v, &end, 0);
+      if (!*v || *end || v[0] == '-' || w < 1) {
+        cli_error("mask", "--work-limit: '%s' is not a positive integer", v);
+        return CLI_USAGE;
+      }
+      a->work_limit = w;
+      return -1;
+    }
     if (k == 6) {
       char extra;
       if (sscanf(v, "%d,%d%c", &a->at_b, &a->at_h, &extra) != 2 ||
@@ -239,51 +282,48 @@ static int bind_values(mask_state *s) {
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-static int element_grid(const mask_state *s, grid *g) {
+/* Elements, evaluated here (only drawn at small sizes). */
+static int element_grid(mask_state *s, grid *g) {
+  static const uint8_t cell_of[3] = {FJG_TILE_EMPTY, FJG_TILE_FULL,
+                                     UNCERTAIN_CELL};
+  fjg_evaluator e;
   g->rows = s->a->q_len, g->cols = s->a->kv_len;
   g->per_row = g->per_col = 1;
   g->elements = 1;
   g->cell = malloc((size_t)g->rows * g->cols);
-  if (!g->cell) return 0;
+  if (!g->cell || fjg_evaluator_init(&e, s->g, &s->env) != FJ_OK) return 0;
   for (int q = 0; q < g->rows; q++)
     for (int kv = 0; kv < g->cols; kv++)
       g->cell[(size_t)q * g->cols + kv] =
-          fjg_eval_mask(s->g, &s->env, s->a->at_b, s->a->at_h, q, kv)
-              ? FJG_TILE_FULL
-                                                    : FJG_TILE_EMPTY;
+          cell_of[fjg_eval_mask3(&e, s->a->at_b, s->a->at_h, q, kv)];
+  fjg_evaluator_free(&e);
   return 1;
 }
 
-/* Offset of the drawn (b, h) in the block mask's [B][H][nq][nkv] classes
- * (B and H are 1 when the mask does not read them: broadcast). */
-static size_t block_row(const mask_state *s) {
-  const fjg_block_mask_host *m = &s->bm;
-  size_t b = m->B > 1 ? (size_t)s->a->at_b : 0;
-  size_t h = m->H > 1 ? (size_t)s->a->at_h : 0;
-  return (b * (size_t)m->H + h) * (size_t)m->nq * (size_t)m->nkv;
-}
-
 /* Blocks, max_cells a side at most: a cell covering several blocks is full
- * or empty only when all of them are. */
+ * or empty only when all of them are, uncertain when one of them holds
+ * uncertain pairs. */
 static int block_grid(const mask_state *s, int max_cells, grid *g) {
-  const fjg_block_mask_host *m = &s->bm;
-  g->per_row = ceil_div(m->nq, max_cells);
-  g->per_col = ceil_div(m->nkv, max_cells);
-  g->rows = ceil_div(m->nq, g->per_row);
-  g->cols = ceil_div(m->nkv, g->per_col);
+  g->per_row = ceil_div(s->nq, max_cells);
+  g->per_col = ceil_div(s->nkv, max_cells);
+  g->rows = ceil_div(s->nq, g->per_row);
+  g->cols = ceil_div(s->nkv, g->per_col);
   g->elements = 0;
   g->cell = malloc((size_t)g->rows * g->cols);
   if (!g->cell) return 0;
   for (int r = 0; r < g->rows; r++)
     for (int c = 0; c < g->cols; c++) {
-      int full = 0, empty = 0, n = 0;
-      for (int i = r * g->per_row; i < m->nq && i < (r + 1) * g->per_row; i++)
-        for (int j = c * g->per_col; j < m->nkv && j < (c + 1) * g->per_col;
+      int full = 0, empty = 0, uncertain = 0, n = 0;
+      for (int i = r * g->per_row; i < s->nq && i < (r + 1) * g->per_row; i++)
+        for (int j = c * g->per_col; j < s->nkv && j < (c + 1) * g->per_col;
              j++) {
-          uint8_t k = m->cls[block_row(s) + (size_t)i * m->nkv + j];
+          uint8_t k = s->cls[(size_t)i * s->nkv + j];
+          uncertain |= k & FJG_BLOCK_UNCERTAIN;
+          k &= (uint8_t)~FJG_BLOCK_UNCERTAIN;
           full += k == FJG_TILE_FULL, empty += k == FJG_TILE_EMPTY, n++;
         }
-      g->cell[(size_t)r * g->cols + c] = full == n    ? FJG_TILE_FULL
+      g->cell[(size_t)r * g->cols + c] = uncertain    ? UNCERTAIN_CELL
+                                         : full == n  ? FJG_TILE_FULL
                                          : empty == n ? FJG_TILE_EMPTY
                                                       : FJG_TILE_PARTIAL;
     }
@@ -291,12 +331,14 @@ static int block_grid(const mask_state *s, int max_cells, grid *g) {
 }
 
 static void print_grid(const grid *g) {
-  static const char glyph[3] = {'.', '+', '#'};
+  static const char glyph[4] = {'.', '+', '#', '?'};
   if (g->elements)
-    printf("legend  '#' allowed  '.' masked   (rows q, columns kv)\n");
+    printf("legend  '#' allowed  '.' masked  '?' uncertain   (rows q, "
+           "columns kv)\n");
   else
-    printf("legend  '#' full  '+' partial  '.' empty   (rows q blocks, "
-           "columns kv blocks; a character is %d x %d blocks)\n",
+    printf("legend  '#' full  '+' partial  '.' empty  '?' holds uncertain "
+           "pairs   (rows q blocks, columns kv blocks; a character is %d x %d "
+           "blocks)\n",
            g->per_row, g->per_col);
   char *line = malloc((size_t)g->cols + 1);
   if (!line) return;
@@ -329,7 +371,8 @@ static void svg_legend_item(FILE *f, int x, int y, const char *color,
 
 static int write_svg(const mask_state *s, const grid *g, double density,
                      const char *path) {
-  static const char *const fill[3] = {"#ffffff", "#8fb3e8", "#1f4e9a"};
+  static const char *const fill[4] = {"#ffffff", "#8fb3e8", "#1f4e9a",
+                                      "#e8a33d"};
   const int margin = 40, legend = 70;
   int cell = 512 / (g->rows > g->cols ? g->rows : g->cols);
   if (cell < 2) cell = 2;
@@ -362,10 +405,12 @@ static int write_svg(const mask_state *s, const grid *g, double density,
   if (g->elements) {
     svg_legend_item(f, margin, ly, fill[2], "allowed");
     svg_legend_item(f, margin + 110, ly, fill[0], "masked");
+    svg_legend_item(f, margin + 220, ly, fill[3], "uncertain");
   } else {
     svg_legend_item(f, margin, ly, fill[2], "full block");
     svg_legend_item(f, margin + 110, ly, fill[1], "partial block");
     svg_legend_item(f, margin + 240, ly, fill[0], "empty block");
+    svg_legend_item(f, margin + 360, ly, fill[3], "uncertain pairs");
   }
   fprintf(f, "<text x=\"%d\" y=\"%d\">rows: q%s, columns: kv%s (%d x %d a "
              "cell)</text>\n</svg>\n",
@@ -380,43 +425,71 @@ static int write_svg(const mask_state *s, const grid *g, double density,
 
 /* ---- the command ---- */
 
-static void print_summary(const mask_state *s, int64_t allowed) {
-  const fjg_block_mask_host *m = &s->bm;
-  int64_t counts[3] = {0, 0, 0};
-  const uint8_t *cls = m->cls + block_row(s);
-  for (size_t t = 0; t < (size_t)m->nq * m->nkv; t++) counts[cls[t]]++;
-  double total = (double)m->q_len * m->kv_len;
-  double tiles = (double)m->nq * m->nkv;
+static void print_summary(const mask_state *s) {
+  const mask_args *a = s->a;
+  int64_t counts[3] = {0, 0, 0}, with_uncertain = 0;
+  for (size_t t = 0; t < (size_t)s->nq * s->nkv; t++) {
+    counts[s->cls[t] & 3]++;
+    with_uncertain += (s->cls[t] & FJG_BLOCK_UNCERTAIN) != 0;
+  }
+  double total = (double)a->q_len * a->kv_len;
+  double tiles = (double)s->nq * s->nkv;
   printf("mask    %s (%s): Lq %d x Lk %d, b %d h %d%s\n",
-         fj_spec_name(s->spec), s->a->spec_path, m->q_len, m->kv_len,
-         s->a->at_b, s->a->at_h,
-         fjg_mask_is_index_only(s->g) ? "" : ", reads buffers");
+         fj_spec_name(s->spec), a->spec_path, a->q_len, a->kv_len, a->at_b,
+         a->at_h, fjg_mask_is_index_only(s->g) ? "" : ", reads buffers");
   printf("density %.6f (%lld of %.0f pairs allowed)\n",
-         (double)allowed / total, (long long)allowed, total);
+         (double)s->census.allowed / total, (long long)s->census.allowed,
+         total);
+  if (s->census.uncertain)
+    printf("uncertain %lld pairs (%.6f) in %lld blocks: the kernel's float32 "
+           "exp/log/tanh may decide them either way (not counted as allowed)\n",
+           (long long)s->census.uncertain,
+           (double)s->census.uncertain / total, (long long)with_uncertain);
   printf("blocks  %d x %d of %d x %d: %lld full, %lld partial, %lld empty "
          "(%.1f%% of blocks skipped)\n",
-         m->nq, m->nkv, m->block_q, m->block_kv, (long long)counts[2],
+         s->nq, s->nkv, a->block, a->block, (long long)counts[2],
          (long long)counts[1], (long long)counts[0],
          100.0 * (double)counts[0] / tiles);
 }
 
-static int run_mask(mask_state *s) {
+static int count_mask(mask_state *s) {
   const mask_args *a = s->a;
-  /* Only the drawn entry is needed; B and H span up to it when the mask
-   * reads b or h (then the builder evaluates each). */
-  unsigned deps = fjg_input_deps(s->g, fjg_mask_root(s->g));
-  int B = deps & (1u << FJG_IN_B) ? a->at_b + 1 : 1;
-  int H = deps & (1u << FJG_IN_H) ? a->at_h + 1 : 1;
-  fj_status st = fjg_block_mask_cpu_build(s->g, &s->env, B, H, a->q_len,
-                                          a->kv_len, a->block, a->block,
-                                          &s->bm);
-  if (st != FJ_OK) {
-    cli_error("mask", "building the block mask failed: %s", fj_strerror(st));
+  s->nq = ceil_div(a->q_len, a->block);
+  s->nkv = ceil_div(a->kv_len, a->block);
+  if ((long long)s->nq * s->nkv > MAX_BLOCKS) {
+    cli_error("mask", "%d x %d blocks of %d: more than %lld blocks, the "
+              "limit of flexjit mask (use a larger --block)", s->nq, s->nkv,
+              a->block, MAX_BLOCKS);
+    return CLI_USAGE;
+  }
+  s->cls = malloc((size_t)s->nq * s->nkv);
+  if (!s->cls) {
+    cli_error("mask", "out of memory");
     return CLI_FAIL;
   }
-  int64_t allowed = fjg_block_mask_count_allowed(
-      s->g, &s->env, &s->bm, B > 1 ? a->at_b : 0, H > 1 ? a->at_h : 0);
-  print_summary(s, allowed);
+  fj_status st = fjg_mask_census(s->g, &s->env, a->at_b, a->at_h, a->q_len,
+                                 a->kv_len, a->block, a->block, a->work_limit,
+                                 s->cls, &s->census);
+  if (st == FJ_EUNSUPPORTED) {
+    cli_error("mask", "counting this mask over Lq %d x Lk %d needs more than "
+              "%llu mask node evaluations (--work-limit; interval analysis "
+              "does not decide enough of its tiles): use smaller "
+              "--q-len/--kv-len or a larger --work-limit", a->q_len,
+              a->kv_len, (unsigned long long)a->work_limit);
+    return CLI_FAIL;
+  }
+  if (st != FJ_OK) {
+    cli_error("mask", "counting the mask failed: %s", fj_strerror(st));
+    return CLI_FAIL;
+  }
+  return -1;
+}
+
+static int run_mask(mask_state *s) {
+  const mask_args *a = s->a;
+  int rc = count_mask(s);
+  if (rc >= 0) return rc;
+  print_summary(s);
   int small = a->q_len <= ELEMENT_VIEW_MAX && a->kv_len <= ELEMENT_VIEW_MAX;
   grid text = {0}, pic = {0};
   int ok = small ? element_grid(s, &text) : block_grid(s, TEXT_MAX_CELLS, &text);
@@ -425,8 +498,9 @@ static int run_mask(mask_state *s) {
     int svg_elements = a->q_len <= SVG_MAX_CELLS && a->kv_len <= SVG_MAX_CELLS;
     ok = svg_elements ? element_grid(s, &pic)
                       : block_grid(s, SVG_MAX_CELLS, &pic);
-    ok = ok && write_svg(s, &pic, (double)allowed / ((double)a->q_len *
-                                                     a->kv_len), a->svg_path);
+    ok = ok && write_svg(s, &pic, (double)s->census.allowed /
+                                      ((double)a->q_len * a->kv_len),
+                         a->svg_path);
     if (ok) printf("svg     %s\n", a->svg_path);
   }
   free(text.cell);
@@ -458,6 +532,7 @@ int fj_cli_mask(int argc, char **argv) {
   memset(&a, 0, sizeof a);
   memset(&s, 0, sizeof s);
   a.block = 128;
+  a.work_limit = DEFAULT_WORK_LIMIT;
   for (int i = 1; i < argc && rc < 0; i++) rc = parse_one(argc, argv, &i, &a);
   if (rc < 0 && !a.spec_path) {
     cli_error("mask", "no spec given (usage: flexjit mask SPEC.lua --q-len N)");
@@ -472,7 +547,7 @@ int fj_cli_mask(int argc, char **argv) {
   if (rc < 0) rc = open_spec(&s);
   if (rc < 0) rc = bind_values(&s);
   if (rc < 0) rc = run_mask(&s);
-  fjg_block_mask_host_free(&s.bm);
+  free(s.cls);
   for (int i = 0; i < CLI_MAX_VALUES; i++) free(s.bconv[i]);
   fj_spec_destroy(s.spec);
   fj_context_destroy(s.ctx);

@@ -394,8 +394,8 @@ static int add_to_pack(fjc_pack_writer *w, fjc_store *store,
   int rc = -1;
   memset(&e, 0, sizeof e);
   if (fjc_key_from_hex(r->info.key, &e.full_key) != 0 ||
-      fjc_store_get(store, r->info.arch, &e.full_key, &data, &size, NULL, 0) !=
-          FJ_OK) {
+      fjc_store_get(store, r->info.arch, &e.full_key, &data, &size, NULL, 0,
+                    NULL, 0) != FJ_OK) {
     pc_error("cannot read back %s (key %s) from %s", r->info.name,
              r->info.key, fjc_store_root(store));
     return -1;
@@ -423,19 +423,17 @@ static int add_to_pack(fjc_pack_writer *w, fjc_store *store,
   return rc;
 }
 
-static int write_pack(const run_state *rs, const char *out) {
+/* Fills the pack writer opened before the build (which made sure the pack
+ * can be written) and publishes it; the writer is gone afterwards. */
+static int write_pack(const run_state *rs, fjc_pack_writer *w,
+                      const char *out) {
   fjc_store *store = NULL;
-  fjc_pack_writer *w = NULL;
   char err[1024];
   int warned = 0;
-  if (fjc_store_open(rs->cache_dir, NULL, NULL, &store, err, sizeof err) !=
-      FJ_OK) {
+  if (fjc_store_open(rs->cache_dir, 0, cli_log, (void *)"precompile", &store,
+                     err, sizeof err) != FJ_OK) {
     pc_error("%s", err);
-    return PC_FAIL;
-  }
-  if (fjc_pack_writer_open(out, &w, err, sizeof err) != FJ_OK) {
-    pc_error("%s", err);
-    fjc_store_close(store);
+    fjc_pack_writer_abort(w);
     return PC_FAIL;
   }
   for (int i = 0; i < rs->n_jobs; i++)
@@ -475,8 +473,8 @@ static char *make_temp_cache(void) {
 static void remove_temp_cache(const char *dir) {
   fjc_store *store = NULL;
   char err[256];
-  if (fjc_store_open(dir, NULL, NULL, &store, err, sizeof err) == FJ_OK)
-    fjc_store_clear(store, NULL, NULL);
+  if (fjc_store_open(dir, 0, NULL, NULL, &store, err, sizeof err) == FJ_OK)
+    fjc_store_clear(store, NULL, NULL, NULL, 0);
   fjc_store_close(store);
   rmdir(dir);
 }
@@ -493,6 +491,7 @@ int fj_cli_precompile(int argc, char **argv) {
   run_state rs;
   char err[2048];
   char *temp = NULL;
+  fjc_pack_writer *w = NULL;
   int rc = parse_args(argc, argv, &o);
   if (rc >= 0)
     return rc;
@@ -517,6 +516,14 @@ int fj_cli_precompile(int argc, char **argv) {
     pc_error("out of memory");
     goto done;
   }
+  /* The output is checked before anything is compiled: a pack's temp file
+   * is made now (next to it, so the rename can publish it), a directory's
+   * nearest existing folder must be writable. */
+  if (o.pack ? fjc_pack_writer_open(o.out, &w, err, sizeof err) != FJ_OK
+             : cli_check_output_dir(o.out, 1, err, sizeof err) != 0) {
+    pc_error("--out: %s", err);
+    goto done;
+  }
   if (o.pack && !(temp = make_temp_cache()))
     goto done;
   rs.cache_dir = o.pack ? temp : o.out;
@@ -532,8 +539,10 @@ int fj_cli_precompile(int argc, char **argv) {
                rs.n_jobs, o.out);
     goto done;
   }
-  rc = o.pack ? write_pack(&rs, o.out) : PC_OK;
+  rc = o.pack ? write_pack(&rs, w, o.out) : PC_OK;
+  w = NULL; /* write_pack finished or discarded it */
 done:
+  fjc_pack_writer_abort(w);
   if (temp)
     remove_temp_cache(temp);
   free(temp);

@@ -27,10 +27,18 @@ static const char compile_usage[] =
     "                      cuobjdump -sass; bench/sass_check.py)\n"
     "  --cache-dir DIR     kernel cache root (default $FLEXJIT_CACHE_DIR, else\n"
     "                      $XDG_CACHE_HOME/flexjit, else ~/.cache/flexjit)\n"
-    "  --help              this text\n";
+    "  --pack FILE         mount a .fjpack (flexjit precompile); searched\n"
+    "                      before the cache, in the order given (repeatable)\n"
+    "  --help              this text\n"
+    "\n"
+    "Without NVRTC (FLEXJIT_NVRTC naming a library that does not load) only\n"
+    "kernels in a pack or the cache are found. Warnings (an unwritable\n"
+    "cache, a corrupt entry) go to stderr.\n";
 
 typedef struct compile_opts {
   const char *spec, *arch, *emit, *emit_cubin, *cache_dir;
+  const char *packs[CLI_MAX_PACKS];
+  int num_packs;
   fj_kernel_options k;
 } compile_opts;
 
@@ -83,6 +91,13 @@ static int parse_compile(int argc, char **argv, compile_opts *o) {
     } else if (m == 0 &&
                (m = cli_opt_value(argc, argv, &i, "--cache-dir", &v)) > 0) {
       o->cache_dir = v;
+    } else if (m == 0 &&
+               (m = cli_opt_value(argc, argv, &i, "--pack", &v)) > 0) {
+      if (o->num_packs == CLI_MAX_PACKS) {
+        cli_error("compile", "at most %d --pack files", CLI_MAX_PACKS);
+        return CLI_USAGE;
+      }
+      o->packs[o->num_packs++] = v;
     } else if (m < 0) {
       cli_error("compile", "%s needs a value", a);
       return CLI_USAGE;
@@ -101,6 +116,16 @@ static int parse_compile(int argc, char **argv, compile_opts *o) {
     cli_error("compile", "no spec given (usage: flexjit compile SPEC.lua)");
     return CLI_USAGE;
   }
+  return -1;
+}
+
+int cli_mount_packs(fj_context *ctx, const char *cmd, const char *const *packs,
+                    int n) {
+  for (int i = 0; i < n; i++)
+    if (fj_context_mount_pack(ctx, packs[i]) != FJ_OK) {
+      cli_error(cmd, "--pack %s: %s", packs[i], fj_context_last_error(ctx));
+      return CLI_FAIL;
+    }
   return -1;
 }
 
@@ -172,10 +197,15 @@ int cmd_compile(int argc, char **argv) {
   fj_context_options_init(&copts);
   copts.cache_dir = o.cache_dir;
   copts.arch = o.arch;
+  copts.log = cli_log;
+  copts.log_user = (void *)"compile";
   if (fj_context_create(&copts, &ctx) != FJ_OK) {
     cli_error("compile", "cannot create a context");
     goto fail;
   }
+  if ((rc = cli_mount_packs(ctx, "compile", o.packs, o.num_packs)) >= 0)
+    goto fail;
+  rc = CLI_FAIL;
   if (!o.arch && fjr_context_arch(ctx, &o.arch) != FJ_OK) {
     cli_error("compile", "no GPU found: pass --arch (e.g. --arch sm_90a) [%s]",
               fj_context_last_error(ctx));

@@ -100,6 +100,8 @@ static void *demo_worker(void *arg) {
   fj_context_options o;
   fj_context_options_init(&o);
   o.cache_dir = J->cache_dir;
+  o.log = cli_log;
+  o.log_user = (void *)"demo";
   fj_context *ctx = NULL;
   int ok = fj_context_create(&o, &ctx) == FJ_OK;
   char path[4096];
@@ -211,7 +213,6 @@ static int run_examples(const char *dir, const char *cache_dir) {
     c.cache_dir = cache_dir;
     c.B = 2, c.Hq = c.Hkv = 8, c.Lq = c.Lk = 2048, c.D = 128;
     c.check = c.bench = 1;
-    c.iters = 20;
     if (i == 1 && !doc_buffer(&c.values[c.num_values++], c.Lq)) {
       cli_error("demo", "out of memory");
       return CLI_FAIL;

@@ -3,8 +3,8 @@
  *
  * The header is a Python dict literal written by NumPy, e.g.
  *   {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
- * It is parsed just far enough to find those three keys; anything else about
- * it is ignored.
+ * with exactly those three keys, each once, as NumPy itself requires; the
+ * data that follows must be exactly what the shape declares.
  */
 #include "cli/npy.h"
 
@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
@@ -35,30 +36,30 @@ static int set_error(char *err, size_t errlen, const char *fmt, ...) {
   return -1;
 }
 
-/* The value text after 'key': in the header dict, or NULL. */
-static const char *dict_value(const char *hdr, const char *key) {
-  char pat[32];
-  snprintf(pat, sizeof pat, "'%s'", key);
-  const char *p = strstr(hdr, pat);
-  if (!p) return NULL;
-  p += strlen(pat);
-  while (*p == ' ') p++;
-  if (*p != ':') return NULL;
-  p++;
-  while (*p == ' ') p++;
-  return p;
+static void skip_space(const char **p) {
+  while (**p == ' ' || **p == '\t' || **p == '\n' || **p == '\r') (*p)++;
 }
 
-static int parse_descr(const char *path, const char *hdr, npy_dtype *dtype,
+/* A quoted string ('...' or "...") into out; 0, or -1 when *p is not one
+ * that fits. */
+static int parse_quoted(const char **p, char *out, size_t cap) {
+  char q = **p;
+  if (q != '\'' && q != '"') return -1;
+  const char *end = strchr(*p + 1, q);
+  if (!end || (size_t)(end - *p - 1) >= cap) return -1;
+  memcpy(out, *p + 1, (size_t)(end - *p - 1));
+  out[end - *p - 1] = '\0';
+  *p = end + 1;
+  return 0;
+}
+
+static int parse_descr(const char *path, const char **p, npy_dtype *dtype,
                        char *err, size_t errlen) {
-  const char *v = dict_value(hdr, "descr");
-  char descr[16] = "";
-  if (!v || (*v != '\'' && *v != '"'))
-    return set_error(err, errlen, "%s: .npy header has no 'descr'", path);
-  const char *end = strchr(v + 1, *v);
-  if (!end || end - v - 1 >= (long)sizeof descr)
-    return set_error(err, errlen, "%s: .npy header has a malformed 'descr'", path);
-  memcpy(descr, v + 1, (size_t)(end - v - 1));
+  char descr[16];
+  if (parse_quoted(p, descr, sizeof descr) != 0)
+    return set_error(err, errlen,
+                     "%s: 'descr' is not a plain dtype string (need float32 "
+                     "'<f4', int32 '<i4' or float64 '<f8')", path);
   if (!strcmp(descr, "<f4"))
     *dtype = NPY_F32;
   else if (!strcmp(descr, "<i4"))
@@ -73,26 +74,24 @@ static int parse_descr(const char *path, const char *hdr, npy_dtype *dtype,
   return 0;
 }
 
-static int parse_order(const char *path, const char *hdr, char *err,
+static int parse_order(const char *path, const char **p, char *err,
                        size_t errlen) {
-  const char *v = dict_value(hdr, "fortran_order");
-  if (!v) return set_error(err, errlen, "%s: .npy header has no 'fortran_order'",
-                      path);
-  if (!strncmp(v, "True", 4))
+  if (!strncmp(*p, "True", 4))
     return set_error(err, errlen,
                 "%s: Fortran-ordered arrays are not supported; save a C-order "
                 "array (numpy.ascontiguousarray)",
                 path);
-  if (strncmp(v, "False", 5))
+  if (strncmp(*p, "False", 5))
     return set_error(err, errlen, "%s: malformed 'fortran_order'", path);
+  *p += 5;
   return 0;
 }
 
-static int parse_shape(const char *path, const char *hdr, npy_array *a,
+static int parse_shape(const char *path, const char **pp, npy_array *a,
                        char *err, size_t errlen) {
-  const char *p = dict_value(hdr, "shape");
-  if (!p || *p != '(')
-    return set_error(err, errlen, "%s: .npy header has no 'shape' tuple", path);
+  const char *p = *pp;
+  if (*p != '(')
+    return set_error(err, errlen, "%s: 'shape' is not a tuple", path);
   p++;
   a->ndim = 0;
   a->count = 1;
@@ -113,6 +112,63 @@ static int parse_shape(const char *path, const char *hdr, npy_array *a,
     a->count *= (size_t)d;
     p = end;
   }
+  *pp = p + 1;
+  return 0;
+}
+
+/* The header dict, e.g. {'descr': '<f4', 'fortran_order': False, 'shape':
+ * (3, 4), }: exactly the three keys NumPy writes, each once (NumPy takes
+ * the last of a repeated key, so a reader taking another would read another
+ * array), then only the padding. */
+static int parse_dict(const char *path, const char *hdr, npy_array *a,
+                      char *err, size_t errlen) {
+  static const char *const keys[3] = {"descr", "fortran_order", "shape"};
+  int seen[3] = {0, 0, 0};
+  const char *p = hdr;
+  skip_space(&p);
+  if (*p++ != '{')
+    return set_error(err, errlen, "%s: .npy header is not a dict", path);
+  for (;;) {
+    char key[32];
+    int k = -1, rc = 0;
+    skip_space(&p);
+    if (*p == '}') break;
+    if (parse_quoted(&p, key, sizeof key) != 0)
+      return set_error(err, errlen, "%s: malformed .npy header", path);
+    skip_space(&p);
+    if (*p++ != ':')
+      return set_error(err, errlen, "%s: malformed .npy header", path);
+    skip_space(&p);
+    for (int i = 0; i < 3; i++)
+      if (!strcmp(key, keys[i])) k = i;
+    if (k < 0)
+      return set_error(err, errlen,
+                       "%s: unexpected key '%s' in the .npy header (NumPy "
+                       "writes only descr, fortran_order and shape)",
+                       path, key);
+    if (seen[k]++)
+      return set_error(err, errlen, "%s: '%s' appears twice in the .npy header",
+                       path, key);
+    if (k == 0) rc = parse_descr(path, &p, &a->dtype, err, errlen);
+    if (k == 1) rc = parse_order(path, &p, err, errlen);
+    if (k == 2) rc = parse_shape(path, &p, a, err, errlen);
+    if (rc) return rc;
+    skip_space(&p);
+    if (*p == ',') {
+      p++;
+      continue;
+    }
+    if (*p != '}')
+      return set_error(err, errlen, "%s: malformed .npy header", path);
+  }
+  p++;
+  skip_space(&p);
+  if (*p)
+    return set_error(err, errlen, "%s: junk after the .npy header dict", path);
+  for (int i = 0; i < 3; i++)
+    if (!seen[i])
+      return set_error(err, errlen, "%s: .npy header has no '%s'", path,
+                       keys[i]);
   return 0;
 }
 
@@ -160,11 +216,31 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
     goto fail;
   }
   if (read_header(f, path, &hdr, err, errlen) ||
-      parse_descr(path, hdr, &a.dtype, err, errlen) ||
-      parse_order(path, hdr, err, errlen) ||
-      parse_shape(path, hdr, &a, err, errlen))
+      parse_dict(path, hdr, &a, err, errlen))
     goto fail;
+  /* The file must hold exactly the data its shape declares: checked before
+   * allocating, so a small file cannot ask for a huge buffer. */
   size_t bytes = a.count * npy_dtype_size(a.dtype);
+  struct stat st;
+  long at = ftell(f);
+  if (at < 0 || fstat(fileno(f), &st) != 0) {
+    set_error(err, errlen, "%s: %s", path, strerror(errno));
+    goto fail;
+  }
+  uint64_t present = st.st_size > at ? (uint64_t)(st.st_size - at) : 0;
+  if (present < bytes) {
+    set_error(err, errlen,
+              "%s: file shorter than its shape says (%zu data bytes "
+              "declared, %llu present)",
+              path, bytes, (unsigned long long)present);
+    goto fail;
+  }
+  if (present > bytes) {
+    set_error(err, errlen,
+              "%s: %llu bytes after the data its shape declares (%zu bytes)",
+              path, (unsigned long long)(present - bytes), bytes);
+    goto fail;
+  }
   a.data = malloc(bytes ? bytes : 1);
   if (!a.data) {
     set_error(err, errlen, "%s: out of memory for %zu bytes", path, bytes);

@@ -12,7 +12,7 @@ static const char run_usage[] =
     "\n"
     "Runs the forward kernel of SPEC.lua on the GPU. q, k and v are random\n"
     "normal values (or read from --inputs); o and lse are poisoned with NaN\n"
-    "before every launch.\n"
+    "before the launch that --check and --dump read.\n"
     "\n"
     "sizes:\n"
     "  --batch B           batch size (default 1)\n"
@@ -40,20 +40,36 @@ static const char run_usage[] =
     "                      same computation in the input dtype, plus a floor\n"
     "                      (exit status 1 on FAIL). The reference runs on\n"
     "                      the CPU (all cores): keep B*H*Lq*Lk moderate\n"
-    "  --bench             time launches with CUDA events: --warmup launches,\n"
-    "                      then the median of --iters; TFLOP/s counts\n"
+    "  --bench             time launches by triton.testing.do_bench's rules,\n"
+    "                      as bench/compare.py times PyTorch\n"
+    "                      (docs/benchmarking.md): a launch and a sync;\n"
+    "                      estimate = the time of 5 launches, each after\n"
+    "                      zeroing a 256 MiB buffer (an L2 flush), / 5; then\n"
+    "                      max(1, floor(WARMUP_MS / estimate)) warm-up\n"
+    "                      launches and max(1, floor(REP_MS / estimate))\n"
+    "                      timed ones, each after an L2 flush and between\n"
+    "                      its own two CUDA events, no sync until the last;\n"
+    "                      prints their median (min, max). Outputs are not\n"
+    "                      poisoned while timing. TFLOP/s counts\n"
     "                      4*D*(allowed (b, h, q, kv) pairs)\n"
     "  --block-mask M      auto (default), on or off: build a block mask on\n"
     "                      the GPU and launch with it; auto does when the\n"
     "                      mask reads buffers (document ids). --bench also\n"
-    "                      times rebuilding it\n"
-    "  --iters N           timed launches (default 20)\n"
-    "  --warmup N          untimed launches first (default 5)\n"
+    "                      times rebuilding it, by the same rules\n"
+    "  --warmup-ms MS      WARMUP_MS (default 25, do_bench's warmup)\n"
+    "  --rep-ms MS         REP_MS (default 100, do_bench's rep)\n"
+    "  --warmup N          exactly N warm-up launches (0 allowed), instead\n"
+    "                      of the count WARMUP_MS gives\n"
+    "  --iters N           exactly N timed launches, instead of the count\n"
+    "                      REP_MS gives\n"
     "other:\n"
     "  --arch ARCH         compile for ARCH instead of the GPU's own target\n"
     "  --cache-dir DIR     kernel cache root\n"
+    "  --pack FILE         mount a .fjpack (flexjit precompile); searched\n"
+    "                      before the cache, in the order given (repeatable)\n"
     "  --help              this text\n"
     "\n"
+    "Every option and input file is checked before the GPU is looked for.\n"
     "Exit status: 0 ok, 1 failure or --check FAIL, 2 usage error or no GPU.\n";
 
 void cli_values_free(cli_value *v, int n) {
@@ -103,6 +119,14 @@ static int int_opt(const char *name, const char *v, long lo, long hi,
   return -1;
 }
 
+/* A time budget of --bench: positive and finite, at most a minute. */
+static int ms_opt(const char *name, const char *v, double *out) {
+  if (cli_parse_float(v, out) == 0 && *out > 0 && *out <= 60000) return -1;
+  cli_error("run", "%s: '%s' is not a time in milliseconds in (0, 60000]",
+            name, v);
+  return CLI_USAGE;
+}
+
 /* One option that takes a value; -1 to go on, else an exit status. */
 static int value_opt(run_config *c, const char *name, const char *v) {
   const long big = 1L << 30;
@@ -115,6 +139,8 @@ static int value_opt(run_config *c, const char *name, const char *v) {
   if (!strcmp(name, "--iters")) return int_opt(name, v, 1, 100000, &c->iters);
   if (!strcmp(name, "--warmup"))
     return int_opt(name, v, 0, 100000, &c->warmup);
+  if (!strcmp(name, "--warmup-ms")) return ms_opt(name, v, &c->warmup_ms);
+  if (!strcmp(name, "--rep-ms")) return ms_opt(name, v, &c->rep_ms);
   if (!strcmp(name, "--seed")) {
     int s = 0;
     int rc = int_opt(name, v, 0, 0x7fffffff, &s);
@@ -155,6 +181,13 @@ static int value_opt(run_config *c, const char *name, const char *v) {
   if (!strcmp(name, "--dump")) c->dump_dir = v;
   if (!strcmp(name, "--arch")) c->arch = v;
   if (!strcmp(name, "--cache-dir")) c->cache_dir = v;
+  if (!strcmp(name, "--pack")) {
+    if (c->num_packs == CLI_MAX_PACKS) {
+      cli_error("run", "at most %d --pack files", CLI_MAX_PACKS);
+      return CLI_USAGE;
+    }
+    c->packs[c->num_packs++] = v;
+  }
   return -1;
 }
 
@@ -162,7 +195,8 @@ static const char *const value_opts[] = {
     "--batch", "--heads",  "--kv-heads", "--q-len",  "--kv-len",
     "--head-dim", "--dtype", "--layout", "--scale",  "--param",
     "--buffer", "--inputs", "--dump",     "--iters",  "--warmup",
-    "--seed",  "--arch",   "--cache-dir", "--block-mask", NULL};
+    "--warmup-ms", "--rep-ms", "--seed",  "--arch",   "--cache-dir",
+    "--block-mask", "--pack", NULL};
 
 /* -1 to go on, else an exit status. */
 static int parse_one(int argc, char **argv, int *i, run_config *c) {
@@ -217,8 +251,10 @@ void cli_run_config_init(run_config *c) {
   c->B = 1;
   c->D = 128;
   c->dtype = FJ_DTYPE_BF16;
-  c->iters = 20;
-  c->warmup = 5;
+  c->warmup_ms = 25;
+  c->rep_ms = 100;
+  c->warmup = -1; /* counts from the budgets */
+  c->iters = 0;
 }
 
 int cmd_run(int argc, char **argv) {

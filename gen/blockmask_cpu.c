@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen/eval.h"
 #include "gen/interval.h"
 
 void fjg_block_mask_counts(int B, int H, int nq, int nkv, size_t counts[8]) {
@@ -35,37 +36,44 @@ void fjg_block_mask_host_free(fjg_block_mask_host *m) {
   memset(m, 0, sizeof *m);
 }
 
+/* Pairs of a rectangle by outcome (FJG_MASKED, FJG_ALLOWED, FJG_UNCERTAIN). */
+static void count_pairs(fjg_evaluator *e, int b, int h, int q0, int q1,
+                        int kv0, int kv1, int64_t n[3]) {
+  for (int q = q0; q <= q1; q++)
+    for (int kv = kv0; kv <= kv1; kv++) n[fjg_eval_mask3(e, b, h, q, kv)]++;
+}
+
+/* FULL when every pair is allowed, EMPTY when every one is masked: an
+ * uncertain pair makes a block PARTIAL (the kernel decides it). */
+static int class_of(const int64_t n[3]) {
+  if (n[FJG_UNCERTAIN] || (n[FJG_ALLOWED] && n[FJG_MASKED]))
+    return FJG_TILE_PARTIAL;
+  return n[FJG_ALLOWED] ? FJG_TILE_FULL : FJG_TILE_EMPTY;
+}
+
 int fjg_block_class_brute(const fjg_graph *g, const fjg_env *env, int b,
                           int h, int q0, int q1, int kv0, int kv1) {
-  int seen_true = 0, seen_false = 0;
-  for (int q = q0; q <= q1; q++)
-    for (int kv = kv0; kv <= kv1; kv++) {
-      if (fjg_eval_mask(g, env, b, h, q, kv))
-        seen_true = 1;
-      else
-        seen_false = 1;
-    }
-  if (seen_true && seen_false) return FJG_TILE_PARTIAL;
-  return seen_true ? FJG_TILE_FULL : FJG_TILE_EMPTY;
+  fjg_evaluator e;
+  int64_t n[3] = {0, 0, 0};
+  if (fjg_evaluator_init(&e, g, env) != FJ_OK) return FJG_TILE_PARTIAL;
+  count_pairs(&e, b, h, q0, q1, kv0, kv1, n);
+  fjg_evaluator_free(&e);
+  return class_of(n);
 }
 
 /* The exact class of a block: the interval classifier when it decides,
- * else elements until both a true and a false have been seen. */
-static int block_class(const fjg_graph *g, const fjg_env *env, int b, int h,
-                       int q0, int q1, int kv0, int kv1) {
-  int cls = fjg_tile_class_cpu(g, env, b, h, q0, q1, kv0, kv1);
+ * else elements until both a true and a false, or an uncertain one, have
+ * been seen. */
+static int block_class(fjg_evaluator *e, int b, int h, int q0, int q1,
+                       int kv0, int kv1) {
+  int cls = fjg_tile_class_cpu(e->g, &e->env, b, h, q0, q1, kv0, kv1);
   if (cls != FJG_TILE_PARTIAL) return cls;
-  int seen_true = 0, seen_false = 0;
+  int64_t n[3] = {0, 0, 0};
   for (int q = q0; q <= q1; q++) {
-    for (int kv = kv0; kv <= kv1; kv++) {
-      if (fjg_eval_mask(g, env, b, h, q, kv))
-        seen_true = 1;
-      else
-        seen_false = 1;
-    }
-    if (seen_true && seen_false) return FJG_TILE_PARTIAL;
+    count_pairs(e, b, h, q, q, kv0, kv1, n);
+    if (class_of(n) == FJG_TILE_PARTIAL) return FJG_TILE_PARTIAL;
   }
-  return seen_true ? FJG_TILE_FULL : FJG_TILE_EMPTY;
+  return class_of(n);
 }
 
 /* Writes the PARTIAL and FULL entries of one line of the class matrix (n
@@ -98,8 +106,7 @@ static int alloc_arrays(fjg_block_mask_host *m) {
   return m->cls != NULL;
 }
 
-static void classify_all(const fjg_graph *g, const fjg_env *env,
-                         fjg_block_mask_host *m) {
+static void classify_all(fjg_evaluator *e, fjg_block_mask_host *m) {
   for (int b = 0; b < m->B; b++)
     for (int h = 0; h < m->H; h++)
       for (int i = 0; i < m->nq; i++)
@@ -110,7 +117,7 @@ static void classify_all(const fjg_graph *g, const fjg_env *env,
           int kv1 = kv0 + m->block_kv < m->kv_len ? kv0 + m->block_kv - 1
                                                   : m->kv_len - 1;
           size_t t = (((size_t)b * m->H + h) * m->nq + i) * m->nkv + j;
-          m->cls[t] = (uint8_t)block_class(g, env, b, h, q0, q1, kv0, kv1);
+          m->cls[t] = (uint8_t)block_class(e, b, h, q0, q1, kv0, kv1);
         }
 }
 
@@ -152,39 +159,101 @@ fj_status fjg_block_mask_cpu_build(const fjg_graph *g, const fjg_env *env,
                            (kv_len + block_kv - 1) / block_kv,
                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                            NULL};
-  if (!alloc_arrays(&m)) {
+  fjg_evaluator e;
+  if (!alloc_arrays(&m) || fjg_evaluator_init(&e, g, &local) != FJ_OK) {
     fjg_block_mask_host_free(&m);
     return FJ_ENOMEM;
   }
-  classify_all(g, &local, &m);
+  classify_all(&e, &m);
+  fjg_evaluator_free(&e);
   compact_all(&m);
   *out = m;
   return FJ_OK;
 }
 
-int64_t fjg_block_mask_count_allowed(const fjg_graph *g, const fjg_env *env,
-                                     const fjg_block_mask_host *m, int b,
-                                     int h) {
-  fjg_env local;
-  memset(&local, 0, sizeof local);
-  if (env) local = *env;
-  local.sizes[FJG_SZ_B] = m->B;
-  local.sizes[FJG_SZ_HQ] = m->H;
-  local.sizes[FJG_SZ_HKV] = m->H;
-  local.sizes[FJG_SZ_LQ] = m->q_len;
-  local.sizes[FJG_SZ_LK] = m->kv_len;
-  int64_t n = 0;
-  for (int i = 0; i < m->nq; i++)
-    for (int j = 0; j < m->nkv; j++) {
-      int q0 = i * m->block_q, kv0 = j * m->block_kv;
-      int q1 = q0 + m->block_q < m->q_len ? q0 + m->block_q : m->q_len;
-      int kv1 = kv0 + m->block_kv < m->kv_len ? kv0 + m->block_kv : m->kv_len;
-      uint8_t c = m->cls[(((size_t)b * m->H + h) * m->nq + i) * m->nkv + j];
-      if (c == FJG_TILE_FULL) n += (int64_t)(q1 - q0) * (kv1 - kv0);
-      if (c != FJG_TILE_PARTIAL) continue;
-      for (int q = q0; q < q1; q++)
-        for (int kv = kv0; kv < kv1; kv++)
-          n += fjg_eval_mask(g, &local, b, h, q, kv);
+/* ---- census ---- */
+
+/* Tiles of at most this many pairs are evaluated element by element; larger
+ * ones the classifier did not decide are halved. */
+enum { LEAF_PAIRS = 64 };
+
+typedef struct census {
+  fjg_evaluator e;
+  int b, h;
+  uint64_t budget, tile_cost;
+  int over;
+  int64_t n[3];
+} census;
+
+static uint64_t spent(const census *c) { return c->e.work; }
+
+/* Counts the pairs of [q0, q1] x [kv0, kv1] by outcome into c->n. */
+static void census_tile(census *c, int q0, int q1, int kv0, int kv1) {
+  if (c->over) return;
+  int64_t rows = (int64_t)q1 - q0 + 1, cols = (int64_t)kv1 - kv0 + 1;
+  c->e.work += c->tile_cost;
+  if (spent(c) > c->budget) {
+    c->over = 1;
+    return;
+  }
+  int cls = fjg_tile_class_cpu(c->e.g, &c->e.env, c->b, c->h, q0, q1, kv0,
+                               kv1);
+  if (cls == FJG_TILE_FULL) c->n[FJG_ALLOWED] += rows * cols;
+  if (cls == FJG_TILE_EMPTY) c->n[FJG_MASKED] += rows * cols;
+  if (cls != FJG_TILE_PARTIAL) return;
+  if (rows * cols <= LEAF_PAIRS) {
+    uint64_t need = (uint64_t)(rows * cols) *
+                    (uint64_t)fjg_eval_cost(&c->e, 0);
+    if (spent(c) + need > c->budget) {
+      c->over = 1;
+      return;
     }
-  return n;
+    count_pairs(&c->e, c->b, c->h, q0, q1, kv0, kv1, c->n);
+    return;
+  }
+  if (rows >= cols) {
+    int mid = q0 + (int)(rows / 2) - 1;
+    census_tile(c, q0, mid, kv0, kv1);
+    census_tile(c, mid + 1, q1, kv0, kv1);
+  } else {
+    int mid = kv0 + (int)(cols / 2) - 1;
+    census_tile(c, q0, q1, kv0, mid);
+    census_tile(c, q0, q1, mid + 1, kv1);
+  }
+}
+
+fj_status fjg_mask_census(const fjg_graph *g, const fjg_env *env, int b,
+                          int h, int q_len, int kv_len, int block_q,
+                          int block_kv, uint64_t budget, uint8_t *cls,
+                          fjg_census *out) {
+  census c;
+  memset(out, 0, sizeof *out);
+  if (!g || q_len < 1 || kv_len < 1 || block_q < 1 || block_kv < 1)
+    return FJ_EINVAL;
+  memset(&c, 0, sizeof c);
+  if (fjg_evaluator_init(&c.e, g, env) != FJ_OK) return FJ_ENOMEM;
+  c.b = b, c.h = h, c.budget = budget;
+  int count;
+  fjg_reachable(g, 0, &count);
+  /* A tile classification costs about three evaluations a node. */
+  c.tile_cost = 3 * ((uint64_t)count + 1);
+  int nq = (q_len - 1) / block_q + 1, nkv = (kv_len - 1) / block_kv + 1;
+  for (int i = 0; i < nq && !c.over; i++)
+    for (int j = 0; j < nkv && !c.over; j++) {
+      int q0 = i * block_q, kv0 = j * block_kv;
+      int q1 = q_len - q0 > block_q ? q0 + block_q - 1 : q_len - 1;
+      int kv1 = kv_len - kv0 > block_kv ? kv0 + block_kv - 1 : kv_len - 1;
+      int64_t before[3] = {c.n[0], c.n[1], c.n[2]};
+      census_tile(&c, q0, q1, kv0, kv1);
+      int64_t n[3] = {c.n[0] - before[0], c.n[1] - before[1],
+                      c.n[2] - before[2]};
+      if (cls)
+        cls[(size_t)i * nkv + j] =
+            (uint8_t)(class_of(n) | (n[FJG_UNCERTAIN] ? FJG_BLOCK_UNCERTAIN : 0));
+    }
+  out->allowed = c.n[FJG_ALLOWED];
+  out->uncertain = c.n[FJG_UNCERTAIN];
+  out->work = spent(&c);
+  fjg_evaluator_free(&c.e);
+  return c.over ? FJ_EUNSUPPORTED : FJ_OK;
 }

@@ -15,7 +15,10 @@
  * A block's class is exact: EMPTY when the mask is false on every in-range
  * pair (q < Lq, kv < Lk) of it, FULL when true on every one. The interval
  * classifier decides what it can; the other blocks are evaluated element by
- * element until both values have been seen.
+ * element until both values have been seen. A pair the CPU cannot decide
+ * the kernel's way (uncertain, gen/eval.h) makes its block PARTIAL, where
+ * the kernel evaluates its own mask: the GPU builder may call such a block
+ * FULL or EMPTY, the CPU builder never does.
  */
 #ifndef FJG_BLOCKMASK_CPU_H
 #define FJG_BLOCKMASK_CPU_H
@@ -54,15 +57,34 @@ fj_status fjg_block_mask_cpu_build(const fjg_graph *g, const fjg_env *env,
                                    fjg_block_mask_host *out);
 
 /* Class of one block by evaluating every in-range element (no interval
- * analysis, no early exit): the brute force the tests compare with. */
+ * analysis, no early exit): the brute force the tests compare with. A block
+ * with an uncertain pair (gen/eval.h) is PARTIAL. */
 int fjg_block_class_brute(const fjg_graph *g, const fjg_env *env, int b,
                           int h, int q0, int q1, int kv0, int kv1);
 
-/* Allowed (q, kv) pairs of batch entry b, head h (indices into the mask's
- * extents): full blocks count whole, partial ones are evaluated. */
-int64_t fjg_block_mask_count_allowed(const fjg_graph *g, const fjg_env *env,
-                                     const fjg_block_mask_host *m, int b,
-                                     int h);
+/* Flag on a census class: the block holds uncertain pairs (so PARTIAL). */
+enum { FJG_BLOCK_UNCERTAIN = 4 };
+
+typedef struct fjg_census {
+  int64_t allowed;   /* pairs the kernel allows */
+  int64_t uncertain; /* pairs it may allow or mask (gen/eval.h) */
+  uint64_t work;     /* node evaluations spent (fjg_evaluator.work) */
+} fjg_census;
+
+/*
+ * What `flexjit mask` prints, for one batch entry b and head h over
+ * q_len x kv_len: the number of allowed and uncertain pairs, counted
+ * exactly, and (cls not NULL: nq x nkv bytes) the class of each block_q x
+ * block_kv block, FJG_TILE_* | FJG_BLOCK_UNCERTAIN. Tiles the interval
+ * classifier decides are counted whole; the others are halved down to 64
+ * pairs and evaluated. env's sizes are used as given. Stops with
+ * FJ_EUNSUPPORTED when it would spend more than `budget` node evaluations
+ * (*out then holds what was counted); FJ_EINVAL, FJ_ENOMEM.
+ */
+fj_status fjg_mask_census(const fjg_graph *g, const fjg_env *env, int b,
+                          int h, int q_len, int kv_len, int block_q,
+                          int block_kv, uint64_t budget, uint8_t *cls,
+                          fjg_census *out);
 
 /* Frees the arrays; a zeroed or freed struct is a no-op. */
 void fjg_block_mask_host_free(fjg_block_mask_host *m);

@@ -146,9 +146,9 @@ int fjg_sm90_block_m_for(int block_m, int block_q) {
 /* The sm90 template (templates/sm90/fwd.cuh): one producer and two consumer
  * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal;
  * at D=64 three consumers and 192 x 128 tiles, FlashAttention-3's small-head
- * tile (+7% over two at causal 8 x 4096, H=32: bench/RESULTS.md, session 7),
- * two K/V stages at D=128 and three at D=64 (64-row kv tiles and twice the
- * stages measured slower everywhere: bench/RESULTS.md, session 3, run 3).
+ * tile (+7% over two at causal 8 x 4096, H=32), two K/V stages at D=128 and
+ * three at D=64 (64-row kv tiles and twice the stages measured slower
+ * everywhere).
  * D=256 takes 128 x 64 tiles and two stages: 64 + 128 KiB of Q and K/V, and
  * a consumer thread holds 128 O accumulators next to 32 of S. */
 static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
@@ -166,7 +166,7 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   sm90_layout(out);
   /* D=128: the persistent kernel (its dynamic item order measured equal on
    * full, causal and sliding-window attention and 4% faster on the
-   * document mask: bench/RESULTS.md, session 9, run 3). D=64 keeps three
+   * document mask). D=64 keeps three
    * consumers (the persistent kernel has two: 11% slower), D=256 the
    * one-CTA-an-item kernel (the persistent one has a single Q buffer
    * there, not measured faster). */

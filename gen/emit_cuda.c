@@ -1,14 +1,22 @@
 /*
  * gen/emit_cuda.c: the CUDA emitter (see emit_cuda.h).
  *
- * Every expression follows the evaluator's semantics (gen/eval.c): i32
+ * Every expression follows the evaluator's semantics (gen/eval.h): i32
  * add/sub/mul/neg/abs go through unsigned so they wrap without undefined
  * behaviour, // and % use the Lua-semantics helpers of fj_common.cuh, float
  * constants are written as hex literals so they round-trip exactly, and the
  * math functions are the accurate ones (expf, not __expf), except tanh,
  * which uses fj_tanh_f32 (the hardware tanh: relative error about 2^-11,
- * one special-function instruction), and a float division by a constant
- * in a score_mod, which multiplies by the reciprocal (recip_of_const).
+ * one special-function instruction).
+ *
+ * f32 nodes whose value decides something (fjg_decisive_nodes: every f32
+ * node of a mask, and a score_mod's operands of comparisons, floor, ceil,
+ * // and %) are written with the round-to-nearest intrinsics (__fadd_rn,
+ * __fmul_rn, __fdiv_rn, __fsqrt_rn, ...), which NVRTC never contracts into
+ * an FMA: they round exactly as the CPU evaluator does. The rest of a
+ * score_mod keeps plain operators, which NVRTC may contract (the reference's
+ * tolerance covers that rounding), and a division by a constant there
+ * multiplies by its reciprocal (fjg_div_recip).
  */
 #include "gen/emit_cuda.h"
 
@@ -18,6 +26,7 @@
 #include <string.h>
 
 #include "gen/config.h"
+#include "gen/eval.h"
 #include "gen/interval.h"
 #include "gen/templates.h"
 
@@ -122,7 +131,8 @@ typedef struct emitter {
   const fjg_graph *g;
   fjg_buf *out;
   int32_t *slot; /* node id -> temporary number, -1 when none */
-  int recip_div; /* score_mod body: x / c as x * (1 / c) for a constant c */
+  uint8_t *decisive; /* node id -> 1: computed exactly (fjg_decisive_nodes) */
+  int score;     /* emitting the score_mod body */
 } emitter;
 
 static void put_operand(emitter *e, int id) {
@@ -167,6 +177,11 @@ static const char *infix(fjg_op op) {
   }
 }
 
+/* The node being emitted is decisive f32: round-to-nearest intrinsics. */
+static int exact_f32(const emitter *e, const fjg_node *n) {
+  return n->type == FJG_F32 && e->decisive[n - fjg_node_at(e->g, 0)];
+}
+
 static void put_unary(emitter *e, const fjg_node *n) {
   fjg_buf *out = e->out;
   fjg_op op = (fjg_op)n->op;
@@ -193,7 +208,8 @@ static void put_unary(emitter *e, const fjg_node *n) {
   } else if (i32) { /* floor, ceil of an integer */
     put_operand(e, n->a);
   } else {
-    fjg_buf_printf(out, "%s(", math_fn(op));
+    int rn = op == FJG_OP_SQRT && exact_f32(e, n);
+    fjg_buf_printf(out, "%s(", rn ? "__fsqrt_rn" : math_fn(op));
     put_operand(e, n->a);
     fjg_buf_printf(out, ")");
   }
@@ -207,24 +223,38 @@ static void put_call2(emitter *e, const char *fn, const fjg_node *n) {
   fjg_buf_printf(e->out, ")");
 }
 
-/* In a score_mod, a float division by a constant becomes a multiplication
- * by its reciprocal (within 1.5 ulp of the division; the division is an
- * IEEE sequence with a reciprocal on the special-function unit and a slow
- * path, per element of every tile). Masks keep the exact division: their
- * comparisons must agree with the CPU evaluator. */
-static int recip_of_const(const emitter *e, int id, float *recip) {
-  const fjg_node *c = fjg_node_at(e->g, id);
-  if (!e->recip_div || c->op != FJG_OP_CONST || c->type != FJG_F32) return 0;
-  double r = 1.0 / (double)c->imm.f;
-  if (!isfinite(r) || fabs(r) < 0x1p-126 || fabs(r) > 0x1p126) return 0;
-  *recip = (float)r;
-  return 1;
+/* Decisive f32 arithmetic, each operation rounded on its own:
+ * a // b = floorf(a / b), a % b = a - floorf(a / b) * b. */
+static void put_exact_binary(emitter *e, const fjg_node *n) {
+  fjg_buf *out = e->out;
+  switch (n->op) {
+  case FJG_OP_ADD: put_call2(e, "__fadd_rn", n); break;
+  case FJG_OP_SUB: put_call2(e, "__fsub_rn", n); break;
+  case FJG_OP_MUL: put_call2(e, "__fmul_rn", n); break;
+  case FJG_OP_DIV: put_call2(e, "__fdiv_rn", n); break;
+  case FJG_OP_IDIV:
+    fjg_buf_printf(out, "floorf(");
+    put_call2(e, "__fdiv_rn", n);
+    fjg_buf_printf(out, ")");
+    break;
+  default: /* MOD */
+    fjg_buf_printf(out, "__fsub_rn(");
+    put_operand(e, n->a);
+    fjg_buf_printf(out, ", __fmul_rn(floorf(");
+    put_call2(e, "__fdiv_rn", n);
+    fjg_buf_printf(out, "), ");
+    put_operand(e, n->b);
+    fjg_buf_printf(out, "))");
+    break;
+  }
 }
 
 static void put_binary(emitter *e, const fjg_node *n) {
   fjg_buf *out = e->out;
   fjg_op op = (fjg_op)n->op;
   int i32 = n->type == FJG_I32;
+  int arith = op == FJG_OP_ADD || op == FJG_OP_SUB || op == FJG_OP_MUL ||
+              op == FJG_OP_DIV || op == FJG_OP_IDIV || op == FJG_OP_MOD;
   float recip;
   if (i32 && (op == FJG_OP_ADD || op == FJG_OP_SUB || op == FJG_OP_MUL)) {
     fjg_buf_printf(out, "(int)((unsigned)");
@@ -232,7 +262,9 @@ static void put_binary(emitter *e, const fjg_node *n) {
     fjg_buf_printf(out, " %s (unsigned)", infix(op));
     put_operand(e, n->b);
     fjg_buf_printf(out, ")");
-  } else if (op == FJG_OP_DIV && recip_of_const(e, n->b, &recip)) {
+  } else if (arith && exact_f32(e, n)) {
+    put_exact_binary(e, n);
+  } else if (op == FJG_OP_DIV && e->score && fjg_div_recip(e->g, n->b, &recip)) {
     put_operand(e, n->a);
     fjg_buf_printf(out, " * ");
     put_float(out, recip);
@@ -288,7 +320,9 @@ static void put_body(emitter *e, int which, const char *absent) {
   }
   int count, next = 0;
   const int32_t *list = fjg_reachable(e->g, which, &count);
-  e->recip_div = which == 1;
+  e->score = which == 1;
+  memset(e->decisive, 0, (size_t)fjg_num_nodes(e->g));
+  fjg_decisive_nodes(e->g, which, e->decisive);
   for (int k = 0; k < count; k++) {
     const fjg_node *n = fjg_node_at(e->g, list[k]);
     if (is_leaf(n)) continue;
@@ -453,8 +487,12 @@ fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
 
 fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
   size_t n = (size_t)fjg_num_nodes(g) + 1;
-  emitter e = {g, out, malloc(n * sizeof(int32_t)), 0};
-  if (!e.slot) return FJ_ENOMEM;
+  emitter e = {g, out, malloc(n * sizeof(int32_t)), malloc(n), 0};
+  if (!e.slot || !e.decisive) {
+    free(e.slot);
+    free(e.decisive);
+    return FJ_ENOMEM;
+  }
   for (size_t i = 0; i < n; i++) e.slot[i] = -1;
 
   fjg_buf_printf(out, "// ---- generated prologue (gen/emit_cuda.c) ----\n");
@@ -475,6 +513,7 @@ fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
   put_tile_class_body(&e);
   fjg_buf_printf(out, "}\n// ---- end of generated prologue ----\n");
   free(e.slot);
+  free(e.decisive);
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }
 

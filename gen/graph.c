@@ -165,6 +165,10 @@ static int intern(fjg_graph *g, const fjg_node *key) {
     return fail(g, "out of memory while building the graph");
   size_t slot = find_slot(g->slots, g->num_slots, g->nodes, key);
   if (g->slots[slot] >= 0) return g->slots[slot];
+  if (g->num_nodes >= FJG_MAX_NODES)
+    return fail(g, "the graph has more than %d nodes (the limit, "
+                   "FJG_MAX_NODES): a loop keeps building traced values",
+                FJG_MAX_NODES);
   if (g->num_nodes == g->cap_nodes) {
     int cap = g->cap_nodes ? g->cap_nodes * 2 : 64;
     fjg_node *nodes = realloc(g->nodes, (size_t)cap * sizeof *nodes);
@@ -273,6 +277,10 @@ static int declare_arg(fjg_graph *g, const char *name, fj_arg_kind kind,
                   fjg_type_name(type));
     return index;
   }
+  if (g->num_args >= FJG_MAX_ARGS)
+    return fail(g, "cannot declare %s '%s': a spec has at most %d params "
+                   "and buffers together (FJG_MAX_ARGS, what a launch takes)",
+                kind_text(kind), name, FJG_MAX_ARGS);
   if (g->num_args == g->cap_args) {
     int cap = g->cap_args ? g->cap_args * 2 : 8;
     fjg_arg *args = realloc(g->args, (size_t)cap * sizeof *args);
@@ -385,6 +393,133 @@ static int check_operand(fjg_graph *g, fjg_op op, int id) {
   return fail(g, "%s: invalid operand node %d", fjg_op_name(op), id);
 }
 
+/* ---- i32 chains with constants ----
+ *
+ * i32 add, sub, mul and neg wrap (modulo 2^32, in the evaluator and in the
+ * emitted CUDA alike), so they obey the ring laws exactly: (x + c1) + c2 is
+ * x + (c1 + c2), (x + c1) * c2 is x * c2 + c1 * c2, -(x - c) is c - x.
+ * A node built from one non-constant `base` by those ops and constants
+ * reads as base * m + k; combining it with another constant folds into a
+ * new (m, k) instead of adding a level, so a loop that adds 1 a hundred
+ * thousand times yields x + 100000, not a chain, and any such chain is at
+ * most three levels deep. Floats are never reassociated: rounding makes (x + a) + b
+ * differ from x + (a + b). */
+typedef struct affine {
+  int base;
+  int scaled;    /* the node for base * m as it stands in the graph */
+  uint32_t m, k; /* modulo 2^32 */
+} affine;
+
+/* The other operand of binary node n when one is a constant (whose value
+ * goes to *c, its side to *const_left), else -1. */
+static int split_const(const fjg_graph *g, const fjg_node *n, int *const_left,
+                       uint32_t *c) {
+  int left = is_const(g, n->a);
+  if (!left && !is_const(g, n->b)) return -1;
+  *const_left = left;
+  *c = (uint32_t)g->nodes[left ? n->a : n->b].imm.i;
+  return left ? n->b : n->a;
+}
+
+/* Reads i32 node id as base * m + k, looking through at most one add or
+ * sub with a constant above at most one mul by a constant or neg (the
+ * shapes from_affine builds); otherwise base is id itself, m 1 and k 0. */
+static affine affine_of(const fjg_graph *g, int id) {
+  affine f = {id, id, 1, 0};
+  const fjg_node *n = &g->nodes[id];
+  int left = 0;
+  uint32_t c = 0, sign = 1;
+  if (n->op == FJG_OP_ADD || n->op == FJG_OP_SUB) {
+    int inner = split_const(g, n, &left, &c);
+    if (inner < 0) return f;
+    if (n->op == FJG_OP_ADD) {
+      f.k = c;
+    } else if (!left) {
+      f.k = 0u - c; /* inner - c */
+    } else {
+      f.k = c; /* c - inner */
+      sign = 0u - 1u;
+    }
+    f.base = f.scaled = inner;
+    n = &g->nodes[inner];
+  }
+  f.m = sign;
+  int inner = -1;
+  if (n->op == FJG_OP_MUL) {
+    inner = split_const(g, n, &left, &c);
+    if (inner >= 0) f.m = sign * c;
+  } else if (n->op == FJG_OP_NEG) {
+    inner = n->a;
+    f.m = 0u - sign;
+  }
+  if (inner >= 0) f.base = inner;
+  if (sign != 1) f.scaled = -1; /* the graph holds only -(base * m) */
+  return f;
+}
+
+/* Builds base * m + k: a constant when m is 0, k - base when m is -1, else
+ * (base | -base | base * m) followed by + k or - |k|. `was` is the shape
+ * the operand had: its base * m node is reused while m is unchanged. */
+static int from_affine(fjg_graph *g, affine f, const affine *was) {
+  if (f.m == 0) return fjg_const_i32(g, (int32_t)f.k);
+  if (f.m == 0u - 1u && f.k != 0) {
+    int k = fjg_const_i32(g, (int32_t)f.k);
+    return k < 0 ? -1 : build(g, FJG_OP_SUB, FJG_I32, k, f.base, -1);
+  }
+  int t = f.base;
+  if (f.m == was->m && was->scaled >= 0) {
+    t = was->scaled;
+  } else if (f.m == 0u - 1u) {
+    t = build(g, FJG_OP_NEG, FJG_I32, f.base, -1, -1);
+  } else if (f.m != 1) {
+    int m = fjg_const_i32(g, (int32_t)f.m);
+    t = m < 0 ? -1 : build(g, FJG_OP_MUL, FJG_I32, f.base, m, -1);
+  }
+  if (t < 0 || f.k == 0) return t;
+  /* x - 3 reads better than x + -3; INT32_MIN has no positive twin. */
+  int32_t k = (int32_t)f.k;
+  int neg = k < 0 && k != INT32_MIN;
+  int kc = fjg_const_i32(g, neg ? -k : k);
+  return kc < 0 ? -1
+                : build(g, neg ? FJG_OP_SUB : FJG_OP_ADD, FJG_I32, t, kc, -1);
+}
+
+#define NOT_FOLDED (-2)
+
+/* Folds i32 op(a, b) (or neg a, with b < 0) when one operand is a constant
+ * and the other already reads as base * m + k with m != 1 or k != 0: the
+ * folded node, or -1 on failure; NOT_FOLDED when the plain node should be
+ * built. */
+static int fold_affine(fjg_graph *g, fjg_op op, int a, int b) {
+  if (type_of(g, a) != FJG_I32) return NOT_FOLDED;
+  if (op == FJG_OP_NEG) {
+    affine was = affine_of(g, a), f = was;
+    if (f.m == 1 && f.k == 0) return NOT_FOLDED;
+    f.m = 0u - f.m;
+    f.k = 0u - f.k;
+    return from_affine(g, f, &was);
+  }
+  if (op != FJG_OP_ADD && op != FJG_OP_SUB && op != FJG_OP_MUL)
+    return NOT_FOLDED;
+  if (is_const(g, a) == is_const(g, b)) return NOT_FOLDED;
+  int const_left = is_const(g, a);
+  uint32_t c = (uint32_t)g->nodes[const_left ? a : b].imm.i;
+  affine was = affine_of(g, const_left ? b : a), f = was;
+  if (f.m == 1 && f.k == 0) return NOT_FOLDED;
+  if (op == FJG_OP_ADD) {
+    f.k += c;
+  } else if (op == FJG_OP_MUL) {
+    f.m *= c;
+    f.k *= c;
+  } else if (!const_left) { /* (base * m + k) - c */
+    f.k -= c;
+  } else { /* c - (base * m + k) */
+    f.m = 0u - f.m;
+    f.k = c - f.k;
+  }
+  return from_affine(g, f, &was);
+}
+
 int fjg_unary(fjg_graph *g, fjg_op op, int a) {
   if (fjg_op_arity(op) != 1 || op == FJG_OP_LOAD)
     return fail(g, "'%s' is not a unary operator", fjg_op_name(op));
@@ -407,6 +542,10 @@ int fjg_unary(fjg_graph *g, fjg_op op, int a) {
   }
   /* floor and ceil of an integer are the integer itself. */
   if ((op == FJG_OP_FLOOR || op == FJG_OP_CEIL) && ta == FJG_I32) return a;
+  if (op == FJG_OP_NEG && ta == FJG_I32 && !is_const(g, a)) {
+    int folded = fold_affine(g, op, a, -1);
+    if (folded != NOT_FOLDED) return folded;
+  }
   return build(g, op, ta, a, -1, -1);
 }
 
@@ -437,6 +576,8 @@ static int binary_identity(fjg_graph *g, fjg_op op, int a, int b) {
   if (op == FJG_OP_SUB && cb && vb == 0) return a;
   if (op == FJG_OP_MUL && cb && vb == 1) return a;
   if (op == FJG_OP_MUL && ca && va == 1) return b;
+  if (op == FJG_OP_MUL && ((cb && vb == 0) || (ca && va == 0)))
+    return fjg_const_i32(g, 0); /* wrapping: x * 0 is 0 for every x */
   if ((op == FJG_OP_MIN || op == FJG_OP_MAX) && a == b) return a;
   return -1;
 }
@@ -478,6 +619,8 @@ int fjg_binary(fjg_graph *g, fjg_op op, int a, int b) {
   }
   int same = binary_identity(g, op, a, b);
   if (same >= 0) return same;
+  int folded = fold_affine(g, op, a, b);
+  if (folded != NOT_FOLDED) return folded;
   fjg_type type = (is_compare(op) || is_logic(op)) ? FJG_BOOL
                                                     : (fjg_type)type_of(g, a);
   return build(g, op, type, a, b, -1);
@@ -539,6 +682,15 @@ static int set_reachable(fjg_graph *g, int which, int root) {
   if (!mark) return fail(g, "out of memory while setting a root");
   int count = 0;
   for (int id = 0; id <= root; id++) count += mark[id];
+  if (count > FJG_MAX_MOD_NODES) {
+    free(mark);
+    return fail(g, "the result of %s depends on %d nodes, more than the "
+                   "limit of %d (FJG_MAX_MOD_NODES): the kernel would take "
+                   "minutes to compile; compute tables with buffer() or "
+                   "simplify the expression",
+                which == 0 ? "mask_mod" : "score_mod", count,
+                FJG_MAX_MOD_NODES);
+  }
   int32_t *list = malloc(((size_t)count + 1) * sizeof *list);
   if (!list) {
     free(mark);

@@ -20,6 +20,23 @@
 
 typedef enum { FJG_BOOL = 0, FJG_I32 = 1, FJG_F32 = 2 } fjg_type;
 
+/*
+ * Limits on what a spec may build, checked by the builders while the spec
+ * loads. They sit far above real specs (the examples' mods have a few dozen
+ * nodes and a few arguments) and keep a hostile or runaway spec from making
+ * tracing, emission or NVRTC take unbounded time and memory.
+ */
+/* Nodes in one graph, unreachable ones included: bounds the memory and time
+ * of tracing (about 40 bytes a node). */
+#define FJG_MAX_NODES (1 << 20)
+/* Nodes the result of one mod depends on: bounds the emitted code and
+ * NVRTC's compile time, which grows about linearly with them (measured:
+ * some 13 ms a node at sm_80 and 90 ms at sm_90a, so a mod at the limit
+ * compiles in one to two minutes). */
+#define FJG_MAX_MOD_NODES 1024
+/* Declared params and buffers together: the most a launch passes. */
+#define FJG_MAX_ARGS 64
+
 /* Inputs of mask_mod(b, h, q_idx, kv_idx) and score_mod(score, b, h, q, kv). */
 typedef enum {
   FJG_IN_SCORE = 0, /* f32; only in score_mod */
@@ -43,8 +60,8 @@ typedef enum {
 /*
  * Ops. X(name, text, arity). Semantics (the CPU evaluator and the CUDA
  * emitter agree on them):
- *  - ADD SUB MUL NEG MIN MAX: i32 when both operands are i32 (wrapping),
- *    else f32.
+ *  - ADD SUB MUL NEG MIN MAX: i32 when both operands are i32 (wrapping,
+ *    i.e. modulo 2^32, so i32 + - * and neg reassociate exactly), else f32.
  *  - DIV: always f32 (Lua's "/").
  *  - IDIV: floor division (Lua's "//"); i32 x i32 -> i32, x // 0 = 0;
  *    otherwise floor(a / b) in f32.
@@ -138,17 +155,15 @@ const char *fjg_graph_error(const fjg_graph *g);
 int fjg_num_nodes(const fjg_graph *g);
 const fjg_node *fjg_node_at(const fjg_graph *g, int id);
 
-/* The most params and buffers one spec may declare (a launch packs them
- * all into its parameter struct). */
-#define FJG_MAX_ARGS 64
-
 int fjg_num_args(const fjg_graph *g);
 const fjg_arg *fjg_arg_at(const fjg_graph *g, int index);
 /* Index of the argument named `name`, or -1. */
 int fjg_find_arg(const fjg_graph *g, const char *name);
 
 /* Builders. Constants are folded: an op whose operands are all constants
- * yields a constant. */
+ * yields a constant, and chains of i32 + - * and neg with constants collapse
+ * to base * m + k ((x + 1) + 1 is x + 2; floats are never reassociated).
+ * A builder fails once the graph would exceed FJG_MAX_NODES. */
 int fjg_const_bool(fjg_graph *g, int value);
 int fjg_const_i32(fjg_graph *g, int32_t value);
 int fjg_const_f32(fjg_graph *g, float value);
@@ -156,7 +171,8 @@ int fjg_input_node(fjg_graph *g, fjg_input which);
 int fjg_size_node(fjg_graph *g, fjg_size which);
 /* Declares a scalar param (i32 or f32) and returns its node. Declaring the
  * same name again with the same type returns the same node; with another
- * type, or the name of a buffer, fails. */
+ * type, or the name of a buffer, fails; so does a declaration past
+ * FJG_MAX_ARGS params and buffers. */
 int fjg_param(fjg_graph *g, const char *name, fjg_type type);
 /* Declares a buffer argument (element type i32 or f32); returns its argument
  * index (not a node). Same redeclaration rules as fjg_param. */
@@ -167,7 +183,8 @@ int fjg_binary(fjg_graph *g, fjg_op op, int a, int b);
 int fjg_where(fjg_graph *g, int cond, int a, int b);
 
 /* Roots: -1 when the spec has no mask_mod / score_mod. The mask root must be
- * bool; the score root is converted to f32. */
+ * bool; the score root is converted to f32. Fails when the root depends on
+ * more than FJG_MAX_MOD_NODES nodes. */
 int fjg_set_mask_root(fjg_graph *g, int node);
 int fjg_set_score_root(fjg_graph *g, int node);
 int fjg_mask_root(const fjg_graph *g);
@@ -207,7 +224,10 @@ typedef struct fjg_env {
 } fjg_env;
 
 /* Evaluates the mask (1 when no mask_mod) and the score_mod (score itself
- * when none). f32 values are computed in double here: the reference. */
+ * when none) once, in float32 as the kernel does (gen/eval.h, which also has
+ * the evaluator object for loops and the uncertain elements, where the
+ * kernel's exp/log/tanh may decide otherwise; these return the CPU's
+ * value there). */
 int fjg_eval_mask(const fjg_graph *g, const fjg_env *env, int b, int h, int q,
                   int kv);
 double fjg_eval_score(const fjg_graph *g, const fjg_env *env, double score,

@@ -237,20 +237,36 @@ static fj_iv node_iv(const fjg_node *nodes, const fjg_node *n, const fj_iv *iv,
   return bool_iv((fjg_op)n->op, a, b);
 }
 
+void fjg_iv_apply(fjg_op op, fjg_type operand_type, const int64_t a[2],
+                  const int64_t b[2], const int64_t c[2], int64_t out[2]) {
+  fj_iv x = fj_iv_make(a[0], a[1]), y = fj_iv_make(b[0], b[1]), r;
+  if (op == FJG_OP_WHERE)
+    r = fj_iv_where(x, y, fj_iv_make(c[0], c[1]));
+  else if (op >= FJG_OP_LT || op == FJG_OP_NOT)
+    r = bool_iv(op, x, y);
+  else if (operand_type == FJG_I32)
+    r = i32_iv(op, x, y);
+  else
+    r = fj_iv_full();
+  out[0] = r.lo;
+  out[1] = r.hi;
+}
+
 int fjg_tile_class_cpu(const fjg_graph *g, const fjg_env *env, int b, int h,
                        int q0, int q1, int kv0, int kv1) {
   int root = fjg_mask_root(g);
   if (root < 0) return FJG_TILE_FULL;
   int count;
   const int32_t *list = fjg_reachable(g, 0, &count);
-  fj_iv *iv = malloc((size_t)(root + 1) * sizeof *iv);
+  fj_iv small[128];
+  fj_iv *iv = root < 128 ? small : malloc((size_t)(root + 1) * sizeof *iv);
   if (!iv) return FJG_TILE_PARTIAL;
   tile t = {env, b, h, q0, q1, kv0, kv1};
   const fjg_node *nodes = fjg_node_at(g, 0);
   for (int k = 0; k < count; k++)
     iv[list[k]] = node_iv(nodes, &nodes[list[k]], iv, &t);
   int cls = fj_iv_tile_class(iv[root]);
-  free(iv);
+  if (iv != small) free(iv);
   return cls;
 }
 

@@ -39,11 +39,10 @@ const char *fjg_interval_rules_source(void);
 
 /* ---- internals shared inside gen/ ---- */
 
-/* A value of the evaluator: bools and i32 in `i`, f32 (computed in double)
- * in `f`. */
+/* A value of the evaluator: bools and i32 in `i`, f32 in `f`. */
 typedef union fjg_value {
   int32_t i;
-  double f;
+  float f;
 } fjg_value;
 
 /* Applies a non-leaf, non-LOAD op with the evaluator's semantics. `type` is
@@ -52,6 +51,14 @@ typedef union fjg_value {
  * by the evaluator and by constant folding in graph.c. */
 fjg_value fjg_apply_op(fjg_op op, fjg_type type, fjg_type operand_type,
                        fjg_value a, fjg_value b, fjg_value c);
+
+/* The interval of op (any non-leaf op on i32 or bool operands; for WHERE
+ * a is the condition) from its operands' intervals [x[0], x[1]], by the
+ * rules fjg_tile_class_cpu uses; `operand_type` is the type of a. The
+ * evaluator's bounded mode uses it where an i32 or bool value is not known
+ * exactly. */
+void fjg_iv_apply(fjg_op op, fjg_type operand_type, const int64_t a[2],
+                  const int64_t b[2], const int64_t c[2], int64_t out[2]);
 
 /* Ids of the nodes reachable from the mask root (which == 0) or the score
  * root (which == 1), ascending (so operands come first). *count is 0 when

@@ -9,6 +9,7 @@
  */
 #include "gen/reference.h"
 
+#include "gen/eval.h"
 #include "gen/interval.h"
 
 #include <math.h>
@@ -22,7 +23,13 @@
 #define ROWS_PER_ITEM 16
 #define COUNT_TILE 64
 
-typedef enum { KIND_DENSE, KIND_STREAMING, KIND_LOWP, KIND_COUNT } job_kind;
+typedef enum {
+  KIND_DENSE,
+  KIND_STREAMING,
+  KIND_LOWP,
+  KIND_COUNT,
+  KIND_UNCERTAIN
+} job_kind;
 
 typedef struct ref_job {
   job_kind kind;
@@ -38,6 +45,7 @@ typedef struct ref_job {
   const float *qf, *kf, *vf; /* rounded inputs for the lowp kind */
   double *o, *lse;
   float *of, *lsef;
+  uint8_t *uncertain_rows; /* KIND_UNCERTAIN: the output, per row */
   int rows_per_item, items_per_bh;
   long num_items;
   atomic_long next;
@@ -46,11 +54,15 @@ typedef struct ref_job {
   int count_bh;       /* KIND_COUNT: 1 when the mask depends on b or h */
 } ref_job;
 
-/* Per-thread scratch, sized for the largest kind. */
+/* Per-thread scratch, sized for the largest kind, and the thread's
+ * evaluator of the graph. */
 typedef struct ref_scratch {
   double *s;  /* scores: Lk (dense) or block_m * block_n (streaming) */
   double *m, *l, *u; /* streaming state: block_m, block_m, block_m * D */
   float *sf, *accf;  /* lowp: Lk scores, D accumulators */
+  fjg_evaluator ev;
+  int has_ev;
+  int uncertain; /* the current row met an uncertain element */
 } ref_scratch;
 
 /* ---- 16-bit formats ---- */
@@ -119,13 +131,24 @@ float fjg_round_to_dtype(float x, fj_dtype dtype) {
 
 /* ---- rows ---- */
 
-static int allowed(const ref_job *j, int b, int h, int qi, int kj) {
-  return !j->has_mask || fjg_eval_mask(j->g, &j->env, b, h, qi, kj);
+/* The mask and the score_mod as the kernel computes them (float32); an
+ * element the CPU cannot decide the kernel's way marks the row. */
+static int allowed(const ref_job *j, ref_scratch *t, int b, int h, int qi,
+                   int kj) {
+  if (!j->has_mask) return 1;
+  int uncertain;
+  int v = fjg_eval_mask_guess(&t->ev, b, h, qi, kj, &uncertain);
+  t->uncertain |= uncertain;
+  return v;
 }
 
-static double modded(const ref_job *j, double s, int b, int h, int qi,
-                     int kj) {
-  return j->has_score ? fjg_eval_score(j->g, &j->env, s, b, h, qi, kj) : s;
+static double modded(const ref_job *j, ref_scratch *t, double s, int b, int h,
+                     int qi, int kj) {
+  if (!j->has_score) return s;
+  int uncertain;
+  float v = fjg_eval_score_f32(&t->ev, (float)s, b, h, qi, kj, &uncertain);
+  t->uncertain |= uncertain;
+  return v;
 }
 
 static size_t q_off(const ref_job *j, int b, int h, int i) {
@@ -147,15 +170,16 @@ static double dot_d(const double *a, const double *b, int n) {
 }
 
 /* Scores of one row (-inf where masked out); returns their maximum. */
-static double row_scores(const ref_job *j, int b, int h, int i, double *s) {
+static double row_scores(const ref_job *j, ref_scratch *t, int b, int h,
+                         int i, double *s) {
   const double *qr = j->q + q_off(j, b, h, i);
   const double *kb = j->k + kv_off(j, b, h);
   double m = -INFINITY;
   for (int c = 0; c < j->Lk; c++) {
     s[c] = -INFINITY;
-    if (!allowed(j, b, h, i, c)) continue;
-    s[c] = modded(j, j->scale * dot_d(qr, kb + (size_t)c * j->D, j->D), b, h,
-                  i, c);
+    if (!allowed(j, t, b, h, i, c)) continue;
+    s[c] = modded(j, t, j->scale * dot_d(qr, kb + (size_t)c * j->D, j->D), b,
+                  h, i, c);
     if (s[c] > m) m = s[c];
   }
   return m;
@@ -164,7 +188,7 @@ static double row_scores(const ref_job *j, int b, int h, int i, double *s) {
 static void dense_row(const ref_job *j, int b, int h, int i, ref_scratch *t) {
   double *o = j->o + q_off(j, b, h, i);
   const double *vb = j->v + kv_off(j, b, h);
-  double m = row_scores(j, b, h, i, t->s);
+  double m = row_scores(j, t, b, h, i, t->s);
   memset(o, 0, sizeof(double) * j->D);
   if (m == -INFINITY) {
     j->lse[lse_off(j, b, h, i)] = -INFINITY;
@@ -203,16 +227,16 @@ static void stream_update(const ref_job *j, const double *s, int n,
   *m = new_m;
 }
 
-static void stream_tile_scores(const ref_job *j, int b, int h, int i,
-                               int j0, int n, double *s) {
+static void stream_tile_scores(const ref_job *j, ref_scratch *t, int b,
+                               int h, int i, int j0, int n, double *s) {
   const double *qr = j->q + q_off(j, b, h, i);
   const double *kb = j->k + kv_off(j, b, h);
   for (int c = 0; c < n; c++) {
     int kj = j0 + c;
     s[c] = -INFINITY;
-    if (!allowed(j, b, h, i, kj)) continue;
-    s[c] = modded(j, j->scale * dot_d(qr, kb + (size_t)kj * j->D, j->D), b,
-                  h, i, kj);
+    if (!allowed(j, t, b, h, i, kj)) continue;
+    s[c] = modded(j, t, j->scale * dot_d(qr, kb + (size_t)kj * j->D, j->D),
+                  b, h, i, kj);
   }
 }
 
@@ -241,7 +265,7 @@ static void stream_block(const ref_job *j, int b, int h, int i0, int rows,
     int n = j->Lk - j0 < j->block_n ? j->Lk - j0 : j->block_n;
     for (int r = 0; r < rows; r++) {
       double *s = t->s + (size_t)r * j->block_n;
-      stream_tile_scores(j, b, h, i0 + r, j0, n, s);
+      stream_tile_scores(j, t, b, h, i0 + r, j0, n, s);
       stream_update(j, s, n, vb + (size_t)j0 * j->D, &t->m[r], &t->l[r],
                     t->u + (size_t)r * j->D);
     }
@@ -260,11 +284,11 @@ static void lowp_row(const ref_job *j, int b, int h, int i, ref_scratch *t) {
   float *s = t->sf, m = -INFINITY, scale = (float)j->scale;
   for (int c = 0; c < j->Lk; c++) {
     s[c] = -INFINITY;
-    if (!allowed(j, b, h, i, c)) continue;
+    if (!allowed(j, t, b, h, i, c)) continue;
     const float *kr = kb + (size_t)c * j->D;
     float acc = 0;
     for (int d = 0; d < j->D; d++) acc += qr[d] * kr[d];
-    s[c] = (float)modded(j, (double)(acc * scale), b, h, i, c);
+    s[c] = (float)modded(j, t, (double)(acc * scale), b, h, i, c);
     if (s[c] > m) m = s[c];
   }
   float *o = j->of + q_off(j, b, h, i);
@@ -287,7 +311,8 @@ static void lowp_row(const ref_job *j, int b, int h, int i, ref_scratch *t) {
 /* Allowed pairs of query rows [i0, i1): tiles that interval analysis proves
  * full or empty are counted without evaluating the mask, so index-only masks
  * over 16k x 16k cost a few thousand classifications, not 268M evaluations. */
-static long long count_rows(const ref_job *j, int b, int h, int i0, int i1) {
+static long long count_rows(const ref_job *j, ref_scratch *t, int b, int h,
+                            int i0, int i1) {
   long long n = 0;
   for (int c0 = 0; c0 < j->Lk; c0 += COUNT_TILE) {
     int c1 = c0 + COUNT_TILE < j->Lk ? c0 + COUNT_TILE : j->Lk;
@@ -295,9 +320,21 @@ static long long count_rows(const ref_job *j, int b, int h, int i0, int i1) {
     if (cls == FJG_TILE_FULL) n += (long long)(i1 - i0) * (c1 - c0);
     if (cls != FJG_TILE_PARTIAL) continue;
     for (int i = i0; i < i1; i++)
-      for (int c = c0; c < c1; c++) n += allowed(j, b, h, i, c) ? 1 : 0;
+      for (int c = c0; c < c1; c++) n += allowed(j, t, b, h, i, c) ? 1 : 0;
   }
   return n;
+}
+
+/* Whether row i has an uncertain element (the score_mod only matters where
+ * the mask allows, or may allow). */
+static void uncertain_row(ref_job *j, ref_scratch *t, int b, int h, int i) {
+  t->uncertain = 0;
+  for (int c = 0; c < j->Lk && !t->uncertain; c++)
+    if (allowed(j, t, b, h, i, c)) modded(j, t, 0.0, b, h, i, c);
+  if (t->uncertain) {
+    j->uncertain_rows[lse_off(j, b, h, i)] = 1;
+    atomic_fetch_add(&j->count, 1);
+  }
 }
 
 /* ---- the pool ---- */
@@ -310,7 +347,9 @@ static void run_item(ref_job *j, long item, ref_scratch *t) {
   if (j->kind == KIND_STREAMING) {
     stream_block(j, b, h, i0, i1 - i0, t);
   } else if (j->kind == KIND_COUNT) {
-    atomic_fetch_add(&j->count, count_rows(j, b, h, i0, i1));
+    atomic_fetch_add(&j->count, count_rows(j, t, b, h, i0, i1));
+  } else if (j->kind == KIND_UNCERTAIN) {
+    for (int i = i0; i < i1; i++) uncertain_row(j, t, b, h, i);
   } else {
     for (int i = i0; i < i1; i++) {
       if (j->kind == KIND_DENSE)
@@ -322,6 +361,7 @@ static void run_item(ref_job *j, long item, ref_scratch *t) {
 }
 
 static void scratch_free(ref_scratch *t) {
+  if (t->has_ev) fjg_evaluator_free(&t->ev);
   free(t->s);
   free(t->m);
   free(t->l);
@@ -341,7 +381,10 @@ static int scratch_alloc(const ref_job *j, ref_scratch *t) {
   t->u = malloc(sizeof(double) * bm * d);
   t->sf = malloc(sizeof(float) * ns);
   t->accf = malloc(sizeof(float) * d);
-  if (t->s && t->m && t->l && t->u && t->sf && t->accf) return 0;
+  if (j->g) t->has_ev = fjg_evaluator_init(&t->ev, j->g, &j->env) == FJ_OK;
+  if (t->s && t->m && t->l && t->u && t->sf && t->accf &&
+      (!j->g || t->has_ev))
+    return 0;
   scratch_free(t);
   return -1;
 }
@@ -492,15 +535,42 @@ int64_t fjg_reference_count_allowed(const fjg_ref_problem *p) {
   return per_bh ? n : n * p->B * p->Hq;
 }
 
+int64_t fjg_reference_uncertain_rows(const fjg_ref_problem *p, uint8_t *rows) {
+  ref_job j;
+  fjg_evaluator e;
+  if (!problem_valid(p) || !rows) return -1;
+  memset(rows, 0, (size_t)p->B * p->Hq * p->Lq);
+  if (!p->g) return 0;
+  job_init(&j, p, KIND_UNCERTAIN, ROWS_PER_ITEM);
+  if (fjg_evaluator_init(&e, p->g, &j.env) != FJ_OK) return -1;
+  int bounded = e.bounded[0] || e.bounded[1];
+  fjg_evaluator_free(&e);
+  if (!bounded) return 0; /* every element exact */
+  j.uncertain_rows = rows;
+  if (run_pool(p, &j) != FJ_OK) return -1;
+  return (int64_t)atomic_load(&j.count);
+}
+
 /* ---- the comparison rule ---- */
 
 int fjg_ref_check(const double *ref, const float *lowp, const float *out,
                   size_t n, double floor, fjg_check_report *rep) {
+  return fjg_ref_check_rows(ref, lowp, out, n, 1, NULL, floor, rep);
+}
+
+int fjg_ref_check_rows(const double *ref, const float *lowp, const float *out,
+                       size_t n, size_t row_len, const uint8_t *skip_rows,
+                       double floor, fjg_check_report *rep) {
   fjg_check_report r;
   double e2 = 0, e2l = 0, r2 = 0;
   memset(&r, 0, sizeof r);
   r.n = n;
+  if (row_len < 1) row_len = 1;
   for (size_t i = 0; i < n; i++) {
+    if (skip_rows && skip_rows[i / row_len]) {
+      r.skipped++;
+      continue;
+    }
     double x = ref[i], y = out[i], z = lowp[i];
     if (x == -INFINITY) {
       if (y != -INFINITY) r.inf_mismatch++;

@@ -13,6 +13,11 @@
  *    float32 accumulation, O rounded to the input dtype (LSE stays float32).
  *    Its error against float64 sets the tolerance of fjg_ref_check.
  *
+ * mask_mod and score_mod are evaluated as the kernel evaluates them
+ * (gen/eval.h: float32, the kernel's order of operations); where the CPU
+ * cannot decide an element the kernel's way it uses its own value, and
+ * fjg_reference_uncertain_rows names the rows where that happened.
+ *
  * Layouts are contiguous: q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D],
  * o [B, Hq, Lq, D], lse [B, Hq, Lq]. Query head h reads KV head
  * h / (Hq / Hkv). A fully masked row (or one whose every score_mod value is
@@ -62,6 +67,15 @@ fj_status fjg_reference_lowp(const fjg_ref_problem *p, fj_dtype dtype,
                              const double *q, const double *k,
                              const double *v, float *o, float *lse);
 
+/* Marks (rows[r] = 1, B * Hq * Lq bytes, r = (b * Hq + h) * Lq + q) the
+ * rows with an uncertain element (gen/eval.h): a mask element the kernel's
+ * float32 exp/log/tanh may decide either way, or an allowed element whose
+ * score_mod depends on such a decision. The kernel's output there cannot be
+ * predicted; fjg_ref_check_rows leaves those rows out. Returns how many
+ * rows, or -1 on failure (FJ_ENOMEM). Costs nothing for graphs that reach
+ * no such op; otherwise one evaluation of each pair. p->threads as above. */
+int64_t fjg_reference_uncertain_rows(const fjg_ref_problem *p, uint8_t *rows);
+
 /* Number of (b, h, q, kv) quadruples the mask allows (B*Hq*Lq*Lk when the
  * graph has no mask). Evaluates each (q, kv) pair once per (b, h) only when
  * the mask depends on b or h. -1 on failure. */
@@ -89,6 +103,7 @@ typedef struct fjg_check_report {
   size_t inf_mismatch; /* reference -inf but out is not exactly -inf */
   size_t zero_mismatch; /* reference and lowp exactly 0 (a fully masked
                            row's output) but out is not exactly 0 */
+  size_t skipped;      /* values of skipped rows, not compared */
   int pass;
 } fjg_check_report;
 
@@ -100,5 +115,15 @@ typedef struct fjg_check_report {
  * `rep` may be NULL. */
 int fjg_ref_check(const double *ref, const float *lowp, const float *out,
                   size_t n, double floor, fjg_check_report *rep);
+
+/* The same over rows of row_len values, leaving out the rows whose
+ * skip_rows byte is set (fjg_reference_uncertain_rows; NULL: none): what
+ * the kernel
+ * computes there depends on a decision the CPU cannot make its way, so any
+ * answer could be right. They are counted in rep->skipped, never a pass by
+ * themselves: the rest of the output is checked as usual. */
+int fjg_ref_check_rows(const double *ref, const float *lowp, const float *out,
+                       size_t n, size_t row_len, const uint8_t *skip_rows,
+                       double floor, fjg_check_report *rep);
 
 #endif /* FJG_REFERENCE_H */

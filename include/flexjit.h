@@ -6,6 +6,15 @@
  *  - Every function that can fail returns fj_status: 0 on success, negative on
  *    failure. The detailed message (spec file and line, NVRTC log, CUresult
  *    name) is kept in the context and read with fj_context_last_error().
+ *  - For contributors: internally, a function that can fail returns fj_status
+ *    (one that returns a number, such as an id, returns -1) and writes its
+ *    message into the caller's buffer (char *err, size_t errlen: err may be
+ *    NULL; on failure it gets the message, truncated, naming the path or the
+ *    input and the reason). Only the public API keeps a message, in the
+ *    context: runtime/ code copies the buffer there, or writes there directly
+ *    (fjr_fail). The one exception is the traced graph, whose builders keep
+ *    theirs in the graph (fjg_graph_error). Warnings that are not failures go
+ *    to the log.
  *  - Handles are opaque. fj_X_destroy(NULL) is a no-op. Specs must be destroyed
  *    before the context that loaded them.
  *  - A context is not thread-safe: use one per thread, or serialize calls.
@@ -117,8 +126,9 @@ void fj_context_destroy(fj_context *ctx);
  * read-only. Packs are searched, in mount order, before the disk cache. When
  * NVRTC is unavailable a kernel is matched by everything but the compiler
  * version; a kernel in no pack and no cache then fails with an error naming
- * its readable name and key. The file stays mapped until the context is
- * destroyed. */
+ * its readable name and key. The file stays open (not mapped) until the
+ * context is destroyed: one changed in place or truncated meanwhile gives
+ * misses with a warning, never a crash; replace packs by rename. */
 fj_status fj_context_mount_pack(fj_context *ctx, const char *path);
 
 /* Message of the last failure on this context (borrowed; valid until the next

@@ -44,6 +44,14 @@ enum {
 #define TABLE_DEPTH 2       /* how deep upvalue tables are searched */
 #define TABLE_SCAN_MAX 4096 /* entries looked at per table */
 
+/* Work bounds for one mod (every function it reaches together), far above
+ * what real mods need (a few thousand steps, a few KiB). Without them a
+ * spec could make the check superlinear: many closures of one large
+ * function, or a chain of functions that each need one more sweep. A step
+ * is one instruction analysed or one table entry looked at. */
+#define CHECK_MAX_STEPS 20000000
+#define CHECK_MAX_BYTES ((size_t)64 << 20) /* analysis memory per closure */
+
 static const char msg_test[] =
     "'if'/'and'/'or' on a traced value (Lua treats it as always true): use "
     "where(c, a, b), & | ~, or and_masks/or_masks";
@@ -67,7 +75,19 @@ typedef struct arena {
   size_t n, cap;
   char *dump;
   size_t len, dcap;
+  size_t bytes; /* allocated for the analysis, up to CHECK_MAX_BYTES */
+  int over;     /* a request would have passed CHECK_MAX_BYTES */
 } arena;
+
+/* Counts a request against CHECK_MAX_BYTES; 0 when it would pass it. */
+static int arena_charge(arena *a, size_t bytes) {
+  if (bytes > CHECK_MAX_BYTES - a->bytes) {
+    a->over = 1;
+    return 0;
+  }
+  a->bytes += bytes;
+  return 1;
+}
 
 static void arena_release(arena *a) {
   for (size_t i = 0; i < a->n; i++)
@@ -83,6 +103,10 @@ static int arena_gc(lua_State *L) {
 }
 
 static void *arena_calloc(arena *a, size_t count, size_t size) {
+  if (size && count > CHECK_MAX_BYTES / size)
+    count = CHECK_MAX_BYTES / size + 1; /* refused below, without overflow */
+  if (!arena_charge(a, (count ? count : 1) * size))
+    return NULL;
   if (a->n == a->cap) {
     size_t cap = a->cap ? 2 * a->cap : 16;
     void **p = realloc(a->ptrs, cap * sizeof *p);
@@ -103,6 +127,8 @@ static int dump_writer(lua_State *L, const void *p, size_t sz, void *ud) {
     size_t cap = a->dcap ? 2 * a->dcap : 4096;
     while (cap < a->len + sz)
       cap *= 2;
+    if (!arena_charge(a, cap - a->dcap))
+      return 1;
     char *d = realloc(a->dump, cap);
     if (!d)
       return 1;
@@ -346,8 +372,33 @@ typedef struct checker {
   int visited; /* set of functions already checked */
   int trusted; /* set of functions never checked, or 0 */
   int stored;  /* set of global names a traced value was stored under */
+  int memo[TABLE_DEPTH + 1]; /* per depth: table -> classify's answer */
   int changed; /* something that other functions depend on grew */
+  long steps;  /* work done, up to CHECK_MAX_STEPS */
 } checker;
+
+/* Raises "chunk:line: cannot check this function: <why>" at the definition
+ * of the closure being checked. */
+static int cannot_check(checker *c, const char *why) {
+  lua_State *L = c->L;
+  lua_Debug ar;
+  lua_pushvalue(L, c->fn);
+  if (lua_getinfo(L, ">S", &ar) && ar.linedefined > 0)
+    lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.linedefined);
+  else
+    lua_pushfstring(L, "%s: ", ar.short_src);
+  lua_pushfstring(L, "cannot check this function: %s", why);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+static void spend(checker *c, long steps) {
+  c->steps += steps;
+  if (c->steps > CHECK_MAX_STEPS)
+    cannot_check(c, "it takes more than 20 million steps of analysis "
+                 "(CHECK_MAX_STEPS); split the mod, or capture smaller "
+                 "tables");
+}
 
 static uint32_t ins_at(const proto *f, int pc) {
   uint32_t i;
@@ -457,16 +508,30 @@ static int classify(checker *c, int idx, int depth) {
   }
   if (lua_type(L, idx) != LUA_TTABLE || depth <= 0 || is_globals(L, idx))
     return 0;
+  /* A table is looked through once per depth: the dataflow asks again at
+   * every read of it, in every sweep. */
+  lua_pushvalue(L, idx);
+  if (lua_rawget(L, c->memo[depth]) != LUA_TNIL) {
+    int found = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return found;
+  }
+  lua_pop(L, 1);
   int found = 0, seen = 0;
   lua_pushnil(L);
   while (lua_next(L, idx)) {
+    spend(c, 1);
     found |= classify(c, -1, depth - 1);
     lua_pop(L, 1);
     if (++seen > TABLE_SCAN_MAX) { /* too big to look through: assume */
       lua_pop(L, 1);
-      return 1;
+      found = 1;
+      break;
     }
   }
+  lua_pushvalue(L, idx);
+  lua_pushboolean(L, found);
+  lua_rawset(L, c->memo[depth]);
   return found;
 }
 
@@ -680,6 +745,7 @@ static void analyse(checker *c, proto *f) {
   while (nwork > 0) {
     int pc = f->work[--nwork];
     f->queued[pc] = 0;
+    spend(c, 1);
     uint32_t i = ins_at(f, pc);
     regset s = f->in[pc];
     transfer(c, f, i, &s);
@@ -788,16 +854,22 @@ static void check_closure(checker *c) {
   lua_pushvalue(L, c->fn);
   int dumped = lua_dump(L, dump_writer, a, 0);
   lua_pop(L, 1);
-  if (dumped != 0)
-    luaL_error(L, "cannot check a function: out of memory");
+  if (dumped != 0 && !a->over)
+    cannot_check(c, "out of memory");
+  if (a->over)
+    cannot_check(c, "its analysis needs more than 64 MiB "
+                 "(CHECK_MAX_BYTES); split the mod");
   reader r = {(const unsigned char *)a->dump,
               (const unsigned char *)a->dump + a->len, a, 0, 0};
   rd_header(&r);
   proto *top = rd_function(&r, NULL, 0);
+  if (!top && a->over)
+    cannot_check(c, "its analysis needs more than 64 MiB "
+                 "(CHECK_MAX_BYTES); split the mod");
   if (!top)
-    luaL_error(L, r.oom ? "cannot check a function: out of memory"
-                        : "cannot check a function: unexpected Lua bytecode "
-                          "format (flexjit reads Lua 5.4)");
+    cannot_check(c, r.oom ? "out of memory"
+                          : "unexpected Lua bytecode format (flexjit reads "
+                            "Lua 5.4)");
   closure_upvalue_taint(c, top);
   /* Upvalue, global-name and `any` taint only grow: this terminates. */
   do {
@@ -821,7 +893,10 @@ static int in_set(lua_State *L, int set, int idx) {
 
 int fjl_check_mod(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  checker c = {L, 0, 0, 0, 0, lua_istable(L, 2) ? 2 : 0, 0, 0};
+  checker c;
+  memset(&c, 0, sizeof c);
+  c.L = L;
+  c.trusted = lua_istable(L, 2) ? 2 : 0;
   lua_settop(L, 2);
   lua_newtable(L);
   c.queue = lua_gettop(L);
@@ -829,6 +904,10 @@ int fjl_check_mod(lua_State *L) {
   c.visited = lua_gettop(L);
   lua_newtable(L);
   c.stored = lua_gettop(L);
+  for (int d = 1; d <= TABLE_DEPTH; d++) {
+    lua_newtable(L);
+    c.memo[d] = lua_gettop(L);
+  }
   enqueue(&c, 1);
   for (int head = 1; head <= c.tail; head++) {
     lua_rawgeti(L, c.queue, head);

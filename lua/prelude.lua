@@ -101,7 +101,7 @@ function sliding_window(w, opts)
   -- window of w <= 0 allows none either way; q - max(w, 0) cannot
   -- overflow), and the bound is computed once a query row instead of a
   -- difference on every element (three instructions an element of a masked
-  -- tile instead of four; bench/RESULTS.md, session 12).
+  -- tile instead of four).
   return function(b, h, q, kv)
     return le(kv, q) & lt(q - max(w, 0), kv)
   end

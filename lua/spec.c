@@ -3,6 +3,7 @@
  */
 #include "lua/spec.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,13 +30,16 @@ const char *fjl_prelude_source(const char *name, size_t *len) {
   return NULL;
 }
 
-/* Pushes "src:line: " for where the function at idx was defined. */
+/* Pushes "src:line: " for where the function at idx was defined in the
+ * spec, or for the spec line whose prelude call built it. */
 static void push_definition(lua_State *L, int idx, const char *chunk) {
   lua_Debug ar;
+  idx = lua_absindex(L, idx);
   lua_pushvalue(L, idx);
-  if (lua_getinfo(L, ">S", &ar) && ar.linedefined > 0)
+  if (lua_getinfo(L, ">S", &ar) && ar.linedefined > 0 &&
+      !fjl_is_prelude_source(ar.source))
     lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.linedefined);
-  else
+  else if (!fjl_push_origin(L, idx))
     lua_pushfstring(L, "%s: ", chunk);
 }
 
@@ -101,6 +105,15 @@ static void trace_score(lua_State *L, fjg_graph *g, int fn, int trusted,
   check_mod(L, fn, trusted);
   call_mod(L, g, fn, FJG_IN_SCORE);
   int node = -1;
+  /* fjl_to_node would name no line: the mod has returned. */
+  lua_Integer v = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
+  if (v < INT32_MIN || v > INT32_MAX) {
+    push_definition(L, fn, chunk);
+    lua_pushfstring(L, "score_mod returned the integer %I, which does not "
+                    "fit in i32", v);
+    lua_concat(L, 2);
+    lua_error(L);
+  }
   if (lua_type(L, -1) == LUA_TNUMBER || fjl_traced_node(L, -1) >= 0)
     node = fjl_to_node(L, g, -1);
   if (node < 0 || fjg_node_at(g, node)->type == FJG_BOOL)
@@ -113,6 +126,19 @@ static void trace_score(lua_State *L, fjg_graph *g, int fn, int trusted,
     lua_error(L);
   }
   lua_pop(L, 1);
+}
+
+/* The spec's name is printed by hosts and the CLI: refuse one that could
+ * drive a terminal (control characters, escape sequences) or is not UTF-8,
+ * rather than print it or change it. */
+static void check_name(lua_State *L, int idx, const char *chunk) {
+  size_t len;
+  const char *name = lua_tolstring(L, idx, &len);
+  char shown[160];
+  if (!name || fjl_escape(name, len, shown, sizeof shown) == 0)
+    return;
+  luaL_error(L, "%s: name must be printable UTF-8 text, without control "
+             "characters (got \"%s\")", chunk, shown);
 }
 
 /* Fetches spec[field] without metamethods: only a function, or nil. */
@@ -156,6 +182,7 @@ static int trace_spec_table(lua_State *L) {
   if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
     return luaL_error(L, "%s: name must be a string (got %s)", chunk,
                       luaL_typename(L, -1));
+  check_name(L, -1, chunk);
   return 1;
 }
 
@@ -178,6 +205,38 @@ static int collect_trusted(lua_State *L) {
   return 1;
 }
 
+/* A prelude builder, called through this C closure (upvalue 1: the
+ * builder), notes the spec line of the call as the origin of the mod it
+ * returns: errors about that mod, or raised inside it while it is traced
+ * (with no spec frame on the stack), name that line. */
+static int call_builder(lua_State *L) {
+  int nargs = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, nargs, LUA_MULTRET);
+  if (lua_gettop(L) >= 1 && lua_type(L, 1) == LUA_TFUNCTION)
+    fjl_note_origin(L, 1, 1);
+  return lua_gettop(L);
+}
+
+/* Wraps every global Lua function (the prelude's builders) in call_builder.
+ * Assigning to existing fields during the traversal is allowed. */
+static int wrap_builders(lua_State *L) {
+  lua_pushglobaltable(L);
+  lua_pushnil(L);
+  while (lua_next(L, 1)) {
+    if (lua_type(L, -1) == LUA_TFUNCTION && !lua_iscfunction(L, -1)) {
+      lua_pushcclosure(L, call_builder, 1);
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, 1);
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  return 0;
+}
+
 static fj_status load_prelude(fjl_sandbox *sb, char *err, size_t errlen) {
   for (int i = 0; i < fjl_prelude_count; i++) {
     char name[256];
@@ -191,7 +250,11 @@ static fj_status load_prelude(fjl_sandbox *sb, char *err, size_t errlen) {
       return st;
   }
   lua_pushcfunction(sb->L, collect_trusted);
-  return fjl_sandbox_pcall(sb, 0, 1, err, errlen);
+  fj_status st = fjl_sandbox_pcall(sb, 0, 1, err, errlen);
+  if (st != FJ_OK)
+    return st;
+  lua_pushcfunction(sb->L, wrap_builders);
+  return fjl_sandbox_pcall(sb, 0, 0, err, errlen);
 }
 
 static fj_status open_dsl(fjl_sandbox *sb, fjl_tracer *t, char *err,
@@ -201,12 +264,17 @@ static fj_status open_dsl(fjl_sandbox *sb, fjl_tracer *t, char *err,
   return fjl_sandbox_pcall(sb, 1, 0, err, errlen);
 }
 
-static fj_status copy_name(lua_State *L, int idx, char **out_name, char *err,
-                           size_t errlen) {
+/* The spec's name, else the chunk's display name (already escaped). */
+static fj_status copy_name(lua_State *L, int idx, const char *chunk,
+                           char **out_name, char *err, size_t errlen) {
   size_t len;
   const char *name = lua_tolstring(L, idx, &len);
-  if (!out_name || !name)
+  if (!out_name)
     return FJ_OK;
+  if (!name) {
+    name = chunk;
+    len = strlen(chunk);
+  }
   *out_name = malloc(len + 1);
   if (!*out_name) {
     snprintf(err, errlen, "out of memory");
@@ -253,7 +321,7 @@ fj_status fjl_trace_spec_ex(const char *source, size_t len,
   lua_pushstring(sb.L, cn + 1);
   if ((st = fjl_sandbox_pcall(&sb, 3, 1, err, errlen)) != FJ_OK)
     goto fail;
-  if ((st = copy_name(sb.L, -1, out_name, err, errlen)) != FJ_OK)
+  if ((st = copy_name(sb.L, -1, cn + 1, out_name, err, errlen)) != FJ_OK)
     goto fail;
   fjl_sandbox_close(&sb);
   *out_graph = tracer.g;

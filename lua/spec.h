@@ -22,8 +22,10 @@
  * gives "spec.lua:3: ..."); NULL means "spec".
  *
  * On success: *out_graph is owned by the caller (fjg_graph_destroy);
- * *out_name (if out_name is not NULL) is the spec's `name` field as a
- * malloc'd string owned by the caller, or NULL when the spec has none.
+ * *out_name (if out_name is not NULL) is a malloc'd string owned by the
+ * caller: the spec's `name` field (refused unless it is printable UTF-8
+ * without control characters), or the chunk name as messages show it
+ * (control characters and invalid UTF-8 escaped) when the spec has none.
  * On failure: nothing is returned, err holds "chunk:line: message" and the
  * status is FJ_ELUA (any error in or about the Lua code, including the
  * sandbox limits), FJ_ENOMEM or FJ_EINVAL (NULL arguments).

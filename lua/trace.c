@@ -25,33 +25,6 @@ static fjl_tracer *tracer_of(lua_State *L) {
   return lua_touserdata(L, lua_upvalueindex(1));
 }
 
-static int is_prelude_source(const char *source) {
-  size_t n = strlen(FJL_PRELUDE_SOURCE_PREFIX);
-  return strncmp(source, FJL_PRELUDE_SOURCE_PREFIX, n) == 0;
-}
-
-void fjl_where(lua_State *L, int level) {
-  lua_Debug ar;
-  int pushed = 0;
-  for (; lua_getstack(L, level, &ar); level++) {
-    if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0)
-      continue;
-    if (is_prelude_source(ar.source)) {
-      /* Kept in case no spec frame is above (a prelude mod called from C). */
-      if (!pushed)
-        lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
-      pushed = 1;
-      continue;
-    }
-    if (pushed)
-      lua_pop(L, 1);
-    lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
-    return;
-  }
-  if (!pushed)
-    lua_pushliteral(L, "");
-}
-
 /* Raises "chunk:line: <message>". */
 static int raise(lua_State *L, const char *fmt, ...) {
   va_list ap;

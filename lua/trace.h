@@ -16,10 +16,7 @@
 #include <lua.h>
 
 #include "gen/graph.h"
-
-/* Chunk names of prelude files start with this, so that errors can skip the
- * prelude's frames and name the user's line instead. */
-#define FJL_PRELUDE_SOURCE_PREFIX "=(prelude) "
+#include "lua/state.h"
 
 typedef struct fjl_tracer {
   fjg_graph *g; /* borrowed; outlives the Lua state */
@@ -44,10 +41,6 @@ int fjl_to_node(lua_State *L, fjg_graph *g, int idx);
 
 /* 1 when the value at idx is a buffer object. */
 int fjl_is_buffer(lua_State *L, int idx);
-
-/* Pushes "chunk:line: " of the first Lua frame at or above `level` whose code
- * is not the prelude's ("" when there is none). */
-void fjl_where(lua_State *L, int level);
 
 /* Describes the value at idx for messages: "number", "traced i32", ... */
 const char *fjl_describe(lua_State *L, fjg_graph *g, int idx);

@@ -166,15 +166,16 @@ fj_status fjr_context_store(fj_context *ctx, fjc_store **store) {
   if (!ctx->store_opened) {
     char err[512] = "";
     ctx->store_opened = 1;
-    fj_status st = fjc_store_open(ctx->opts.cache_dir, ctx->opts.log,
-                                  ctx->opts.log_user, &ctx->store, err,
+    if (ctx->opts.cache_note[0])
+      fjr_log(ctx, FJ_LOG_WARN, "kernel cache disabled: %s; kernels are kept in memory "
+              "only", ctx->opts.cache_note);
+    fj_status st = fjc_store_open(ctx->opts.cache_dir, ctx->opts.cache_max_bytes,
+                                  ctx->opts.log, ctx->opts.log_user, &ctx->store, err,
                                   sizeof(err));
     if (st != FJ_OK) {
       /* No disk cache: keep going in memory only. */
       ctx->store = NULL;
       fjr_log(ctx, FJ_LOG_WARN, "kernel cache disabled: %s", err);
-    } else if (ctx->opts.cache_max_bytes > 0) {
-      fjc_store_set_max_bytes(ctx->store, ctx->opts.cache_max_bytes);
     }
   }
   *store = ctx->store;

@@ -250,18 +250,15 @@ static void sidecar(const fj_spec *spec, const fjr_kernel *k, const char *nvrtc_
 }
 
 /* The mounted packs, by full key, or by source key when NVRTC is
- * unavailable (any compiler's build of the same source). The cubin is
- * copied so that kernels own their bytes whatever their origin. */
+ * unavailable (any compiler's build of the same source). */
 static fj_status find_in_packs(fj_context *ctx, fjr_kernel *k, int nvrtc_ok) {
   for (int i = 0; i < ctx->num_packs; i++) {
-    const void *data = NULL;
+    void *data = NULL;
     size_t size = 0;
     if (fjc_pack_find(ctx->packs[i], k->cfg.arch, nvrtc_ok ? &k->key : NULL,
                       &k->source_key, &data, &size, NULL) != FJ_OK)
       continue;
-    k->cubin = malloc(size);
-    if (!k->cubin) return fjr_fail(ctx, FJ_ENOMEM, "out of memory");
-    memcpy(k->cubin, data, size);
+    k->cubin = data;
     k->cubin_size = size;
     snprintf(k->path, sizeof k->path, "%s", fjc_pack_path(ctx->packs[i]));
     return FJ_OK;
@@ -292,9 +289,12 @@ static fj_status compile(fj_context *ctx, const fj_spec *spec, const fjr_nvrtc *
   if (!store) return FJ_OK;
   fjg_buf meta;
   sidecar(spec, k, nvrtc_version, &meta);
-  if (fjc_store_put(store, k->cfg.arch, &k->key, k->cubin, k->cubin_size,
-                    meta.failed ? NULL : meta.data, k->path, sizeof k->path) != FJ_OK)
+  if (fjc_store_put(store, k->cfg.arch, &k->key, &k->source_key, k->cubin,
+                    k->cubin_size, meta.failed ? NULL : meta.data, k->path,
+                    sizeof k->path, NULL, 0) != FJ_OK)
     k->path[0] = '\0'; /* in memory only; the store warned */
+  else
+    fjc_store_prune_to_limit(store);
   fjg_buf_free(&meta);
   return FJ_OK;
 }
@@ -328,8 +328,14 @@ static fj_status fetch(fj_context *ctx, const fj_spec *spec, fjr_kernel *k) {
   k->from_cache = 1;
   if ((st = find_in_packs(ctx, k, nvst == FJ_OK)) != FJ_ENOTFOUND) goto done;
   st = FJ_OK;
-  if (store && fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin, &k->cubin_size,
-                             k->path, sizeof k->path) == FJ_OK)
+  /* Without NVRTC the store is asked by source key: the entry any
+   * compiler made of this source, whose full key then names the kernel. */
+  if (store && (nvst == FJ_OK
+                    ? fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin,
+                                    &k->cubin_size, k->path, sizeof k->path, NULL, 0)
+                    : fjc_store_get_by_source(store, k->cfg.arch, &k->source_key, &k->key,
+                                              &k->cubin, &k->cubin_size, k->path,
+                                              sizeof k->path, NULL, 0)) == FJ_OK)
     goto done;
   if (nvst != FJ_OK) {
     st = fjr_fail(ctx, FJ_ENONVRTC,
@@ -339,10 +345,10 @@ static fj_status fetch(fj_context *ctx, const fj_spec *spec, fjr_kernel *k) {
     goto done;
   }
   if (store) {
-    fjc_store_lock(store, k->cfg.arch, &k->key, &lock_fd);
+    fjc_store_lock(store, k->cfg.arch, &k->key, &lock_fd, NULL, 0);
     /* Another process may have compiled it while we waited. */
     if (fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin, &k->cubin_size, k->path,
-                      sizeof k->path) == FJ_OK)
+                      sizeof k->path, NULL, 0) == FJ_OK)
       goto done;
   }
   k->from_cache = 0;

@@ -16,7 +16,8 @@
  *      a function of the body, so the key covers every byte NVRTC reads.
  *      Only the graph reaches the body: no text of the spec does;
  *   3. the mounted packs (by full key, or by source key without NVRTC);
- *   4. the disk store (the same), then, with NVRTC, under the store's
+ *   4. the disk store (the same; by source key through the store's alias),
+ *      then, with NVRTC, under the store's
  *      per-key lock: the store again, NVRTC (a second compile with the
  *      configuration's spill fallback when ptxas reports spills; the cubin
  *      that spills less is kept), the store's put, and pruning when the

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cache/prune.h"
+#include "cache/store.h"
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
@@ -24,23 +25,6 @@ static void set_bad(fjr_options *o, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(o->bad, sizeof o->bad, fmt, ap);
   va_end(ap);
-}
-
-/* The cache root: the option ("" disables), else $FLEXJIT_CACHE_DIR (also
- * "" disables), else $XDG_CACHE_HOME/flexjit when absolute, else
- * $HOME/.cache/flexjit, else none. */
-static char *cache_root(const char *option) {
-  if (option) return strdup(option);
-  const char *dir = getenv("FLEXJIT_CACHE_DIR");
-  if (dir) return strdup(dir);
-  const char *xdg = getenv("XDG_CACHE_HOME");
-  const char *home = getenv("HOME");
-  const char *base = xdg && xdg[0] == '/' ? xdg : home && *home ? home : NULL;
-  const char *tail = base == xdg ? "/flexjit" : "/.cache/flexjit";
-  if (!base) return strdup("");
-  char *root = malloc(strlen(base) + strlen(tail) + 1);
-  if (root) strcat(strcpy(root, base), tail);
-  return root;
 }
 
 static int small_int(const char *s, int lo, int hi) {
@@ -81,7 +65,17 @@ fj_status fjr_options_init(const fj_context_options *opts, fjr_options *o) {
   const char *tmpl = opts->kernel_template && *opts->kernel_template
                          ? opts->kernel_template
                          : env("FLEXJIT_TEMPLATE");
-  o->cache_dir = cache_root(opts->cache_dir);
+  /* The cache root: the option ("" disables), else $FLEXJIT_CACHE_DIR
+   * ("" too), else $XDG_CACHE_HOME/flexjit when absolute, else
+   * $HOME/.cache/flexjit. */
+  char root[4096];
+  const char *why = NULL;
+  o->cache_dir = strdup(opts->cache_dir ? opts->cache_dir
+                                        : fjc_store_default_root(getenv("FLEXJIT_CACHE_DIR"),
+                                                                 getenv("XDG_CACHE_HOME"),
+                                                                 getenv("HOME"), root,
+                                                                 sizeof root, &why));
+  if (why) snprintf(o->cache_note, sizeof o->cache_note, "%s", why);
   o->arch = dup_or_null(opts->arch);
   o->kernel_template = dup_or_null(tmpl);
   o->nvrtc_path = dup_or_null(env("FLEXJIT_NVRTC"));

@@ -38,6 +38,7 @@ enum { FJR_MAX_PACKS = 16 };
 typedef struct fjr_options {
   int device;
   char *cache_dir;          /* resolved root; "" when there is no disk cache */
+  char cache_note[256];     /* why there is none, when no root could be found */
   uint64_t cache_max_bytes; /* 0: no limit */
   char *arch;               /* compile target override, or NULL */
   char *kernel_template;    /* "sm80", "sm90", or NULL (by target) */

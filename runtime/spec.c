@@ -33,7 +33,6 @@ static fj_status spec_from_source(fj_context *ctx, const char *source,
     fj_spec_destroy(spec);
     return fjr_fail(ctx, st, "%s", err);
   }
-  if (!spec->name) spec->name = strdup(spec->chunkname);
   *out = spec;
   return FJ_OK;
 }

@@ -11,8 +11,8 @@ __device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes 
 
 __device__ __forceinline__ float fj_score_mod(const fj_user_params &u,
     const fj_sizes &z, float score, int b, int h, int q, int kv) {
-  const int t0 = (int)((unsigned)h + (unsigned)1);
-  const int t1 = (int)((unsigned)(-8) * (unsigned)t0);
+  const int t0 = (int)((unsigned)h * (unsigned)(-8));
+  const int t1 = (int)((unsigned)t0 - (unsigned)8);
   const float t2 = (float)t1;
   const float t3 = (float)z.Hq;
   const float t4 = t2 / t3;

@@ -34,6 +34,15 @@ static const char *const kSpecs[][2] = {
     {"chunked", "return { mask_mod = chunked(100) }"},
     {"per_head", "return { mask_mod = function(b, h, q, kv)\n"
                  "  return ge(q + h * 37 - b * 51, kv) end }"},
+    /* float32 masks: with blocks of 1 x 1 the two builders compare fj_mask
+     * on the GPU with the CPU evaluator element by element (exact: the
+     * emitter's __f*_rn arithmetic is never contracted). */
+    {"f32_q49", "return { mask_mod = function(b, h, q, kv)\n"
+                "  return lt(q / 49.0 * 49.0, q) | lt(q * 0.1 + kv * 0.3, 7.0)"
+                " end }"},
+    {"f32_mix", "return { mask_mod = function(b, h, q, kv)\n"
+                "  return lt((q * 0.7 + kv * 0.3) % 5.5 * 1.3,"
+                " kv // 3.0 / 7.0 + 0.25) end }"},
 };
 #define NSPECS ((int)(sizeof kSpecs / sizeof kSpecs[0]))
 
@@ -142,6 +151,8 @@ static void test_builder(fj_context *ctx, const fjr_driver *drv) {
       {4, 1, 1, 1000, 999, 16, 16},   {5, 1, 1, 1000, 1000, 7, 13},
       {6, 2, 3, 500, 500, 32, 32},    {6, 1, 1, 500, 500, 32, 32},
       {0, 1, 1, 1, 1, 0, 0},          {0, 1, 1, 5000, 5000, 128, 128},
+      {7, 1, 1, 300, 300, 1, 1},      {8, 1, 1, 300, 300, 1, 1},
+      {8, 1, 1, 1000, 1000, 16, 16},
   };
   uint64_t seed = 0xb10c;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

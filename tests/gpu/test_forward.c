@@ -106,7 +106,10 @@ static void add_example_specs(void) {
   char path[2048];
   DIR *d = opendir(FJ_SOURCE_DIR "/examples");
   struct dirent *e;
-  if (!d) return;
+  if (!d) { /* never a run that silently leaves the examples out */
+    fprintf(stderr, "cannot open %s/examples: run from the source tree\n", FJ_SOURCE_DIR);
+    exit(1);
+  }
   while ((e = readdir(d))) {
     size_t n = strlen(e->d_name);
     if (n < 5 || strcmp(e->d_name + n - 4, ".lua")) continue;

@@ -4,7 +4,9 @@
  * test_blockmask_cli: a private temporary folder, its file paths, and the
  * command's exit status with its stdout and stderr captured in fjt_out and
  * fjt_err. Commands that must behave as on a machine without a GPU run with
- * NO_GPU in front, so a test means the same on a GPU host.
+ * NO_GPU in front, so a test means the same on a GPU host; commands that
+ * must meet a read-only directory run as another user when the test runs as
+ * root (fjt_flexjit_unprivileged).
  * Include after <cmocka.h>; needs FJ_BINARY_DIR.
  */
 #ifndef FJ_TESTS_CLI_RUN_H
@@ -14,8 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "tests/unit/other_user.h"
 
 #define NO_GPU "CUDA_VISIBLE_DEVICES= "
 
@@ -72,6 +77,44 @@ static int fjt_flexjit(const char *env, const char *fmt, ...) {
   fjt_slurp_into(o, fjt_out, sizeof fjt_out);
   fjt_slurp_into(e, fjt_err, sizeof fjt_err);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* As fjt_flexjit, but as user nobody when this process is root: root
+ * writes into a read-only (0555) directory anyway, so a test of a read-only
+ * cache needs another user. The temporary folder becomes traversable. */
+static inline int fjt_flexjit_unprivileged(const char *env, const char *fmt, ...) {
+  char args[4096], o[400], e[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  if (geteuid() != 0) return fjt_flexjit(env, "%s", args);
+  snprintf(o, sizeof o, "%s/stdout", fjt_tmpdir);
+  snprintf(e, sizeof e, "%s/stderr", fjt_tmpdir);
+  chmod(fjt_tmpdir, 0755);
+  for (int i = 0; i < 2; i++) {
+    FILE *f = fopen(i ? e : o, "w");
+    if (f) fclose(f);
+    if (chown(i ? e : o, 65534, 65534) != 0) return -1;
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (fjt_drop_root() != 0)
+      _exit(125);
+    _exit(fjt_flexjit(env, "%s", args) & 0xff);
+  }
+  int st = 0;
+  if (waitpid(pid, &st, 0) != pid) return -1;
+  fjt_slurp_into(o, fjt_out, sizeof fjt_out);
+  fjt_slurp_into(e, fjt_err, sizeof fjt_err);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static inline void fjt_expect_not_in(const char *hay, const char *needle) {
+  if (strstr(hay, needle))
+    fail_msg("did not expect '%s' in:\n%s", needle, hay);
 }
 
 static void fjt_expect_in(const char *hay, const char *needle) {

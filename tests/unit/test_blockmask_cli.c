@@ -2,8 +2,9 @@
  * tests/unit/test_blockmask_cli.c: `flexjit mask` (cli/cmd_mask.c), run as a
  * separate process (FJ_BINARY_DIR/flexjit) with CUDA_VISIBLE_DEVICES="": the
  * element and block grids, the density and block counts, --param and
- * --buffer, the SVG picture and usage errors; and `run --block-mask`'s
- * option checking.
+ * --buffer, the SVG picture and usage errors, the uncertain pairs (float32
+ * exp/log/tanh the CPU cannot decide the kernel's way), the limits on work;
+ * and `run --block-mask`'s option checking.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -128,6 +129,59 @@ static void test_document_and_svg(void **state) {
   fjt_expect_in(pic, "allowed");
 }
 
+/* The mask is evaluated in float32 as the kernel does: q / 49 * 49 is q in
+ * float (in double it was below q at q = 1, 2, 4, 8, 16). Pairs where the
+ * kernel's tanh may fall on either side of 0 are uncertain, drawn '?'. */
+static void test_float_and_uncertain(void **state) {
+  (void)state;
+  const char *q49 = fjt_write_text(
+      "q49.lua", "return { mask_mod = function(b, h, q, kv)\n"
+                 "  return lt(q / 49.0 * 49.0, q) end }\n");
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 20", q49), 0);
+  fjt_expect_in(fjt_out, "density 0.000000 (0 of 400 pairs allowed)");
+  const char *spec = fjt_write_text(
+      "tanh.lua", "return { mask_mod = function(b, h, q, kv)\n"
+                  "  return lt(tanh((q - kv) * 0.5), 0.0) | lt(kv, 5) end }\n");
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 12", spec), 0);
+  /* The diagonal from (5, 5) on is uncertain; below it tanh < 0. */
+  fjt_expect_in(fjt_out, "density 0.805556 (116 of 144 pairs allowed)");
+  fjt_expect_in(fjt_out, "uncertain 7 pairs");
+  fjt_expect_in(fjt_out, "'?' uncertain");
+  fjt_expect_in(fjt_out, "\n#####?######\n#####.?#####\n");
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 1000 --block 100", spec), 0);
+  fjt_expect_in(fjt_out, "uncertain 995 pairs (0.000995) in 10 blocks");
+  fjt_expect_in(fjt_out, "\n?#########\n+?########\n");
+  const char *svg = fjt_path("tanh.svg");
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 30 --svg %s", spec, svg), 0);
+  static char pic[1 << 20];
+  fjt_slurp_into(svg, pic, sizeof pic);
+  fjt_expect_in(pic, "fill=\"#e8a33d\"");
+  fjt_expect_in(pic, ">uncertain<");
+}
+
+/* Work is bounded: causal at 65536 in one block counts the diagonal's
+ * small tiles only; a mask that interval analysis cannot decide stops at the
+ * work limit, and too many blocks are refused up front. */
+static void test_limits(void **state) {
+  (void)state;
+  const char *spec = fjt_write_text("causal2.lua", causal_spec);
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 65536 --block 65536", spec), 0);
+  fjt_expect_in(fjt_out, "(2147516416 of 4294967296 pairs allowed)");
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 1000000 --block 1", spec), 2);
+  fjt_expect_in(fjt_err, "more than 4194304 blocks");
+  const char *dilated = fjt_write_text(
+      "dilated.lua", "return { mask_mod = function(b, h, q, kv)\n"
+                     "  return eq((q - kv) % 3, 0) end }\n");
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 65536 --work-limit 1000000",
+                               dilated), 1);
+  fjt_expect_in(fjt_err, "needs more than 1000000 mask node evaluations (--work-limit");
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 300 --work-limit 10000000",
+                               dilated), 0);
+  fjt_expect_in(fjt_out, "(30000 of 90000 pairs allowed)");
+  assert_int_equal(fjt_flexjit(NO_GPU, "mask %s --q-len 30 --work-limit 0", dilated), 2);
+  fjt_expect_in(fjt_err, "--work-limit: '0' is not a positive integer");
+}
+
 static void test_usage_errors(void **state) {
   (void)state;
   const char *spec = fjt_write_text("doc2.lua", document_spec);
@@ -163,6 +217,8 @@ int main(void) {
       cmocka_unit_test(test_block_grid),
       cmocka_unit_test(test_at_batch_and_head),
       cmocka_unit_test(test_document_and_svg),
+      cmocka_unit_test(test_float_and_uncertain),
+      cmocka_unit_test(test_limits),
       cmocka_unit_test(test_usage_errors),
   };
   return cmocka_run_group_tests(tests, setup, fjt_remove_tmpdir);

@@ -239,9 +239,9 @@ static void test_precompile_to_directory(void **state) {
   fjc_store *s = NULL;
   char err[256];
   int n = 0;
-  assert_int_equal(fjc_store_open(out, NULL, NULL, &s, err, sizeof err),
+  assert_int_equal(fjc_store_open(out, 0, NULL, NULL, &s, err, sizeof err),
                    FJ_OK);
-  assert_int_equal(fjc_store_list(s, count_entry, &n), FJ_OK);
+  assert_int_equal(fjc_store_list(s, count_entry, &n, NULL, 0), FJ_OK);
   assert_int_equal(n, 2);
   fjc_store_close(s);
 
@@ -277,7 +277,7 @@ static void test_precompile_to_pack(void **state) {
   for (int i = 0; i < 2; i++) {
     fj_kernel_info info;
     fjc_key full;
-    const void *data;
+    void *data;
     size_t size;
     const char *name;
     compile_spec(cache, specs[i], &info);
@@ -286,6 +286,7 @@ static void test_precompile_to_pack(void **state) {
         fjc_pack_find(p, "sm_80", &full, NULL, &data, &size, &name), FJ_OK);
     assert_string_equal(name, info.name);
     assert_int_equal(size, info.cubin_size);
+    free(data);
     /* Source-key lookup (no NVRTC): the pack holds the source key and
      * NVRTC version the runtime recorded, which give back the full key. */
     fjc_pack_entry e;
@@ -302,6 +303,7 @@ static void test_precompile_to_pack(void **state) {
                                      &size, NULL),
                        FJ_OK);
       assert_int_equal(size, info.cubin_size);
+      free(data);
     }
   }
   fjc_pack_close(p);
@@ -414,8 +416,8 @@ static void test_precompile_blockmask_pass(void **state) {
   fjc_store *s = NULL;
   char err[256];
   int n = 0;
-  assert_int_equal(fjc_store_open(out, NULL, NULL, &s, err, sizeof err), FJ_OK);
-  assert_int_equal(fjc_store_list(s, count_entry, &n), FJ_OK);
+  assert_int_equal(fjc_store_open(out, 0, NULL, NULL, &s, err, sizeof err), FJ_OK);
+  assert_int_equal(fjc_store_list(s, count_entry, &n, NULL, 0), FJ_OK);
   assert_int_equal(n, 3); /* sm_80 once, sm_90a plain and 128-row */
   fjc_store_close(s);
 }

@@ -1,6 +1,7 @@
 /*
  * tests/unit/test_cache_prune.c: the size limit and LRU eviction
- * (cache/prune.c) and the LRU touch and in-use set of cache/store.c.
+ * (cache/prune.c), the LRU touch and in-use set of cache/store.c, and how
+ * a context resolves the limit (runtime/context.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,9 +19,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/unit/other_user.h"
 #include "cache/key.h"
 #include "cache/prune.h"
 #include "cache/store.h"
+#include "runtime/context_impl.h"
 
 #define ARCH "sm_80"
 #define PAYLOAD 1000
@@ -50,7 +53,7 @@ static fjc_store *open_store(fixture *f) {
   fjc_store *s = NULL;
   char err[256];
   assert_int_equal(
-      fjc_store_open(f->root, count_log, &f->warnings, &s, err, sizeof err),
+      fjc_store_open(f->root, 0, count_log, &f->warnings, &s, err, sizeof err),
       FJ_OK);
   return s;
 }
@@ -116,10 +119,11 @@ static void put_aged(fixture *f, int n) {
   fjc_store *other = open_store(f);
   for (int i = 0; i < n; i++) {
     int fd;
-    assert_int_equal(fjc_store_put(other, ARCH, &f->keys[i], f->cubin,
-                                   sizeof f->cubin, "{}", NULL, 0),
+    assert_int_equal(fjc_store_put(other, ARCH, &f->keys[i], NULL, f->cubin,
+                                   sizeof f->cubin, "{}", NULL, 0, NULL, 0),
                      FJ_OK);
-    assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[i], &fd), FJ_OK);
+    assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[i], &fd, NULL, 0),
+                     FJ_OK);
     fjc_store_unlock(fd);
     set_age(f, i, 1000 + i);
   }
@@ -132,9 +136,9 @@ static void test_get_touches_entry(void **state) {
   size_t size = 0;
   put_aged(f, 1);
   assert_int_equal(age_of(f, 0), 1000);
-  assert_int_equal(
-      fjc_store_get(f->store, ARCH, &f->keys[0], &data, &size, NULL, 0),
-      FJ_OK);
+  assert_int_equal(fjc_store_get(f->store, ARCH, &f->keys[0], &data, &size,
+                                 NULL, 0, NULL, 0),
+                   FJ_OK);
   free(data);
   assert_true(age_of(f, 0) > time(NULL) - 60);
   /* A hit marks the key in use. */
@@ -151,7 +155,8 @@ static void test_prune_evicts_oldest_first(void **state) {
   /* Entry 3 was used recently: it is now the youngest. */
   set_age(f, 3, 5000);
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.entries, 5);
   assert_int_equal(rep.removed, 2);
   assert_int_equal(rep.bytes_before, 5 * ENTRY_BYTES);
@@ -167,11 +172,13 @@ static void test_prune_evicts_oldest_first(void **state) {
   }
   /* Under the limit: nothing to do. */
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.removed, 0);
   /* One byte less evicts the next oldest, 2 (3 is younger). */
   assert_int_equal(
-      fjc_store_prune(f->store, 3 * ENTRY_BYTES - 1, NULL, 0, &rep), FJ_OK);
+      fjc_store_prune(f->store, 3 * ENTRY_BYTES - 1, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_false(exists(f, 2, ".cubin"));
   assert_true(exists(f, 3, ".cubin"));
@@ -190,7 +197,8 @@ static void test_prune_never_evicts_in_use(void **state) {
                                                : f->keys[2].hex[i]);
   in_use[0] = f->keys[0].hex;
   in_use[1] = upper;
-  assert_int_equal(fjc_store_prune(f->store, 0, in_use, 2, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, in_use, 2, &rep, NULL, 0),
+                   FJ_OK);
   assert_int_equal(rep.removed, 2);
   assert_int_equal(rep.kept_in_use, 2);
   assert_int_equal(rep.bytes_after, 2 * ENTRY_BYTES);
@@ -207,56 +215,158 @@ static void test_prune_skips_entry_being_compiled(void **state) {
   put_aged(f, 2);
   /* Another "process" (a separate open file description) compiles 0. */
   fjc_store *other = open_store(f);
-  assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[0], &fd), FJ_OK);
+  assert_int_equal(fjc_store_lock(other, ARCH, &f->keys[0], &fd, NULL, 0),
+                   FJ_OK);
   assert_true(fd >= 0);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_int_equal(rep.removed, 1);
   assert_true(exists(f, 0, ".cubin"));
   assert_false(exists(f, 1, ".cubin"));
   fjc_store_unlock(fd);
   fjc_store_close(other);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_false(exists(f, 0, ".cubin"));
 }
 
-static void test_put_prunes_under_env_limit(void **state) {
+/* The store never prunes by itself; fjc_store_prune_to_limit, which
+ * whoever puts calls, keeps it under the limit it was opened with, never
+ * evicting the entry just put nor one the store has served. */
+static void test_prune_to_limit(void **state) {
   fixture *f = *state;
   void *data = NULL;
   size_t size = 0;
+  fjc_store *s = NULL;
+  char err[256];
   put_aged(f, 3);
-  /* Room for three entries; the fourth put evicts the oldest, never the
-   * entry just put nor one this store has served. */
-  setenv("FLEXJIT_CACHE_MAX_BYTES", "3150", 1); /* 3 * 1050 */
-  fjc_store *s = open_store(f);
-  assert_int_equal(fjc_store_max_bytes(s), 3 * ENTRY_BYTES);
-  assert_int_equal(fjc_store_get(s, ARCH, &f->keys[0], &data, &size, NULL, 0),
+  assert_int_equal(fjc_store_open(f->root, 3 * ENTRY_BYTES, count_log,
+                                  &f->warnings, &s, err, sizeof err),
                    FJ_OK);
+  assert_int_equal(fjc_store_max_bytes(s), 3 * ENTRY_BYTES);
+  assert_int_equal(
+      fjc_store_get(s, ARCH, &f->keys[0], &data, &size, NULL, 0, NULL, 0),
+      FJ_OK);
   free(data);
   set_age(f, 0, 900); /* oldest on disk, but in use by s */
-  assert_int_equal(fjc_store_put(s, ARCH, &f->keys[3], f->cubin,
-                                 sizeof f->cubin, "{}", NULL, 0),
+  assert_int_equal(fjc_store_put(s, ARCH, &f->keys[3], NULL, f->cubin,
+                                 sizeof f->cubin, "{}", NULL, 0, NULL, 0),
                    FJ_OK);
+  for (int i = 0; i < 4; i++)
+    assert_true(exists(f, i, ".cubin")); /* a put alone evicts nothing */
+  fjc_store_prune_to_limit(s);
   assert_true(exists(f, 0, ".cubin"));
   assert_false(exists(f, 1, ".cubin"));
   assert_true(exists(f, 2, ".cubin"));
   assert_true(exists(f, 3, ".cubin"));
-  /* The option overrides the environment: 0 means no limit. */
-  fjc_store_set_max_bytes(s, 0);
-  assert_int_equal(fjc_store_put(s, ARCH, &f->keys[4], f->cubin,
-                                 sizeof f->cubin, "{}", NULL, 0),
-                   FJ_OK);
-  assert_true(exists(f, 2, ".cubin"));
   fjc_store_close(s);
+  /* No limit: nothing to do. */
+  fjc_store_prune_to_limit(f->store);
+  assert_true(exists(f, 2, ".cubin"));
+  assert_int_equal(f->warnings, 0);
 }
 
-static void test_bad_env_limit_is_a_warning(void **state) {
+/* Evicting an entry takes its source-key alias with it. */
+static void test_prune_removes_aliases_of_evicted(void **state) {
   fixture *f = *state;
-  setenv("FLEXJIT_CACHE_MAX_BYTES", "lots", 1);
-  f->warnings = 0;
-  fjc_store *s = open_store(f);
-  assert_int_equal(f->warnings, 1);
-  assert_int_equal(fjc_store_max_bytes(s), 0);
+  fjc_prune_report rep;
+  char alias[1024];
+  fjc_key source;
+  fjc_key_builder b;
+  fjc_key_begin(&b);
+  fjc_key_add_str(&b, "source", "of entry 5");
+  fjc_key_finish(&b, &source);
+  put_aged(f, 2);
+  fjc_store *other = open_store(f);
+  assert_int_equal(fjc_store_put(other, ARCH, &f->keys[5], &source, f->cubin,
+                                 sizeof f->cubin, "{}", NULL, 0, NULL, 0),
+                   FJ_OK);
+  fjc_store_close(other);
+  set_age(f, 5, 500); /* the oldest */
+  snprintf(alias, sizeof alias, "%s/%s/%s/%.2s/%s.src", f->root,
+           FJ_VERSION_STRING, ARCH, source.hex, source.hex);
+  assert_int_equal(access(alias, F_OK), 0);
+  assert_int_equal(
+      fjc_store_prune(f->store, 2 * ENTRY_BYTES, NULL, 0, &rep, NULL, 0),
+      FJ_OK);
+  assert_int_equal(rep.removed, 1);
+  assert_int_equal(rep.aliases_removed, 1);
+  assert_false(exists(f, 5, ".cubin"));
+  assert_int_equal(access(alias, F_OK), -1);
+  assert_true(exists(f, 0, ".cubin"));
+}
+
+static int prune_read_only(void *arg) {
+  fixture *f = arg;
+  fjc_prune_report rep;
+  fjc_store *s = NULL;
+  char err[256], msg[1300] = "";
+  if (fjc_store_open(f->root, 0, NULL, NULL, &s, err, sizeof err) != FJ_OK)
+    return 10;
+  fj_status st = fjc_store_prune(s, 0, NULL, 0, &rep, msg, sizeof msg);
+  int rc = st != FJ_EIO                         ? 11
+           : rep.removed != 0                   ? 12
+           : !strstr(msg, f->root)              ? 13
+           : !strstr(msg, "Permission denied") ? 14
+                                                : 0;
+  if (rc)
+    fprintf(stderr, "prune: %s, removed %d: %s\n", fj_status_name(st),
+            rep.removed, msg);
   fjc_store_close(s);
+  return rc;
+}
+
+/* A prune that cannot delete says so: FJ_EIO, naming the path and why. */
+static void test_prune_read_only_fails(void **state) {
+  fixture *f = *state;
+  char cmd[600];
+  put_aged(f, 2);
+  snprintf(cmd, sizeof cmd, "chmod -R a-w '%s' && chmod a+rx '%s'", f->root,
+           f->root);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(fjt_as_other_user(prune_read_only, f), 0);
+  snprintf(cmd, sizeof cmd, "chmod -R u+w '%s'", f->root);
+  assert_int_equal(system(cmd), 0);
+  assert_true(exists(f, 0, ".cubin"));
+}
+
+/* The context resolves the limit: its option, else
+ * FLEXJIT_CACHE_MAX_BYTES; a bad value is a warning, never a failure. */
+static void test_context_limit(void **state) {
+  fixture *f = *state;
+  const char *env[] = {"3150", "lots", NULL};
+  const uint64_t want[] = {3150, 0, 0};
+  for (int i = 0; i < 3; i++) {
+    fj_context_options o;
+    fj_context *ctx = NULL;
+    fjc_store *s = NULL;
+    fj_context_options_init(&o);
+    o.cache_dir = f->root;
+    o.log = count_log;
+    o.log_user = &f->warnings;
+    f->warnings = 0;
+    if (env[i])
+      setenv("FLEXJIT_CACHE_MAX_BYTES", env[i], 1);
+    else
+      unsetenv("FLEXJIT_CACHE_MAX_BYTES");
+    assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+    assert_int_equal(fjr_context_store(ctx, &s), FJ_OK);
+    assert_non_null(s);
+    /* "lots" is no size: the first kernel request fails naming it
+     * (unit/test_context); the store itself has no limit then. */
+    assert_int_equal(fjc_store_max_bytes(s), want[i]);
+    assert_int_equal(f->warnings, 0);
+    fj_context_destroy(ctx);
+  }
+  fj_context_options o;
+  fj_context *ctx = NULL;
+  fjc_store *s = NULL;
+  fj_context_options_init(&o);
+  o.cache_dir = f->root;
+  o.cache_max_bytes = 5000; /* the option wins */
+  setenv("FLEXJIT_CACHE_MAX_BYTES", "3150", 1);
+  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+  assert_int_equal(fjr_context_store(ctx, &s), FJ_OK);
+  assert_int_equal(fjc_store_max_bytes(s), 5000);
+  fj_context_destroy(ctx);
 }
 
 static void test_prune_disabled_or_missing_root(void **state) {
@@ -264,17 +374,18 @@ static void test_prune_disabled_or_missing_root(void **state) {
   fjc_prune_report rep;
   fjc_store *s = NULL;
   char err[128];
-  assert_int_equal(fjc_store_open("", NULL, NULL, &s, err, sizeof err), FJ_OK);
-  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_open("", 0, NULL, NULL, &s, err, sizeof err), FJ_OK);
+  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   assert_int_equal(rep.entries, 0);
   fjc_store_close(s);
   char missing[300];
   snprintf(missing, sizeof missing, "%s/nothing-here", f->root);
-  assert_int_equal(fjc_store_open(missing, NULL, NULL, &s, err, sizeof err),
+  assert_int_equal(fjc_store_open(missing, 0, NULL, NULL, &s, err, sizeof err),
                    FJ_OK);
-  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep), FJ_OK);
+  assert_int_equal(fjc_store_prune(s, 0, NULL, 0, &rep, NULL, 0), FJ_OK);
   fjc_store_close(s);
-  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 1, &rep), FJ_EINVAL);
+  assert_int_equal(fjc_store_prune(f->store, 0, NULL, 1, &rep, NULL, 0),
+                   FJ_EINVAL);
 }
 
 static void test_parse_size(void **state) {
@@ -307,8 +418,10 @@ int main(void) {
       T(test_prune_evicts_oldest_first),
       T(test_prune_never_evicts_in_use),
       T(test_prune_skips_entry_being_compiled),
-      T(test_put_prunes_under_env_limit),
-      T(test_bad_env_limit_is_a_warning),
+      T(test_prune_to_limit),
+      T(test_prune_removes_aliases_of_evicted),
+      T(test_prune_read_only_fails),
+      T(test_context_limit),
       T(test_prune_disabled_or_missing_root),
       T(test_parse_size),
   };

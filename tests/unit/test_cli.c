@@ -60,6 +60,9 @@ static void test_subcommand_help(void **state) {
   assert_int_equal(fjt_flexjit(NULL, "run --help"), 0);
   fjt_expect_in(fjt_out, "usage: flexjit run SPEC.lua");
   fjt_expect_in(fjt_out, "--buffer NAME=FILE.npy");
+  fjt_expect_in(fjt_out, "triton.testing.do_bench's rules");
+  fjt_expect_in(fjt_out, "256 MiB");
+  fjt_expect_in(fjt_out, "--rep-ms MS");
   assert_int_equal(fjt_flexjit(NULL, "run x.lua --heads 2 -h"), 0);
   assert_int_equal(fjt_flexjit(NULL, "demo --help"), 0);
   fjt_expect_in(fjt_out, "usage: flexjit demo");
@@ -94,6 +97,39 @@ static void test_run_usage_errors(void **state) {
   fjt_expect_in(fjt_err, "no spec given");
   assert_int_equal(fjt_flexjit(NULL, "compile %s --dtype fp8", spec), 2);
   fjt_expect_in(fjt_err, "--dtype: 'fp8'");
+}
+
+/* --bench's budgets and counts: checked, and good ones accepted (then only
+ * the GPU is missing). */
+static void test_run_bench_options(void **state) {
+  (void)state;
+  char spec[400];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  static const char *const bad[][2] = {
+      {"--warmup-ms 0", "--warmup-ms: '0'"},
+      {"--rep-ms -5", "--rep-ms: '-5'"},
+      {"--warmup-ms=nan", "--warmup-ms: 'nan'"},
+      {"--rep-ms 1e9", "--rep-ms: '1e9'"},
+      {"--iters 0", "--iters: '0'"},
+      {"--warmup -1", "--warmup: '-1'"},
+      {"--warmup-ms", "--warmup-ms needs a value"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --bench "
+                                         "%s", spec, bad[i][0]),
+                     2);
+    fjt_expect_in(fjt_err, bad[i][1]);
+    fjt_expect_not_in(fjt_err, "no GPU");
+  }
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --bench "
+                                       "--rep-ms abc", spec),
+                   2);
+  fjt_expect_in(fjt_err, "--rep-ms: 'abc' is not a time in milliseconds");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --bench "
+                                       "--warmup-ms 2.5 --rep-ms=50 --warmup 0 "
+                                       "--iters 3", spec),
+                   2);
+  fjt_expect_in(fjt_err, "no GPU");
 }
 
 /* ---- errors that need the spec, not the GPU ---- */
@@ -209,6 +245,198 @@ static void test_compile_and_cache(void **state) {
   fjt_expect_in(fjt_out, "compiled in");
 }
 
+/* ---- the cache and packs without NVRTC ---- */
+
+#define NO_NVRTC NO_GPU "FLEXJIT_NVRTC=/nonexistent/libnvrtc.so "
+
+/* The 32 hex digits after "key     " in `compile`'s output. */
+static void printed_key(char key[33]) {
+  const char *k = strstr(fjt_out, "key     ");
+  if (!k) fail_msg("no key in:\n%s", fjt_out);
+  memcpy(key, k + 8, 32);
+  key[32] = '\0';
+}
+
+/* A kernel compiled into the cache is found there by a process without
+ * NVRTC, which cannot know the full key (it holds the NVRTC version). */
+static void test_cache_serves_without_nvrtc(void **state) {
+  (void)state;
+  char spec[512], key[33], again[33];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  int rc = fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64", spec);
+  if (rc != 0) fail_msg("compile failed (%d): %s", rc, fjt_err);
+  printed_key(key);
+  rc = fjt_flexjit(NO_NVRTC, "compile %s --arch sm_80 --head-dim 64", spec);
+  if (rc != 0) fail_msg("compile without NVRTC failed (%d): %s", rc, fjt_err);
+  fjt_expect_in(fjt_out, "from cache");
+  printed_key(again);
+  assert_string_equal(again, key);
+  /* A kernel the cache lacks fails, naming why. */
+  assert_int_equal(fjt_flexjit(NO_NVRTC, "compile %s --arch sm_80 --head-dim "
+                                         "128 --dtype fp16", spec),
+                   1);
+  fjt_expect_in(fjt_err, "NVRTC is not available");
+}
+
+/* --pack FILE mounts a pack for `compile` and `run`. */
+static void test_pack_option(void **state) {
+  (void)state;
+  char dir[400], manifest[400], pack[400], spec[400], empty[400];
+  snprintf(dir, sizeof dir, "%s", fjt_path("pk"));
+  assert_int_equal(mkdir(dir, 0777), 0);
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("pk/causal.lua", causal_spec));
+  snprintf(manifest, sizeof manifest, "%s",
+           fjt_write_text("pk/manifest.lua",
+                          "return { specs = {'causal.lua'}, head_dims = {64},\n"
+                          "  dtypes = {'bf16'}, archs = {'sm_80'} }\n"));
+  snprintf(pack, sizeof pack, "%s", fjt_path("pk/k.fjpack"));
+  snprintf(empty, sizeof empty, "%s", fjt_path("pk/empty-cache"));
+  int rc = fjt_flexjit(NO_GPU, "precompile %s --out %s -j 1", manifest, pack);
+  if (rc != 0) fail_msg("precompile failed (%d): %s", rc, fjt_err);
+  rc = fjt_flexjit(NO_NVRTC, "compile %s --arch sm_80 --head-dim 64 "
+                             "--cache-dir %s --pack %s", spec, empty, pack);
+  if (rc != 0) fail_msg("compile from the pack failed (%d): %s", rc, fjt_err);
+  fjt_expect_in(fjt_out, "from cache");
+  assert_int_equal(fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --pack %s/none.fjpack",
+                               spec, dir),
+                   1);
+  fjt_expect_in(fjt_err, "none.fjpack");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --pack "
+                                       "%s/none.fjpack", spec, dir),
+                   1);
+  fjt_expect_in(fjt_err, "none.fjpack");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --pack %s",
+                               spec, pack),
+                   2);
+  fjt_expect_in(fjt_err, "no GPU");
+  assert_int_equal(fjt_flexjit(NULL, "compile --help"), 0);
+  fjt_expect_in(fjt_out, "--pack FILE");
+  assert_int_equal(fjt_flexjit(NULL, "run --help"), 0);
+  fjt_expect_in(fjt_out, "--pack FILE");
+}
+
+/* ---- warnings and failures are said ---- */
+
+static void flip_file_byte(const char *path, long at) {
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, at, SEEK_SET), 0);
+  int c = fgetc(f);
+  assert_int_equal(fseek(f, at, SEEK_SET), 0);
+  fputc(c ^ 0x21, f);
+  fclose(f);
+}
+
+/* The library's warnings (an unwritable cache, a corrupt entry) reach
+ * stderr through the log callback the command installs. */
+static void test_warnings_reach_stderr(void **state) {
+  (void)state;
+  char spec[400], file[400], cubin[1024];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  snprintf(file, sizeof file, "%s", fjt_write_text("not-a-dir", "x"));
+  int rc = fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
+                               "--cache-dir %s/sub", spec, file);
+  if (rc != 0) fail_msg("compile failed (%d): %s", rc, fjt_err);
+  fjt_expect_in(fjt_out, "(memory only)");
+  fjt_expect_in(fjt_err, "warning");
+  fjt_expect_in(fjt_err, "Not a directory");
+
+  rc = fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
+                           "--cache-dir %s", spec, fjt_path("cache-c"));
+  if (rc != 0) fail_msg("compile failed (%d): %s", rc, fjt_err);
+  const char *p = strstr(fjt_out, "cubin   ");
+  assert_non_null(p);
+  p += 8;
+  size_t n = strcspn(p, " ");
+  assert_true(n > 0 && n < sizeof cubin);
+  memcpy(cubin, p, n);
+  cubin[n] = '\0';
+  flip_file_byte(cubin, 200);
+  rc = fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
+                           "--cache-dir %s", spec, fjt_path("cache-c"));
+  if (rc != 0) fail_msg("recompile failed (%d): %s", rc, fjt_err);
+  fjt_expect_in(fjt_out, "compiled in");
+  fjt_expect_in(fjt_err, "corrupt");
+  fjt_expect_in(fjt_err, cubin);
+}
+
+/* `cache clear` and `cache prune` that cannot remove entries fail, naming
+ * the path and the reason. */
+static void test_cache_maintenance_reports_failures(void **state) {
+  (void)state;
+  char spec[400], ro[400], cmd[1024];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  snprintf(ro, sizeof ro, "%s", fjt_path("cache-ro"));
+  int rc = fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
+                               "--cache-dir %s", spec, ro);
+  if (rc != 0) fail_msg("compile failed (%d): %s", rc, fjt_err);
+  snprintf(cmd, sizeof cmd, "chmod -R a-w '%s'", ro);
+  assert_int_equal(system(cmd), 0);
+  rc = fjt_flexjit_unprivileged(NULL, "cache clear --dir %s", ro);
+  assert_int_equal(rc, 1);
+  fjt_expect_in(fjt_err, ro);
+  fjt_expect_in(fjt_err, "Permission denied");
+  rc = fjt_flexjit_unprivileged(NULL, "cache prune --max-bytes 0 --dir %s", ro);
+  assert_int_equal(rc, 1);
+  fjt_expect_in(fjt_err, ro);
+  fjt_expect_in(fjt_err, "Permission denied");
+  snprintf(cmd, sizeof cmd, "chmod -R u+w '%s'", ro);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(fjt_flexjit(NULL, "cache ls --dir %s", ro), 0);
+  fjt_expect_in(fjt_out, "fj_fwd_test_causal_d64_bf16");
+}
+
+/* ---- options are checked before anything runs ---- */
+
+static void test_run_checks_options_before_the_gpu(void **state) {
+  (void)state;
+  char spec[400], file[400];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  snprintf(file, sizeof file, "%s", fjt_write_text("plain-file", "x"));
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 "
+                                       "--head-dim 96", spec),
+                   2);
+  fjt_expect_in(fjt_err, "head dim 96");
+  fjt_expect_not_in(fjt_err, "no GPU");
+  assert_int_not_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 "
+                                           "--inputs %s/none", spec, fjt_tmpdir),
+                       0);
+  fjt_expect_in(fjt_err, "q.npy");
+  fjt_expect_not_in(fjt_err, "no GPU");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 "
+                                       "--dump %s/sub", spec, file),
+                   2);
+  fjt_expect_in(fjt_err, "--dump");
+  fjt_expect_in(fjt_err, "Not a directory");
+  fjt_expect_not_in(fjt_err, "no GPU");
+  /* A dump folder that can be made is fine: then only the GPU is missing. */
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --dump %s",
+                               spec, fjt_path("dump")),
+                   2);
+  fjt_expect_in(fjt_err, "no GPU");
+}
+
+static void test_precompile_checks_output_first(void **state) {
+  (void)state;
+  char manifest[400], file[400];
+  fjt_write_text("broken.lua", "return { mask_mod = 1 +\n");
+  snprintf(manifest, sizeof manifest, "%s",
+           fjt_write_text("broken-manifest.lua",
+                          "return { specs = {'broken.lua'}, head_dims = {64},\n"
+                          "  dtypes = {'bf16'}, archs = {'sm_80'} }\n"));
+  snprintf(file, sizeof file, "%s", fjt_write_text("plain-file", "x"));
+  assert_int_equal(fjt_flexjit(NO_GPU, "precompile %s --out %s/missing/x.fjpack",
+                               manifest, fjt_tmpdir),
+                   1);
+  fjt_expect_in(fjt_err, "missing");
+  fjt_expect_not_in(fjt_err, "broken.lua");
+  assert_int_equal(fjt_flexjit(NO_GPU, "precompile %s --out %s/sub", manifest,
+                               file),
+                   1);
+  fjt_expect_in(fjt_err, "Not a directory");
+  fjt_expect_not_in(fjt_err, "broken.lua");
+}
+
 static void test_demo_without_gpu(void **state) {
   (void)state;
   char dir[400];  /* fjt_path's buffers are reused by fjt_write_text */
@@ -237,10 +465,17 @@ int main(void) {
       cmocka_unit_test(test_version_and_help),
       cmocka_unit_test(test_subcommand_help),
       cmocka_unit_test(test_run_usage_errors),
+      cmocka_unit_test(test_run_bench_options),
       cmocka_unit_test(test_spec_errors),
       cmocka_unit_test(test_runtime_values_are_checked),
       cmocka_unit_test(test_compile_needs_arch_without_gpu),
       cmocka_unit_test(test_compile_and_cache),
+      cmocka_unit_test(test_cache_serves_without_nvrtc),
+      cmocka_unit_test(test_pack_option),
+      cmocka_unit_test(test_warnings_reach_stderr),
+      cmocka_unit_test(test_cache_maintenance_reports_failures),
+      cmocka_unit_test(test_run_checks_options_before_the_gpu),
+      cmocka_unit_test(test_precompile_checks_output_first),
       cmocka_unit_test(test_demo_without_gpu),
   };
   return cmocka_run_group_tests(tests, setup, fjt_remove_tmpdir);

@@ -1,10 +1,15 @@
 /* tests/unit/test_emit_cuda.c: the CUDA emitter (gen/emit_cuda.c).
  *
  * Besides layout and assembly checks, the emitted prologue is compiled for
- * the HOST with g++ (CUDA qualifiers defined away) and run: fj_mask,
- * fj_score_mod and fj_tile_class must agree with the CPU evaluator and
- * fjg_tile_class_cpu on random inputs. That checks the emitted expressions
- * and the shared interval rules without a GPU. */
+ * the HOST with g++ (CUDA qualifiers defined away, the round-to-nearest
+ * intrinsics as plain float operations, no contraction) and run: fj_mask,
+ * fj_score_mod and fj_tile_class must agree with the CPU evaluator (bit for
+ * bit where it says exact, inside its bounds where the kernel's exp/log/tanh
+ * differ from glibc's) and fjg_tile_class_cpu on random graphs, random f32
+ * masks, and i32 edge values against Lua's semantics written out here. That
+ * checks the emitted expressions and the shared interval rules without a
+ * GPU. NVRTC's PTX shows that f32 arithmetic deciding a comparison is never
+ * contracted into an FMA. */
 #include <dlfcn.h>
 #include <float.h>
 #include <math.h>
@@ -22,6 +27,7 @@
 
 #include "gen/config.h"
 #include "gen/emit_cuda.h"
+#include "gen/eval.h"
 #include "gen/graph.h"
 #include "gen/interval.h"
 #include "gen/templates.h"
@@ -318,7 +324,38 @@ static int rule_mask(fjg_graph *g, const nodes *n, int i) {
   }
 }
 
-enum { NUM_GRAPHS = 40, FIRST_RANDOM = 14 };
+/* An f32 expression of a mask (no score): indices as floats, an f32 param
+ * and buffer, constants, and every f32 op. */
+static int rand_mask_f32(fjg_graph *g, const nodes *n, int depth) {
+  static const fjg_op un[] = {FJG_OP_EXP, FJG_OP_TANH, FJG_OP_ABS, FJG_OP_NEG,
+                              FJG_OP_FLOOR, FJG_OP_CEIL, FJG_OP_SQRT, FJG_OP_LOG,
+                              FJG_OP_EXP2, FJG_OP_LOG2};
+  static const fjg_op ops[] = {FJG_OP_ADD, FJG_OP_SUB, FJG_OP_MUL, FJG_OP_DIV,
+                               FJG_OP_MIN, FJG_OP_MAX, FJG_OP_IDIV, FJG_OP_MOD};
+  int pick = depth <= 0 ? range(0, 3) : range(0, 9);
+  switch (pick) {
+  case 0: return fjg_unary(g, FJG_OP_TO_F32, range(0, 1) ? n->q : n->kv);
+  case 1: return fjg_const_f32(g, (float)range(-900, 900) / (float)range(1, 99));
+  case 2: return range(0, 1) ? n->fp : fjg_load(g, n->fbuf, n->kv);
+  case 3: return fjg_unary(g, FJG_OP_TO_F32, rand_i32(g, n, 1));
+  case 4: return fjg_unary(g, un[range(0, 9)], rand_mask_f32(g, n, depth - 1));
+  case 5:
+    return fjg_where(g, rand_bool(g, n, 1), rand_mask_f32(g, n, depth - 1),
+                     rand_mask_f32(g, n, depth - 1));
+  default:
+    return bin(g, ops[range(0, 7)], rand_mask_f32(g, n, depth - 1),
+               rand_mask_f32(g, n, depth - 1));
+  }
+}
+
+static int f32_mask(fjg_graph *g, const nodes *n) {
+  static const fjg_op cmps[] = {FJG_OP_LT, FJG_OP_LE, FJG_OP_GT,
+                                FJG_OP_GE, FJG_OP_EQ, FJG_OP_NE};
+  return bin(g, cmps[range(0, 5)], rand_mask_f32(g, n, range(1, 4)),
+             rand_mask_f32(g, n, range(0, 3)));
+}
+
+enum { NUM_GRAPHS = 70, FIRST_RANDOM = 14, FIRST_F32_MASK = 40 };
 
 static fjg_graph *make_graph(int i) {
   fjg_graph *g = fjg_graph_create();
@@ -350,6 +387,10 @@ static fjg_graph *make_graph(int i) {
     fjg_set_mask_root(g, rule_mask(g, &n, i));
     return g;
   }
+  if (i >= FIRST_F32_MASK) {
+    fjg_set_mask_root(g, f32_mask(g, &n));
+    return g;
+  }
   fjg_set_mask_root(g, rand_bool(g, &n, range(1, 4)));
   fjg_set_score_root(g, i % 3 ? rand_f32(g, &n, range(1, 4)) : rand_i32(g, &n, 3));
   return g;
@@ -365,7 +406,12 @@ static const char *const host_prelude =
     "static inline int __ldg(const int *p) { return *p; }\n"
     "static inline float __ldg(const float *p) { return *p; }\n"
     "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n"
-    "static inline float __fdividef(float a, float b) { return a / b; }\n";
+    "static inline float __fdividef(float a, float b) { return a / b; }\n"
+    "static inline float __fadd_rn(float a, float b) { return a + b; }\n"
+    "static inline float __fsub_rn(float a, float b) { return a - b; }\n"
+    "static inline float __fmul_rn(float a, float b) { return a * b; }\n"
+    "static inline float __fdiv_rn(float a, float b) { return a / b; }\n"
+    "static inline float __fsqrt_rn(float a) { return sqrtf(a); }\n";
 
 /* Writes one C++ file holding every graph's prologue in its own namespace,
  * with extern "C" entry points, and builds it into a shared object. */
@@ -397,7 +443,8 @@ static void *build_host_library(fjg_graph **graphs, const char *dir) {
   fwrite(src.data, 1, src.len, f);
   fclose(f);
   fjg_buf_free(&src);
-  snprintf(cmd, sizeof cmd, "g++ -std=c++17 -O1 -fPIC -shared -w -o %s %s", so, cpp);
+  /* No contraction: the host stands in for the kernel's rounding. */
+  snprintf(cmd, sizeof cmd, "g++ -std=c++17 -O1 -ffp-contract=off -fPIC -shared -w -o %s %s", so, cpp);
   if (system(cmd) != 0) fail_msg("host compile failed: %s", cmd);
   void *lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
   if (!lib) fail_msg("dlopen: %s", dlerror());
@@ -412,10 +459,12 @@ static void *sym(void *lib, const char *kind, int i) {
   return p;
 }
 
-static int same_float(double want, float got) {
-  if (isnan(want)) return isnan(got);
-  if (isinf(want) || isinf(got)) return want == got || fabs(want) > 1e37;
-  return fabs(want - got) <= 1e-4 * fmax(1.0, fabs(want));
+/* The host's value (glibc standing in for CUDA's exp, log, tanh) must be
+ * the evaluator's exactly where it says exact, else inside its bounds. */
+static int within(const fjg_aval *a, float got) {
+  if (isnan(got)) return a->exact ? isnan(a->v.f) : a->nan;
+  if (a->exact) return memcmp(&a->v.f, &got, sizeof got) == 0;
+  return a->flo <= got && got <= a->fhi;
 }
 
 static void check_graph(void *lib, int i, fjg_graph *g) {
@@ -439,17 +488,21 @@ static void check_graph(void *lib, int i, fjg_graph *g) {
   fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
   const void *data[8] = {0, docs, 0, 0, fvals};
   fjg_env env = {{2, 8, 2, range(1, 200), range(1, 200)}, i32s, f32s, data, lens};
+  fjg_evaluator ev;
+  assert_int_equal(fjg_evaluator_init(&ev, g, &env), FJ_OK);
   for (int t = 0; t < 300; t++) {
     int b = range(0, 1), h = range(0, 7), q = range(-5, 200), kv = range(-5, 200);
-    int want = fjg_eval_mask(g, &env, b, h, q, kv);
+    int want = fjg_eval_mask3(&ev, b, h, q, kv);
     int got = mask(params, env.sizes, b, h, q, kv);
-    if (want != got)
+    if (want != FJG_UNCERTAIN && want != got)
       fail_msg("graph %d: mask(b=%d h=%d q=%d kv=%d) cpu %d emitted %d", i, b, h, q, kv, want, got);
     float s = (float)range(-400, 400) / 16.0f;
-    double ws = fjg_eval_score(g, &env, s, b, h, q, kv);
     float gs = score(params, env.sizes, s, b, h, q, kv);
-    if (!same_float(ws, gs))
-      fail_msg("graph %d: score(%g, b=%d h=%d q=%d kv=%d) cpu %.9g emitted %.9g", i, s, b, h, q, kv, ws, gs);
+    const fjg_aval *ws = fjg_eval_root(&ev, 1, s, b, h, q, kv);
+    if (ws && !within(ws, gs))
+      fail_msg("graph %d: score(%g, b=%d h=%d q=%d kv=%d) cpu %.9g [%.9g, %.9g]%s "
+               "emitted %.9g", i, s, b, h, q, kv, ws->v.f, ws->flo, ws->fhi,
+               ws->exact ? " exact" : "", gs);
     int q0 = range(-20, 200), kv0 = range(-20, 200);
     int q1 = q0 + range(0, 40), kv1 = kv0 + range(0, 40);
     int wc = fjg_tile_class_cpu(g, &env, b, h, q0, q1, kv0, kv1);
@@ -457,6 +510,7 @@ static void check_graph(void *lib, int i, fjg_graph *g) {
     if (wc != gc)
       fail_msg("graph %d: tile class q[%d,%d] kv[%d,%d] cpu %d emitted %d", i, q0, q1, kv0, kv1, wc, gc);
   }
+  fjg_evaluator_free(&ev);
 }
 
 static void test_emitted_code_matches_cpu(void **state) {
@@ -479,9 +533,9 @@ static void test_emitted_code_matches_cpu(void **state) {
 }
 
 /* A float division by a constant is a multiplication by the reciprocal in a
- * score_mod (per element of every tile) and stays a division in a mask,
- * whose comparisons must agree with the CPU evaluator; a division by a
- * param stays a division in both. */
+ * score_mod (per element of every tile) and stays an exactly rounded
+ * division in a mask, whose comparisons must agree with the CPU evaluator;
+ * a division by a param stays a division in both. */
 static void test_division_by_constant(void **state) {
   (void)state;
   fjg_graph *g = fjg_graph_create();
@@ -508,10 +562,208 @@ static void test_division_by_constant(void **state) {
   const char *recip = strstr(score_fn, "score * 0x1.111112p-5f");
   if (!recip) fail_msg("no reciprocal in the score_mod:\n%s", score_fn);
   assert_non_null(strstr(score_fn, "score / u.a_cap"));
-  const char *mask_div = strstr(mask, " / 0x1.8p+1f");
+  const char *mask_div = strstr(mask, "__fdiv_rn(t0, 0x1.8p+1f");
   if (!mask_div || mask_div > score_fn) fail_msg("the mask lost its division:\n%s", mask);
   fjg_buf_free(&b);
   fjg_graph_destroy(g);
+}
+
+/* ---- i32 semantics at the edges ---- */
+
+/* Lua's semantics written out independently: wrapping + - * and unary -,
+ * floor division and floored modulo, x // 0 = x % 0 = 0. */
+static int32_t lua_i32(fjg_op op, int32_t x, int32_t y) {
+  int64_t a = x, b = y;
+  switch (op) {
+  case FJG_OP_ADD: return (int32_t)(uint32_t)(a + b);
+  case FJG_OP_SUB: return (int32_t)(uint32_t)(a - b);
+  case FJG_OP_MUL: return (int32_t)(uint32_t)(uint64_t)(a * b);
+  case FJG_OP_NEG: return (int32_t)(uint32_t)(-a);
+  case FJG_OP_ABS: return (int32_t)(uint32_t)(a < 0 ? -a : a);
+  case FJG_OP_IDIV: {
+    if (b == 0) return 0;
+    int64_t q = a / b;
+    if (q * b != a && ((a < 0) != (b < 0))) q--;
+    return (int32_t)(uint32_t)q;
+  }
+  default: { /* MOD */
+    if (b == 0) return 0;
+    int64_t r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    return (int32_t)r;
+  }
+  }
+}
+
+/* eq(op(x, y), z) for params x, y, z is true on the host-compiled emitted
+ * code and in the evaluator for z = Lua's answer, on every pair of edge
+ * values (INT32_MIN // -1, x % 0, wrapping products, ...). */
+static void test_i32_edges(void **state) {
+  (void)state;
+  if (system("g++ --version > /dev/null 2>&1") != 0) skip();
+  static const fjg_op ops[] = {FJG_OP_ADD, FJG_OP_SUB, FJG_OP_MUL, FJG_OP_NEG,
+                               FJG_OP_ABS, FJG_OP_IDIV, FJG_OP_MOD};
+  enum { N = sizeof ops / sizeof ops[0] };
+  static const int32_t vals[] = {INT32_MIN, INT32_MIN + 1, -65536, -7, -2, -1, 0,
+                                 1, 2, 3, 7, 65536, 46341, INT32_MAX - 1, INT32_MAX};
+  fjg_graph *graphs[NUM_GRAPHS];
+  for (int i = 0; i < NUM_GRAPHS; i++) {
+    graphs[i] = fjg_graph_create();
+    fjg_op op = ops[i % N];
+    int x = fjg_param(graphs[i], "x", FJG_I32), y = fjg_param(graphs[i], "y", FJG_I32);
+    int z = fjg_param(graphs[i], "z", FJG_I32);
+    int r = op == FJG_OP_NEG || op == FJG_OP_ABS ? fjg_unary(graphs[i], op, x)
+                                                 : bin(graphs[i], op, x, y);
+    fjg_set_mask_root(graphs[i], bin(graphs[i], FJG_OP_EQ, r, z));
+  }
+  char dir[] = "/tmp/fj_emit_i32_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  void *lib = build_host_library(graphs, dir);
+  int sizes[5] = {1, 1, 1, 1, 1};
+  for (int i = 0; i < N; i++) {
+    mask_fn mask = (mask_fn)sym(lib, "mask", i);
+    fjg_evaluator ev;
+    for (size_t a = 0; a < sizeof vals / sizeof vals[0]; a++)
+      for (size_t b = 0; b < sizeof vals / sizeof vals[0]; b++) {
+        int32_t p[3] = {vals[a], vals[b], lua_i32(ops[i], vals[a], vals[b])};
+        unsigned char params[64];
+        fjg_user_params_pack(graphs[i], p, NULL, NULL, NULL, params);
+        fjg_env env = {{1, 1, 1, 1, 1}, p, NULL, NULL, NULL};
+        assert_int_equal(fjg_evaluator_init(&ev, graphs[i], &env), FJ_OK);
+        if (fjg_eval_mask3(&ev, 0, 0, 0, 0) != FJG_ALLOWED ||
+            !mask(params, sizes, 0, 0, 0, 0))
+          fail_msg("%s(%d, %d): want %d, evaluator %d, emitted %d", fjg_op_name(ops[i]),
+                   vals[a], vals[b], p[2], fjg_eval_mask3(&ev, 0, 0, 0, 0),
+                   mask(params, sizes, 0, 0, 0, 0));
+        fjg_evaluator_free(&ev);
+      }
+  }
+  dlclose(lib);
+  for (int i = 0; i < NUM_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* ---- the kernel's rounding, seen in PTX ---- */
+
+/* PTX of the emitted prologue plus a kernel that calls fj_mask (or
+ * fj_score_mod), for compute_80 through NVRTC. */
+static char *probe_ptx(const fjg_graph *g, int score) {
+  fjg_buf src;
+  fjg_buf_init(&src);
+  size_t len;
+  const char *common = fjg_template_text("common/fj_common.cuh", &len);
+  fjg_buf_append(&src, common, len);
+  assert_int_equal(fjg_emit_interval_rules(g, &src), FJ_OK);
+  assert_int_equal(fjg_emit_prologue(g, &src), FJ_OK);
+  if (score)
+    fjg_buf_printf(&src, "extern \"C\" __global__ void probe(fj_user_params u, fj_sizes z, float *o) {\n"
+                         "  o[threadIdx.x] = fj_score_mod(u, z, o[threadIdx.x], 0, 0, threadIdx.x, blockIdx.x);\n}\n");
+  else
+    fjg_buf_printf(&src, "extern \"C\" __global__ void probe(fj_user_params u, fj_sizes z, int *o) {\n"
+                         "  o[threadIdx.x] = fj_mask(u, z, 0, 0, threadIdx.x, blockIdx.x);\n}\n");
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, src.data, "probe.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+  const char *opts[] = {"--gpu-architecture=compute_80", "-std=c++17", "-default-device"};
+  nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
+  if (r != NVRTC_SUCCESS) {
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    char *log = calloc(1, n + 1);
+    nvrtcGetProgramLog(prog, log);
+    fail_msg("NVRTC: %s\n%.3000s\n%s", nvrtcGetErrorString(r), log, src.data);
+  }
+  size_t n = 0;
+  nvrtcGetPTXSize(prog, &n);
+  char *ptx = calloc(1, n + 1);
+  nvrtcGetPTX(prog, ptx);
+  nvrtcDestroyProgram(&prog);
+  fjg_buf_free(&src);
+  return ptx;
+}
+
+/* f32 arithmetic that decides something must round like the CPU's: every
+ * add, sub, mul, div and sqrt with an explicit .rn (which ptxas never fuses)
+ * and no fma. Without it NVRTC writes q / 49.0 * 49.0 as div.rn then mul.f32,
+ * and a * b + c as one fma. */
+static void assert_exact_ptx(const char *what, const char *ptx) {
+  static const char *const loose[] = {"fma.", "add.f32", "sub.f32", "mul.f32",
+                                      "div.f32", "div.approx", "div.full",
+                                      "sqrt.approx", "add.ftz", "mul.ftz"};
+  for (size_t i = 0; i < sizeof loose / sizeof loose[0]; i++)
+    if (strstr(ptx, loose[i]))
+      fail_msg("%s: '%s' in the PTX:\n%.6000s", what, loose[i], ptx);
+}
+
+static fjg_graph *q49_mask(void) {
+  fjg_graph *g = fjg_graph_create();
+  int q = fjg_unary(g, FJG_OP_TO_F32, fjg_input_node(g, FJG_IN_Q));
+  int c = fjg_const_f32(g, 49.0f);
+  fjg_set_mask_root(g, bin(g, FJG_OP_LT, bin(g, FJG_OP_MUL, bin(g, FJG_OP_DIV, q, c), c), q));
+  return g;
+}
+
+static void test_decisive_f32_is_not_contracted(void **state) {
+  (void)state;
+  fjg_graph *g = q49_mask();
+  char *ptx = probe_ptx(g, 0);
+  assert_non_null(strstr(ptx, "div.rn.f32"));
+  assert_non_null(strstr(ptx, "mul.rn.f32"));
+  assert_exact_ptx("q / 49 * 49 < q", ptx);
+  free(ptx);
+  fjg_graph_destroy(g);
+
+  /* a * b + c < d, sqrt, //, % in a mask. */
+  g = fjg_graph_create();
+  nodes n = leaves(g);
+  int qf = fjg_unary(g, FJG_OP_TO_F32, n.q), kf = fjg_unary(g, FJG_OP_TO_F32, n.kv);
+  int fma_like = bin(g, FJG_OP_ADD, bin(g, FJG_OP_MUL, qf, n.fp), kf);
+  int r = bin(g, FJG_OP_MOD, fma_like, fjg_const_f32(g, 7.25f));
+  r = bin(g, FJG_OP_SUB, r, bin(g, FJG_OP_IDIV, kf, fjg_unary(g, FJG_OP_SQRT, qf)));
+  fjg_set_mask_root(g, bin(g, FJG_OP_LT, r, bin(g, FJG_OP_MUL, kf, kf)));
+  ptx = probe_ptx(g, 0);
+  assert_exact_ptx("a mask with * + % // sqrt", ptx);
+  free(ptx);
+
+  /* A score_mod's comparison operands are exact too; its continuous part
+   * (score * 0.5 + q) may still be one fma. */
+  int s = fjg_input_node(g, FJG_IN_SCORE);
+  int cond = bin(g, FJG_OP_LT, bin(g, FJG_OP_ADD, bin(g, FJG_OP_MUL, kf, fjg_const_f32(g, 0.1f)),
+                                    fjg_const_f32(g, 0.3f)), qf);
+  fjg_set_score_root(g, fjg_where(g, cond, s, fjg_const_f32(g, -1e30f)));
+  ptx = probe_ptx(g, 1);
+  assert_exact_ptx("a score_mod's comparison", ptx);
+  free(ptx);
+  fjg_set_score_root(g, bin(g, FJG_OP_ADD, bin(g, FJG_OP_MUL, s, fjg_const_f32(g, 0.5f)), qf));
+  ptx = probe_ptx(g, 1);
+  assert_non_null(strstr(ptx, "fma.rn.f32"));
+  free(ptx);
+  fjg_graph_destroy(g);
+
+  /* Random f32 masks without transcendentals (libdevice's expf has its own
+   * fmas, which are part of its documented error). */
+  for (int i = 0; i < 12; i++) {
+    g = fjg_graph_create();
+    n = leaves(g);
+    int m;
+    do {
+      m = f32_mask(g, &n);
+    } while (fjg_set_mask_root(g, m) < 0);
+    int count, transcendental = 0;
+    const int32_t *list = fjg_reachable(g, 0, &count);
+    for (int k = 0; k < count; k++) {
+      int op = fjg_node_at(g, list[k])->op;
+      transcendental |= op == FJG_OP_EXP || op == FJG_OP_EXP2 || op == FJG_OP_LOG ||
+                        op == FJG_OP_LOG2 || op == FJG_OP_TANH;
+    }
+    if (!transcendental) {
+      ptx = probe_ptx(g, 0);
+      assert_exact_ptx("a random f32 mask", ptx);
+      free(ptx);
+    }
+    fjg_graph_destroy(g);
+  }
 }
 
 int main(void) {
@@ -521,6 +773,8 @@ int main(void) {
       cmocka_unit_test(test_forward_tu_compiles_with_nvrtc),
       cmocka_unit_test(test_emitted_code_matches_cpu),
       cmocka_unit_test(test_division_by_constant),
+      cmocka_unit_test(test_i32_edges),
+      cmocka_unit_test(test_decisive_f32_is_not_contracted),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

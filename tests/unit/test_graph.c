@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -152,6 +153,187 @@ static void test_folding(void **state) {
   fjg_graph_destroy(g);
 }
 
+/* The value of i32 node `expr` at q, read through the evaluator: the mask
+ * eq(expr, p) with p a param set to the candidate value. */
+static int32_t eval_i32(fjg_graph *g, int expr, int p, int32_t q,
+                        int32_t expect) {
+  int root = fjg_binary(g, FJG_OP_EQ, expr, p);
+  assert_true(root >= 0);
+  assert_int_equal(fjg_set_mask_root(g, root), 0);
+  int32_t params[1] = {expect};
+  fjg_env env;
+  memset(&env, 0, sizeof env);
+  env.param_i32 = params;
+  return fjg_eval_mask(g, &env, 0, 0, q, 0);
+}
+
+static int chain_depth(fjg_graph *g, int id) {
+  const fjg_node *n = node(g, id);
+  int arity = fjg_op_arity((fjg_op)n->op), d = 0;
+  if (arity >= 1 && chain_depth(g, n->a) > d) d = chain_depth(g, n->a);
+  if (arity >= 2 && chain_depth(g, n->b) > d) d = chain_depth(g, n->b);
+  return d + (arity > 0);
+}
+
+static void test_i32_chains_fold(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int q = in(g, FJG_IN_Q), one = fjg_const_i32(g, 1);
+  /* The hostile loop: x = x + 1, a hundred thousand times. */
+  int x = q;
+  for (int i = 0; i < 100000; i++) x = fjg_binary(g, FJG_OP_ADD, x, one);
+  assert_int_equal(node(g, x)->op, FJG_OP_ADD);
+  assert_int_equal(node(g, x)->a, q);
+  assert_int_equal(const_i(g, node(g, x)->b), 100000);
+  /* ... and back down, with sub and with constants on the left. */
+  for (int i = 0; i < 50000; i++) x = fjg_binary(g, FJG_OP_SUB, x, one);
+  for (int i = 0; i < 50000; i++) x = fjg_binary(g, FJG_OP_ADD, one, x);
+  assert_int_equal(const_i(g, node(g, x)->b), 100000);
+  for (int i = 0; i < 100000; i++) x = fjg_binary(g, FJG_OP_SUB, x, one);
+  assert_int_equal(x, q);
+  /* Negative sums read as a sub; c - x folds into one sub. */
+  int c5 = fjg_const_i32(g, 5), c3 = fjg_const_i32(g, 3);
+  int y = fjg_binary(g, FJG_OP_SUB, fjg_binary(g, FJG_OP_ADD, q, c3), c5);
+  assert_int_equal(node(g, y)->op, FJG_OP_SUB);
+  assert_int_equal(node(g, y)->a, q);
+  assert_int_equal(const_i(g, node(g, y)->b), 2);
+  int z = fjg_binary(g, FJG_OP_SUB, c5, y); /* 5 - (q - 2) = 7 - q */
+  assert_int_equal(node(g, z)->op, FJG_OP_SUB);
+  assert_int_equal(const_i(g, node(g, z)->a), 7);
+  assert_int_equal(node(g, z)->b, q);
+  assert_int_equal(fjg_unary(g, FJG_OP_NEG, fjg_unary(g, FJG_OP_NEG, q)), q);
+  /* Products of products; 2^32 wraps to 0. */
+  int two = fjg_const_i32(g, 2);
+  int p = q;
+  for (int i = 0; i < 10; i++) p = fjg_binary(g, FJG_OP_MUL, p, two);
+  assert_int_equal(node(g, p)->op, FJG_OP_MUL);
+  assert_int_equal(const_i(g, node(g, p)->b), 1024);
+  for (int i = 0; i < 22; i++) p = fjg_binary(g, FJG_OP_MUL, two, p);
+  assert_int_equal(const_i(g, p), 0);
+  /* 2 * q + 1 keeps the user's product node. */
+  int tq = fjg_binary(g, FJG_OP_MUL, two, q);
+  int tq1 = fjg_binary(g, FJG_OP_ADD, tq, one);
+  assert_int_equal(fjg_binary(g, FJG_OP_ADD, fjg_binary(g, FJG_OP_SUB, tq1,
+                                                        c5), c5), tq1);
+  assert_int_equal(node(g, tq1)->a, tq);
+  /* (q + 1) * 2 distributes to q * 2 + 2, so x = (x + 1) * 3 in a loop
+   * stays small too. */
+  int m = fjg_binary(g, FJG_OP_MUL, fjg_binary(g, FJG_OP_ADD, q, one), two);
+  assert_int_equal(node(g, m)->op, FJG_OP_ADD);
+  assert_int_equal(node(g, node(g, m)->a)->op, FJG_OP_MUL);
+  assert_int_equal(const_i(g, node(g, m)->b), 2);
+  int three = fjg_const_i32(g, 3);
+  for (int i = 0; i < 1000; i++)
+    m = fjg_binary(g, FJG_OP_MUL, fjg_binary(g, FJG_OP_ADD, m, one), three);
+  assert_true(chain_depth(g, m) <= 3);
+  /* Wrapping: (q + INT32_MAX) + 1 is q + INT32_MIN. */
+  int w = fjg_binary(g, FJG_OP_ADD,
+                     fjg_binary(g, FJG_OP_ADD, q, fjg_const_i32(g, INT32_MAX)),
+                     one);
+  assert_int_equal(node(g, w)->op, FJG_OP_ADD);
+  assert_int_equal(const_i(g, node(g, w)->b), INT32_MIN);
+  /* Floats are not reassociated. */
+  int s = in(g, FJG_IN_SCORE), f1 = fjg_const_f32(g, 1.0f);
+  int sf = fjg_binary(g, FJG_OP_ADD, fjg_binary(g, FJG_OP_ADD, s, f1), f1);
+  assert_int_equal(chain_depth(g, sf), 2);
+  fjg_graph_destroy(g);
+}
+
+/* Random chains of i32 + - * neg with constants (extremes included) agree
+ * with the same arithmetic done modulo 2^32, at extreme inputs too, and stay
+ * at most three levels deep. */
+static void test_i32_chains_match_wrapping(void **state) {
+  (void)state;
+  static const int32_t consts[] = {0, 1, -1, 2, -3, 7, 1000, 65536,
+                                   INT32_MAX, INT32_MIN, INT32_MIN + 1,
+                                   123456789};
+  static const int32_t inputs[] = {0, 1, -1, 5, -77, INT32_MAX, INT32_MIN,
+                                   99999};
+  const int nc = sizeof consts / sizeof consts[0];
+  uint32_t seed = 12345;
+  for (int trial = 0; trial < 300; trial++) {
+    fjg_graph *g = fjg_graph_create();
+    int q = in(g, FJG_IN_Q);
+    int p = fjg_param(g, "expect", FJG_I32);
+    int x = q;
+    int ops[40], cs[40];
+    int len = 1 + trial % 40;
+    for (int i = 0; i < len; i++) {
+      seed = seed * 1664525u + 1013904223u;
+      ops[i] = (int)(seed >> 28) % 6;
+      cs[i] = (int)((seed >> 8) % (uint32_t)nc);
+      int c = fjg_const_i32(g, consts[cs[i]]);
+      switch (ops[i]) {
+      case 0: x = fjg_binary(g, FJG_OP_ADD, x, c); break;
+      case 1: x = fjg_binary(g, FJG_OP_ADD, c, x); break;
+      case 2: x = fjg_binary(g, FJG_OP_SUB, x, c); break;
+      case 3: x = fjg_binary(g, FJG_OP_SUB, c, x); break;
+      case 4: x = fjg_binary(g, FJG_OP_MUL, x, c); break;
+      default: x = fjg_unary(g, FJG_OP_NEG, x); break;
+      }
+      assert_true(x >= 0);
+    }
+    if (node(g, x)->op != FJG_OP_CONST) assert_true(chain_depth(g, x) <= 3);
+    for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++) {
+      uint32_t v = (uint32_t)inputs[k];
+      for (int i = 0; i < len; i++) {
+        uint32_t c = (uint32_t)consts[cs[i]];
+        switch (ops[i]) {
+        case 0: case 1: v += c; break;
+        case 2: v -= c; break;
+        case 3: v = c - v; break;
+        case 4: v *= c; break;
+        default: v = 0u - v; break;
+        }
+      }
+      assert_int_equal(eval_i32(g, x, p, inputs[k], (int32_t)v), 1);
+      assert_int_equal(eval_i32(g, x, p, inputs[k], (int32_t)(v + 1)), 0);
+    }
+    fjg_graph_destroy(g);
+  }
+}
+
+static void test_limits(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  /* FJG_MAX_ARGS params and buffers together, then no more (redeclaring
+   * one still works). */
+  char name[16];
+  for (int i = 0; i < FJG_MAX_ARGS; i++) {
+    snprintf(name, sizeof name, "a%d", i);
+    if (i % 2) assert_true(fjg_buffer(g, name, FJG_I32) >= 0);
+    else assert_true(fjg_param(g, name, FJG_F32) >= 0);
+  }
+  assert_error(g, fjg_param(g, "one_more", FJG_I32), "FJG_MAX_ARGS");
+  assert_error(g, fjg_buffer(g, "one_more", FJG_I32), "at most 64 params");
+  assert_true(fjg_param(g, "a0", FJG_F32) >= 0);
+  assert_int_equal(fjg_num_args(g), FJG_MAX_ARGS);
+  fjg_graph_destroy(g);
+
+  /* A mod may depend on FJG_MAX_MOD_NODES nodes, not more (here every node
+   * of the graph: score, 0.5 and the chain of adds). */
+  g = fjg_graph_create();
+  int s = in(g, FJG_IN_SCORE), half = fjg_const_f32(g, 0.5f);
+  int x = s;
+  while (fjg_num_nodes(g) < FJG_MAX_MOD_NODES)
+    x = fjg_binary(g, FJG_OP_ADD, x, half);
+  assert_int_equal(fjg_set_score_root(g, x), 0);
+  x = fjg_binary(g, FJG_OP_ADD, x, half);
+  assert_error(g, fjg_set_score_root(g, x), "FJG_MAX_MOD_NODES");
+  assert_error(g, fjg_set_mask_root(g, fjg_binary(g, FJG_OP_LT, x, half)),
+               "the result of mask_mod depends on");
+  fjg_graph_destroy(g);
+
+  /* FJG_MAX_NODES in one graph, dead ones included. */
+  g = fjg_graph_create();
+  int made = 0;
+  while (fjg_const_i32(g, made) >= 0) made++;
+  assert_int_equal(made, FJG_MAX_NODES);
+  assert_error(g, fjg_const_i32(g, -1), "FJG_MAX_NODES");
+  assert_int_equal(fjg_const_i32(g, 5), 5); /* existing nodes still found */
+  fjg_graph_destroy(g);
+}
+
 static void test_declarations(void **state) {
   (void)state;
   fjg_graph *g = fjg_graph_create();
@@ -295,6 +477,9 @@ int main(void) {
       cmocka_unit_test(test_hash_consing),
       cmocka_unit_test(test_promotion),
       cmocka_unit_test(test_folding),
+      cmocka_unit_test(test_i32_chains_fold),
+      cmocka_unit_test(test_i32_chains_match_wrapping),
+      cmocka_unit_test(test_limits),
       cmocka_unit_test(test_declarations),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_roots_and_deps),

@@ -261,6 +261,94 @@ static void test_chunk_name_forms(void **state) {
   }
 }
 
+/* Every error names chunk:line, also those that come from Lua without a
+ * position: non-string error values, error(msg, 0), "C stack overflow"
+ * raised inside a C function or the parser, a value the mod returns. */
+static void test_errors_without_a_position_get_one(void **state) {
+  (void)state;
+  expect_error("local x = 1\nerror({})", "spec.lua:2:",
+               "error object is a table value");
+  expect_error("return { mask_mod = function(b, h, q, kv)\n"
+               "  error(nil) end }",
+               "spec.lua:2:", "error object is a nil value");
+  expect_error("\nerror(\"plain\", 0)", "spec.lua:2: plain", "plain");
+  expect_error("error(setmetatable({}, { __tostring = function() "
+               "while true do end end }))",
+               "spec.lua:1:", "error object is a table value");
+  /* Returned after the mod finished: the mod's line. */
+  expect_error("\nreturn { score_mod = function(s, b, h, q, kv)\n"
+               "  return 1 << 40 end }",
+               "spec.lua:2:", "score_mod returned the integer 1099511627776, "
+               "which does not fit in i32");
+  /* C stack overflow: recursion through a C function (tostring calling
+   * __tostring), through metamethods and the DSL, and parser nesting. */
+  expect_error("local t = setmetatable({}, {__tostring = function(t)\n"
+               "  return tostring(t) end})\nlocal x = tostring(t)\n",
+               "spec.lua:2:", "C stack overflow");
+  expect_error("local mt = {}\nmt.__index = function(t, k) return "
+               "min(t[k], 1) end\nlocal x = setmetatable({}, mt)\n"
+               "return { mask_mod = function(b, h, q, kv)\n"
+               "  return lt(x.y, kv) end }",
+               "spec.lua:2:", "C stack overflow");
+  char deep[2048];
+  int n = snprintf(deep, sizeof deep, "local a = 1\nlocal x = ");
+  for (int i = 0; i < 300; i++) deep[n++] = '(';
+  deep[n++] = '1';
+  for (int i = 0; i < 300; i++) deep[n++] = ')';
+  deep[n] = '\0';
+  expect_error(deep, "spec.lua:2:", "C stack overflow");
+  /* Too many locals is a parser error that names the line itself. */
+  char locals[8192];
+  n = snprintf(locals, sizeof locals, "return { mask_mod = function(b, h, "
+               "q, kv)\n");
+  for (int i = 0; i < 210; i++)
+    n += snprintf(locals + n, sizeof locals - n, "local a%d = %d\n", i, i);
+  snprintf(locals + n, sizeof locals - n, "return lt(q, kv) end }\n");
+  expect_error(locals, "spec.lua:198:", "too many local variables");
+}
+
+/* A failure inside the prelude names the spec line that led there (the
+ * prelude's own position follows), also for the limits. */
+static void test_prelude_failures_name_the_spec_line(void **state) {
+  (void)state;
+  expect_error("local m = causal()\nfor i = 1, 1e7 do m = and_masks(m, "
+               "causal()) end",
+               "spec.lua:2:", "limit exceeded");
+  /* A mod built by a prelude combinator fails while it is traced, with no
+   * spec frame on the stack: the line that built it. */
+  expect_error("local x = 1\n\nreturn { mask_mod = and_masks(causal(),\n"
+               "  function(b, h, q, kv) return 5 end) }",
+               "spec.lua:3:", "logical_and combines booleans (got number)");
+  expect_error("local s = compose_scores(function(s) return s end,\n"
+               "  function(s) return lt(s, 1) end)\n"
+               "return { score_mod = s }",
+               "spec.lua:1:", "score_mod must return a number (got traced "
+               "bool)");
+  expect_error("local c = causal()\nlocal m = c\nfor i = 1, 1100 do\n"
+               "  m = or_masks(m, function(b, h, q, kv) return lt(q, kv + i)"
+               " end)\nend\nreturn { mask_mod = m }",
+               "spec.lua:4:", "FJG_MAX_MOD_NODES");
+}
+
+static void test_check_failures_name_the_mod(void **state) {
+  (void)state;
+  /* Functions that each need one more sweep of the dataflow than the last
+   * (quadratic): refused at a bounded cost, at the mod's line. */
+  enum { N = 4000 };
+  size_t cap = (size_t)N * 48 + 256;
+  char *src = malloc(cap);
+  assert_non_null(src);
+  int n = snprintf(src, cap, "F = {}\n\nreturn { mask_mod = function(b, h, "
+                   "q, kv)\n  G0 = q\n");
+  for (int i = N; i >= 1; i--)
+    n += snprintf(src + n, cap - n, "  F[%d] = function() G%d = G%d end\n",
+                  i, i, i - 1);
+  snprintf(src + n, cap - n, "  return lt(q, kv)\nend }\n");
+  expect_error(src, "spec.lua:3:", "cannot check this function: it takes "
+               "more than 20 million steps");
+  free(src);
+}
+
 static void test_null_arguments(void **state) {
   (void)state;
   char err[128];
@@ -284,6 +372,9 @@ int main(void) {
       cmocka_unit_test(test_bytecode_rejected),
       cmocka_unit_test(test_prelude_errors_name_the_spec_line),
       cmocka_unit_test(test_chunk_name_forms),
+      cmocka_unit_test(test_errors_without_a_position_get_one),
+      cmocka_unit_test(test_prelude_failures_name_the_spec_line),
+      cmocka_unit_test(test_check_failures_name_the_mod),
       cmocka_unit_test(test_null_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

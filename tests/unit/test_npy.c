@@ -176,12 +176,69 @@ static void test_rejects_bad_files(void **state) {
   expect_error(p, "'shape'");
 }
 
+/* A small file that declares a huge array is refused for its size, before
+ * anything of that size is allocated. */
+static void test_declared_size_checked_against_file(void **state) {
+  (void)state;
+  float x[4] = {0};
+  const char *p = tmp_path("huge.npy");
+  write_raw(p, 1,
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (65536, 65536, "
+            "65536), }",
+            x, sizeof x);
+  expect_error(p, "shorter than its shape says");
+  p = tmp_path("huge2.npy");
+  write_raw(p, 1,
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (4096, 4096, "
+            "64), }",
+            x, sizeof x);
+  expect_error(p, "shorter than its shape says");
+}
+
+/* NumPy takes the last of a repeated key; a reader that takes the first
+ * would see another array, so a repeated key is refused. */
+static void test_rejects_repeated_keys(void **state) {
+  (void)state;
+  float x[4] = {0};
+  const char *p = tmp_path("twice.npy");
+  write_raw(p, 1,
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), "
+            "'descr': '<i4', }",
+            x, sizeof x);
+  expect_error(p, "'descr' appears twice");
+  p = tmp_path("twice-shape.npy");
+  write_raw(p, 1,
+            "{'shape': (2,), 'descr': '<f4', 'fortran_order': False, "
+            "'shape': (4,)}",
+            x, sizeof x);
+  expect_error(p, "'shape' appears twice");
+  /* A key name inside a value is not a key. */
+  p = tmp_path("unknown.npy");
+  write_raw(p, 1,
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), "
+            "'extra': 'descr'}",
+            x, sizeof x);
+  expect_error(p, "'extra'");
+}
+
+static void test_rejects_trailing_bytes(void **state) {
+  (void)state;
+  float x[5] = {1, 2, 3, 4, 5};
+  const char *p = tmp_path("junk.npy");
+  write_raw(p, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }",
+            x, sizeof x);
+  expect_error(p, "4 bytes after the data");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip_f32),
       cmocka_unit_test(test_roundtrip_i32_1d),
       cmocka_unit_test(test_reads_numpy_headers),
       cmocka_unit_test(test_rejects_bad_files),
+      cmocka_unit_test(test_declared_size_checked_against_file),
+      cmocka_unit_test(test_rejects_repeated_keys),
+      cmocka_unit_test(test_rejects_trailing_bytes),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -5,7 +5,9 @@
  * the cheat sheet's [2, 1, 3, 0] -> 24.71) with q and k chosen so the scores
  * come out exactly; dense vs streaming agreement on random problems (causal,
  * GQA, Lq != Lk, fully masked rows, score_mods, params and buffers); the
- * 16-bit rounding helpers; and the comparison rule.
+ * 16-bit rounding helpers; the comparison rule; masks evaluated in float32
+ * as the kernel does, and the rows the CPU cannot decide the kernel's way
+ * (uncertain) left out of the check instead of failing it.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -347,6 +349,96 @@ static void test_count_allowed(void **state) {
   fjg_graph_destroy(g);
 }
 
+static int cf(fjg_graph *g, float v) {
+  int n = fjg_const_f32(g, v);
+  assert_true(n >= 0);
+  return n;
+}
+
+/* lt(q / 49.0 * 49.0, q) holds for q = 27, 54, 55 below 64 in float32 (the
+ * kernel); in double also at q = 1, 2, 4, 8, 16, 32. */
+static void test_mask_in_float(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int qf = fjg_unary(g, FJG_OP_TO_F32, in(g, FJG_IN_Q));
+  int c = cf(g, 49.0f);
+  assert_true(fjg_set_mask_root(g, bin(g, FJG_OP_LT, bin(g, FJG_OP_MUL,
+                                       bin(g, FJG_OP_DIV, qf, c), c), qf)) >= 0);
+  fjg_ref_problem p = {1, 1, 1, 64, 8, 8, 0, g, NULL, 0, 0};
+  assert_int_equal(fjg_reference_count_allowed(&p), 3 * 8);
+  fjg_graph_destroy(g);
+}
+
+/* le(tanh((q - kv) * 0.5), 0): allowed where kv > q, masked where kv < q;
+ * on the diagonal the kernel's tanh.approx(0) may be either sign. */
+static fjg_graph *tanh_mask(int kernel_masks_diagonal) {
+  fjg_graph *g = fjg_graph_create();
+  int d = bin(g, FJG_OP_SUB, in(g, FJG_IN_Q), in(g, FJG_IN_KV));
+  int m = kernel_masks_diagonal
+              ? bin(g, FJG_OP_LT, d, ci(g, 0))
+              : bin(g, FJG_OP_LE, fjg_unary(g, FJG_OP_TANH, bin(g, FJG_OP_MUL, d, cf(g, 0.5f))),
+                    cf(g, 0.0f));
+  assert_true(fjg_set_mask_root(g, m) >= 0);
+  return g;
+}
+
+static void test_uncertain_rows(void **state) {
+  (void)state;
+  enum { B = 1, H = 2, LQ = 40, LK = 30, D = 16 };
+  fjg_graph *g = tanh_mask(0);
+  uint8_t rows[B * H * LQ];
+  fjg_ref_problem p = {B, H, 1, LQ, LK, D, 0, g, NULL, 2, 0};
+  /* Rows q < 30 meet the diagonal; rows past Lk do not. */
+  assert_int_equal(fjg_reference_uncertain_rows(&p, rows), 2 * 30);
+  for (int h = 0; h < H; h++)
+    for (int q = 0; q < LQ; q++) assert_int_equal(rows[h * LQ + q], q < LK);
+  /* Integer masks are exact: no rows, at no cost. */
+  fjg_graph *c = causal_graph();
+  p.g = c;
+  assert_int_equal(fjg_reference_uncertain_rows(&p, rows), 0);
+  /* A score_mod that decides on the kernel's exp marks its rows too. */
+  int s = in(c, FJG_IN_SCORE);
+  int e = fjg_unary(c, FJG_OP_EXP, bin(c, FJG_OP_MUL, fjg_unary(c, FJG_OP_TO_F32,
+                                                                 in(c, FJG_IN_KV)),
+                                       cf(c, 0.0f)));
+  assert_true(fjg_set_score_root(c, fjg_where(c, bin(c, FJG_OP_LE, e, cf(c, 1.0f)), s,
+                                              cf(c, -3.0f))) >= 0);
+  assert_int_equal(fjg_reference_uncertain_rows(&p, rows), B * H * LQ);
+  fjg_graph_destroy(c);
+
+  /* A kernel that masks the diagonal (where the CPU's tanhf(0) = 0 allows
+   * it) is right; the check must not fail it, and does fail it once the
+   * uncertain rows are compared. */
+  p.g = g;
+  fjg_reference_uncertain_rows(&p, rows);
+  rng r = {0x5eed};
+  size_t nq = (size_t)B * H * LQ * D, nk = (size_t)B * LK * D, nl = (size_t)B * H * LQ;
+  double *q = random_array(&r, nq), *k = random_array(&r, nk), *v = random_array(&r, nk);
+  double *ro = malloc(sizeof(double) * nq), *rl = malloc(sizeof(double) * nl);
+  double *ko = malloc(sizeof(double) * nq), *kl = malloc(sizeof(double) * nl);
+  float *lo = malloc(sizeof(float) * nq), *ll = malloc(sizeof(float) * nl);
+  float *out = malloc(sizeof(float) * nq), *outl = malloc(sizeof(float) * nl);
+  assert_int_equal(fjg_reference_dense(&p, q, k, v, ro, rl), FJ_OK);
+  assert_int_equal(fjg_reference_lowp(&p, FJ_DTYPE_BF16, q, k, v, lo, ll), FJ_OK);
+  fjg_graph *kernel = tanh_mask(1);
+  fjg_ref_problem pk = p;
+  pk.g = kernel;
+  assert_int_equal(fjg_reference_dense(&pk, q, k, v, ko, kl), FJ_OK);
+  for (size_t i = 0; i < nq; i++) out[i] = (float)ko[i];
+  for (size_t i = 0; i < nl; i++) outl[i] = (float)kl[i];
+  fjg_check_report rep;
+  assert_true(fjg_ref_check_rows(ro, lo, out, nq, D, rows, 1e-3, &rep));
+  assert_int_equal(rep.skipped, 2 * 30 * D);
+  assert_true(fjg_ref_check_rows(rl, ll, outl, nl, 1, rows, 1e-3, &rep));
+  assert_int_equal(rep.skipped, 2 * 30);
+  assert_false(fjg_ref_check(ro, lo, out, nq, 1e-3, &rep));
+  assert_false(fjg_ref_check_rows(rl, ll, outl, nl, 1, NULL, 1e-3, &rep));
+  free(q), free(k), free(v), free(ro), free(rl), free(ko), free(kl);
+  free(lo), free(ll), free(out), free(outl);
+  fjg_graph_destroy(kernel);
+  fjg_graph_destroy(g);
+}
+
 /* ---- low precision ---- */
 
 static void lowp_error(fj_dtype dt, int rounded_rowsum, double *err_o,
@@ -507,6 +599,8 @@ int main(void) {
       cmocka_unit_test(test_dense_vs_streaming),
       cmocka_unit_test(test_dense_matches_direct),
       cmocka_unit_test(test_count_allowed),
+      cmocka_unit_test(test_mask_in_float),
+      cmocka_unit_test(test_uncertain_rows),
       cmocka_unit_test(test_lowp_error_sizes),
       cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_f16_rounding),

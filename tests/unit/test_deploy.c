@@ -1,0 +1,192 @@
+/*
+ * tests/unit/test_deploy.c: a deployment that ships precompiled kernels and
+ * runs where NVRTC is not installed (FLEXJIT_NVRTC naming a library that
+ * does not exist stands for that machine).
+ *
+ * 1. A cache directory filled by `flexjit precompile --out DIR` serves its
+ *    kernels to a context without NVRTC (found by source key: the store's
+ *    alias), and a kernel it lacks fails naming its name and keys.
+ * 2. A pack named by FLEXJIT_PACKS serves a host that cannot change its code
+ *    to mount it; a pack that does not open makes every kernel request fail
+ *    naming it.
+ * 3. The .json sidecar beside a stored cubin is valid JSON (UTF-8) whatever
+ *    bytes the spec's source holds.
+ *
+ * Needs NVRTC to precompile; skips without it. No GPU.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/meta.h"
+#include "flexjit.h"
+#include "runtime/nvrtc.h"
+#include "tests/unit/cli_run.h"
+
+static const char kCausal[] = "return { name = 'deploy', mask_mod = causal() }\n";
+
+static int setup(void **state) {
+  (void)state;
+  char err[256];
+  const fjr_nvrtc *nv = NULL;
+  if (fjr_nvrtc_load(NULL, &nv, err, sizeof err) != FJ_OK) return 0;
+  if (fjt_make_tmpdir("fj-deploy") != 0) return -1;
+  fjt_write_text("deploy.lua", kCausal);
+  fjt_write_text("manifest.lua",
+                 "return { specs = {'deploy.lua'}, head_dims = {64}, dtypes = {'bf16'},\n"
+                 "  archs = {'sm_80'}, passes = {'forward'} }\n");
+  return 0;
+}
+
+static int teardown(void **state) {
+  return fjt_tmpdir[0] ? fjt_remove_tmpdir(state) : 0;
+}
+
+static void skip_without_nvrtc(void) {
+  if (!fjt_tmpdir[0]) skip();
+}
+
+/* A context as the deployed host makes it: the environment as given, no
+ * NVRTC. */
+static fj_context *deployed(const char *cache_dir) {
+  setenv("FLEXJIT_NVRTC", "/nonexistent/libnvrtc.so", 1);
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = cache_dir;
+  fj_context *ctx = NULL;
+  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+  unsetenv("FLEXJIT_NVRTC");
+  unsetenv("FLEXJIT_PACKS");
+  return ctx;
+}
+
+/* Compiles the forward kernel at head_dim for sm_80; returns the status. */
+static fj_status compile(fj_context *ctx, int head_dim, fj_kernel_info *info) {
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, kCausal, strlen(kCausal), "deploy.lua", &spec),
+                   FJ_OK);
+  fj_kernel_options ko = {.head_dim = head_dim, .dtype = FJ_DTYPE_BF16, .arch = "sm_80"};
+  fj_status st = fj_compile_forward(ctx, spec, &ko, info);
+  fj_spec_destroy(spec);
+  return st;
+}
+
+static void expect_missing(fj_context *ctx) {
+  fj_kernel_info info;
+  assert_int_equal(compile(ctx, 128, &info), FJ_ENONVRTC);
+  const char *msg = fj_context_last_error(ctx);
+  fjt_expect_in(msg, "fj_fwd_deploy_d128_bf16_sm80_sm_80");
+  fjt_expect_in(msg, "source key");
+}
+
+static void test_cache_directory_without_nvrtc(void **state) {
+  (void)state;
+  skip_without_nvrtc();
+  const char *dir = fjt_path("cache");
+  char cache[400];
+  snprintf(cache, sizeof cache, "%s", dir);
+  assert_int_equal(fjt_flexjit(NULL, "precompile '%s' --out '%s'", fjt_path("manifest.lua"),
+                               cache),
+                   0);
+  fj_context *ctx = deployed(cache);
+  fj_kernel_info info;
+  if (compile(ctx, 64, &info) != FJ_OK) fail_msg("%s", fj_context_last_error(ctx));
+  assert_true(info.from_cache);
+  assert_non_null(strstr(info.cubin_path, cache));
+  expect_missing(ctx);
+  fj_context_destroy(ctx);
+}
+
+static void test_packs_from_the_environment(void **state) {
+  (void)state;
+  skip_without_nvrtc();
+  char pack[400];
+  snprintf(pack, sizeof pack, "%s", fjt_path("kernels.fjpack"));
+  assert_int_equal(fjt_flexjit(NULL, "precompile '%s' --out '%s'", fjt_path("manifest.lua"),
+                               pack),
+                   0);
+  char list[900];
+  snprintf(list, sizeof list, "/nonexistent.fjpack-unused:%s", pack);
+  setenv("FLEXJIT_PACKS", pack, 1);
+  fj_context *ctx = deployed("");
+  fj_kernel_info info;
+  if (compile(ctx, 64, &info) != FJ_OK) fail_msg("%s", fj_context_last_error(ctx));
+  assert_true(info.from_cache);
+  assert_string_equal(info.cubin_path, pack);
+  expect_missing(ctx);
+  fj_context_destroy(ctx);
+  /* One pack of the list that does not open fails every request, naming it. */
+  setenv("FLEXJIT_PACKS", list, 1);
+  ctx = deployed("");
+  assert_int_equal(compile(ctx, 64, &info), FJ_EINVAL);
+  fjt_expect_in(fj_context_last_error(ctx), "FLEXJIT_PACKS");
+  fjt_expect_in(fj_context_last_error(ctx), "/nonexistent.fjpack-unused");
+  fj_context_destroy(ctx);
+}
+
+/* 1 when s[0, n) is UTF-8 without control characters other than \n. */
+static int valid_utf8(const unsigned char *s, size_t n) {
+  for (size_t i = 0; i < n;) {
+    unsigned c = s[i];
+    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (!len || i + len > n || (c < 0x20 && c != '\n')) return 0;
+    for (int k = 1; k < len; k++)
+      if ((s[i + k] & 0xc0) != 0x80) return 0;
+    i += (size_t)len;
+  }
+  return 1;
+}
+
+static void test_sidecar_is_json_whatever_the_source(void **state) {
+  (void)state;
+  skip_without_nvrtc();
+  static const char spec_src[] =
+      "-- \xff\xfe not UTF-8, \"quoted\", back\\slash, \x01 control\n"
+      "return { name = 'sidecar', mask_mod = causal() }\n";
+  char cache[400];
+  snprintf(cache, sizeof cache, "%s", fjt_path("sidecar-cache"));
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = cache;
+  fj_context *ctx = NULL;
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+  assert_int_equal(fj_spec_load_string(ctx, spec_src, strlen(spec_src), "s.lua", &spec),
+                   FJ_OK);
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16, .arch = "sm_80"};
+  fj_kernel_info info;
+  if (fj_compile_forward(ctx, spec, &ko, &info) != FJ_OK)
+    fail_msg("%s", fj_context_last_error(ctx));
+  char json[1200];
+  snprintf(json, sizeof json, "%s", info.cubin_path);
+  char *dot = strrchr(json, '.');
+  assert_non_null(dot);
+  strcpy(dot, ".json");
+  static char text[65536];
+  fjt_slurp_into(json, text, sizeof text);
+  assert_true(strlen(text) > 0);
+  assert_true(valid_utf8((const unsigned char *)text, strlen(text)));
+  char name[128];
+  assert_int_equal(fjc_meta_string(text, strlen(text), "name", name, sizeof name), 0);
+  assert_string_equal(name, info.name);
+  fjt_expect_in(text, "\\ufffd\\ufffd not UTF-8, \\\"quoted\\\", back\\\\slash, \\u0001");
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cache_directory_without_nvrtc),
+      cmocka_unit_test(test_packs_from_the_environment),
+      cmocka_unit_test(test_sidecar_is_json_whatever_the_source),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
