@@ -237,7 +237,7 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
 
   out->head_dim = head_dim;
   out->dtype = dtype;
-  snprintf(out->arch, sizeof out->arch, "%s", arch);
+  memcpy(out->arch, arch, strlen(arch) + 1); /* fjg_arch_check bounded it */
   out->sm = sm;
   if (!template_name || strcmp(template_name, "sm80") == 0)
     return choose_sm80(out, err, errlen);

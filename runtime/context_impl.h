@@ -44,6 +44,15 @@ struct fj_spec {
   size_t source_len;
   char *chunkname;
   struct fjr_kernel *kernels; /* the in-process table of this spec */
+  /* The forward kernels launched lately, by what a launch decides them
+   * from (runtime/forward.c): a launch that finds its own here skips
+   * deciding the configuration again. The context's settings, which the
+   * decision also reads, do not change. */
+  struct fjr_launch_memo {
+    int head_dim, dtype, block_q, block_kv;
+    struct fjr_kernel *kernel;
+  } launches[4];
+  int num_launches;
 };
 
 void fjr_clear_error(fj_context *ctx);

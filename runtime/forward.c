@@ -343,6 +343,32 @@ static fj_status check_tensors(fj_context *ctx, const fj_forward_args *a, fj_dty
   return FJ_OK;
 }
 
+/* The loaded kernel of a launch: from the spec's launch memo, else decided
+ * (forward_config), made or found (runtime/kernels.c) and remembered. */
+static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_dtype dtype,
+                               int block_q, int block_kv, fjr_kernel **out) {
+  for (int i = 0; i < spec->num_launches; i++) {
+    const struct fjr_launch_memo *m = &spec->launches[i];
+    if (m->head_dim == head_dim && m->dtype == (int)dtype && m->block_q == block_q &&
+        m->block_kv == block_kv) {
+      *out = m->kernel;
+      return FJ_OK;
+    }
+  }
+  const fj_kernel_options ko = {.head_dim = head_dim, .dtype = dtype,
+                                .block_mask_block_q = block_q};
+  fjg_config cfg;
+  fj_status st;
+  if ((st = forward_config(ctx, &ko, block_kv, &cfg)) != FJ_OK ||
+      (st = fjr_kernel_get(ctx, spec, &forward_kind, &cfg, out, NULL)) != FJ_OK ||
+      (st = fjr_kernel_load(ctx, *out)) != FJ_OK)
+    return st;
+  const int n = sizeof spec->launches / sizeof spec->launches[0];
+  const int slot = spec->num_launches < n ? spec->num_launches++ : n - 1;
+  spec->launches[slot] = (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, *out};
+  return FJ_OK;
+}
+
 fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                                const fj_forward_args *args) {
   if (!ctx) return FJ_EINVAL;
@@ -366,13 +392,9 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   fj_block_mask_info mi = {0};
   if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)
     return fjr_fail(ctx, FJ_EINVAL, "fj_attention_forward: bad block mask");
-  const fj_kernel_options kopts = {.head_dim = (int)args->q->shape[3], .dtype = dtype,
-                                   .block_mask_block_q = mi.block_q};
-  fjg_config cfg;
   fjr_kernel *k = NULL;
-  if ((st = forward_config(ctx, &kopts, mi.block_kv, &cfg)) != FJ_OK ||
-      (st = fjr_kernel_get(ctx, (fj_spec *)spec, &forward_kind, &cfg, &k, NULL)) != FJ_OK ||
-      (st = fjr_kernel_load(ctx, k)) != FJ_OK)
+  if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[3], dtype, mi.block_q,
+                          mi.block_kv, &k)) != FJ_OK)
     return st;
   /* The block mask, if any: validated against this launch (blockmask.c). */
   st = fjr_block_mask_bind(ctx, args->block_mask, p->sz.B, p->sz.Hq, p->sz.Lq, p->sz.Lk,

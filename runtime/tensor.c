@@ -127,15 +127,20 @@ static fj_status check_buffer(fj_context *ctx, const fjg_arg *decl,
 fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
                         const fj_arg *args, int num_args, void *dst) {
   const int n = fjg_num_args(g);
-  int32_t i32s[FJG_MAX_ARGS] = {0};
-  float f32s[FJG_MAX_ARGS] = {0};
-  uint64_t ptrs[FJG_MAX_ARGS] = {0};
-  int64_t lens[FJG_MAX_ARGS] = {0};
+  int32_t i32s[FJG_MAX_ARGS];
+  float f32s[FJG_MAX_ARGS];
+  uint64_t ptrs[FJG_MAX_ARGS];
+  int64_t lens[FJG_MAX_ARGS];
   if (num_args < 0 || (num_args > 0 && !args))
     return fjr_fail(ctx, FJ_EINVAL, "the runtime values: bad args array");
   if (n > FJG_MAX_ARGS)
     return fjr_fail(ctx, FJ_EUNSUPPORTED, "spec '%s' declares more than %d params "
                     "and buffers", who, FJG_MAX_ARGS);
+  if (n == 0 && num_args == 0) return FJ_OK;
+  memset(i32s, 0, sizeof i32s[0] * (size_t)n);
+  memset(f32s, 0, sizeof f32s[0] * (size_t)n);
+  memset(ptrs, 0, sizeof ptrs[0] * (size_t)n);
+  memset(lens, 0, sizeof lens[0] * (size_t)n);
   for (int i = 0; i < num_args; i++)
     if (!args[i].name || fjg_find_arg(g, args[i].name) < 0)
       return fjr_fail(ctx, FJ_EINVAL, "spec '%s' declares no param or buffer named '%s'",
