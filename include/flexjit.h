@@ -293,6 +293,15 @@ fj_status fj_block_mask_build(fj_context *ctx, const fj_spec *spec,
                               const fj_block_mask_options *opts,
                               fj_block_mask **out);
 
+/* Compiles (or finds in the cache) the builder kernels that
+ * fj_block_mask_build launches for spec, for target arch (NULL: the
+ * context's). For deployments that precompile (`flexjit precompile`'s
+ * "blockmask" pass): a machine without NVRTC builds block masks only with
+ * this kernel in a mounted pack or its cache. Needs NVRTC on a miss, never
+ * a GPU. `info` may be NULL. */
+fj_status fj_compile_block_mask(fj_context *ctx, const fj_spec *spec, const char *arch,
+                                fj_kernel_info *info);
+
 /* Recomputes the mask in place with new runtime values (new document ids:
  * once per batch in training), reusing its kernel and memory: only two
  * kernel launches on `stream`. Sizes and block sizes stay as built. */

@@ -86,19 +86,32 @@ static const fjr_kernel_kind builder_kind = {
 
 enum { BUILDER_CLASSIFY = 0, BUILDER_COMPACT = 1 };
 
-/* The spec's builder for the context's target, loaded. */
-static fj_status get_builder(fj_context *ctx, fj_spec *spec, fjr_kernel **out) {
-  const char *arch = NULL;
-  fj_status st = fjr_context_arch(ctx, &arch);
-  if (st != FJ_OK) return st;
+/* The spec's builder for arch (NULL: the context's target): one
+ * configuration per target. */
+static fj_status find_builder(fj_context *ctx, fj_spec *spec, const char *arch,
+                              fjr_kernel **out, int *resident) {
+  fj_status st;
+  if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
+  if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
   fjg_config cfg;
   memset(&cfg, 0, sizeof cfg);
   char err[512];
   if ((st = fjg_arch_check(arch, &cfg.sm, err, sizeof err)) != FJ_OK)
     return fjr_fail(ctx, st, "%s", err);
-  snprintf(cfg.arch, sizeof cfg.arch, "%s", arch);
-  if ((st = fjr_kernel_get(ctx, spec, &builder_kind, &cfg, out, NULL)) != FJ_OK) return st;
-  return fjr_kernel_load(ctx, *out);
+  memcpy(cfg.arch, arch, strlen(arch) + 1);
+  return fjr_kernel_get(ctx, spec, &builder_kind, &cfg, out, resident);
+}
+
+fj_status fj_compile_block_mask(fj_context *ctx, const fj_spec *spec, const char *arch,
+                                fj_kernel_info *info) {
+  if (!ctx) return FJ_EINVAL;
+  fjr_clear_error(ctx);
+  if (!spec) return fjr_fail(ctx, FJ_EINVAL, "fj_compile_block_mask: spec is NULL");
+  fjr_kernel *k = NULL;
+  int resident = 0;
+  fj_status st = find_builder(ctx, (fj_spec *)spec, arch, &k, &resident);
+  if (st == FJ_OK && info) fjr_kernel_info(k, resident, info);
+  return st;
 }
 
 /* ---- options, memory ---- */
@@ -228,7 +241,8 @@ fj_status fj_block_mask_build(fj_context *ctx, const fj_spec *spec,
   m->nq = (int)((opts->q_len + (long long)block_q - 1) / block_q);
   m->nkv = (int)((opts->kv_len + (long long)block_kv - 1) / block_kv);
   warn_broadcast(ctx, spec, m->B, m->H);
-  if ((st = get_builder(ctx, (fj_spec *)spec, &m->builder)) != FJ_OK ||
+  if ((st = find_builder(ctx, (fj_spec *)spec, NULL, &m->builder, NULL)) != FJ_OK ||
+      (st = fjr_kernel_load(ctx, m->builder)) != FJ_OK ||
       (st = alloc_arrays(m)) != FJ_OK ||
       (st = launch_builder(m, opts->args, opts->num_args, opts->stream)) !=
           FJ_OK)

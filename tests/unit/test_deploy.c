@@ -4,8 +4,9 @@
  * does not exist stands for that machine).
  *
  * 1. A cache directory filled by `flexjit precompile --out DIR` serves its
- *    kernels to a context without NVRTC (found by source key: the store's
- *    alias), and a kernel it lacks fails naming its name and keys.
+ *    kernels, block-mask builders included, to a context without NVRTC
+ *    (found by source key: the store's alias), and a kernel it lacks fails
+ *    naming its name and keys.
  * 2. A pack named by FLEXJIT_PACKS serves a host that cannot change its code
  *    to mount it; a pack that does not open makes every kernel request fail
  *    naming it.
@@ -42,7 +43,7 @@ static int setup(void **state) {
   fjt_write_text("deploy.lua", kCausal);
   fjt_write_text("manifest.lua",
                  "return { specs = {'deploy.lua'}, head_dims = {64}, dtypes = {'bf16'},\n"
-                 "  archs = {'sm_80'}, passes = {'forward'} }\n");
+                 "  archs = {'sm_80'}, passes = {'forward', 'blockmask'} }\n");
   return 0;
 }
 
@@ -102,6 +103,16 @@ static void test_cache_directory_without_nvrtc(void **state) {
   assert_true(info.from_cache);
   assert_non_null(strstr(info.cubin_path, cache));
   expect_missing(ctx);
+  /* The block-mask builder came with the "blockmask" pass. */
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, kCausal, strlen(kCausal), "deploy.lua", &spec),
+                   FJ_OK);
+  if (fj_compile_block_mask(ctx, spec, "sm_80", &info) != FJ_OK)
+    fail_msg("%s", fj_context_last_error(ctx));
+  assert_true(info.from_cache);
+  fjt_expect_in(info.name, "fj_blockmask_deploy_sm_80");
+  assert_int_equal(fj_compile_block_mask(ctx, spec, "sm_90a", &info), FJ_ENONVRTC);
+  fj_spec_destroy(spec);
   fj_context_destroy(ctx);
 }
 
