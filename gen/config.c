@@ -143,7 +143,7 @@ int fjg_sm90_block_m_for(int block_m, int block_q) {
   return block_q % 128 == 0 ? 128 : 0;
 }
 
-/* The sm90 template (templates/sm90/fwd.cuh): one producer and two consumer
+/* The sm90 template (templates/sm90/): one producer and two consumer
  * warpgroups, 128 x 128 tiles as FlashAttention-3 uses at D=128 causal;
  * at D=64 three consumers and 192 x 128 tiles, FlashAttention-3's small-head
  * tile (+7% over two at causal 8 x 4096, H=32), two K/V stages at D=128 and

@@ -1,7 +1,8 @@
 /*
  * runtime/tma.h: TMA tensor maps for the sm90 forward template.
  *
- * templates/sm90/fwd.cuh loads Q, K and V with the bulk tensor copy engine,
+ * The sm90 template loads Q, K and V (templates/sm90/producer.cuh, pipeline.cuh)
+ * with the bulk tensor copy engine,
  * which reads a CUtensorMap per tensor from a kernel parameter. The kernel
  * takes two parameters, the usual fj_fwd_params and then fj_tma_maps; this
  * file builds the host mirror of the second from the first (pointers,
