@@ -18,8 +18,8 @@ static const char *const common_blockmask[] = {"common/fj_common.cuh", FJG_PART_
                                                NULL};
 static const char *const sm80_forward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
-    "common/tile_walk.cuh", "sm80/config.cuh", "sm80/ptx.cuh", "sm80/pipeline.cuh",
-    "sm80/tile_walk.cuh", "sm80/mainloop.cuh", "sm80/fwd.cuh", NULL};
+    "common/tile_walk.cuh", "sm80/config.cuh", "sm80/ptx.cuh", "sm80/tile_load.cuh",
+    "sm80/pipeline.cuh", "sm80/tile_walk.cuh", "sm80/mainloop.cuh", "sm80/fwd.cuh", NULL};
 static const char *const sm90_forward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
     "common/tile_walk.cuh", "sm90/config.cuh", "sm90/ptx.cuh", "sm90/trace.cuh",
