@@ -210,6 +210,20 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, int b, int h, i
   }
 }
 
+// p[0] += x and p[1] += y in global memory (p 8-byte aligned): one vector
+// reduction from sm_90 on (half the instructions of two scalar ones).
+__device__ __forceinline__ void fjb_red_add2(float *p, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " red.global.add.v2.f32 [g], {%1, %2};\n}\n"
+      :: "l"(p), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
+
 // dQ of query rows [q0, q0 + FJ_BLOCK_M) of head h, this warp's part (rows
 // 16 wm .., head-dim columns FJB_DQ_COLS wd ..): dS K over the CTA's
 // FJ_BLOCK_N kv rows, times scale, added to dq_accum. After a barrier that
@@ -259,10 +273,9 @@ __device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, int b, int h
     const int r = wm * 16 + g + hh * 8;
     if (q0 + r < Lq) {
 #pragma unroll
-      for (int nt = 0; nt < FJB_DQ_NT; ++nt) {
-        atomicAdd(gq + r * FJ_HEAD_DIM + nt * 8, acc[nt][2 * hh] * p.scale);
-        atomicAdd(gq + r * FJ_HEAD_DIM + nt * 8 + 1, acc[nt][2 * hh + 1] * p.scale);
-      }
+      for (int nt = 0; nt < FJB_DQ_NT; ++nt)
+        fjb_red_add2(gq + r * FJ_HEAD_DIM + nt * 8, acc[nt][2 * hh] * p.scale,
+                     acc[nt][2 * hh + 1] * p.scale);
     }
   }
 }

@@ -207,7 +207,8 @@ static void compile_one(const char *arch, int head_dim, fj_dtype dt, int has_mas
   assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16"));
   assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans"));
   assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
-  assert_non_null(strstr(ptx, ".add.f32")); /* dq_accum's atomics */
+  assert_non_null(strstr(ptx, ".global.add")); /* dq_accum's atomics */
+  if (strcmp(arch, "sm_90a") == 0) assert_non_null(strstr(ptx, "red.global.add.v2.f32"));
   size_t cubin_size = 0;
   assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
   assert_true(cubin_size > 0);
