@@ -366,13 +366,17 @@ static void put_body(emitter *e, int which, const char *absent) {
  * reads, so they are computed here once), with the f32 rules of a
  * score_mod; then an atomic add of ds times each trainable read's
  * derivative into its gradient where the index is inside the buffer (a
- * read outside reads 0 and has none), and ds times d score_mod / d score. */
+ * read outside reads 0 and has none), and ds times d score_mod / d score.
+ * An element with ds == 0 (P == 0: a score_mod's -inf, or underflow)
+ * contributes nothing and costs no atomic, also where the derivative there
+ * is infinite or NaN (log at 0, an overflowing exp). */
 static void put_grad_body(emitter *e) {
   const fjg_derivative *d = fjg_graph_derivative(e->g);
   if (!d) { /* no score_mod: the score passes unchanged */
     fjg_buf_printf(e->out, "  return ds;\n");
     return;
   }
+  fjg_buf_printf(e->out, "  if (ds == 0.0f) return 0.0f;\n");
   int count, next = 0;
   const int32_t *list = fjg_reachable(e->g, 2, &count);
   e->score = 1;

@@ -23,8 +23,9 @@
  *                        atomicAdd for every trainable read whose index n is
  *                        inside the buffer; SSA code over the derivative's
  *                        nodes (fjg_graph_derivative) with a score_mod's f32
- *                        rules. Without a derivative (no score_mod) it
- *                        returns ds.
+ *                        rules. ds == 0 returns 0 and adds nothing (even
+ *                        where the derivative is inf or NaN). Without a
+ *                        derivative (no score_mod) it returns ds.
  * The forward unit never has them: its bytes are its cache key.
  *
  * Output is deterministic: the same graph gives the same bytes.
