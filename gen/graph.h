@@ -208,7 +208,9 @@ int fjg_score_root(const fjg_graph *g);
  * that a loaded spec never changes: the spec loader computes it once, after
  * the roots are set, and the backward emitter and reference read it.
  * fjg_set_derivative copies *d (whose nodes must exist) and fails when the
- * nodes it depends on, together, are more than FJG_MAX_GRAD_NODES.
+ * nodes it depends on, together, are more than FJG_MAX_GRAD_NODES (then
+ * the graph keeps the derivative it had). Setting the score root again
+ * does not recompute it.
  * fjg_graph_derivative returns it (borrowed, valid while g lives), or NULL
  * when none was set. */
 struct fjg_derivative;
