@@ -1083,34 +1083,71 @@ int64_t fjg_reference_uncertain_kv_rows(const fjg_ref_problem *p,
   return count;
 }
 
+int fjg_reference_zero_grad_rows(const fjg_ref_problem *p, uint8_t *q_rows,
+                                 uint8_t *kv_rows) {
+  ref_job j;
+  fjg_evaluator e;
+  if (!problem_valid(p) || !q_rows || !kv_rows) return -1;
+  const size_t nq = (size_t)p->B * p->Hq * p->Lq, nk = (size_t)p->B * p->Hkv * p->Lk;
+  memset(q_rows, 1, nq);
+  memset(kv_rows, 1, nk);
+  if (!p->g || fjg_mask_root(p->g) < 0) {
+    memset(q_rows, 0, nq);
+    memset(kv_rows, 0, nk);
+    return 0;
+  }
+  job_init(&j, p, KIND_UNCERTAIN, 1);
+  if (fjg_evaluator_init(&e, p->g, &j.env) != FJ_OK) return -1;
+  for (int b = 0; b < p->B; b++)
+    for (int h = 0; h < p->Hq; h++)
+      for (int i = 0; i < p->Lq; i++) {
+        uint8_t *qz = q_rows + ((size_t)b * p->Hq + h) * p->Lq + i;
+        uint8_t *kz = kv_rows + ((size_t)b * p->Hkv + h / j.group) * p->Lk;
+        for (int c = 0; c < p->Lk; c++)
+          if (fjg_eval_mask3(&e, b, h, i, c) != FJG_MASKED) *qz = 0, kz[c] = 0;
+      }
+  fjg_evaluator_free(&e);
+  return 0;
+}
+
 /* ---- the comparison rule ---- */
+
+/* Which elements must be exactly 0 in out. */
+typedef enum {
+  ZERO_WHERE_REF_AND_LOWP, /* the forward's outputs */
+  ZERO_IN_ROWS,            /* gradients: the rows given (NULL: none) */
+} zero_rule;
 
 static int check_rows(const double *ref, const float *lowp, const float *out,
                       size_t n, size_t row_len, const uint8_t *skip_rows,
-                      double factor, double floor, fjg_check_report *rep);
+                      zero_rule rule, const uint8_t *zero_rows, double factor,
+                      double floor, fjg_check_report *rep);
 
 int fjg_ref_check(const double *ref, const float *lowp, const float *out,
                   size_t n, double floor, fjg_check_report *rep) {
-  return check_rows(ref, lowp, out, n, 1, NULL, FJG_CHECK_FACTOR, floor, rep);
+  return check_rows(ref, lowp, out, n, 1, NULL, ZERO_WHERE_REF_AND_LOWP, NULL,
+                    FJG_CHECK_FACTOR, floor, rep);
 }
 
 int fjg_ref_check_rows(const double *ref, const float *lowp, const float *out,
                        size_t n, size_t row_len, const uint8_t *skip_rows,
                        double floor, fjg_check_report *rep) {
-  return check_rows(ref, lowp, out, n, row_len, skip_rows, FJG_CHECK_FACTOR,
+  return check_rows(ref, lowp, out, n, row_len, skip_rows, ZERO_WHERE_REF_AND_LOWP, NULL,
+                    FJG_CHECK_FACTOR,
                     floor, rep);
 }
 
 int fjg_ref_check_grad(const double *ref, const float *lowp, const float *out,
                        size_t n, size_t row_len, const uint8_t *skip_rows,
-                       double floor, fjg_check_report *rep) {
-  return check_rows(ref, lowp, out, n, row_len, skip_rows,
+                       const uint8_t *zero_rows, double floor, fjg_check_report *rep) {
+  return check_rows(ref, lowp, out, n, row_len, skip_rows, ZERO_IN_ROWS, zero_rows,
                     FJG_CHECK_GRAD_FACTOR, floor, rep);
 }
 
 static int check_rows(const double *ref, const float *lowp, const float *out,
                       size_t n, size_t row_len, const uint8_t *skip_rows,
-                      double factor, double floor, fjg_check_report *rep) {
+                      zero_rule rule, const uint8_t *zero_rows, double factor,
+                      double floor, fjg_check_report *rep) {
   fjg_check_report r;
   double e2 = 0, e2l = 0, r2 = 0;
   memset(&r, 0, sizeof r);
@@ -1130,7 +1167,10 @@ static int check_rows(const double *ref, const float *lowp, const float *out,
       r.nonfinite++;
       continue;
     }
-    if (x == 0 && z == 0 && y != 0) r.zero_mismatch++;
+    const int must_be_zero = rule == ZERO_WHERE_REF_AND_LOWP
+                                 ? x == 0 && z == 0
+                                 : zero_rows && zero_rows[i / row_len];
+    if (must_be_zero && y != 0) r.zero_mismatch++;
     double e = fabs(y - x), el = isfinite(z) ? fabs(z - x) : 0;
     if (e > r.max_err) r.max_err = e, r.worst = i;
     if (el > r.max_err_lowp) r.max_err_lowp = el;

@@ -124,6 +124,14 @@ int64_t fjg_reference_uncertain_kv_rows(const fjg_ref_problem *p,
                                         const uint8_t *q_rows,
                                         uint8_t *kv_rows);
 
+/* The gradient rows that must be exactly 0: q_rows[r] = 1 (B * Hq * Lq
+ * bytes, r as below) for a query row the mask allows no key of (its dq),
+ * kv_rows[r] = 1 (B * Hkv * Lk bytes, r = (b * Hkv + hk) * Lk + kv) for a
+ * key no query of its group attends (its dk and dv); an element the mask
+ * may allow (uncertain) counts as allowed. 0, or -1 on failure. */
+int fjg_reference_zero_grad_rows(const fjg_ref_problem *p, uint8_t *q_rows,
+                                 uint8_t *kv_rows);
+
 /* Marks (rows[r] = 1, B * Hq * Lq bytes, r = (b * Hq + h) * Lq + q) the
  * rows with an uncertain element (gen/eval.h): a mask element the kernel's
  * float32 exp/log/tanh may decide either way, or an allowed element whose
@@ -190,11 +198,13 @@ int fjg_ref_check_rows(const double *ref, const float *lowp, const float *out,
                        double floor, fjg_check_report *rep);
 
 /* fjg_ref_check_rows for gradients (dq, dk, dv, buffer gradients): the
- * factor is FJG_CHECK_GRAD_FACTOR. Where ref and lowp are both exactly 0
- * (a fully masked row's dq, a key no query attends, a buffer element
- * never read) out must be exactly 0. */
+ * factor is FJG_CHECK_GRAD_FACTOR, and out must be exactly 0 in the rows
+ * zero_rows marks (NULL: none): a fully masked query row's dq, a key no
+ * query attends (fjg_reference_zero_grad_rows). No other zero is a rule:
+ * a gradient that cancels exactly in the reference (the dq of a row with
+ * one allowed key, whose dS is 0) comes out of a kernel as rounding. */
 int fjg_ref_check_grad(const double *ref, const float *lowp, const float *out,
                        size_t n, size_t row_len, const uint8_t *skip_rows,
-                       double floor, fjg_check_report *rep);
+                       const uint8_t *zero_rows, double floor, fjg_check_report *rep);
 
 #endif /* FJG_REFERENCE_H */

@@ -350,13 +350,13 @@ static void test_lowp_error_sizes(void **state) {
   fjg_check_report rep;
   const size_t n = pr.nk;
   float *out = malloc(sizeof(float) * n);
-  assert_true(fjg_ref_check_grad(gb.dk, gb.fk, gb.fk, n, 1, NULL, 0, &rep));
+  assert_true(fjg_ref_check_grad(gb.dk, gb.fk, gb.fk, n, 1, NULL, NULL, 0, &rep));
   assert_true(fabs(rep.tolerance - 3 * rep.max_err_lowp) < 1e-12);
   for (size_t i = 0; i < n; i++) out[i] = (float)(gb.dk[i] + 2.5 * (gb.fk[i] - gb.dk[i]));
-  assert_true(fjg_ref_check_grad(gb.dk, gb.fk, out, n, 1, NULL, 0, &rep));
+  assert_true(fjg_ref_check_grad(gb.dk, gb.fk, out, n, 1, NULL, NULL, 0, &rep));
   assert_false(fjg_ref_check_rows(gb.dk, gb.fk, out, n, 1, NULL, 0, &rep)); /* 2x */
   for (size_t i = 0; i < n; i++) out[i] = (float)(gb.dk[i] + 3.5 * (gb.fk[i] - gb.dk[i]));
-  assert_false(fjg_ref_check_grad(gb.dk, gb.fk, out, n, 1, NULL, 0, &rep));
+  assert_false(fjg_ref_check_grad(gb.dk, gb.fk, out, n, 1, NULL, NULL, 0, &rep));
   /* Keys no query attends have dk exactly 0 in both; so must the kernel. */
   size_t zeros = 0;
   for (size_t i = 0; i < n; i++) zeros += gb.dk[i] == 0 && gb.fk[i] == 0;
@@ -368,7 +368,8 @@ static void test_lowp_error_sizes(void **state) {
 }
 
 /* A fully masked row and keys nobody attends give exact zeros in both
- * computations; the rule requires them. */
+ * computations; fjg_reference_zero_grad_rows finds those rows and the rule
+ * requires them, and only them. */
 static void test_exact_zeros(void **state) {
   (void)state;
   rng r = {5};
@@ -390,13 +391,19 @@ static void test_exact_zeros(void **state) {
       assert_true(dq[((size_t)h * Lq + 3) * D + d] == 0);
       assert_true(fq[((size_t)h * Lq + 3) * D + d] == 0);
     }
+  uint8_t *qz = malloc(pr.nq / D), *kz = malloc(pr.nk / D);
+  assert_int_equal(fjg_reference_zero_grad_rows(&pr.p, qz, kz), 0);
+  for (int h = 0; h < cases[2].Hq; h++) assert_int_equal(qz[(size_t)h * Lq + 3], 1);
   fjg_check_report rep;
   float *out = malloc(sizeof(float) * pr.nq);
   memcpy(out, fq, sizeof(float) * pr.nq);
-  assert_true(fjg_ref_check_grad(dq, fq, out, pr.nq, D, NULL, 0, &rep));
+  assert_true(fjg_ref_check_grad(dq, fq, out, pr.nq, D, NULL, qz, 0, &rep));
   out[3 * D] = 1e-6f; /* head 0, row 3 */
-  assert_false(fjg_ref_check_grad(dq, fq, out, pr.nq, D, NULL, 1, &rep));
+  assert_false(fjg_ref_check_grad(dq, fq, out, pr.nq, D, NULL, qz, 1, &rep));
   assert_int_equal(rep.zero_mismatch, 1);
+  /* Without the rows, a small value there is within the tolerance. */
+  assert_true(fjg_ref_check_grad(dq, fq, out, pr.nq, D, NULL, NULL, 1, &rep));
+  free(qz), free(kz);
   free(dq), free(dk), free(dv), free(fq), free(fk), free(fv), free(out);
   problem_free(&pr);
 }
