@@ -9,6 +9,7 @@
  * two 32-column softmax steps to stay under 255 registers); D=64 can afford
  * 128-row tiles. Consumer parts (sm_86, sm_89, sm_120) have about 100 KiB of
  * shared memory per SM, so they get shapes that fit two CTAs (untuned).
+ * The backward pass's shapes: choose_sm80_backward.
  */
 #include "gen/config.h"
 
@@ -216,11 +217,10 @@ fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
                                     errlen);
 }
 
-fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
-                                     const char *arch,
-                                     const char *template_name,
-                                     fjg_config *out, char *err,
-                                     size_t errlen) {
+/* The checks and fields every configuration starts from: head_dim, dtype,
+ * arch and sm; the rest zero. */
+static fj_status config_start(int head_dim, fj_dtype dtype, const char *arch,
+                              fjg_config *out, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
   if (!out) return fail(err, errlen, FJ_EINVAL, "no output configuration");
   memset(out, 0, sizeof *out);
@@ -239,9 +239,68 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
   out->dtype = dtype;
   memcpy(out->arch, arch, strlen(arch) + 1); /* fjg_arch_check bounded it */
   out->sm = sm;
+  return FJ_OK;
+}
+
+fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
+                                     const char *arch,
+                                     const char *template_name,
+                                     fjg_config *out, char *err,
+                                     size_t errlen) {
+  fj_status st = config_start(head_dim, dtype, arch, out, err, errlen);
+  if (st != FJ_OK) return st;
   if (!template_name || strcmp(template_name, "sm80") == 0)
     return choose_sm80(out, err, errlen);
   if (strcmp(template_name, "sm90") == 0) return choose_sm90(out, err, errlen);
+  return fail(err, errlen, FJ_EINVAL,
+              "unknown template '%s' (known: sm80, sm90)", template_name);
+}
+
+/* Must equal templates/sm80/bwd_config.cuh's FJB_SMEM_BYTES: K and V, two
+ * stages of Q and dO (2-byte elements) and of LSE and delta (fp32), and dS^T
+ * with rows padded by 16 bytes. */
+static int sm80_bwd_smem_bytes(const fjg_config *c) {
+  return (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
+         2 * c->num_stages * c->block_m * 4 + c->block_n * (c->block_m * 2 + 16);
+}
+
+/* The sm80 backward (templates/sm80/bwd_*.cuh), FlashAttention-2's shape at
+ * D=128: a CTA owns 128 kv rows (16 a warp, 8 warps), whose dK and dV stay in
+ * registers (128 a thread at D=128), and streams query tiles of 64 rows
+ * through two stages: 147 KiB at D=128 (sm_80's 163 and sm_90's 227 KiB
+ * hold it), 83 KiB at D=64. Parts with about 100 KiB (sm_86, sm_89, sm_120)
+ * take 64 kv rows (4 warps) and 32-row query tiles at D=128 (70 KiB).
+ * Untuned. */
+static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen) {
+  if (out->head_dim == 256)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "the backward pass has head dims 64 and 128, not 256 (%s)", out->arch);
+  out->template_name = "sm80";
+  out->num_stages = 2;
+  const int small = small_smem(out->sm) && out->head_dim == 128;
+  out->num_warps = small ? 4 : 8;
+  out->block_n = 16 * out->num_warps;
+  out->block_m = small ? 32 : 64;
+  out->threads = out->num_warps * 32;
+  out->smem_bytes = sm80_bwd_smem_bytes(out);
+  if (out->smem_bytes > max_smem_per_block(out->sm))
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "backward configuration needs %d bytes of shared memory, more than %s "
+                "allows", out->smem_bytes, out->arch);
+  return FJ_OK;
+}
+
+fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *arch,
+                                     const char *template_name, fjg_config *out,
+                                     char *err, size_t errlen) {
+  fj_status st = config_start(head_dim, dtype, arch, out, err, errlen);
+  if (st != FJ_OK) return st;
+  if (!template_name || strcmp(template_name, "sm80") == 0)
+    return choose_sm80_backward(out, err, errlen);
+  if (strcmp(template_name, "sm90") == 0)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "template sm90 has no backward pass yet; the sm80 backward runs on %s",
+                arch);
   return fail(err, errlen, FJ_EINVAL,
               "unknown template '%s' (known: sm80, sm90)", template_name);
 }

@@ -6,7 +6,8 @@
  * (head_dim, dtype, arch) shares it. The emitter writes it as the FJ_* macros
  * that templates/<template_name>/config.cuh lists at its top; the runtime
  * launches with grid (ceil(Lq / block_m), Hq, B), `threads` threads and
- * `smem_bytes` of dynamic shared memory.
+ * `smem_bytes` of dynamic shared memory. The backward pass has its own
+ * configuration and launches (fjg_config_choose_backward, below).
  */
 #ifndef FJG_CONFIG_H
 #define FJG_CONFIG_H
@@ -116,5 +117,33 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
                                      const char *template_name,
                                      fjg_config *out, char *err,
                                      size_t errlen);
+
+/*
+ * The backward pass's configuration (docs/backward.md) for head_dim (64,
+ * 128), dtype and arch, as fjg_config_choose_template checks them.
+ * template_name NULL or "sm80": the mma.sync backward, on every arch from
+ * sm_80; "sm90" is FJ_EUNSUPPORTED (no wgmma backward yet), another name
+ * FJ_EINVAL, head dim 256 FJ_EUNSUPPORTED. The fields mean, for the backward
+ * unit's macros (templates/sm80/bwd_config.cuh):
+ *   block_m     FJ_BLOCK_M: query rows of a streamed Q / dO tile
+ *   block_n     FJ_BLOCK_N: kv rows a CTA owns, 16 * num_warps
+ *   num_warps   FJ_NUM_WARPS; threads = 32 * num_warps
+ *   num_stages  FJ_NUM_STAGES: Q / dO stages (2)
+ *   smem_bytes  the main kernel's dynamic shared memory (raise the
+ *               function's limit above 48 KiB), no static
+ * Launches: fj_attention_bwd_pre and fj_attention_bwd_post on grid
+ * (ceil(Lq / FJG_BWD_ROW_BLOCK), Hq, B) with FJG_BWD_ROW_THREADS threads and
+ * no dynamic shared memory; fj_attention_bwd between them on grid
+ * (ceil(Lk / block_n), Hkv, B) with `threads` threads and smem_bytes.
+ * uses_tma, persistent, q_bufs 0; spill_fallback NULL. Thread-safe; no
+ * allocation.
+ */
+fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *arch,
+                                     const char *template_name, fjg_config *out,
+                                     char *err, size_t errlen);
+/* The backward's row kernels (templates/common/bwd_rows.cuh: FJB_ROW_BLOCK,
+ * FJB_ROW_THREADS). */
+#define FJG_BWD_ROW_BLOCK 64
+#define FJG_BWD_ROW_THREADS 128
 
 #endif /* FJG_CONFIG_H */

@@ -26,11 +26,29 @@ static int ok(deriv *d, int id) {
 }
 
 static int cst(deriv *d, float v) { return ok(d, fjg_const_f32(d->g, v)); }
-static int bin(deriv *d, fjg_op op, int a, int b) {
-  return d->failed ? -1 : ok(d, fjg_binary(d->g, op, a, b));
-}
 static int un(deriv *d, fjg_op op, int a) {
   return d->failed ? -1 : ok(d, fjg_unary(d->g, op, a));
+}
+
+/* The f32 constant of node id, when it is 1 or -1 (else 0). */
+static int unit_const(const deriv *d, int id) {
+  const fjg_node *n = fjg_node_at(d->g, id);
+  if (n->op != FJG_OP_CONST || n->type != FJG_F32) return 0;
+  return n->imm.f == 1.0f ? 1 : n->imm.f == -1.0f ? -1 : 0;
+}
+
+/* A product by 1 or -1 is the other operand or its negation, exactly (the
+ * graph folds no float identity, so that forward graphs stay as traced):
+ * the chain rule makes many. */
+static int bin(deriv *d, fjg_op op, int a, int b) {
+  if (d->failed) return -1;
+  if (op == FJG_OP_MUL && fjg_node_at(d->g, a)->type == FJG_F32 &&
+      fjg_node_at(d->g, b)->type == FJG_F32) {
+    const int ua = unit_const(d, a), ub = unit_const(d, b);
+    if (ub) return ub > 0 ? a : un(d, FJG_OP_NEG, a);
+    if (ua) return ua > 0 ? b : un(d, FJG_OP_NEG, b);
+  }
+  return ok(d, fjg_binary(d->g, op, a, b));
 }
 static int sel(deriv *d, int c, int a, int b) {
   return d->failed ? -1 : ok(d, fjg_where(d->g, c, a, b));

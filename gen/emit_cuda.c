@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "gen/config.h"
+#include "gen/derivative.h"
 #include "gen/eval.h"
 #include "gen/interval.h"
 #include "gen/templates.h"
@@ -72,6 +73,30 @@ void fjg_user_params_pack(const fjg_graph *g, const int32_t *i32_by_arg,
       memcpy(p + at + 8, &len_by_arg[i], 8);
       break;
     }
+  }
+}
+
+/* ---- user grads layout ---- */
+
+static int num_trainable(const fjg_graph *g) {
+  int n = 0;
+  for (int i = 0; i < fjg_num_args(g); i++) n += fjg_arg_at(g, i)->trainable != 0;
+  return n;
+}
+
+size_t fjg_user_grads_size(const fjg_graph *g) {
+  int n = num_trainable(g);
+  return 8 * (size_t)(n ? n : 1); /* one pointer each, or the placeholder */
+}
+
+void fjg_user_grads_pack(const fjg_graph *g, const uint64_t *grad_ptr_by_arg,
+                         void *dst) {
+  unsigned char *p = dst;
+  memset(p, 0, fjg_user_grads_size(g));
+  for (int i = 0; i < fjg_num_args(g); i++) {
+    if (!fjg_arg_at(g, i)->trainable) continue;
+    memcpy(p, &grad_ptr_by_arg[i], 8);
+    p += 8;
   }
 }
 
@@ -336,6 +361,53 @@ static void put_body(emitter *e, int which, const char *absent) {
   fjg_buf_printf(e->out, ";\n");
 }
 
+/* The body of fj_score_grad: one statement per non-leaf node of the
+ * derivative (fjg_reachable list 2, which holds the score_mod's nodes it
+ * reads, so they are computed here once), with the f32 rules of a
+ * score_mod; then an atomic add of ds times each trainable read's
+ * derivative into its gradient where the index is inside the buffer (a
+ * read outside reads 0 and has none), and ds times d score_mod / d score.
+ * An element with ds == 0 (P == 0: a score_mod's -inf, or underflow)
+ * contributes nothing and costs no atomic, also where the derivative there
+ * is infinite or NaN (log at 0, an overflowing exp). */
+static void put_grad_body(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  if (!d) { /* no score_mod: the score passes unchanged */
+    fjg_buf_printf(e->out, "  return ds;\n");
+    return;
+  }
+  fjg_buf_printf(e->out, "  if (ds == 0.0f) return 0.0f;\n");
+  int count, next = 0;
+  const int32_t *list = fjg_reachable(e->g, 2, &count);
+  e->score = 1;
+  memset(e->decisive, 0, (size_t)fjg_num_nodes(e->g));
+  fjg_decisive_nodes(e->g, 2, e->decisive);
+  for (int k = 0; k < count; k++) {
+    const fjg_node *n = fjg_node_at(e->g, list[k]);
+    if (is_leaf(n)) continue;
+    e->slot[list[k]] = next;
+    fjg_buf_printf(e->out, "  const %s t%d = ", ctype(n->type), next++);
+    put_expr(e, n);
+    fjg_buf_printf(e->out, ";\n");
+  }
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    const fjg_node *grad = fjg_node_at(e->g, r->grad);
+    if (grad->op == FJG_OP_CONST && grad->imm.f == 0.0f) continue;
+    const char *name = fjg_arg_at(e->g, r->buffer)->name;
+    fjg_buf_printf(e->out, "  if (fj_buf_in(u.n_%s, ", name);
+    put_operand(e, r->index);
+    fjg_buf_printf(e->out, ")) atomicAdd(gr.g_%s + ", name);
+    put_operand(e, r->index);
+    fjg_buf_printf(e->out, ", ds * ");
+    put_operand(e, r->grad);
+    fjg_buf_printf(e->out, ");\n");
+  }
+  fjg_buf_printf(e->out, "  return ds * ");
+  put_operand(e, d->dscore);
+  fjg_buf_printf(e->out, ";\n");
+}
+
 /* ---- tile classifier ---- */
 
 static const char *iv_rule(fjg_op op) {
@@ -517,6 +589,38 @@ fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }
 
+static void put_grads_struct(fjg_buf *out, const fjg_graph *g) {
+  fjg_buf_printf(out, "struct fj_user_grads {\n");
+  for (int i = 0; i < fjg_num_args(g); i++) {
+    const fjg_arg *arg = fjg_arg_at(g, i);
+    if (arg->trainable) fjg_buf_printf(out, "  float *g_%s;\n", arg->name);
+  }
+  if (!num_trainable(g)) fjg_buf_printf(out, "  long long fj_reserved_;\n");
+  fjg_buf_printf(out, "};\n\n");
+}
+
+fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
+  size_t n = (size_t)fjg_num_nodes(g) + 1;
+  emitter e = {g, out, malloc(n * sizeof(int32_t)), malloc(n), 0};
+  if (!e.slot || !e.decisive) {
+    free(e.slot);
+    free(e.decisive);
+    return FJ_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) e.slot[i] = -1;
+  fjg_buf_printf(out, "// ---- generated backward hooks (gen/emit_cuda.c) ----\n");
+  put_grads_struct(out, g);
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ float fj_score_grad(const fj_user_params &u,"
+      "\n    const fj_user_grads &gr, const fj_sizes &z, float score, int b, "
+      "int h, int q, int kv,\n    float ds) {\n");
+  put_grad_body(&e);
+  fjg_buf_printf(out, "}\n// ---- end of generated backward hooks ----\n");
+  free(e.slot);
+  free(e.decisive);
+  return out->failed ? FJ_ENOMEM : FJ_OK;
+}
+
 /* ---- translation unit ---- */
 
 static fj_status put_template(fjg_buf *out, const char *name) {
@@ -562,7 +666,10 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
 }
 
-fj_status fjg_emit_parts(const fjg_graph *g, const char *const *parts, fjg_buf *out) {
+/* The parts in order; at FJG_PART_PROLOGUE the interval rules, the
+ * prologue and, for a backward unit, the backward hooks. */
+static fj_status emit_parts(const fjg_graph *g, const char *const *parts,
+                            int backward, fjg_buf *out) {
   if (!parts) return FJ_ENOTFOUND;
   for (const char *const *part = parts; *part; part++) {
     fj_status st = FJ_OK;
@@ -570,6 +677,7 @@ fj_status fjg_emit_parts(const fjg_graph *g, const char *const *parts, fjg_buf *
       fjg_buf_printf(out, "\n");
       st = fjg_emit_interval_rules(g, out);
       if (st == FJ_OK) st = fjg_emit_prologue(g, out);
+      if (st == FJ_OK && backward) st = fjg_emit_backward_hooks(g, out);
     } else {
       st = put_template(out, *part);
     }
@@ -578,11 +686,24 @@ fj_status fjg_emit_parts(const fjg_graph *g, const char *const *parts, fjg_buf *
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }
 
+fj_status fjg_emit_parts(const fjg_graph *g, const char *const *parts, fjg_buf *out) {
+  return emit_parts(g, parts, 0, out);
+}
+
 fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
                               fjg_buf *out) {
   if (!cfg || !cfg->template_name) return FJ_EINVAL;
   const char *const *parts = fjg_template_parts(cfg->template_name, "forward");
   if (!parts) return FJ_ENOTFOUND;
   put_config_defines(out, g, cfg);
-  return fjg_emit_parts(g, parts, out);
+  return emit_parts(g, parts, 0, out);
+}
+
+fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
+                               fjg_buf *out) {
+  if (!cfg || !cfg->template_name) return FJ_EINVAL;
+  const char *const *parts = fjg_template_parts(cfg->template_name, "backward");
+  if (!parts) return FJ_ENOTFOUND;
+  put_config_defines(out, g, cfg);
+  return emit_parts(g, parts, 1, out);
 }

@@ -13,6 +13,21 @@
  * an i32 param `w` is `int a_w;`, an f32 param `float a_w;`, a buffer `d` is
  * `const int *a_d; long long n_d;` (const float * for f32 elements).
  *
+ * A backward unit adds, right after the prologue, the hooks of
+ * docs/backward.md (fjg_emit_backward_hooks):
+ *   struct fj_user_grads { float *g_<name>; ... };  one per trainable buffer,
+ *                        in declaration order (long long fj_reserved_ when
+ *                        there is none, so it is never empty)
+ *   fj_score_grad        ds * d score_mod / d score, after adding
+ *                        ds * d score_mod / d buf[n] to gr.g_<name>[n] with
+ *                        atomicAdd for every trainable read whose index n is
+ *                        inside the buffer; SSA code over the derivative's
+ *                        nodes (fjg_graph_derivative) with a score_mod's f32
+ *                        rules. ds == 0 returns 0 and adds nothing (even
+ *                        where the derivative is inf or NaN). Without a
+ *                        derivative (no score_mod) it returns ds.
+ * The forward unit never has them: its bytes are its cache key.
+ *
  * Output is deterministic: the same graph gives the same bytes.
  * Functions append to `out`; on FJ_ENOMEM `out->failed` is set.
  */
@@ -51,6 +66,19 @@ fj_status fjg_emit_parts(const fjg_graph *g, const char *const *parts, fjg_buf *
 fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
                               fjg_buf *out);
 
+/* The backward hooks (see the top of this file); they need the prologue
+ * before them. */
+fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out);
+
+/* The whole backward translation unit but the banner: the configuration
+ * #defines as fjg_emit_forward_tu writes them, then the parts of
+ * cfg->template_name's "backward" kernel (gen/templates.c), with the
+ * backward hooks after the prologue. FJ_ENOTFOUND when the template has no
+ * backward kernel or one of its parts is missing, FJ_EINVAL on a NULL
+ * cfg. */
+fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
+                               fjg_buf *out);
+
 /* Host layout of struct fj_user_params (natural alignment; x86-64 and CUDA
  * agree): 8-byte fj_reserved_, then the arguments in declaration order. */
 size_t fjg_user_params_size(const fjg_graph *g);
@@ -64,5 +92,15 @@ size_t fjg_user_params_offset(const fjg_graph *g, int arg);
 void fjg_user_params_pack(const fjg_graph *g, const int32_t *i32_by_arg,
                           const float *f32_by_arg, const uint64_t *ptr_by_arg,
                           const int64_t *len_by_arg, void *dst);
+
+/* Host layout of struct fj_user_grads: 8 bytes per trainable buffer (its
+ * gradient's device pointer), in declaration order; 8 (the placeholder)
+ * when there is none. */
+size_t fjg_user_grads_size(const fjg_graph *g);
+/* Writes fjg_user_grads_size(g) bytes to dst: grad_ptr_by_arg[i] for each
+ * trainable argument i (indexed by argument index, read only for those;
+ * may be NULL when there is none). The placeholder is zero. */
+void fjg_user_grads_pack(const fjg_graph *g, const uint64_t *grad_ptr_by_arg,
+                         void *dst);
 
 #endif /* FJG_EMIT_CUDA_H */

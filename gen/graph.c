@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen/derivative.h"
 #include "gen/interval.h"
 
 struct fjg_graph {
@@ -20,9 +21,13 @@ struct fjg_graph {
   fjg_arg *args;
   int num_args, cap_args;
   int mask_root, score_root;
-  /* Nodes reachable from each root, ascending (see fjg_reachable). */
-  int32_t *reach[2];
-  int reach_count[2];
+  /* The derivative of score_mod, when has_derivative. */
+  fjg_derivative derivative;
+  int has_derivative;
+  /* Nodes reachable from the mask root, the score root and the
+   * derivative's nodes, ascending (see fjg_reachable). */
+  int32_t *reach[3];
+  int reach_count[3];
   char error[256];
 };
 
@@ -73,6 +78,7 @@ void fjg_graph_destroy(fjg_graph *g) {
   free(g->args);
   free(g->reach[0]);
   free(g->reach[1]);
+  free(g->reach[2]);
   free(g);
 }
 
@@ -312,6 +318,26 @@ int fjg_buffer(fjg_graph *g, const char *name, fjg_type elem) {
     return fail(g, "buffer '%s': element type must be i32 or f32, not %s",
                 name ? name : "(null)", fjg_type_name(elem));
   return declare_arg(g, name, FJ_ARG_BUFFER, elem);
+}
+
+int fjg_set_trainable(fjg_graph *g, int arg) {
+  if (arg < 0 || arg >= g->num_args)
+    return fail(g, "trainable: no argument %d", arg);
+  fjg_arg *a = &g->args[arg];
+  if (a->kind != FJ_ARG_BUFFER || a->type != FJG_F32)
+    return fail(g, "'%s' cannot have a gradient: only f32 buffers can (it "
+                   "is %s %s)", a->name, a->kind == FJ_ARG_BUFFER ? "an i32"
+                                                                  : "a",
+                a->kind == FJ_ARG_BUFFER ? "buffer" : "param");
+  a->trainable = 1;
+  return 0;
+}
+
+uint64_t fjg_trainable_args(const fjg_graph *g) {
+  uint64_t set = 0;
+  for (int i = 0; i < g->num_args && i < 64; i++)
+    if (g->args[i].trainable) set |= 1ull << i;
+  return set;
 }
 
 /* ---- operators ---- */
@@ -661,11 +687,19 @@ int fjg_load(fjg_graph *g, int buffer_arg, int index_node) {
 
 /* ---- roots ---- */
 
-/* Marks the nodes reachable from root; returns a calloc'd flag array. */
-static uint8_t *mark_reachable(const fjg_graph *g, int root) {
+/* Marks the nodes reachable from roots[0..n) (-1: none); returns a
+ * calloc'd flag array, and the largest root in *top. */
+static uint8_t *mark_reachable_n(const fjg_graph *g, const int *roots, int n,
+                                 int *top) {
   uint8_t *mark = calloc((size_t)g->num_nodes + 1, 1);
+  int root = -1;
+  for (int i = 0; mark && i < n; i++) {
+    if (roots[i] < 0) continue;
+    mark[roots[i]] = 1;
+    if (roots[i] > root) root = roots[i];
+  }
+  if (top) *top = root;
   if (!mark || root < 0) return mark;
-  mark[root] = 1;
   for (int id = root; id >= 0; id--) {
     if (!mark[id]) continue;
     const fjg_node *n = &g->nodes[id];
@@ -677,12 +711,19 @@ static uint8_t *mark_reachable(const fjg_graph *g, int root) {
   return mark;
 }
 
-static int set_reachable(fjg_graph *g, int which, int root) {
-  uint8_t *mark = mark_reachable(g, root);
+static uint8_t *mark_reachable(const fjg_graph *g, int root) {
+  return mark_reachable_n(g, &root, 1, NULL);
+}
+
+/* Keeps the nodes reachable from roots[0..n) as list `which` (0 mask, 1
+ * score, 2 derivative), refusing more than the list's limit. */
+static int set_reachable(fjg_graph *g, int which, const int *roots, int n) {
+  int root;
+  uint8_t *mark = mark_reachable_n(g, roots, n, &root);
   if (!mark) return fail(g, "out of memory while setting a root");
   int count = 0;
   for (int id = 0; id <= root; id++) count += mark[id];
-  if (count > FJG_MAX_MOD_NODES) {
+  if (which < 2 && count > FJG_MAX_MOD_NODES) {
     free(mark);
     return fail(g, "the result of %s depends on %d nodes, more than the "
                    "limit of %d (FJG_MAX_MOD_NODES): the kernel would take "
@@ -690,6 +731,14 @@ static int set_reachable(fjg_graph *g, int which, int root) {
                    "simplify the expression",
                 which == 0 ? "mask_mod" : "score_mod", count,
                 FJG_MAX_MOD_NODES);
+  }
+  if (which == 2 && count > FJG_MAX_GRAD_NODES) {
+    free(mark);
+    return fail(g, "the derivative of score_mod (for the backward pass) "
+                   "depends on %d nodes, more than the limit of %d "
+                   "(FJG_MAX_GRAD_NODES): its kernel would take minutes to "
+                   "compile; compute tables with buffer() or simplify the "
+                   "expression", count, FJG_MAX_GRAD_NODES);
   }
   int32_t *list = malloc(((size_t)count + 1) * sizeof *list);
   if (!list) {
@@ -714,7 +763,8 @@ int fjg_set_mask_root(fjg_graph *g, int node) {
                      "first, e.g. ge(q, kv))",
                   fjg_type_name((fjg_type)type_of(g, node)));
   }
-  if (set_reachable(g, 0, node < 0 ? -1 : node) < 0) return -1;
+  int root = node < 0 ? -1 : node;
+  if (set_reachable(g, 0, &root, 1) < 0) return -1;
   g->mask_root = node < 0 ? -1 : node;
   return 0;
 }
@@ -729,7 +779,8 @@ int fjg_set_score_root(fjg_graph *g, int node) {
     node = promote_f32(g, node);
     if (node < 0) return -1;
   }
-  if (set_reachable(g, 1, node < 0 ? -1 : node) < 0) return -1;
+  int root = node < 0 ? -1 : node;
+  if (set_reachable(g, 1, &root, 1) < 0) return -1;
   g->score_root = node < 0 ? -1 : node;
   return 0;
 }
@@ -737,9 +788,44 @@ int fjg_set_score_root(fjg_graph *g, int node) {
 int fjg_mask_root(const fjg_graph *g) { return g->mask_root; }
 int fjg_score_root(const fjg_graph *g) { return g->score_root; }
 
+static int is_f32_node(const fjg_graph *g, int id) {
+  return valid_node(g, id) && type_of(g, id) == FJG_F32;
+}
+
+int fjg_set_derivative(fjg_graph *g, const fjg_derivative *d) {
+  int roots[1 + 2 * FJG_MAX_BUFFER_GRADS], n = 0;
+  if (d->num_buffer_grads < 0 || d->num_buffer_grads > FJG_MAX_BUFFER_GRADS)
+    return fail(g, "derivative: %d buffer gradients", d->num_buffer_grads);
+  if (!is_f32_node(g, d->dscore))
+    return fail(g, "derivative: node %d is not an f32 node", d->dscore);
+  roots[n++] = d->dscore;
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    const fjg_arg *arg = fjg_arg_at(g, r->buffer);
+    if (!arg || arg->kind != FJ_ARG_BUFFER || arg->type != FJG_F32)
+      return fail(g, "derivative: argument %d is not an f32 buffer", r->buffer);
+    if (!valid_node(g, r->index) || type_of(g, r->index) != FJG_I32)
+      return fail(g, "derivative: index node %d is not an i32 node", r->index);
+    if (!is_f32_node(g, r->grad))
+      return fail(g, "derivative: node %d is not an f32 node", r->grad);
+    roots[n++] = r->index;
+    roots[n++] = r->grad;
+  }
+  if (set_reachable(g, 2, roots, n) < 0) return -1;
+  g->derivative = *d;
+  g->has_derivative = 1;
+  return 0;
+}
+
+const fjg_derivative *fjg_graph_derivative(const fjg_graph *g) {
+  return g->has_derivative ? &g->derivative : NULL;
+}
+
 const int32_t *fjg_reachable(const fjg_graph *g, int which, int *count) {
-  int root = which == 0 ? g->mask_root : g->score_root;
-  *count = root < 0 ? 0 : g->reach_count[which];
+  int present = which == 0   ? g->mask_root >= 0
+                : which == 1 ? g->score_root >= 0
+                             : g->has_derivative;
+  *count = present ? g->reach_count[which] : 0;
   return g->reach[which];
 }
 

@@ -36,6 +36,13 @@ typedef enum { FJG_BOOL = 0, FJG_I32 = 1, FJG_F32 = 2 } fjg_type;
 #define FJG_MAX_MOD_NODES 1024
 /* Declared params and buffers together: the most a launch passes. */
 #define FJG_MAX_ARGS 64
+/* Nodes the derivative of score_mod (fjg_set_derivative: the backward
+ * pass's fj_score_grad) depends on, the score_mod's own nodes included:
+ * bounds the backward kernel's emitted code and compile time as
+ * FJG_MAX_MOD_NODES bounds a mod's. Reverse mode adds a few nodes per node
+ * differentiated, so a mod far below its own limit stays far below this
+ * one. */
+#define FJG_MAX_GRAD_NODES (4 * FJG_MAX_MOD_NODES)
 
 /* Inputs of mask_mod(b, h, q_idx, kv_idx) and score_mod(score, b, h, q, kv). */
 typedef enum {
@@ -142,6 +149,7 @@ typedef struct fjg_arg {
   char name[64];
   fj_arg_kind kind;
   fjg_type type; /* scalar type, or element type of a buffer (i32 or f32) */
+  int trainable; /* 1: an f32 buffer with a gradient (fjg_set_trainable) */
 } fjg_arg;
 
 typedef struct fjg_graph fjg_graph;
@@ -177,6 +185,12 @@ int fjg_param(fjg_graph *g, const char *name, fjg_type type);
 /* Declares a buffer argument (element type i32 or f32); returns its argument
  * index (not a node). Same redeclaration rules as fjg_param. */
 int fjg_buffer(fjg_graph *g, const char *name, fjg_type elem);
+/* Marks argument `arg` trainable: the backward pass computes its gradient
+ * (docs/backward.md). Only an f32 buffer can be; fails otherwise. Marking
+ * it again is a no-op. */
+int fjg_set_trainable(fjg_graph *g, int arg);
+/* The trainable arguments as a bit set (bit i: argument i). */
+uint64_t fjg_trainable_args(const fjg_graph *g);
 int fjg_load(fjg_graph *g, int buffer_arg, int index_node);
 int fjg_unary(fjg_graph *g, fjg_op op, int a);
 int fjg_binary(fjg_graph *g, fjg_op op, int a, int b);
@@ -189,6 +203,19 @@ int fjg_set_mask_root(fjg_graph *g, int node);
 int fjg_set_score_root(fjg_graph *g, int node);
 int fjg_mask_root(const fjg_graph *g);
 int fjg_score_root(const fjg_graph *g);
+
+/* The derivative of score_mod (gen/derivative.h), kept with the graph so
+ * that a loaded spec never changes: the spec loader computes it once, after
+ * the roots are set, and the backward emitter and reference read it.
+ * fjg_set_derivative copies *d (whose nodes must exist) and fails when the
+ * nodes it depends on, together, are more than FJG_MAX_GRAD_NODES (then
+ * the graph keeps the derivative it had). Setting the score root again
+ * does not recompute it.
+ * fjg_graph_derivative returns it (borrowed, valid while g lives), or NULL
+ * when none was set. */
+struct fjg_derivative;
+int fjg_set_derivative(fjg_graph *g, const struct fjg_derivative *d);
+const struct fjg_derivative *fjg_graph_derivative(const fjg_graph *g);
 
 /* Which inputs a root depends on, as a bit set (1 << fjg_input). */
 unsigned fjg_input_deps(const fjg_graph *g, int root);

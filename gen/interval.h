@@ -60,10 +60,11 @@ fjg_value fjg_apply_op(fjg_op op, fjg_type type, fjg_type operand_type,
 void fjg_iv_apply(fjg_op op, fjg_type operand_type, const int64_t a[2],
                   const int64_t b[2], const int64_t c[2], int64_t out[2]);
 
-/* Ids of the nodes reachable from the mask root (which == 0) or the score
- * root (which == 1), ascending (so operands come first). *count is 0 when
- * the root is absent. Borrowed; valid until the root is set again. Defined
- * in graph.c. */
+/* Ids of the nodes reachable from the mask root (which == 0), the score
+ * root (which == 1) or the derivative's nodes (which == 2: dscore and every
+ * buffer gradient's index and grad, fjg_set_derivative), ascending (so
+ * operands come first). *count is 0 when the root is absent. Borrowed;
+ * valid until the root is set again. Defined in graph.c. */
 const int32_t *fjg_reachable(const fjg_graph *g, int which, int *count);
 
 #endif /* FJG_INTERVAL_H */

@@ -9,6 +9,7 @@
  */
 #include "gen/reference.h"
 
+#include "gen/derivative.h"
 #include "gen/eval.h"
 #include "gen/interval.h"
 
@@ -28,8 +29,35 @@ typedef enum {
   KIND_STREAMING,
   KIND_LOWP,
   KIND_COUNT,
-  KIND_UNCERTAIN
+  KIND_UNCERTAIN,
+  /* The backward pass: rows (per query row: the forward, delta, dq and the
+   * trainable buffers' gradients) then columns (per key: dk, dv). */
+  KIND_BWD_ROWS,
+  KIND_BWD_COLS,
+  KIND_LOWP_BWD_ROWS,
+  KIND_LOWP_BWD_COLS
 } job_kind;
+
+/* The derivative of score_mod (fjg_reachable list 2) as a program over the
+ * graph's nodes, evaluated in float32 as fj_score_grad computes it: each
+ * node rounded once (gen/eval.h's semantics through fjg_apply_op), a
+ * division by a constant that decides nothing as a multiplication by its
+ * reciprocal. Read-only once built; each thread has its own values. */
+typedef struct grad_step {
+  uint8_t op, type, otype, recip;
+  int32_t id, a, b, c, arg;
+  fjg_value imm; /* CONST, SIZE, PARAM: the value; recip: the reciprocal */
+} grad_step;
+
+typedef struct grad_prog {
+  const fjg_derivative *d; /* NULL: the score passes unchanged */
+  grad_step *steps;
+  int count, nvals;
+  /* Per argument: where its gradient's accumulator starts in a thread's
+   * flat array, -1 when no gradient is asked for it. */
+  int64_t acc_off[FJG_MAX_ARGS];
+  int64_t acc_len;
+} grad_prog;
 
 typedef struct ref_job {
   job_kind kind;
@@ -46,6 +74,19 @@ typedef struct ref_job {
   double *o, *lse;
   float *of, *lsef;
   uint8_t *uncertain_rows; /* KIND_UNCERTAIN: the output, per row */
+  /* Backward kinds. dout, dlse: float64 (dlse may be NULL); lowp kinds
+   * read doutf (rounded) and the lowp forward's of/lsef. delta per row:
+   * written by the rows pass, read by the columns pass. */
+  const double *dout, *dlse;
+  const float *doutf;
+  double *delta, *dq, *dk, *dv;
+  float *deltaf, *dqf, *dkf, *dvf;
+  const grad_prog *gp;
+  /* Trainable buffers' gradients per argument (NULL: not asked); threads
+   * add their accumulators under merge_lock. */
+  double *const *dbuf;
+  float *const *dbuff;
+  pthread_mutex_t merge_lock;
   int rows_per_item, items_per_bh;
   long num_items;
   atomic_long next;
@@ -63,6 +104,14 @@ typedef struct ref_scratch {
   fjg_evaluator ev;
   int has_ev;
   int uncertain; /* the current row met an uncertain element */
+  /* Backward: raw scores (before score_mod) of a row, two D-long
+   * accumulators, the derivative's values, the buffer-gradient
+   * accumulators (gp->acc_len, double or float by kind). */
+  double *raw, *acc2;
+  float *acc2f;
+  fjg_value *gvals;
+  double *gacc;
+  float *gaccf;
 } ref_scratch;
 
 /* ---- 16-bit formats ---- */
@@ -337,14 +386,252 @@ static void uncertain_row(ref_job *j, ref_scratch *t, int b, int h, int i) {
   }
 }
 
+/* ---- backward ---- */
+
+static fjg_value gstep_load(const fjg_env *env, const grad_step *n,
+                            int32_t index) {
+  fjg_value v;
+  v.i = 0;
+  if (!env->buffer_data || !env->buffer_len) return v;
+  const void *data = env->buffer_data[n->arg];
+  if (!data || index < 0 || index >= env->buffer_len[n->arg]) return v;
+  if (n->type == FJG_F32)
+    v.f = ((const float *)data)[index];
+  else
+    v.i = ((const int32_t *)data)[index];
+  return v;
+}
+
+/* The derivative's nodes at one element; their values land in vals (by
+ * node id). */
+static void grad_run(const ref_job *j, fjg_value *vals, float score, int b,
+                     int h, int q, int kv) {
+  const grad_prog *gp = j->gp;
+  fjg_value in[FJG_NUM_INPUTS];
+  in[FJG_IN_SCORE].f = score;
+  in[FJG_IN_B].i = b, in[FJG_IN_H].i = h, in[FJG_IN_Q].i = q;
+  in[FJG_IN_KV].i = kv;
+  for (int k = 0; k < gp->count; k++) {
+    const grad_step *n = &gp->steps[k];
+    fjg_value v;
+    switch (n->op) {
+    case FJG_OP_CONST: case FJG_OP_SIZE: case FJG_OP_PARAM: v = n->imm; break;
+    case FJG_OP_INPUT: v = in[n->arg]; break;
+    case FJG_OP_LOAD: v = gstep_load(&j->env, n, vals[n->a].i); break;
+    default:
+      if (n->recip) {
+        v.f = vals[n->a].f * n->imm.f;
+      } else {
+        v = fjg_apply_op((fjg_op)n->op, (fjg_type)n->type, (fjg_type)n->otype,
+                         vals[n->a], vals[n->b], vals[n->c]);
+      }
+      break;
+    }
+    vals[n->id] = v;
+  }
+}
+
+/* d score_mod / d score at raw score s, after adding dsp (dS'; 0: add
+ * nothing) times each trainable read's derivative to the thread's
+ * accumulators (float when lowp, else double). Without a derivative: 1. */
+static double grad_at(const ref_job *j, ref_scratch *t, double dsp, float s,
+                      int b, int h, int qi, int kj, int lowp) {
+  const grad_prog *gp = j->gp;
+  if (!gp || !gp->d) return 1.0;
+  grad_run(j, t->gvals, s, b, h, qi, kj);
+  const fjg_derivative *d = gp->d;
+  for (int r = 0; dsp != 0 && r < d->num_buffer_grads; r++) {
+    const fjg_buffer_grad *bg = &d->buffer_grads[r];
+    int64_t off = gp->acc_off[bg->buffer];
+    int32_t idx = t->gvals[bg->index].i;
+    if (off < 0 || idx < 0 || idx >= j->env.buffer_len[bg->buffer]) continue;
+    float gv = t->gvals[bg->grad].f;
+    if (lowp)
+      t->gaccf[off + idx] += (float)dsp * gv;
+    else
+      t->gacc[off + idx] += dsp * (double)gv;
+  }
+  return t->gvals[d->dscore].f;
+}
+
+/* Float64, one query row: scores, the forward (O, LSE), delta = dO.O -
+ * dLSE, dS' = P (dP - delta) for each allowed key, dq = scale sum dS K
+ * with dS = dS' d mod / d s, and the trainable buffers' dS' d mod / d buf.
+ * An element with dS' == 0 adds nothing (as fj_score_grad). */
+static void bwd_row(const ref_job *j, int b, int h, int i, ref_scratch *t) {
+  const size_t qo = q_off(j, b, h, i), r = lse_off(j, b, h, i);
+  const double *qr = j->q + qo, *dor = j->dout + qo;
+  const double *kb = j->k + kv_off(j, b, h), *vb = j->v + kv_off(j, b, h);
+  double *o = j->o + qo, *dq = j->dq + qo;
+  double m = -INFINITY;
+  for (int c = 0; c < j->Lk; c++) {
+    t->s[c] = -INFINITY;
+    if (!allowed(j, t, b, h, i, c)) continue;
+    t->raw[c] = j->scale * dot_d(qr, kb + (size_t)c * j->D, j->D);
+    t->s[c] = modded(j, t, t->raw[c], b, h, i, c);
+    if (t->s[c] > m) m = t->s[c];
+  }
+  memset(o, 0, sizeof(double) * j->D);
+  memset(dq, 0, sizeof(double) * j->D);
+  if (m == -INFINITY) {
+    j->lse[r] = -INFINITY;
+    j->delta[r] = 0;
+    return;
+  }
+  double sum = 0;
+  for (int c = 0; c < j->Lk; c++)
+    if (t->s[c] != -INFINITY) sum += exp(t->s[c] - m);
+  const double L = m + log(sum);
+  for (int c = 0; c < j->Lk; c++) {
+    if (t->s[c] == -INFINITY) continue;
+    double p = exp(t->s[c] - L);
+    const double *vr = vb + (size_t)c * j->D;
+    for (int d = 0; d < j->D; d++) o[d] += p * vr[d];
+  }
+  const double delta = dot_d(dor, o, j->D) - (j->dlse ? j->dlse[r] : 0.0);
+  j->lse[r] = L;
+  j->delta[r] = delta;
+  for (int c = 0; c < j->Lk; c++) {
+    if (t->s[c] == -INFINITY) continue;
+    double p = exp(t->s[c] - L);
+    double dsp = p * (dot_d(dor, vb + (size_t)c * j->D, j->D) - delta);
+    if (dsp == 0) continue;
+    double ds = dsp * grad_at(j, t, dsp, (float)t->raw[c], b, h, i, c, 0);
+    const double *kr = kb + (size_t)c * j->D;
+    for (int d = 0; d < j->D; d++) dq[d] += ds * kr[d];
+  }
+  for (int d = 0; d < j->D; d++) dq[d] *= j->scale;
+}
+
+/* Float64, one key of KV head hk: dv = sum P dO and dk = scale sum dS Q
+ * over the query heads of its group and their rows (LSE and delta from the
+ * rows pass). */
+static void bwd_col(const ref_job *j, int b, int hk, int c, ref_scratch *t) {
+  const size_t ko = ((size_t)b * j->Hkv + hk) * j->Lk * j->D + (size_t)c * j->D;
+  const double *kr = j->k + ko, *vr = j->v + ko;
+  double *dk = t->acc2, *dv = t->acc2 + j->D;
+  memset(t->acc2, 0, sizeof(double) * 2 * j->D);
+  for (int h = hk * j->group; h < (hk + 1) * j->group; h++)
+    for (int i = 0; i < j->Lq; i++) {
+      const size_t r = lse_off(j, b, h, i), qo = q_off(j, b, h, i);
+      if (j->lse[r] == -INFINITY || !allowed(j, t, b, h, i, c)) continue;
+      const double *qr = j->q + qo, *dor = j->dout + qo;
+      double raw = j->scale * dot_d(qr, kr, j->D);
+      double s = modded(j, t, raw, b, h, i, c);
+      if (s == -INFINITY) continue;
+      double p = exp(s - j->lse[r]);
+      for (int d = 0; d < j->D; d++) dv[d] += p * dor[d];
+      double dsp = p * (dot_d(dor, vr, j->D) - j->delta[r]);
+      if (dsp == 0) continue;
+      /* The rows pass added the buffer gradients. */
+      double ds = dsp * grad_at(j, t, 0.0, (float)raw, b, h, i, c, 0);
+      for (int d = 0; d < j->D; d++) dk[d] += ds * qr[d];
+    }
+  for (int d = 0; d < j->D; d++) {
+    j->dk[ko + d] = dk[d] * j->scale;
+    j->dv[ko + d] = dv[d];
+  }
+}
+
+static float dot_f(const float *a, const float *b, int n) {
+  float s = 0;
+  for (int d = 0; d < n; d++) s += a[d] * b[d];
+  return s;
+}
+
+/* In the input dtype, one query row, as FlashAttention's backward computes
+ * it: the forward kernel's O (in the dtype) and LSE (float32), float32
+ * scores from rounded inputs, delta and dP in float32, dS rounded to the
+ * dtype before dq += dS K (float32 accumulation), dq rounded at the end;
+ * buffer gradients from the float32 dS' as fj_score_grad adds them. */
+static void lowp_bwd_row(const ref_job *j, int b, int h, int i,
+                         ref_scratch *t) {
+  const size_t qo = q_off(j, b, h, i), r = lse_off(j, b, h, i);
+  const float *qr = j->qf + qo, *dor = j->doutf + qo, *o = j->of + qo;
+  const float *kb = j->kf + kv_off(j, b, h), *vb = j->vf + kv_off(j, b, h);
+  const float L = j->lsef[r], scale = (float)j->scale;
+  float *acc = t->accf;
+  memset(acc, 0, sizeof(float) * j->D);
+  j->deltaf[r] = L == -INFINITY ? 0.0f
+                 : dot_f(dor, o, j->D) - (j->dlse ? (float)j->dlse[r] : 0.0f);
+  for (int c = 0; L != -INFINITY && c < j->Lk; c++) {
+    if (!allowed(j, t, b, h, i, c)) continue;
+    const float *kr = kb + (size_t)c * j->D;
+    float raw = dot_f(qr, kr, j->D) * scale;
+    float s = (float)modded(j, t, (double)raw, b, h, i, c);
+    if (s == -INFINITY) continue;
+    float p = expf(s - L);
+    float dsp = p * (dot_f(dor, vb + (size_t)c * j->D, j->D) - j->deltaf[r]);
+    if (dsp == 0) continue;
+    float ds = dsp * (float)grad_at(j, t, dsp, raw, b, h, i, c, 1);
+    float dsr = fjg_round_to_dtype(ds, j->dtype);
+    for (int d = 0; d < j->D; d++) acc[d] += dsr * kr[d];
+  }
+  for (int d = 0; d < j->D; d++)
+    j->dqf[qo + d] = fjg_round_to_dtype(acc[d] * scale, j->dtype);
+}
+
+/* In the input dtype, one key: P rounded before dv += P dO, dS rounded
+ * before dk += dS Q, float32 accumulation, dk and dv rounded at the end. */
+static void lowp_bwd_col(const ref_job *j, int b, int hk, int c,
+                         ref_scratch *t) {
+  const size_t ko = ((size_t)b * j->Hkv + hk) * j->Lk * j->D + (size_t)c * j->D;
+  const float *kr = j->kf + ko, *vr = j->vf + ko, scale = (float)j->scale;
+  float *dk = t->acc2f, *dv = t->acc2f + j->D;
+  memset(t->acc2f, 0, sizeof(float) * 2 * j->D);
+  for (int h = hk * j->group; h < (hk + 1) * j->group; h++)
+    for (int i = 0; i < j->Lq; i++) {
+      const size_t r = lse_off(j, b, h, i), qo = q_off(j, b, h, i);
+      if (j->lsef[r] == -INFINITY || !allowed(j, t, b, h, i, c)) continue;
+      const float *qr = j->qf + qo, *dor = j->doutf + qo;
+      float raw = dot_f(qr, kr, j->D) * scale;
+      float s = (float)modded(j, t, (double)raw, b, h, i, c);
+      if (s == -INFINITY) continue;
+      float p = expf(s - j->lsef[r]);
+      float pr = fjg_round_to_dtype(p, j->dtype);
+      for (int d = 0; d < j->D; d++) dv[d] += pr * dor[d];
+      float dsp = p * (dot_f(dor, vr, j->D) - j->deltaf[r]);
+      if (dsp == 0) continue;
+      float ds = dsp * (float)grad_at(j, t, 0.0, raw, b, h, i, c, 1);
+      float dsr = fjg_round_to_dtype(ds, j->dtype);
+      for (int d = 0; d < j->D; d++) dk[d] += dsr * qr[d];
+    }
+  for (int d = 0; d < j->D; d++) {
+    j->dkf[ko + d] = fjg_round_to_dtype(dk[d] * scale, j->dtype);
+    j->dvf[ko + d] = fjg_round_to_dtype(dv[d], j->dtype);
+  }
+}
+
 /* ---- the pool ---- */
+
+static int is_cols(job_kind kind) {
+  return kind == KIND_BWD_COLS || kind == KIND_LOWP_BWD_COLS;
+}
 
 static void run_item(ref_job *j, long item, ref_scratch *t) {
   long bh = item / j->items_per_bh;
-  int b = (int)(bh / j->Hq), h = (int)(bh % j->Hq);
   int i0 = (int)(item % j->items_per_bh) * j->rows_per_item;
+  if (is_cols(j->kind)) { /* items over (b, KV head, keys) */
+    int b = (int)(bh / j->Hkv), hk = (int)(bh % j->Hkv);
+    int c1 = i0 + j->rows_per_item < j->Lk ? i0 + j->rows_per_item : j->Lk;
+    for (int c = i0; c < c1; c++) {
+      if (j->kind == KIND_BWD_COLS)
+        bwd_col(j, b, hk, c, t);
+      else
+        lowp_bwd_col(j, b, hk, c, t);
+    }
+    return;
+  }
+  int b = (int)(bh / j->Hq), h = (int)(bh % j->Hq);
   int i1 = i0 + j->rows_per_item < j->Lq ? i0 + j->rows_per_item : j->Lq;
-  if (j->kind == KIND_STREAMING) {
+  if (j->kind == KIND_BWD_ROWS || j->kind == KIND_LOWP_BWD_ROWS) {
+    for (int i = i0; i < i1; i++) {
+      if (j->kind == KIND_BWD_ROWS)
+        bwd_row(j, b, h, i, t);
+      else
+        lowp_bwd_row(j, b, h, i, t);
+    }
+  } else if (j->kind == KIND_STREAMING) {
     stream_block(j, b, h, i0, i1 - i0, t);
   } else if (j->kind == KIND_COUNT) {
     atomic_fetch_add(&j->count, count_rows(j, t, b, h, i0, i1));
@@ -368,6 +655,12 @@ static void scratch_free(ref_scratch *t) {
   free(t->u);
   free(t->sf);
   free(t->accf);
+  free(t->raw);
+  free(t->acc2);
+  free(t->acc2f);
+  free(t->gvals);
+  free(t->gacc);
+  free(t->gaccf);
 }
 
 static int scratch_alloc(const ref_job *j, ref_scratch *t) {
@@ -382,11 +675,40 @@ static int scratch_alloc(const ref_job *j, ref_scratch *t) {
   t->sf = malloc(sizeof(float) * ns);
   t->accf = malloc(sizeof(float) * d);
   if (j->g) t->has_ev = fjg_evaluator_init(&t->ev, j->g, &j->env) == FJ_OK;
-  if (t->s && t->m && t->l && t->u && t->sf && t->accf &&
-      (!j->g || t->has_ev))
-    return 0;
+  int ok = t->s && t->m && t->l && t->u && t->sf && t->accf &&
+           (!j->g || t->has_ev);
+  if (j->kind == KIND_BWD_ROWS || j->kind == KIND_LOWP_BWD_ROWS ||
+      is_cols(j->kind)) {
+    const grad_prog *gp = j->gp;
+    size_t acc = gp && gp->acc_len ? (size_t)gp->acc_len : 1;
+    t->raw = malloc(sizeof(double) * ns);
+    t->acc2 = malloc(sizeof(double) * 2 * d);
+    t->acc2f = malloc(sizeof(float) * 2 * d);
+    t->gvals = calloc(gp && gp->nvals ? (size_t)gp->nvals : 1, sizeof(fjg_value));
+    t->gacc = calloc(acc, sizeof(double));
+    t->gaccf = calloc(acc, sizeof(float));
+    ok = ok && t->raw && t->acc2 && t->acc2f && t->gvals &&
+         t->gacc && t->gaccf;
+  }
+  if (ok) return 0;
   scratch_free(t);
   return -1;
+}
+
+/* Adds a thread's buffer-gradient accumulators to the caller's arrays. */
+static void merge_grads(ref_job *j, const ref_scratch *t) {
+  const grad_prog *gp = j->gp;
+  if (!gp || !gp->acc_len) return;
+  pthread_mutex_lock(&j->merge_lock);
+  for (int a = 0; a < FJG_MAX_ARGS; a++) {
+    int64_t off = gp->acc_off[a];
+    if (off < 0) continue;
+    for (int64_t n = 0; n < j->env.buffer_len[a]; n++) {
+      if (j->dbuf) j->dbuf[a][n] += t->gacc[off + n];
+      if (j->dbuff) j->dbuff[a][n] += t->gaccf[off + n];
+    }
+  }
+  pthread_mutex_unlock(&j->merge_lock);
 }
 
 static void *worker(void *arg) {
@@ -401,6 +723,8 @@ static void *worker(void *arg) {
     if (item >= j->num_items) break;
     run_item(j, item, &t);
   }
+  if (j->kind == KIND_BWD_ROWS || j->kind == KIND_LOWP_BWD_ROWS)
+    merge_grads(j, &t);
   scratch_free(&t);
   return NULL;
 }
@@ -551,16 +875,279 @@ int64_t fjg_reference_uncertain_rows(const fjg_ref_problem *p, uint8_t *rows) {
   return (int64_t)atomic_load(&j.count);
 }
 
+/* ---- the backward pass ---- */
+
+static void grad_prog_free(grad_prog *gp) { free(gp->steps); }
+
+/* Builds the program of g's derivative and lays out one accumulator per
+ * argument whose gradient is asked (want[a]: a trainable buffer with an
+ * output array). FJ_EINVAL when g has a score_mod but no derivative. */
+static fj_status grad_prog_init(grad_prog *gp, const fjg_graph *g,
+                                const fjg_env *env, const uint8_t *want) {
+  memset(gp, 0, sizeof *gp);
+  for (int a = 0; a < FJG_MAX_ARGS; a++) gp->acc_off[a] = -1;
+  if (!g) return FJ_OK;
+  gp->d = fjg_graph_derivative(g);
+  if (fjg_score_root(g) >= 0 && !gp->d) return FJ_EINVAL;
+  for (int a = 0; a < fjg_num_args(g) && a < FJG_MAX_ARGS; a++) {
+    if (!want[a] || !env->buffer_len) continue;
+    gp->acc_off[a] = gp->acc_len;
+    gp->acc_len += env->buffer_len[a];
+  }
+  if (!gp->d) return FJ_OK;
+  int count;
+  const int32_t *list = fjg_reachable(g, 2, &count);
+  gp->steps = malloc(sizeof(grad_step) * ((size_t)count + 1));
+  uint8_t *decisive = calloc((size_t)fjg_num_nodes(g) + 1, 1);
+  if (!gp->steps || !decisive) {
+    free(gp->steps);
+    free(decisive);
+    gp->steps = NULL;
+    return FJ_ENOMEM;
+  }
+  fjg_decisive_nodes(g, 2, decisive);
+  const fjg_node *nodes = fjg_node_at(g, 0);
+  for (int k = 0; k < count; k++) {
+    const fjg_node *n = &nodes[list[k]];
+    grad_step *st = &gp->steps[k];
+    const int arity = fjg_op_arity((fjg_op)n->op);
+    memset(st, 0, sizeof *st);
+    st->op = n->op, st->type = n->type, st->id = list[k], st->arg = n->arg;
+    /* Missing operands read any valid slot (unused). */
+    st->a = arity >= 1 ? n->a : list[0];
+    st->b = arity >= 2 ? n->b : list[0];
+    st->c = arity >= 3 ? n->c : list[0];
+    if (arity >= 1) st->otype = nodes[n->op == FJG_OP_WHERE ? n->b : n->a].type;
+    switch (n->op) {
+    case FJG_OP_CONST:
+      if (n->type == FJG_F32) st->imm.f = n->imm.f;
+      else st->imm.i = n->imm.i;
+      break;
+    case FJG_OP_SIZE: st->imm.i = env->sizes[n->arg]; break;
+    case FJG_OP_PARAM:
+      if (n->type == FJG_F32) st->imm.f = env->param_f32 ? env->param_f32[n->arg] : 0.0f;
+      else st->imm.i = env->param_i32 ? env->param_i32[n->arg] : 0;
+      break;
+    case FJG_OP_DIV:
+      st->recip = !decisive[list[k]] && fjg_div_recip(g, n->b, &st->imm.f);
+      break;
+    default: break;
+    }
+  }
+  gp->count = count;
+  gp->nvals = count ? list[count - 1] + 1 : 0;
+  free(decisive);
+  return FJ_OK;
+}
+
+/* A job over (b, KV head, keys) instead of (b, query head, rows). */
+static void job_init_cols(ref_job *j, const fjg_ref_problem *p, job_kind kind) {
+  job_init(j, p, kind, ROWS_PER_ITEM);
+  j->items_per_bh = (p->Lk + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
+  j->num_items = (long)p->B * p->Hkv * j->items_per_bh;
+}
+
+/* The rows pass then the columns pass (rows and cols set up by the
+ * caller but for what they share). */
+static fj_status run_backward(const fjg_ref_problem *p, ref_job *rows,
+                              ref_job *cols) {
+  pthread_mutex_init(&rows->merge_lock, NULL);
+  fj_status st = run_pool(p, rows);
+  pthread_mutex_destroy(&rows->merge_lock);
+  return st == FJ_OK ? run_pool(p, cols) : st;
+}
+
+fj_status fjg_reference_backward(const fjg_ref_problem *p, const double *q,
+                                 const double *k, const double *v,
+                                 const double *dout, const double *dlse,
+                                 double *o, double *lse, double *dq,
+                                 double *dk, double *dv, double *const *dbuf) {
+  ref_job rows, cols;
+  grad_prog gp;
+  uint8_t want[FJG_MAX_ARGS];
+  double *own_o = NULL, *own_lse = NULL, *delta = NULL;
+  fj_status st = FJ_ENOMEM;
+  if (!problem_valid(p) || !q || !k || !v || !dout || !dq || !dk || !dv)
+    return FJ_EINVAL;
+  const size_t nq = (size_t)p->B * p->Hq * p->Lq * p->D;
+  const size_t nl = (size_t)p->B * p->Hq * p->Lq;
+  job_init(&rows, p, KIND_BWD_ROWS, ROWS_PER_ITEM);
+  memset(want, 0, sizeof want);
+  for (int a = 0; dbuf && p->g && a < fjg_num_args(p->g) && a < FJG_MAX_ARGS; a++)
+    want[a] = dbuf[a] && fjg_arg_at(p->g, a)->trainable;
+  st = grad_prog_init(&gp, p->g, &rows.env, want);
+  if (st != FJ_OK) return st;
+  st = FJ_ENOMEM;
+  if (!o) o = own_o = malloc(sizeof(double) * (nq ? nq : 1));
+  if (!lse) lse = own_lse = malloc(sizeof(double) * (nl ? nl : 1));
+  delta = malloc(sizeof(double) * (nl ? nl : 1));
+  if (!o || !lse || !delta) goto fail;
+  for (int a = 0; a < FJG_MAX_ARGS; a++)
+    if (gp.acc_off[a] >= 0)
+      memset(dbuf[a], 0, sizeof(double) * (size_t)rows.env.buffer_len[a]);
+  rows.q = q, rows.k = k, rows.v = v, rows.dout = dout, rows.dlse = dlse;
+  rows.o = o, rows.lse = lse, rows.delta = delta, rows.dq = dq;
+  rows.gp = &gp, rows.dbuf = dbuf;
+  job_init_cols(&cols, p, KIND_BWD_COLS);
+  cols.q = q, cols.k = k, cols.v = v, cols.dout = dout;
+  cols.lse = lse, cols.delta = delta, cols.dk = dk, cols.dv = dv, cols.gp = &gp;
+  st = run_backward(p, &rows, &cols);
+fail:
+  grad_prog_free(&gp);
+  free(own_o);
+  free(own_lse);
+  free(delta);
+  return st;
+}
+
+fj_status fjg_reference_backward_lowp(const fjg_ref_problem *p,
+                                      fj_dtype dtype, const double *q,
+                                      const double *k, const double *v,
+                                      const double *dout, const double *dlse,
+                                      float *dq, float *dk, float *dv,
+                                      float *const *dbuf) {
+  ref_job rows, cols;
+  grad_prog gp;
+  uint8_t want[FJG_MAX_ARGS];
+  float *qf = NULL, *kf = NULL, *vf = NULL, *dof = NULL;
+  float *of = NULL, *lsef = NULL, *deltaf = NULL;
+  fj_status st;
+  if (!problem_valid(p) || !q || !k || !v || !dout || !dq || !dk || !dv)
+    return FJ_EINVAL;
+  if (dtype != FJ_DTYPE_BF16 && dtype != FJ_DTYPE_F16) return FJ_EINVAL;
+  const size_t nq = (size_t)p->B * p->Hq * p->Lq * p->D;
+  const size_t nk = (size_t)p->B * p->Hkv * p->Lk * p->D;
+  const size_t nl = (size_t)p->B * p->Hq * p->Lq;
+  job_init(&rows, p, KIND_LOWP_BWD_ROWS, ROWS_PER_ITEM);
+  memset(want, 0, sizeof want);
+  for (int a = 0; dbuf && p->g && a < fjg_num_args(p->g) && a < FJG_MAX_ARGS; a++)
+    want[a] = dbuf[a] && fjg_arg_at(p->g, a)->trainable;
+  st = grad_prog_init(&gp, p->g, &rows.env, want);
+  if (st != FJ_OK) return st;
+  st = FJ_ENOMEM;
+  qf = rounded_copy(q, nq, dtype);
+  kf = rounded_copy(k, nk, dtype);
+  vf = rounded_copy(v, nk, dtype);
+  dof = rounded_copy(dout, nq, dtype);
+  of = malloc(sizeof(float) * (nq ? nq : 1));
+  lsef = malloc(sizeof(float) * (nl ? nl : 1));
+  deltaf = malloc(sizeof(float) * (nl ? nl : 1));
+  if (!qf || !kf || !vf || !dof || !of || !lsef || !deltaf) goto fail;
+  /* The forward kernel's O (in the dtype) and LSE, which the backward
+   * kernels read. */
+  st = fjg_reference_lowp(p, dtype, q, k, v, of, lsef);
+  if (st != FJ_OK) goto fail;
+  for (int a = 0; a < FJG_MAX_ARGS; a++)
+    if (gp.acc_off[a] >= 0)
+      memset(dbuf[a], 0, sizeof(float) * (size_t)rows.env.buffer_len[a]);
+  rows.dtype = dtype;
+  rows.qf = qf, rows.kf = kf, rows.vf = vf, rows.doutf = dof, rows.dlse = dlse;
+  rows.of = of, rows.lsef = lsef, rows.deltaf = deltaf, rows.dqf = dq;
+  rows.gp = &gp, rows.dbuff = dbuf;
+  job_init_cols(&cols, p, KIND_LOWP_BWD_COLS);
+  cols.dtype = dtype;
+  cols.qf = qf, cols.kf = kf, cols.vf = vf, cols.doutf = dof;
+  cols.lsef = lsef, cols.deltaf = deltaf, cols.dkf = dk, cols.dvf = dv;
+  cols.gp = &gp;
+  st = run_backward(p, &rows, &cols);
+fail:
+  grad_prog_free(&gp);
+  free(qf), free(kf), free(vf), free(dof);
+  free(of), free(lsef), free(deltaf);
+  return st;
+}
+
+int64_t fjg_reference_uncertain_kv_rows(const fjg_ref_problem *p,
+                                        const uint8_t *q_rows,
+                                        uint8_t *kv_rows) {
+  ref_job j;
+  fjg_evaluator e;
+  if (!problem_valid(p) || !q_rows || !kv_rows) return -1;
+  memset(kv_rows, 0, (size_t)p->B * p->Hkv * p->Lk);
+  if (!p->g) return 0;
+  job_init(&j, p, KIND_UNCERTAIN, 1);
+  if (fjg_evaluator_init(&e, p->g, &j.env) != FJ_OK) return -1;
+  int64_t count = 0;
+  for (int b = 0; b < p->B; b++)
+    for (int h = 0; h < p->Hq; h++)
+      for (int i = 0; i < p->Lq; i++) {
+        if (!q_rows[((size_t)b * p->Hq + h) * p->Lq + i]) continue;
+        uint8_t *row = kv_rows + ((size_t)b * p->Hkv + h / j.group) * p->Lk;
+        for (int c = 0; c < p->Lk; c++) {
+          if (row[c] || fjg_eval_mask3(&e, b, h, i, c) == FJG_MASKED) continue;
+          row[c] = 1;
+          count++;
+        }
+      }
+  fjg_evaluator_free(&e);
+  return count;
+}
+
+int fjg_reference_zero_grad_rows(const fjg_ref_problem *p, uint8_t *q_rows,
+                                 uint8_t *kv_rows) {
+  ref_job j;
+  fjg_evaluator e;
+  if (!problem_valid(p) || !q_rows || !kv_rows) return -1;
+  const size_t nq = (size_t)p->B * p->Hq * p->Lq, nk = (size_t)p->B * p->Hkv * p->Lk;
+  memset(q_rows, 1, nq);
+  memset(kv_rows, 1, nk);
+  if (!p->g || fjg_mask_root(p->g) < 0) {
+    memset(q_rows, 0, nq);
+    memset(kv_rows, 0, nk);
+    return 0;
+  }
+  job_init(&j, p, KIND_UNCERTAIN, 1);
+  if (fjg_evaluator_init(&e, p->g, &j.env) != FJ_OK) return -1;
+  for (int b = 0; b < p->B; b++)
+    for (int h = 0; h < p->Hq; h++)
+      for (int i = 0; i < p->Lq; i++) {
+        uint8_t *qz = q_rows + ((size_t)b * p->Hq + h) * p->Lq + i;
+        uint8_t *kz = kv_rows + ((size_t)b * p->Hkv + h / j.group) * p->Lk;
+        for (int c = 0; c < p->Lk; c++)
+          if (fjg_eval_mask3(&e, b, h, i, c) != FJG_MASKED) *qz = 0, kz[c] = 0;
+      }
+  fjg_evaluator_free(&e);
+  return 0;
+}
+
 /* ---- the comparison rule ---- */
+
+/* Which elements must be exactly 0 in out. */
+typedef enum {
+  ZERO_WHERE_REF_AND_LOWP, /* the forward's outputs */
+  ZERO_IN_ROWS,            /* gradients: the rows given (NULL: none) */
+} zero_rule;
+
+static int check_rows(const double *ref, const float *lowp, const float *out,
+                      size_t n, size_t row_len, const uint8_t *skip_rows,
+                      zero_rule rule, const uint8_t *zero_rows, double factor,
+                      double floor, fjg_check_report *rep);
 
 int fjg_ref_check(const double *ref, const float *lowp, const float *out,
                   size_t n, double floor, fjg_check_report *rep) {
-  return fjg_ref_check_rows(ref, lowp, out, n, 1, NULL, floor, rep);
+  return check_rows(ref, lowp, out, n, 1, NULL, ZERO_WHERE_REF_AND_LOWP, NULL,
+                    FJG_CHECK_FACTOR, floor, rep);
 }
 
 int fjg_ref_check_rows(const double *ref, const float *lowp, const float *out,
                        size_t n, size_t row_len, const uint8_t *skip_rows,
                        double floor, fjg_check_report *rep) {
+  return check_rows(ref, lowp, out, n, row_len, skip_rows, ZERO_WHERE_REF_AND_LOWP, NULL,
+                    FJG_CHECK_FACTOR,
+                    floor, rep);
+}
+
+int fjg_ref_check_grad(const double *ref, const float *lowp, const float *out,
+                       size_t n, size_t row_len, const uint8_t *skip_rows,
+                       const uint8_t *zero_rows, double floor, fjg_check_report *rep) {
+  return check_rows(ref, lowp, out, n, row_len, skip_rows, ZERO_IN_ROWS, zero_rows,
+                    FJG_CHECK_GRAD_FACTOR, floor, rep);
+}
+
+static int check_rows(const double *ref, const float *lowp, const float *out,
+                      size_t n, size_t row_len, const uint8_t *skip_rows,
+                      zero_rule rule, const uint8_t *zero_rows, double factor,
+                      double floor, fjg_check_report *rep) {
   fjg_check_report r;
   double e2 = 0, e2l = 0, r2 = 0;
   memset(&r, 0, sizeof r);
@@ -580,13 +1167,16 @@ int fjg_ref_check_rows(const double *ref, const float *lowp, const float *out,
       r.nonfinite++;
       continue;
     }
-    if (x == 0 && z == 0 && y != 0) r.zero_mismatch++;
+    const int must_be_zero = rule == ZERO_WHERE_REF_AND_LOWP
+                                 ? x == 0 && z == 0
+                                 : zero_rows && zero_rows[i / row_len];
+    if (must_be_zero && y != 0) r.zero_mismatch++;
     double e = fabs(y - x), el = isfinite(z) ? fabs(z - x) : 0;
     if (e > r.max_err) r.max_err = e, r.worst = i;
     if (el > r.max_err_lowp) r.max_err_lowp = el;
     e2 += e * e, e2l += el * el, r2 += x * x;
   }
-  r.tolerance = 2 * r.max_err_lowp + floor;
+  r.tolerance = factor * r.max_err_lowp + floor;
   r.rel_l2 = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
   r.rel_l2_lowp = r2 > 0 ? sqrt(e2l / r2) : sqrt(e2l);
   r.pass = r.max_err <= r.tolerance && r.nonfinite == 0 &&

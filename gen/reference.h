@@ -13,6 +13,11 @@
  *    float32 accumulation, O rounded to the input dtype (LSE stays float32).
  *    Its error against float64 sets the tolerance of fjg_ref_check.
  *
+ * The backward pass (docs/backward.md) has the same two: the float64
+ * reference (fjg_reference_backward) and the computation in the input
+ * dtype (fjg_reference_backward_lowp), whose error sets the tolerance of
+ * fjg_ref_check_grad.
+ *
  * mask_mod and score_mod are evaluated as the kernel evaluates them
  * (gen/eval.h: float32, the kernel's order of operations); where the CPU
  * cannot decide an element the kernel's way it uses its own value, and
@@ -67,6 +72,66 @@ fj_status fjg_reference_lowp(const fjg_ref_problem *p, fj_dtype dtype,
                              const double *q, const double *k,
                              const double *v, float *o, float *lse);
 
+/*
+ * The backward pass in float64: from q, k, v and dout ([B, Hq, Lq, D], the
+ * gradient of the loss with respect to O) and the optional dlse ([B, Hq,
+ * Lq], with respect to the LSE; NULL: 0), the forward's o and lse (may be
+ * NULL when not wanted), dq ([B, Hq, Lq, D]), dk and dv ([B, Hkv, Lk, D],
+ * summed over the query heads of a KV head's group) and the gradient of
+ * every trainable buffer: dbuf, indexed by argument index (NULL, or NULL
+ * entries: not wanted; entries of other arguments are not read), gets
+ * p->env->buffer_len[a] values for trainable buffer a (its read outside
+ * the buffer has no gradient). The equations of docs/backward.md; a fully
+ * masked row has o = 0, lse = -inf and zero gradients. score_mod and its
+ * derivative (fjg_graph_derivative, which a graph with a score_mod must
+ * have: FJ_EINVAL otherwise) are evaluated in float32 as the kernel
+ * computes them (fj_score_mod, fj_score_grad), at the float32 score;
+ * everything else in float64. An element with dS' = P (dP - delta) == 0
+ * adds nothing, as in fj_score_grad. FJ_EINVAL on bad sizes or a NULL
+ * input, FJ_ENOMEM.
+ */
+fj_status fjg_reference_backward(const fjg_ref_problem *p, const double *q,
+                                 const double *k, const double *v,
+                                 const double *dout, const double *dlse,
+                                 double *o, double *lse, double *dq,
+                                 double *dk, double *dv, double *const *dbuf);
+
+/*
+ * The same in the kernel's input dtype, as FlashAttention's backward
+ * kernels compute it: q, k, v and dout rounded to dtype; O and LSE from
+ * fjg_reference_lowp (O in the dtype, LSE float32), delta = dO . O - dLSE,
+ * scores, P, dP and dS' in float32; P rounded to the dtype before
+ * dv += P dO, dS rounded before dq += dS K and dk += dS Q; float32
+ * accumulation, dq, dk, dv rounded to the dtype at the end; buffer
+ * gradients added in float32 from the unrounded dS' (as fj_score_grad's
+ * atomics). Its error against fjg_reference_backward sets the tolerance
+ * of fjg_ref_check_grad. Arguments as above, outputs float.
+ */
+fj_status fjg_reference_backward_lowp(const fjg_ref_problem *p,
+                                      fj_dtype dtype, const double *q,
+                                      const double *k, const double *v,
+                                      const double *dout, const double *dlse,
+                                      float *dq, float *dk, float *dv,
+                                      float *const *dbuf);
+
+/* The rows of dk and dv (kv_rows[r] = 1, B * Hkv * Lk bytes, r = (b * Hkv
+ * + hk) * Lk + kv) that an uncertain query row (q_rows, from
+ * fjg_reference_uncertain_rows) reaches: a key its mask allows or may
+ * allow. The kernel's dk and dv there cannot be predicted (nor dq in the
+ * uncertain rows, nor any buffer gradient when some row is uncertain).
+ * Returns how many, or -1 on failure. */
+int64_t fjg_reference_uncertain_kv_rows(const fjg_ref_problem *p,
+                                        const uint8_t *q_rows,
+                                        uint8_t *kv_rows);
+
+/* The gradient rows that must be exactly 0: q_rows[r] = 1 (B * Hq * Lq
+ * bytes, r as below) for a query row the mask allows no key of (its dq),
+ * kv_rows[r] = 1 (B * Hkv * Lk bytes, r = (b * Hkv + hk) * Lk + kv) for a
+ * key no query of its group attends (its dk and dv); an element the mask
+ * may allow (uncertain) counts as allowed. 0, or -1 on failure. */
+int fjg_reference_zero_grad_rows(const fjg_ref_problem *p, uint8_t *q_rows,
+                                 uint8_t *kv_rows);
+
 /* Marks (rows[r] = 1, B * Hq * Lq bytes, r = (b * Hq + h) * Lq + q) the
  * rows with an uncertain element (gen/eval.h): a mask element the kernel's
  * float32 exp/log/tanh may decide either way, or an allowed element whose
@@ -90,12 +155,18 @@ float fjg_f16_to_f32(uint16_t h);
 /* x rounded to the nearest value representable in dtype. */
 float fjg_round_to_dtype(float x, fj_dtype dtype);
 
-/* The comparison rule of DESIGN.md. */
+/* The comparison rule of DESIGN.md: a kernel's error against float64 at
+ * most FACTOR times the error of the computation in its input dtype, plus
+ * a floor; 2 for the forward's outputs, 3 for gradients (as
+ * FlashAttention's tests take it). */
+#define FJG_CHECK_FACTOR 2.0
+#define FJG_CHECK_GRAD_FACTOR 3.0
+
 typedef struct fjg_check_report {
   size_t n;
   double max_err;      /* max |out - ref| over finite reference values */
   double max_err_lowp; /* max |lowp - ref| over the same */
-  double tolerance;    /* 2 * max_err_lowp + floor */
+  double tolerance;    /* factor * max_err_lowp + floor */
   double rel_l2;       /* ||out - ref|| / ||ref|| */
   double rel_l2_lowp;  /* ||lowp - ref|| / ||ref|| */
   size_t worst;        /* index of max_err */
@@ -107,8 +178,8 @@ typedef struct fjg_check_report {
   int pass;
 } fjg_check_report;
 
-/* Passes (returns 1, else 0) when max|out - ref| <= 2 * max|lowp - ref| +
- * floor and none of the exact conditions fail: NaN never passes, a -inf
+/* Passes (returns 1, else 0) when max|out - ref| <= FJG_CHECK_FACTOR *
+ * max|lowp - ref| + floor and none of the exact conditions fail: NaN never passes, a -inf
  * reference must be matched by exactly -inf (LSE of a fully masked row), and
  * where ref and lowp are both exactly 0 (the output of a fully masked row;
  * random inputs never give an exact 0 otherwise) out must be exactly 0.
@@ -125,5 +196,15 @@ int fjg_ref_check(const double *ref, const float *lowp, const float *out,
 int fjg_ref_check_rows(const double *ref, const float *lowp, const float *out,
                        size_t n, size_t row_len, const uint8_t *skip_rows,
                        double floor, fjg_check_report *rep);
+
+/* fjg_ref_check_rows for gradients (dq, dk, dv, buffer gradients): the
+ * factor is FJG_CHECK_GRAD_FACTOR, and out must be exactly 0 in the rows
+ * zero_rows marks (NULL: none): a fully masked query row's dq, a key no
+ * query attends (fjg_reference_zero_grad_rows). No other zero is a rule:
+ * a gradient that cancels exactly in the reference (the dq of a row with
+ * one allowed key, whose dS is 0) comes out of a kernel as rounding. */
+int fjg_ref_check_grad(const double *ref, const float *lowp, const float *out,
+                       size_t n, size_t row_len, const uint8_t *skip_rows,
+                       const uint8_t *zero_rows, double floor, fjg_check_report *rep);
 
 #endif /* FJG_REFERENCE_H */

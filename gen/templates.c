@@ -18,8 +18,14 @@ static const char *const common_blockmask[] = {"common/fj_common.cuh", FJG_PART_
                                                NULL};
 static const char *const sm80_forward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
-    "common/tile_walk.cuh", "sm80/config.cuh", "sm80/ptx.cuh", "sm80/pipeline.cuh",
-    "sm80/tile_walk.cuh", "sm80/mainloop.cuh", "sm80/fwd.cuh", NULL};
+    "common/tile_walk.cuh", "sm80/config.cuh", "sm80/ptx.cuh", "sm80/tile_load.cuh",
+    "sm80/pipeline.cuh", "sm80/tile_walk.cuh", "sm80/mainloop.cuh", "sm80/fwd.cuh", NULL};
+/* The backward's three kernels (pre, main, post) in one unit; the sm80 one
+ * runs on every target from sm_80. */
+static const char *const sm80_backward[] = {
+    "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_bwd.cuh", "common/ptx.cuh",
+    "common/bwd_walk.cuh", "common/bwd_rows.cuh", "sm80/bwd_config.cuh", "sm80/ptx.cuh",
+    "sm80/tile_load.cuh", "sm80/bwd_mainloop.cuh", "sm80/bwd.cuh", NULL};
 static const char *const sm90_forward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
     "common/tile_walk.cuh", "sm90/config.cuh", "sm90/ptx.cuh", "sm90/trace.cuh",
@@ -32,6 +38,7 @@ static const struct {
 } kernel_parts[] = {
     {"common", "blockmask", common_blockmask},
     {"sm80", "forward", sm80_forward},
+    {"sm80", "backward", sm80_backward},
     {"sm90", "forward", sm90_forward},
 };
 

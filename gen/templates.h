@@ -20,7 +20,8 @@
  * after the configuration #defines: template names, and FJG_PART_PROLOGUE
  * where the spec's generated code goes. NULL-terminated, static; NULL when
  * template_name has no such kernel. Kernels: "forward" of "sm80" and
- * "sm90", "blockmask" of "common" (the block-mask builder, whose kernels
+ * "sm90", "backward" of "sm80" (its three kernels, docs/backward.md),
+ * "blockmask" of "common" (the block-mask builder, whose kernels
  * gen/emit_blockmask.c appends). */
 const char *const *fjg_template_parts(const char *template_name, const char *kernel);
 

@@ -167,6 +167,11 @@ typedef struct fj_arg {
   int32_t i32;            /* for FJ_ARG_I32 */
   float f32;              /* for FJ_ARG_F32 */
   const DLTensor *buffer; /* for FJ_ARG_BUFFER: 1-D, contiguous, on the GPU */
+  /* For a buffer the spec marks trainable (buffer(name, "f32", {grad =
+   * true})), in fj_attention_backward: an fp32 tensor of the buffer's shape
+   * that the buffer's gradient is added to (the caller zeroes it first).
+   * Ignored by the forward; NULL elsewhere. */
+  const DLTensor *grad;
 } fj_arg;
 
 /* What a compiled kernel is specialized on. */
@@ -237,6 +242,49 @@ typedef struct fj_forward_args {
 
 fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                                const fj_forward_args *args);
+
+/*
+ * Backward attention: the gradients of fj_attention_forward's O (and,
+ * optionally, of its LSE) with respect to q, k, v and the spec's trainable
+ * buffers (docs/backward.md). q, k, v, o, lse: as the forward took and
+ * wrote them (lse is required); dout: dO, shaped and typed like o; dlse:
+ * optional (NULL: 0), float32 like lse, for callers that merge attention
+ * over several segments. dq, dk, dv: outputs shaped like q, k, v, in their
+ * dtype; for GQA dk and dv sum over the query heads of a group. A fully
+ * masked row's dq is 0. args: the forward's runtime values, with `grad`
+ * set for each trainable buffer (fp32, added to). block_mask: the forward's,
+ * if any (its transposed lists are read). Scratch: `workspace` (device
+ * memory, 256-byte aligned) of at least fj_backward_workspace_size bytes,
+ * or NULL: taken from the context's memory pool in stream order.
+ * deterministic: 1 accumulates dq in a fixed order (bitwise equal results
+ * across runs), at some cost in speed. Asynchronous on `stream`.
+ */
+typedef struct fj_backward_args {
+  const DLTensor *q, *k, *v, *o, *lse;
+  const DLTensor *dout;
+  const DLTensor *dlse;
+  const DLTensor *dq, *dk, *dv;
+  float scale; /* 0: 1/sqrt(D), as in the forward */
+  const fj_arg *args;
+  int num_args;
+  const struct fj_block_mask *block_mask;
+  void *workspace;
+  size_t workspace_bytes;
+  int deterministic;
+  void *stream;
+} fj_backward_args;
+
+fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
+                                const fj_backward_args *args);
+
+/* Bytes of scratch a backward over B x Hq x Lq rows of head dim D needs
+ * (fp32 delta and dq accumulator), for callers that pass their own. */
+size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
+
+/* Compiles (or finds in the cache) the backward kernels of spec for opts
+ * (as fj_compile_forward). Needs NVRTC on a miss, never a GPU. */
+fj_status fj_compile_backward(fj_context *ctx, const fj_spec *spec,
+                              const fj_kernel_options *opts, fj_kernel_info *info);
 
 /*
  * Block masks (FlexAttention's BlockMask layout) for masks that read

@@ -10,6 +10,7 @@
 
 #include <lauxlib.h>
 
+#include "gen/derivative.h"
 #include "lua/check.h"
 #include "lua/trace.h"
 
@@ -128,6 +129,26 @@ static void trace_score(lua_State *L, fjg_graph *g, int fn, int trusted,
   lua_pop(L, 1);
 }
 
+/* The derivative of score_mod for the backward pass, computed once here so
+ * that the loaded graph never changes; an error names the mod's line. */
+static void derive_score(lua_State *L, fjg_graph *g, int fn,
+                         const char *chunk) {
+  fjg_derivative d;
+  char msg[256] = "";
+  fj_status st = fjg_derive_score(g, fjg_trainable_args(g), &d, msg,
+                                  sizeof msg);
+  if (st == FJ_OK && fjg_set_derivative(g, &d) == 0)
+    return;
+  push_definition(L, fn, chunk);
+  if (st == FJ_OK)
+    lua_pushstring(L, fjg_graph_error(g));
+  else
+    lua_pushfstring(L, "cannot differentiate score_mod (for the backward "
+                    "pass): %s", msg);
+  lua_concat(L, 2);
+  lua_error(L);
+}
+
 /* The spec's name is printed by hosts and the CLI: refuse one that could
  * drive a terminal (control characters, escape sequences) or is not UTF-8,
  * rather than print it or change it. */
@@ -176,8 +197,10 @@ static int trace_spec_table(lua_State *L) {
                       "and/or score_mod (the table has neither)", chunk);
   if (has_mask)
     trace_mask(L, g, 5, 2, chunk);
-  if (has_score)
+  if (has_score) {
     trace_score(L, g, 6, 2, chunk);
+    derive_score(L, g, 6, chunk);
+  }
   lua_getfield(L, 4, "name");
   if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
     return luaL_error(L, "%s: name must be a string (got %s)", chunk,

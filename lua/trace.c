@@ -335,18 +335,57 @@ static const char *check_name(lua_State *L, const char *fn) {
   return name;
 }
 
+/* The options table of param()/buffer() at argument 3 (nil: none), read
+ * without metamethods. Its only key is `grad` (true: the argument has a
+ * gradient in the backward pass); returns that flag. */
+static int check_options(lua_State *L, const char *fn, const char *name) {
+  int grad = 0;
+  if (lua_isnoneornil(L, 3))
+    return 0;
+  if (!lua_istable(L, 3))
+    raise(L, "%s '%s': the options must be a table such as {grad = true} "
+          "(got %s)", fn, name, luaL_typename(L, 3));
+  lua_pushnil(L);
+  while (lua_next(L, 3)) {
+    if (lua_type(L, -2) != LUA_TSTRING)
+      raise(L, "%s '%s': unknown option (a %s key); the only option is "
+            "grad", fn, name, luaL_typename(L, -2));
+    const char *key = lua_tostring(L, -2);
+    if (strcmp(key, "grad") != 0)
+      raise(L, "%s '%s': unknown option '%s'; the only option is grad", fn,
+            name, key);
+    if (lua_type(L, -1) != LUA_TBOOLEAN)
+      raise(L, "%s '%s': grad must be true or false (got %s)", fn, name,
+            luaL_typename(L, -1));
+    grad = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  return grad;
+}
+
 static int dsl_param(lua_State *L) {
   fjg_graph *g = tracer_of(L)->g;
   const char *name = check_name(L, "param");
   fjg_type type = check_dtype(L, 2, "param");
-  return push_node(L, checked(L, g, fjg_param(g, name, type)));
+  int grad = check_options(L, "param", name);
+  int node = checked(L, g, fjg_param(g, name, type));
+  if (grad) /* refused: only f32 buffers have gradients */
+    checked(L, g, fjg_set_trainable(g, fjg_node_at(g, node)->arg));
+  return push_node(L, node);
 }
 
 static int dsl_buffer(lua_State *L) {
   fjg_graph *g = tracer_of(L)->g;
   const char *name = check_name(L, "buffer");
   fjg_type elem = check_dtype(L, 2, "buffer");
+  int grad = check_options(L, "buffer", name);
+  int declared = fjg_num_args(g);
   int arg = checked(L, g, fjg_buffer(g, name, elem));
+  if (arg < declared && fjg_arg_at(g, arg)->trainable != grad)
+    raise(L, "buffer '%s' is already declared %s grad = true", name,
+          grad ? "without" : "with");
+  if (grad)
+    checked(L, g, fjg_set_trainable(g, arg));
   buffer *buf = lua_newuserdatauv(L, sizeof *buf, 0);
   buf->arg = arg;
   buf->elem = elem;

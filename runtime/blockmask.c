@@ -316,13 +316,10 @@ fj_status fj_block_mask_download(fj_block_mask *m, fj_block_mask_array which,
 
 /* ---- binding to a forward launch ---- */
 
-fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
-                              int Hq, int Lq, int Lk, int block_m,
-                              int block_n, fjr_fwd_params_fixed *p) {
-  p->bm_kv_num = p->bm_kv_idx = p->bm_full_num = p->bm_full_idx = 0;
-  p->bm_b_stride = p->bm_h_stride = p->bm_nkv = 0;
-  p->bm_q_ratio = p->bm_kv_ratio = 1;
-  if (!m) return FJ_OK;
+/* Whether mask m describes a launch of B x Hq heads over Lq x Lk with
+ * block_m x block_n tiles; FJ_EINVAL naming both values when not. */
+static fj_status check_fit(fj_context *ctx, const fj_block_mask *m, int B, int Hq, int Lq,
+                           int Lk, int block_m, int block_n) {
   if (m->device != ctx->opts.device)
     return fjr_fail(ctx, FJ_EINVAL,
                     "block mask was built on CUDA device %d, the launch uses "
@@ -342,6 +339,18 @@ fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
                     "%d tiles: block_q must be a multiple of %d and block_kv "
                     "a multiple of %d", m->block_q, m->block_kv, block_m,
                     block_n, block_m, block_n);
+  return FJ_OK;
+}
+
+fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
+                              int Hq, int Lq, int Lk, int block_m,
+                              int block_n, fjr_fwd_params_fixed *p) {
+  p->bm_kv_num = p->bm_kv_idx = p->bm_full_num = p->bm_full_idx = 0;
+  p->bm_b_stride = p->bm_h_stride = p->bm_nkv = 0;
+  p->bm_q_ratio = p->bm_kv_ratio = 1;
+  if (!m) return FJ_OK;
+  fj_status st = check_fit(ctx, m, B, Hq, Lq, Lk, block_m, block_n);
+  if (st != FJ_OK) return st;
   p->bm_kv_num = m->mem + m->offsets[FJ_BM_KV_NUM_BLOCKS];
   p->bm_kv_idx = m->mem + m->offsets[FJ_BM_KV_INDICES];
   p->bm_full_num = m->mem + m->offsets[FJ_BM_FULL_KV_NUM_BLOCKS];
@@ -349,6 +358,27 @@ fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
   p->bm_b_stride = m->B == 1 ? 0 : m->H * m->nq;
   p->bm_h_stride = m->H == 1 ? 0 : m->nq;
   p->bm_nkv = m->nkv;
+  p->bm_q_ratio = m->block_q / block_m;
+  p->bm_kv_ratio = m->block_kv / block_n;
+  return FJ_OK;
+}
+
+fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *m, int B, int Hq,
+                                  int Lq, int Lk, int block_m, int block_n,
+                                  fjr_bwd_params_fixed *p) {
+  p->bm_q_num = p->bm_q_idx = p->bm_full_q_num = p->bm_full_q_idx = 0;
+  p->bm_b_stride = p->bm_h_stride = p->bm_nq = 0;
+  p->bm_q_ratio = p->bm_kv_ratio = 1;
+  if (!m) return FJ_OK;
+  fj_status st = check_fit(ctx, m, B, Hq, Lq, Lk, block_m, block_n);
+  if (st != FJ_OK) return st;
+  p->bm_q_num = m->mem + m->offsets[FJ_BM_Q_NUM_BLOCKS];
+  p->bm_q_idx = m->mem + m->offsets[FJ_BM_Q_INDICES];
+  p->bm_full_q_num = m->mem + m->offsets[FJ_BM_FULL_Q_NUM_BLOCKS];
+  p->bm_full_q_idx = m->mem + m->offsets[FJ_BM_FULL_Q_INDICES];
+  p->bm_b_stride = m->B == 1 ? 0 : m->H * m->nkv;
+  p->bm_h_stride = m->H == 1 ? 0 : m->nkv;
+  p->bm_nq = m->nq;
   p->bm_q_ratio = m->block_q / block_m;
   p->bm_kv_ratio = m->block_kv / block_n;
   return FJ_OK;

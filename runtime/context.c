@@ -55,7 +55,7 @@ void fj_context_destroy(fj_context *ctx) {
   if (ctx->store) fjc_store_close(ctx->store);
   for (int i = 0; i < ctx->num_packs; i++) fjc_pack_close(ctx->packs[i]);
   /* Released once the last counter taken from it is freed. */
-  if (ctx->counter_pool_state == 1) ctx->drv->cuMemPoolDestroy(ctx->counter_pool);
+  if (ctx->pool_state == 1) ctx->drv->cuMemPoolDestroy(ctx->pool);
   if (ctx->cuctx && ctx->drv) ctx->drv->cuDevicePrimaryCtxRelease(ctx->cudev);
   fjr_options_free(&ctx->opts);
   free(ctx);
@@ -149,6 +149,33 @@ fj_status fjr_context_device(fj_context *ctx, const fjr_driver **drv) {
   if (r != CUDA_SUCCESS) return fjr_cu_fail(ctx, "cuCtxSetCurrent", r);
   if (drv) *drv = d;
   return FJ_OK;
+}
+
+/* The context's memory pool (work counters, backward scratch): one that
+ * keeps its memory when the caller synchronizes. The device's default pool releases its unused memory
+ * at every synchronization (release threshold 0); taking the counters from
+ * it put a fresh mapping of memory inside some launches (the sliding
+ * window's took up to 0.72 ms instead of a steady 0.513-0.54). NULL when it
+ * cannot be made. */
+CUmemoryPool fjr_context_pool(fj_context *ctx) {
+  if (ctx->pool_state == 0) {
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = (int)ctx->cudev;
+    cuuint64_t keep = UINT64_MAX; /* never hand memory back */
+    ctx->pool_state = -1;
+    if (ctx->drv->cuMemPoolCreate(&ctx->pool, &props) == CUDA_SUCCESS) {
+      ctx->pool_state = 1;
+      if (ctx->drv->cuMemPoolSetAttribute(ctx->pool,
+                                          CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                          &keep) != CUDA_SUCCESS)
+        fjr_log(ctx, FJ_LOG_WARN, "memory pool: it keeps no memory across synchronizations");
+    }
+  }
+  return ctx->pool_state == 1 ? ctx->pool : NULL;
 }
 
 fj_status fjr_context_arch(fj_context *ctx, const char **arch) {

@@ -29,11 +29,11 @@ struct fj_context {
   char device_arch[16];
   int max_smem_optin;
   int num_sms; /* multiprocessors: the persistent kernel's grid */
-  /* The persistent kernel's work counters come from this pool (created at
-   * the first launch that needs one; state 1 ready, -1 could not be made:
-   * the device's default pool then). */
-  CUmemoryPool counter_pool;
-  int counter_pool_state;
+  /* The memory pool of work counters and backward scratch (created at the
+   * first launch that needs one; state 1 ready, -1 could not be made: the
+   * device's default pool then). */
+  CUmemoryPool pool;
+  int pool_state;
 };
 
 struct fj_spec {
@@ -56,6 +56,9 @@ struct fj_spec {
 };
 
 void fjr_clear_error(fj_context *ctx);
+/* The context's memory pool (see fj_context.pool), NULL when it cannot be
+ * made; needs the device (fjr_context_device). */
+CUmemoryPool fjr_context_pool(fj_context *ctx);
 fj_status fjr_cu_fail(fj_context *ctx, const char *call, CUresult r);
 fj_status fjr_context_store(fj_context *ctx, fjc_store **store);
 

@@ -218,33 +218,6 @@ int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t 
   return items;
 }
 
-/* The context's pool for work counters: one that keeps its memory when the
- * caller synchronizes. The device's default pool releases its unused memory
- * at every synchronization (release threshold 0); taking the counters from
- * it put a fresh mapping of memory inside some launches (the sliding
- * window's took up to 0.72 ms instead of a steady 0.513-0.54). NULL when it
- * cannot be made. */
-static CUmemoryPool counter_pool(fj_context *ctx) {
-  if (ctx->counter_pool_state == 0) {
-    CUmemPoolProps props;
-    memset(&props, 0, sizeof props);
-    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
-    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = (int)ctx->cudev;
-    cuuint64_t keep = UINT64_MAX; /* never hand memory back */
-    ctx->counter_pool_state = -1;
-    if (ctx->drv->cuMemPoolCreate(&ctx->counter_pool, &props) == CUDA_SUCCESS) {
-      ctx->counter_pool_state = 1;
-      if (ctx->drv->cuMemPoolSetAttribute(ctx->counter_pool,
-                                          CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                          &keep) != CUDA_SUCCESS)
-        fjr_log(ctx, FJ_LOG_WARN, "work counters: the pool keeps no memory");
-    }
-  }
-  return ctx->counter_pool_state == 1 ? ctx->counter_pool : NULL;
-}
-
 /* The persistent kernel's work counter: a zeroed int of its own, allocated
  * in stream order (the caller frees it after the launch, the same way), so
  * that launches in flight on other streams never share it (about 2.5 us of
@@ -254,7 +227,7 @@ static CUmemoryPool counter_pool(fj_context *ctx) {
 static fj_status work_counter(fj_context *ctx, CUstream stream, CUdeviceptr *out) {
   CUdeviceptr c = 0;
   *out = 0;
-  CUmemoryPool pool = counter_pool(ctx);
+  CUmemoryPool pool = fjr_context_pool(ctx);
   CUresult ra = pool ? ctx->drv->cuMemAllocFromPoolAsync(&c, sizeof(int32_t), pool, stream)
                      : ctx->drv->cuMemAllocAsync(&c, sizeof(int32_t), stream);
   if (ra != CUDA_SUCCESS) return FJ_OK;

@@ -1,13 +1,15 @@
 /*
- * runtime/launch_params.h: host mirror of the kernel's parameter struct.
+ * runtime/launch_params.h: host mirrors of the kernels' parameter structs.
  *
- * Must match templates/common/fj_fwd.cuh member for member up to
- * `user`; the generated fj_user_params (gen/emit_cuda.c, host layout from
- * fjg_user_params_pack) follows at the next 8-byte boundary.
+ * fjr_fwd_params_fixed must match templates/common/fj_fwd.cuh member for
+ * member up to `user`; the generated fj_user_params (gen/emit_cuda.c, host
+ * layout from fjg_user_params_pack) follows at the next 8-byte boundary.
+ * fjr_bwd_params_fixed mirrors templates/common/fj_bwd.cuh the same way.
  */
 #ifndef FJR_LAUNCH_PARAMS_H
 #define FJR_LAUNCH_PARAMS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct fjr_sizes {
@@ -36,5 +38,55 @@ typedef struct fjr_fwd_params_fixed {
 /* Offset of `user` in the device struct: its first member is a long long. */
 #define FJR_FWD_USER_OFFSET \
   ((sizeof(fjr_fwd_params_fixed) + 7u) & ~(size_t)7u)
+
+/* Host mirror of templates/common/fj_bwd.cuh's fj_bwd_params up to `user`
+ * (docs/backward.md); the generated fj_user_params follows at the next
+ * 8-byte boundary (FJR_BWD_USER_OFFSET), then fj_user_grads at the next
+ * 8-byte boundary after it. */
+typedef struct fjr_bwd_params_fixed {
+  uint64_t q, k, v, o, dout;
+  uint64_t lse, dlse; /* dlse 0: none */
+  uint64_t delta;     /* scratch: fp32 [B][Hq][Lq] */
+  uint64_t dq_accum;  /* scratch: fp32 [B][Hq][Lq][D], 16-byte aligned */
+  uint64_t dq, dk, dv;
+  int64_t q_sb, q_sh, q_ss;
+  int64_t k_sb, k_sh, k_ss;
+  int64_t v_sb, v_sh, v_ss;
+  int64_t o_sb, o_sh, o_ss;
+  int64_t do_sb, do_sh, do_ss;
+  int64_t dq_sb, dq_sh, dq_ss;
+  int64_t dk_sb, dk_sh, dk_ss;
+  int64_t dv_sb, dv_sh, dv_ss;
+  int64_t lse_sb, lse_sh;
+  int64_t dlse_sb, dlse_sh;
+  fjr_sizes sz;
+  int32_t kv_group;
+  float scale;
+  float scale_log2;
+  /* Block mask's transposed lists (q_num_blocks, q_indices,
+   * full_q_num_blocks, full_q_indices); all zero when none. */
+  uint64_t bm_q_num, bm_q_idx, bm_full_q_num, bm_full_q_idx;
+  int32_t bm_b_stride, bm_h_stride;
+  int32_t bm_nq;
+  int32_t bm_q_ratio;  /* block_q / the config's block_m */
+  int32_t bm_kv_ratio; /* block_kv / the config's block_n */
+} fjr_bwd_params_fixed;
+
+/* The offsets templates/common/fj_bwd.cuh asserts for the device struct. */
+_Static_assert(offsetof(fjr_bwd_params_fixed, lse) == 40, "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, q_sb) == 96, "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, dlse_sh) == 312, "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, sz) == 320, "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, scale_log2) == 348,
+               "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, bm_q_num) == 352,
+               "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, bm_kv_ratio) == 400,
+               "fjr_bwd_params_fixed layout");
+
+/* Offset of `user` in the device struct: its first member is a long long. */
+#define FJR_BWD_USER_OFFSET \
+  ((sizeof(fjr_bwd_params_fixed) + 7u) & ~(size_t)7u)
+_Static_assert(FJR_BWD_USER_OFFSET == 408, "fjr_bwd_params_fixed layout");
 
 #endif /* FJR_LAUNCH_PARAMS_H */

@@ -4,8 +4,8 @@
 // The sm80 forward kernel is FlashAttention-2 style, for sm_80 and newer
 // (mma.sync m16n8k16, ldmatrix, cp.async); it runs unchanged on sm_86,
 // sm_89, sm_90(a) and later. Its parts, in the order gen/templates.c pastes
-// them: config.cuh, ptx.cuh, pipeline.cuh, tile_walk.cuh, mainloop.cuh,
-// fwd.cuh.
+// them: config.cuh, ptx.cuh, tile_load.cuh, pipeline.cuh, tile_walk.cuh,
+// mainloop.cuh, fwd.cuh.
 //
 // ---- Contract with the generator -----------------------------------------
 // Macros the generator defines (gen/emit_cuda.c, from gen/config.c):

@@ -1,4 +1,4 @@
-// templates/sm80/ptx.cuh: PTX wrappers of the sm_80 features the kernel uses
+// templates/sm80/ptx.cuh: PTX wrappers of the sm_80 features the sm80 kernels use
 // (the translation unit includes no CUDA header: NVRTC needs no include path
 // and parses less): cp.async, ldmatrix and mma.sync.
 #pragma once
@@ -7,6 +7,12 @@
 __device__ __forceinline__ void fjk_cp_async16(unsigned dst, const void *src,
                                                int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// 4-byte global->shared copy (through L1: .cg takes 16 bytes only);
+// src_bytes 0 zero-fills without reading.
+__device__ __forceinline__ void fjk_cp_async4(unsigned dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void fjk_cp_async_commit() {

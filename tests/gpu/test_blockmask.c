@@ -360,7 +360,7 @@ static void time_build(fj_context *ctx, const fjr_driver *drv, int S, int lo,
        gpu_cu_ok(drv, drv->cuMemcpyHtoD(t.ptr, ids, 4 * (size_t)S), "copy");
   t.shape[0] = S, t.strides[0] = 1;
   gpu_describe(&t, 1, (DLDataType){kDLInt, 32, 1});
-  fj_arg arg = {"doc", 0, 0, &t.t};
+  fj_arg arg = {.name = "doc", .buffer = &t.t};
   fj_block_mask_options o;
   fj_block_mask_options_init(&o);
   o.q_len = o.kv_len = S;

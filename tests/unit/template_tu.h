@@ -1,6 +1,6 @@
 /*
  * tests/unit/template_tu.h: what the template compile tests (test_nvrtc_templates
- * for sm80, test_sm90_compile for sm90) share: hand-written prologues in the
+ * for sm80, test_sm90_compile for sm90, test_bwd_compile for the backward) share: hand-written prologues in the
  * generator's format, and the translation unit assembled the way
  * gen/emit_cuda.c does (defines, then the kernel's parts as gen/templates.c
  * lists them, the prologue among them), from the source tree's templates.
@@ -53,6 +53,36 @@ static const char fjt_softcap_bias[] =
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
     "  return FJ_TILE_FULL;\n}\n";
 
+/* For the backward unit: a causal mask; a tanh softcap plus a bias from a
+ * trainable f32 buffer read at the relative position kv - q + 64 (the
+ * generator's fj_score_grad: ds times d score_mod / d score returned, ds
+ * added to the buffer's gradient where the read is inside it). Compiled with
+ * every combination of FJ_HAS_MASK and FJ_HAS_SCORE_MOD. */
+static const char fjt_bwd_causal_softcap_bias[] =
+    "struct fj_user_params {\n  long long fj_reserved_;\n  const float *a_bias;\n"
+    "  long long n_bias;\n};\n"
+    "struct fj_user_grads {\n  float *g_bias;\n};\n"
+    "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
+    "    int b, int h, int q, int kv) {\n  bool t0 = kv <= q;\n  return t0;\n}\n"
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  float t0 = score * 0.0333333351f;\n  float t1 = fj_tanh_f32(t0);\n"
+    "  float t2 = t1 * 30.0f;\n  int t3 = kv - q;\n  int t4 = t3 + 64;\n"
+    "  float t5 = fj_load_f32(u.a_bias, u.n_bias, t4);\n  return t2 + t5;\n}\n"
+    "__device__ __forceinline__ float fj_score_grad(const fj_user_params &u,\n"
+    "    const fj_user_grads &g, const fj_sizes &z, float score, int b, int h, int q,\n"
+    "    int kv, float ds) {\n"
+    "  float t0 = score * 0.0333333351f;\n  float t1 = fj_tanh_f32(t0);\n"
+    "  float t2 = t1 * t1;\n  float t3 = 1.0f - t2;\n  int t4 = kv - q;\n"
+    "  int t5 = t4 + 64;\n"
+    "  if (fj_buf_in(u.n_bias, t5)) atomicAdd(g.g_bias + t5, ds);\n"
+    "  return ds * t3;\n}\n"
+    "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
+    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
+    "  if (kv0 > q1) return FJ_TILE_EMPTY;\n"
+    "  if (kv1 <= q0) return FJ_TILE_FULL;\n"
+    "  return FJ_TILE_PARTIAL;\n}\n";
+
 /* A file of the source tree, NUL-terminated (malloc'd). */
 static char *fjt_slurp(const char *rel) {
   char path[1024];
@@ -70,12 +100,14 @@ static char *fjt_slurp(const char *rel) {
   return s;
 }
 
-/* The translation unit of c->template_name's forward kernel with this
- * prologue, then `tail` (extra checks; may be ""): its parts in the order
- * gen/templates.c lists them, read from the source tree. malloc'd. */
-static char *fjt_build_tu(const fjg_config *c, int has_mask, int has_score_mod,
-                          const char *prologue, const char *tail) {
-  const char *const *parts = fjg_template_parts(c->template_name, "forward");
+/* The translation unit of c->template_name's `kernel` ("forward",
+ * "backward") with this prologue, then `tail` (extra checks; may be ""): its
+ * parts in the order gen/templates.c lists them, read from the source tree.
+ * malloc'd. */
+static char *fjt_build_kernel_tu(const fjg_config *c, const char *kernel, int has_mask,
+                                 int has_score_mod, const char *prologue,
+                                 const char *tail) {
+  const char *const *parts = fjg_template_parts(c->template_name, kernel);
   assert_non_null(parts);
   char defs[512];
   snprintf(defs, sizeof defs,
@@ -107,6 +139,12 @@ static char *fjt_build_tu(const fjg_config *c, int has_mask, int has_score_mod,
   }
   memcpy(tu + used, tail, strlen(tail) + 1);
   return tu;
+}
+
+/* The forward kernel's translation unit (fjt_build_kernel_tu). */
+static inline char *fjt_build_tu(const fjg_config *c, int has_mask, int has_score_mod,
+                          const char *prologue, const char *tail) {
+  return fjt_build_kernel_tu(c, "forward", has_mask, has_score_mod, prologue, tail);
 }
 
 /* NVRTC's log of a program (malloc'd, "" when empty). */

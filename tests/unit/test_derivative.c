@@ -173,8 +173,20 @@ static void test_random_graphs_against_finite_differences(void **state) {
     assert_int_equal(fjg_set_score_root(g, root), 0);
     fjg_derivative d;
     char err[256];
+    const int before = fjg_num_nodes(g);
     if (fjg_derive_score(g, 1, &d, err, sizeof err) != FJ_OK)
       fail_msg("graph %d: %s", graph, err);
+    /* No product by 1 or -1 among the new nodes: it is the operand itself,
+     * or its negation. */
+    for (int id = before; id < fjg_num_nodes(g); id++) {
+      const fjg_node *n = fjg_node_at(g, id);
+      if (n->op != FJG_OP_MUL) continue;
+      for (int k = 0; k < 2; k++) {
+        const fjg_node *o = fjg_node_at(g, k ? n->b : n->a);
+        if (o->op == FJG_OP_CONST && o->type == FJG_F32 && fabsf(o->imm.f) == 1.0f)
+          fail_msg("graph %d: node %d multiplies by %g", graph, id, (double)o->imm.f);
+      }
+    }
     for (int i = 0; i < BIAS_LEN; i++) bias[i] = unit() * 2 - 1;
     for (int k = 0; k < 8; k++) {
       point p = {unit() * 6 - 3, 0, (int)(rnd() % 4), (int)(rnd() % 64), (int)(rnd() % 64)};

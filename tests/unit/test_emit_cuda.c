@@ -200,7 +200,8 @@ static void test_forward_tu_layout(void **state) {
 static void test_template_parts(void **state) {
   (void)state;
   static const char *const kernels[][2] = {
-      {"sm80", "forward"}, {"sm90", "forward"}, {"common", "blockmask"}};
+      {"sm80", "forward"}, {"sm90", "forward"}, {"sm80", "backward"},
+      {"common", "blockmask"}};
   const int count = fjg_template_count_get();
   int *used = calloc((size_t)count, sizeof *used);
   assert_non_null(used);
@@ -223,7 +224,7 @@ static void test_template_parts(void **state) {
   for (int i = 0; i < count; i++)
     if (!used[i]) fail_msg("template %s is in no kernel's part list", fjg_template_name_at(i));
   free(used);
-  assert_null(fjg_template_parts("sm80", "backward"));
+  assert_null(fjg_template_parts("sm90", "backward"));
   assert_null(fjg_template_parts("sm999", "forward"));
   assert_null(fjg_template_parts(NULL, "forward"));
 }

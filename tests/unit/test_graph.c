@@ -9,7 +9,9 @@
 
 #include <cmocka.h>
 
+#include "gen/derivative.h"
 #include "gen/graph.h"
+#include "gen/interval.h"
 
 static int in(fjg_graph *g, fjg_input which) {
   int id = fjg_input_node(g, which);
@@ -365,6 +367,91 @@ static void test_declarations(void **state) {
   fjg_graph_destroy(g);
 }
 
+/* Only f32 buffers can be trainable; the flag is per argument and shows in
+ * the bit set. */
+static void test_trainable(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int w = fjg_param(g, "w", FJG_F32);
+  int ids = fjg_buffer(g, "ids", FJG_I32);
+  int bias = fjg_buffer(g, "bias", FJG_F32);
+  int slopes = fjg_buffer(g, "slopes", FJG_F32);
+  assert_true(w >= 0 && ids == 1 && bias == 2 && slopes == 3);
+  assert_int_equal(fjg_trainable_args(g), 0);
+  assert_int_equal(fjg_arg_at(g, bias)->trainable, 0);
+  assert_int_equal(fjg_set_trainable(g, bias), 0);
+  assert_int_equal(fjg_set_trainable(g, bias), 0);
+  assert_int_equal(fjg_arg_at(g, bias)->trainable, 1);
+  assert_int_equal(fjg_arg_at(g, slopes)->trainable, 0);
+  assert_int_equal(fjg_trainable_args(g), 1u << 2);
+  assert_error(g, fjg_set_trainable(g, ids), "'ids' cannot have a gradient");
+  assert_error(g, fjg_set_trainable(g, 0), "'w' cannot have a gradient");
+  assert_error(g, fjg_set_trainable(g, 9), "no argument 9");
+  assert_int_equal(fjg_set_trainable(g, slopes), 0);
+  assert_int_equal(fjg_trainable_args(g), (1u << 2) | (1u << 3));
+  fjg_graph_destroy(g);
+}
+
+/* The graph keeps the derivative; its nodes, shared ones included, form
+ * list 2 of fjg_reachable; a derivative past FJG_MAX_GRAD_NODES is
+ * refused and leaves none set. */
+static void test_derivative_kept(void **state) {
+  (void)state;
+  fjg_graph *g = fjg_graph_create();
+  int bias = fjg_buffer(g, "bias", FJG_F32);
+  assert_int_equal(fjg_set_trainable(g, bias), 0);
+  int s = in(g, FJG_IN_SCORE);
+  int idx = fjg_binary(g, FJG_OP_SUB, in(g, FJG_IN_Q), in(g, FJG_IN_KV));
+  int t = fjg_unary(g, FJG_OP_TANH, s);
+  int root = fjg_binary(g, FJG_OP_ADD, fjg_binary(g, FJG_OP_MUL, t, fjg_load(g, bias, idx)),
+                        fjg_const_f32(g, 1.0f));
+  assert_int_equal(fjg_set_score_root(g, root), 0);
+  assert_null(fjg_graph_derivative(g));
+  int count = -1;
+  fjg_reachable(g, 2, &count);
+  assert_int_equal(count, 0);
+  fjg_derivative d;
+  assert_int_equal(fjg_derive_score(g, fjg_trainable_args(g), &d, NULL, 0), FJ_OK);
+  assert_int_equal(d.num_buffer_grads, 1);
+  assert_int_equal(fjg_set_derivative(g, &d), 0);
+  const fjg_derivative *kept = fjg_graph_derivative(g);
+  assert_non_null(kept);
+  assert_int_equal(kept->dscore, d.dscore);
+  assert_int_equal(kept->buffer_grads[0].index, idx);
+  const int32_t *list = fjg_reachable(g, 2, &count);
+  int has_t = 0, has_idx = 0, has_grad = 0;
+  for (int k = 0; k < count; k++) {
+    if (k) assert_true(list[k] > list[k - 1]);
+    has_t |= list[k] == t;
+    has_idx |= list[k] == idx;
+    has_grad |= list[k] == d.buffer_grads[0].grad;
+  }
+  assert_true(has_t && has_idx && has_grad);
+  /* Nodes that are not f32 values, or an i32 buffer, are refused. */
+  fjg_derivative bad = d;
+  bad.dscore = idx;
+  assert_error(g, fjg_set_derivative(g, &bad), "not an f32 node");
+  bad = d;
+  bad.buffer_grads[0].index = t;
+  assert_error(g, fjg_set_derivative(g, &bad), "not an i32 node");
+  fjg_graph_destroy(g);
+
+  /* A chain of min(x * 1.5, score): about 900 nodes, within the mod's
+   * limit, whose derivative has several nodes per min. */
+  g = fjg_graph_create();
+  s = in(g, FJG_IN_SCORE);
+  int x = fjg_unary(g, FJG_OP_TANH, s);
+  for (int k = 0; k < 450; k++)
+    x = fjg_binary(g, FJG_OP_MIN, fjg_binary(g, FJG_OP_MUL, x, fjg_const_f32(g, 1.5f)), s);
+  assert_int_equal(fjg_set_score_root(g, x), 0);
+  assert_int_equal(fjg_derive_score(g, 0, &d, NULL, 0), FJ_OK);
+  assert_error(g, fjg_set_derivative(g, &d), "FJG_MAX_GRAD_NODES");
+  assert_null(fjg_graph_derivative(g));
+  fjg_reachable(g, 2, &count);
+  assert_int_equal(count, 0);
+  fjg_graph_destroy(g);
+}
+
 static void test_errors(void **state) {
   (void)state;
   fjg_graph *g = fjg_graph_create();
@@ -481,6 +568,8 @@ int main(void) {
       cmocka_unit_test(test_i32_chains_match_wrapping),
       cmocka_unit_test(test_limits),
       cmocka_unit_test(test_declarations),
+      cmocka_unit_test(test_trainable),
+      cmocka_unit_test(test_derivative_kept),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_roots_and_deps),
       cmocka_unit_test(test_names_and_buf),

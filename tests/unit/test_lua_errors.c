@@ -356,8 +356,58 @@ static void test_null_arguments(void **state) {
                    FJ_EINVAL);
 }
 
+/* Gradients: only f32 buffers have them, the options table has one key,
+ * and the derivative of score_mod must fit its limits. */
+static void test_grad_options(void **state) {
+  (void)state;
+  expect_error("local ids = buffer('ids', 'i32', {grad = true})",
+               "spec.lua:1:", "'ids' cannot have a gradient: only f32 buffers can");
+  expect_error("local x = 1\nlocal w = param('w', 'f32', {grad = true})",
+               "spec.lua:2:", "'w' cannot have a gradient: only f32 buffers can");
+  expect_error("local b = buffer('b', 'f32', {grad = true, lr = 2})",
+               "spec.lua:1:", "buffer 'b': unknown option 'lr'");
+  expect_error("local b = buffer('b', 'f32', {true})",
+               "spec.lua:1:", "buffer 'b': unknown option (a number key)");
+  expect_error("local w = param('w', 'i32', {gard = true})",
+               "spec.lua:1:", "param 'w': unknown option 'gard'");
+  expect_error("local b = buffer('b', 'f32', {grad = 1})",
+               "spec.lua:1:", "grad must be true or false (got number)");
+  expect_error("local b = buffer('b', 'f32', 'grad')",
+               "spec.lua:1:", "the options must be a table such as {grad = true}");
+  expect_error("local b = buffer('b', 'f32', {grad = true})\n"
+               "local c = buffer('b', 'f32')",
+               "spec.lua:2:", "buffer 'b' is already declared with grad = true");
+  expect_error("local b = buffer('b', 'f32')\n"
+               "local c = buffer('b', 'f32', {grad = true})",
+               "spec.lua:2:", "buffer 'b' is already declared without grad = true");
+  expect_ok("local b = buffer('b', 'f32', {grad = true})\n"
+            "local c = buffer('b', 'f32', {grad = true})\n"
+            "local w = param('w', 'f32', {grad = false})\n"
+            "return { score_mod = function(s, b_, h, q, kv) return s + c[q] * w end }");
+  /* Reads of trainable buffers past FJG_MAX_BUFFER_GRADS, at the mod. */
+  expect_error("local bias = buffer('bias', 'f32', {grad = true})\n"
+               "return { score_mod = function(s, b, h, q, kv)\n"
+               "  for i = 1, 17 do s = s + bias[q + i] end\n"
+               "  return s\nend }",
+               "spec.lua:2:", "cannot differentiate score_mod (for the backward "
+               "pass): score_mod reads trainable buffers at more than 16 places");
+  /* A score_mod within its own limit whose derivative is past its limit. */
+  expect_error("return { score_mod = function(s, b, h, q, kv)\n"
+               "  local x = tanh(s)\n"
+               "  for i = 1, 450 do x = min(x * 1.5, s) end\n"
+               "  return x\nend }",
+               "spec.lua:1:", "the derivative of score_mod (for the backward pass) "
+               "depends on");
+  expect_error("return { score_mod = function(s, b, h, q, kv)\n"
+               "  local x = tanh(s)\n"
+               "  for i = 1, 450 do x = min(x * 1.5, s) end\n"
+               "  return x\nend }",
+               "spec.lua:1:", "(FJG_MAX_GRAD_NODES)");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_grad_options),
       cmocka_unit_test(test_less_than),
       cmocka_unit_test(test_less_equal),
       cmocka_unit_test(test_equal_to_number),

@@ -14,6 +14,7 @@
 #include <lua.h>
 #include <lualib.h>
 
+#include "gen/derivative.h"
 #include "lua/spec.h"
 
 #define assert_near(got, want, tol)                                        \
@@ -251,6 +252,72 @@ static void test_params_buffers_sizes(void **state) {
   fjg_graph_destroy(g);
 }
 
+/* buffer(name, "f32", {grad = true}) marks a buffer trainable; the spec
+ * comes with the derivative of its score_mod, with a gradient for each
+ * read of a trainable buffer and none for the others, the mask's included. */
+static void test_trainable_buffers(void **state) {
+  (void)state;
+  fjg_graph *g = trace_ok(
+      "local rel = buffer('rel', 'f32', {grad = true})\n"
+      "local slopes = buffer('slopes', 'f32', {grad = false})\n"
+      "local gate = buffer('gate', 'f32', {grad = true})\n"
+      "local again = buffer('rel', 'f32', {grad = true})\n"
+      "return {\n"
+      "  mask_mod = function(b, h, q, kv) return gt(gate[kv], 0.0) end,\n"
+      "  score_mod = function(s, b, h, q, kv)\n"
+      "    return s * slopes[h] + again[q - kv + 8] * rel[h]\n"
+      "  end }",
+      NULL);
+  assert_int_equal(fjg_num_args(g), 3);
+  assert_int_equal(fjg_arg_at(g, 0)->trainable, 1);
+  assert_int_equal(fjg_arg_at(g, 1)->trainable, 0);
+  assert_int_equal(fjg_arg_at(g, 2)->trainable, 1);
+  assert_int_equal(fjg_trainable_args(g), 5);
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  assert_non_null(d);
+  assert_int_equal(d->num_buffer_grads, 2); /* rel twice, gate never */
+  for (int i = 0; i < d->num_buffer_grads; i++)
+    assert_int_equal(d->buffer_grads[i].buffer, 0);
+  /* d/ds = slopes[h] = 0.5 here; d/d rel[q - kv + 8] = rel[h]. */
+  float rel[16], slopes[4] = {0.5f, 0.5f, 0.5f, 0.5f}, gate[16];
+  for (int i = 0; i < 16; i++) rel[i] = 0.25f * (float)i, gate[i] = 1.0f;
+  const void *bufs[3] = {rel, slopes, gate};
+  int64_t lens[3] = {16, 4, 16};
+  fjg_env env = sizes_env(8, 8);
+  env.buffer_data = bufs;
+  env.buffer_len = lens;
+  const int saved = fjg_score_root(g);
+  assert_int_equal(fjg_set_score_root(g, d->dscore), 0);
+  assert_near(fjg_eval_score(g, &env, 1.0, 0, 2, 5, 3), 0.5, 0);
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    assert_int_equal(fjg_set_score_root(g, d->buffer_grads[i].grad), 0);
+    double grad = fjg_eval_score(g, &env, 1.0, 0, 2, 5, 3);
+    /* rel[h] = rel[2] for the read at q - kv + 8 = 10, rel[10] for the
+     * read at h = 2 */
+    assert_true(grad == 0.5 || grad == 2.5);
+  }
+  assert_int_equal(fjg_set_score_root(g, saved), 0);
+  fjg_graph_destroy(g);
+
+  /* Without a score_mod there is no derivative; the prelude's builders
+   * take trainable buffers like any other. */
+  g = trace_ok("local d = buffer('d', 'f32', {grad = true})\n"
+               "return { mask_mod = causal() }", NULL);
+  assert_null(fjg_graph_derivative(g));
+  assert_int_equal(fjg_trainable_args(g), 1);
+  fjg_graph_destroy(g);
+  g = trace_ok("local bias = buffer('bias', 'f32', {grad = true})\n"
+               "return { mask_mod = causal(), score_mod = relative_bias(bias) }",
+               NULL);
+  d = fjg_graph_derivative(g);
+  assert_non_null(d);
+  assert_int_equal(d->num_buffer_grads, 1);
+  const fjg_node *one = fjg_node_at(g, d->buffer_grads[0].grad);
+  assert_int_equal(one->op, FJG_OP_CONST);
+  assert_true(one->imm.f == 1.0f);
+  fjg_graph_destroy(g);
+}
+
 static int serialize_equal(const char *a, const char *b) {
   fjg_graph *ga = trace_ok(a, NULL), *gb = trace_ok(b, NULL);
   fjg_buf ba, bb;
@@ -326,6 +393,7 @@ int main(void) {
       cmocka_unit_test(test_math_functions),
       cmocka_unit_test(test_logical_operators),
       cmocka_unit_test(test_params_buffers_sizes),
+      cmocka_unit_test(test_trainable_buffers),
       cmocka_unit_test(test_canonical_bytes),
       cmocka_unit_test(test_traced_value_tostring),
   };

@@ -1,0 +1,320 @@
+/*
+ * runtime/backward.c: the backward pass (docs/backward.md): its kernel
+ * configuration, decided here once for compiling and launching, and the
+ * launch: tensor and value checks, the scratch memory, the parameter
+ * struct, the block mask's transposed lists, and the three kernels on the
+ * caller's stream.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gen/emit_cuda.h"
+#include "runtime/blockmask.h"
+#include "runtime/context_impl.h"
+#include "runtime/kernels.h"
+#include "runtime/launch_params.h"
+#include "runtime/tensor.h"
+
+#define FJR_BWD_MAX_PARAM_BYTES 4096
+#define FJR_SCRATCH_ALIGN 256
+
+/* ---- the kernel kind ---- */
+
+static fj_status emit_backward(const fjg_graph *g, const fjg_config *cfg, fjg_buf *out) {
+  return fjg_emit_backward_tu(g, cfg, out);
+}
+
+/* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>. */
+static void backward_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
+  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s", spec, cfg->head_dim,
+           cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch);
+}
+
+/* The main kernel first: it is the one given cfg.smem_bytes. */
+enum { BWD_MAIN = 0, BWD_PRE = 1, BWD_POST = 2 };
+
+static const fjr_kernel_kind backward_kind = {
+    .pass = "backward",
+    .emit = emit_backward,
+    .name = backward_name,
+    .entries = {"fj_attention_bwd", "fj_attention_bwd_pre", "fj_attention_bwd_post"},
+    .num_entries = 3,
+    .tuned = 1,
+};
+
+/* ---- the configuration ---- */
+
+/* The one place a backward kernel's configuration is decided: the
+ * caller's template, else sm80 (the only backward template so far, on
+ * every target from sm_80; a context's FLEXJIT_TEMPLATE picks the forward's). */
+static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
+                                 fjg_config *cfg) {
+  if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
+  const char *arch = o->arch;
+  fj_status st;
+  if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
+  char err[1024];
+  st = fjg_config_choose_backward(o->head_dim, o->dtype, arch,
+                                  o->kernel_template ? o->kernel_template : "sm80", cfg, err,
+                                  sizeof err);
+  return st == FJ_OK ? FJ_OK : fjr_fail(ctx, st, "%s", err);
+}
+
+fj_status fj_compile_backward(fj_context *ctx, const fj_spec *spec,
+                              const fj_kernel_options *opts, fj_kernel_info *info) {
+  if (!ctx) return FJ_EINVAL;
+  fjr_clear_error(ctx);
+  if (!spec || !opts) return fjr_fail(ctx, FJ_EINVAL, "fj_compile_backward: NULL argument");
+  if (opts->dtype != FJ_DTYPE_BF16 && opts->dtype != FJ_DTYPE_F16)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED, "unsupported dtype %d", (int)opts->dtype);
+  fjg_config cfg;
+  fjr_kernel *k = NULL;
+  int resident = 0;
+  fj_status st = backward_config(ctx, opts, &cfg);
+  if (st == FJ_OK)
+    st = fjr_kernel_get(ctx, (fj_spec *)spec, &backward_kind, &cfg, &k, &resident);
+  if (st == FJ_OK && info) fjr_kernel_info(k, resident, info);
+  return st;
+}
+
+/* ---- scratch ---- */
+
+static size_t align_up(size_t n) {
+  return (n + FJR_SCRATCH_ALIGN - 1) / FJR_SCRATCH_ALIGN * FJR_SCRATCH_ALIGN;
+}
+
+/* delta (fp32 [B][Hq][Lq]) first, then dq_accum (fp32 [B][Hq][Lq][D]). */
+size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
+  if (B < 1 || Hq < 1 || Lq < 1 || D < 1) return 0;
+  const size_t rows = (size_t)B * (size_t)Hq * (size_t)Lq;
+  return align_up(rows * 4) + align_up(rows * (size_t)D * 4);
+}
+
+/* ---- checks ---- */
+
+/* The forward's tensors and the gradients' outputs, into the fixed part of
+ * the parameter struct; *dtype receives the inputs' dtype. */
+static fj_status check_tensors(fj_context *ctx, const fj_backward_args *a, fj_dtype *dtype,
+                               fjr_bwd_params_fixed *p) {
+  const DLTensor *q = a->q;
+  if (!q || q->ndim != 4 || !q->shape)
+    return fjr_fail(ctx, FJ_ETENSOR, "q: expected a 4-D tensor [B, Hq, Lq, D]");
+  DLDataType dl;
+  if (fjr_tensor_is(q, kDLBfloat, 16)) {
+    *dtype = FJ_DTYPE_BF16;
+    dl = (DLDataType){kDLBfloat, 16, 1};
+  } else if (fjr_tensor_is(q, kDLFloat, 16)) {
+    *dtype = FJ_DTYPE_F16;
+    dl = (DLDataType){kDLFloat, 16, 1};
+  } else {
+    char t[32];
+    return fjr_fail(ctx, FJ_ETENSOR, "q: dtype %s is not supported (bfloat16 or float16)",
+                    fjr_dtype_text(q->dtype, t, sizeof t));
+  }
+  const struct {
+    const char *name;
+    const DLTensor *t;
+    uint64_t *ptr;
+    int64_t *sb, *sh, *ss; /* batch, head and sequence strides */
+    int kv;                /* shaped like k (1) or like q (0) */
+  } four[] = {
+      {"q", q, &p->q, &p->q_sb, &p->q_sh, &p->q_ss, 0},
+      {"k", a->k, &p->k, &p->k_sb, &p->k_sh, &p->k_ss, 1},
+      {"v", a->v, &p->v, &p->v_sb, &p->v_sh, &p->v_ss, 1},
+      {"o", a->o, &p->o, &p->o_sb, &p->o_sh, &p->o_ss, 0},
+      {"dout", a->dout, &p->dout, &p->do_sb, &p->do_sh, &p->do_ss, 0},
+      {"dq", a->dq, &p->dq, &p->dq_sb, &p->dq_sh, &p->dq_ss, 0},
+      {"dk", a->dk, &p->dk, &p->dk_sb, &p->dk_sh, &p->dk_ss, 1},
+      {"dv", a->dv, &p->dv, &p->dv_sb, &p->dv_sh, &p->dv_ss, 1},
+  };
+  fj_status st;
+  int64_t s[4];
+  if ((st = fjr_tensor_check(ctx, "q", q, 4, dl, s)) != FJ_OK ||
+      (st = fjr_tensor_check(ctx, "k", a->k, 4, dl, s)) != FJ_OK)
+    return st;
+  const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], D = q->shape[3];
+  const int64_t Hkv = a->k->shape[1], Lk = a->k->shape[2];
+  if (D != 64 && D != 128)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "head dim %lld is not supported by the backward (64 or 128)",
+                    (long long)D);
+  if (Hq % Hkv != 0)
+    return fjr_fail(ctx, FJ_ETENSOR,
+                    "query heads (%lld) must be a multiple of key/value heads (%lld)",
+                    (long long)Hq, (long long)Hkv);
+  if (Lq > INT32_MAX || Lk > INT32_MAX || B > 65535 || Hq > 65535)
+    return fjr_fail(ctx, FJ_ETENSOR, "sizes too large: B <= 65535, H <= 65535, L < 2^31");
+  const int64_t qshape[4] = {B, Hq, Lq, D}, kshape[4] = {B, Hkv, Lk, D};
+  for (size_t i = 0; i < sizeof four / sizeof four[0]; i++) {
+    if ((st = fjr_tensor_check(ctx, four[i].name, four[i].t, 4, dl, s)) != FJ_OK ||
+        (st = fjr_tensor_check_shape(ctx, four[i].name, four[i].t,
+                                     four[i].kv ? kshape : qshape)) != FJ_OK ||
+        (st = fjr_tensor_check_aligned16(ctx, four[i].name, four[i].t, s)) != FJ_OK)
+      return st;
+    *four[i].ptr = fjr_tensor_ptr(four[i].t);
+    *four[i].sb = s[0], *four[i].sh = s[1], *four[i].ss = s[2];
+  }
+  const DLDataType f32 = {kDLFloat, 32, 1};
+  const int64_t lshape[3] = {B, Hq, Lq};
+  int64_t ls[3];
+  if (!a->lse) return fjr_fail(ctx, FJ_ETENSOR, "lse: the forward's LSE is required");
+  if ((st = fjr_tensor_check(ctx, "lse", a->lse, 3, f32, ls)) != FJ_OK ||
+      (st = fjr_tensor_check_shape(ctx, "lse", a->lse, lshape)) != FJ_OK)
+    return st;
+  p->lse = fjr_tensor_ptr(a->lse);
+  p->lse_sb = ls[0], p->lse_sh = ls[1];
+  if (a->dlse) {
+    if ((st = fjr_tensor_check(ctx, "dlse", a->dlse, 3, f32, ls)) != FJ_OK ||
+        (st = fjr_tensor_check_shape(ctx, "dlse", a->dlse, lshape)) != FJ_OK)
+      return st;
+    p->dlse = fjr_tensor_ptr(a->dlse);
+    p->dlse_sb = ls[0], p->dlse_sh = ls[1];
+  }
+  float scale = a->scale;
+  if (scale == 0.0f) scale = 1.0f / sqrtf((float)D);
+  if (!isfinite(scale)) return fjr_fail(ctx, FJ_EINVAL, "scale must be finite");
+  p->sz = (fjr_sizes){(int32_t)B, (int32_t)Hq, (int32_t)Hkv, (int32_t)Lq, (int32_t)Lk};
+  p->kv_group = (int32_t)(Hq / Hkv);
+  p->scale = scale;
+  p->scale_log2 = scale * 1.4426950408889634f;
+  return FJ_OK;
+}
+
+/* Each trainable buffer's gradient: an fp32 tensor shaped like the buffer,
+ * packed as the generated fj_user_grads into dst; a gradient for any other
+ * value is refused. */
+static fj_status bind_grads(fj_context *ctx, const fj_spec *spec, const fj_arg *args,
+                            int num_args, void *dst) {
+  const fjg_graph *g = spec->graph;
+  uint64_t ptrs[FJG_MAX_ARGS];
+  const int n = fjg_num_args(g);
+  for (int i = 0; i < num_args; i++) {
+    int a = fjg_find_arg(g, args[i].name);
+    if (args[i].grad && (a < 0 || !fjg_arg_at(g, a)->trainable))
+      return fjr_fail(ctx, FJ_EINVAL,
+                      "'%s' has a gradient tensor but spec '%s' does not mark it "
+                      "trainable (buffer(name, \"f32\", {grad = true}))",
+                      args[i].name, spec->name);
+  }
+  for (int a = 0; a < n; a++) {
+    const fjg_arg *decl = fjg_arg_at(g, a);
+    ptrs[a] = 0;
+    if (!decl->trainable) continue;
+    const fj_arg *given = NULL;
+    for (int i = 0; i < num_args; i++)
+      if (!strcmp(args[i].name, decl->name)) given = &args[i];
+    if (!given || !given->grad)
+      return fjr_fail(ctx, FJ_EINVAL,
+                      "spec '%s' trains buffer '%s': its fj_arg needs a `grad` tensor",
+                      spec->name, decl->name);
+    char what[96];
+    snprintf(what, sizeof what, "gradient of '%s'", decl->name);
+    int64_t s[1];
+    const DLDataType f32 = {kDLFloat, 32, 1};
+    fj_status st = fjr_tensor_check(ctx, what, given->grad, 1, f32, s);
+    if (st != FJ_OK) return st;
+    if (given->buffer && given->grad->shape[0] != given->buffer->shape[0])
+      return fjr_fail(ctx, FJ_ETENSOR, "%s: %lld elements, the buffer has %lld", what,
+                      (long long)given->grad->shape[0],
+                      (long long)given->buffer->shape[0]);
+    if (s[0] != 1 && given->grad->shape[0] > 1)
+      return fjr_fail(ctx, FJ_ETENSOR, "%s: must be contiguous", what);
+    if (fjr_tensor_ptr(given->grad) % 4 != 0)
+      return fjr_fail(ctx, FJ_ETENSOR, "%s: data must be 4-byte aligned", what);
+    ptrs[a] = fjr_tensor_ptr(given->grad);
+  }
+  fjg_user_grads_pack(g, ptrs, dst);
+  return FJ_OK;
+}
+
+/* ---- the launch ---- */
+
+static fj_status launch(fj_context *ctx, CUfunction fn, const unsigned grid[3],
+                        unsigned threads, unsigned smem, CUstream stream, void *pbuf,
+                        size_t psize, const char *what) {
+  void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf, CU_LAUNCH_PARAM_BUFFER_SIZE,
+                   &psize, CU_LAUNCH_PARAM_END};
+  CUresult r = ctx->drv->cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem,
+                                        stream, NULL, extra);
+  return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, what, r);
+}
+
+fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
+                                const fj_backward_args *args) {
+  if (!ctx) return FJ_EINVAL;
+  fjr_clear_error(ctx);
+  if (!spec || !args) return fjr_fail(ctx, FJ_EINVAL, "fj_attention_backward: NULL argument");
+  if (args->deterministic)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "the deterministic backward (ordered dq accumulation) is not "
+                    "implemented yet");
+
+  _Alignas(16) unsigned char pbuf[FJR_BWD_MAX_PARAM_BYTES];
+  const size_t user_size = fjg_user_params_size(spec->graph);
+  const size_t grads_at = (FJR_BWD_USER_OFFSET + user_size + 7u) & ~(size_t)7u;
+  const size_t total = grads_at + fjg_user_grads_size(spec->graph);
+  if (total > sizeof pbuf)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED, "kernel parameters too large");
+  memset(pbuf, 0, total);
+  fjr_bwd_params_fixed *p = (fjr_bwd_params_fixed *)pbuf;
+  fj_dtype dtype = FJ_DTYPE_BF16;
+  fj_status st = check_tensors(ctx, args, &dtype, p);
+  if (st != FJ_OK) return st;
+  if ((st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
+                          pbuf + FJR_BWD_USER_OFFSET)) != FJ_OK ||
+      (st = bind_grads(ctx, spec, args->args, args->num_args, pbuf + grads_at)) != FJ_OK)
+    return st;
+  const int64_t B = p->sz.B, Hq = p->sz.Hq, Lq = p->sz.Lq, D = args->q->shape[3];
+  const size_t need = fj_backward_workspace_size(B, Hq, Lq, D);
+  if (args->workspace && ((uintptr_t)args->workspace % FJR_SCRATCH_ALIGN != 0 ||
+                          args->workspace_bytes < need))
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "workspace: %zu bytes at an address %% 256 = %zu; the backward needs %zu "
+                    "bytes, 256-byte aligned (fj_backward_workspace_size)",
+                    args->workspace_bytes, (size_t)((uintptr_t)args->workspace % 256), need);
+  if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
+
+  fj_block_mask_info mi = {0};
+  if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)
+    return fjr_fail(ctx, FJ_EINVAL, "fj_attention_backward: bad block mask");
+  const fj_kernel_options ko = {.head_dim = (int)D, .dtype = dtype};
+  fjg_config cfg;
+  fjr_kernel *k = NULL;
+  if ((st = backward_config(ctx, &ko, &cfg)) != FJ_OK ||
+      (st = fjr_kernel_get(ctx, (fj_spec *)spec, &backward_kind, &cfg, &k, NULL)) != FJ_OK ||
+      (st = fjr_kernel_load(ctx, k)) != FJ_OK)
+    return st;
+  st = fjr_block_mask_bind_bwd(ctx, args->block_mask, (int)B, (int)Hq, (int)Lq, p->sz.Lk,
+                               k->cfg.block_m, k->cfg.block_n, p);
+  if (st != FJ_OK) return st;
+
+  CUstream stream = (CUstream)args->stream;
+  CUdeviceptr scratch = (CUdeviceptr)(uintptr_t)args->workspace;
+  if (!scratch) {
+    CUmemoryPool pool = fjr_context_pool(ctx);
+    CUresult r = pool ? ctx->drv->cuMemAllocFromPoolAsync(&scratch, need, pool, stream)
+                      : ctx->drv->cuMemAllocAsync(&scratch, need, stream);
+    if (r != CUDA_SUCCESS) return fjr_cu_fail(ctx, "allocating the backward's scratch", r);
+  }
+  p->delta = scratch;
+  p->dq_accum = scratch + align_up((size_t)(B * Hq * Lq) * 4);
+
+  const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
+                            (unsigned)Hq, (unsigned)B};
+  const unsigned cols[3] = {(unsigned)((p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n),
+                            (unsigned)p->sz.Hkv, (unsigned)B};
+  if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
+                   "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
+      (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,
+                   (unsigned)k->cfg.smem_bytes, stream, pbuf, total,
+                   "cuLaunchKernel (fj_attention_bwd)")) == FJ_OK)
+    st = launch(ctx, k->fn[BWD_POST], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
+                "cuLaunchKernel (fj_attention_bwd_post)");
+  if (!args->workspace) {
+    CUresult rf = ctx->drv->cuMemFreeAsync(scratch, stream);
+    if (st == FJ_OK && rf != CUDA_SUCCESS) st = fjr_cu_fail(ctx, "cuMemFreeAsync", rf);
+  }
+  return st;
+}

@@ -1,0 +1,113 @@
+// templates/common/bwd_rows.cuh: the backward's two row kernels, around the
+// main one (docs/backward.md); no tensor cores, so every backward template
+// shares them. Needs fj_bwd_params (common/fj_bwd.cuh) and common/ptx.cuh.
+//   fj_attention_bwd_pre:  delta = dO . O - dLSE per query row (0 where
+//                          LSE = -inf), and zeroes the row's dq_accum
+//   fj_attention_bwd_post: dq = dq_accum in the element type
+// Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B), FJB_ROW_THREADS threads,
+// no dynamic shared memory (gen/config.h's FJG_BWD_ROW_BLOCK and
+// FJG_BWD_ROW_THREADS name the same numbers for the host).
+// A row of D elements is read by FJB_ROW_LANES lanes, 16 bytes each (o,
+// dout and dq 16-byte aligned, strides multiples of 8 elements: the host
+// checks, as for the forward's o); dq_accum rows are 16-byte aligned (D * 4
+// bytes a row from a 16-byte aligned base).
+#pragma once
+
+constexpr int FJB_ROW_BLOCK = 64;     // query rows of a CTA
+constexpr int FJB_ROW_THREADS = 128;  // threads of a CTA
+constexpr int FJB_ROW_LANES = FJ_HEAD_DIM / 8;                 // lanes a row
+constexpr int FJB_ROW_PASS = FJB_ROW_THREADS / FJB_ROW_LANES;  // rows a pass
+static_assert(FJB_ROW_BLOCK % FJB_ROW_PASS == 0, "row kernels: whole passes");
+static_assert(FJB_ROW_LANES <= 32 && (FJB_ROW_LANES & (FJB_ROW_LANES - 1)) == 0,
+              "row kernels: a row's lanes are a power-of-two part of a warp");
+
+__device__ __forceinline__ void fjb_ld_global_v4(unsigned (&r)[4], const void *src) {
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %4;\n"
+      " ld.global.nc.v4.b32 {%0, %1, %2, %3}, [g];\n}\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+}
+
+// The pair of elements packed in v as floats, `lo` from the lower address.
+__device__ __forceinline__ void fjb_unpack2(unsigned v, float &lo, float &hi) {
+#if defined(FJ_DTYPE_BF16)
+  lo = __uint_as_float(v << 16);
+  hi = __uint_as_float(v & 0xffff0000u);
+#else
+  asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n"
+      " cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
+      : "=f"(lo), "=f"(hi) : "r"(v));
+#endif
+}
+
+// Lane c of a row's FJB_ROW_LANES reads elements [8 c, 8 c + 8) of O and dO;
+// the row's lanes are aligned within the warp, so the xor shuffles below
+// stay among them.
+extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
+fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
+  const int tid = threadIdx.x;
+  const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int Lq = p.sz.Lq;
+  const int q0 = blockIdx.x * FJB_ROW_BLOCK;
+  const fj_u16 *go = (const fj_u16 *)p.o + b * p.o_sb + h * p.o_sh + c * 8;
+  const fj_u16 *gd = (const fj_u16 *)p.dout + b * p.do_sb + h * p.do_sh + c * 8;
+  // This head's row 0 in delta and dq_accum.
+  const long long row0 = ((long long)b * p.sz.Hq + h) * Lq;
+#pragma unroll
+  for (int i = 0; i < FJB_ROW_BLOCK / FJB_ROW_PASS; ++i) {
+    const int q = q0 + i * FJB_ROW_PASS + r;
+    float dot = 0.f;
+    if (q < Lq) {
+      unsigned ov[4], dv[4];
+      fjb_ld_global_v4(ov, go + q * p.o_ss);
+      fjb_ld_global_v4(dv, gd + q * p.do_ss);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float o0, o1, d0, d1;
+        fjb_unpack2(ov[e], o0, o1);
+        fjb_unpack2(dv[e], d0, d1);
+        dot = fmaf(o0, d0, dot);
+        dot = fmaf(o1, d1, dot);
+      }
+    }
+#pragma unroll
+    for (int off = FJB_ROW_LANES / 2; off > 0; off >>= 1)
+      dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (c == 0 && q < Lq) {
+      const float L = p.lse[b * p.lse_sb + h * p.lse_sh + q];
+      const float dl = p.dlse != nullptr ? p.dlse[b * p.dlse_sb + h * p.dlse_sh + q] : 0.f;
+      p.delta[row0 + q] = L == fj_neg_inf() ? 0.f : dot - dl;
+    }
+  }
+  // The CTA's rows of dq_accum are contiguous: zero them 16 bytes a thread.
+  const int rows = min(FJB_ROW_BLOCK, Lq - q0);
+  float *acc = p.dq_accum + (row0 + q0) * FJ_HEAD_DIM;
+  for (int k = tid; k < rows * (FJ_HEAD_DIM / 4); k += FJB_ROW_THREADS)
+    fj_st_global_v4(acc + 4 * k, 0u, 0u, 0u, 0u);
+}
+
+extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
+fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
+  const int tid = threadIdx.x;
+  const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int Lq = p.sz.Lq;
+  const int q0 = blockIdx.x * FJB_ROW_BLOCK;
+  const float *acc = p.dq_accum + ((long long)b * p.sz.Hq + h) * Lq * FJ_HEAD_DIM + c * 8;
+  fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + c * 8;
+#pragma unroll
+  for (int i = 0; i < FJB_ROW_BLOCK / FJB_ROW_PASS; ++i) {
+    const int q = q0 + i * FJB_ROW_PASS + r;
+    if (q < Lq) {
+      unsigned lo[4], hi[4];
+      fjb_ld_global_v4(lo, acc + (long long)q * FJ_HEAD_DIM);
+      fjb_ld_global_v4(hi, acc + (long long)q * FJ_HEAD_DIM + 4);
+      fj_st_global_v4(gq + q * p.dq_ss,
+                      fj_pack2(__uint_as_float(lo[0]), __uint_as_float(lo[1])),
+                      fj_pack2(__uint_as_float(lo[2]), __uint_as_float(lo[3])),
+                      fj_pack2(__uint_as_float(hi[0]), __uint_as_float(hi[1])),
+                      fj_pack2(__uint_as_float(hi[2]), __uint_as_float(hi[3])));
+    }
+  }
+}

@@ -1,0 +1,103 @@
+// templates/common/bwd_walk.cuh: the backward CTA's walk over its work
+// items. A CTA owns kv tile n_block (rows [kv0, kv1]) of one kv head and
+// batch; its items are the (query head, query tile) pairs that are not
+// EMPTY: for each query head h of the kv head's group in turn, its query
+// tiles of FJ_BLOCK_M rows in ascending order, from the block mask's
+// transposed lists (its PARTIAL blocks, then its FULL blocks) or, without
+// one, from fj_tile_class. Every thread of the CTA walks the same items
+// (each warp computes them for itself; nothing is shared). Needs
+// fj_bwd_params, fj_tile_class (when FJ_HAS_MASK) and FJ_BLOCK_M.
+#pragma once
+
+struct fjb_item {
+  int h;    // query head; the group's end when there is no item left
+  int t;    // position in head h's walk: the list position (block mask)
+            // or the query tile (classifier)
+  int i;    // query tile: rows [i * FJ_BLOCK_M, ...)
+  int cls;  // FJ_TILE_FULL or FJ_TILE_PARTIAL, bounds apart
+};
+
+#if FJ_HAS_MASK
+// The first query tile >= i below nq that is not EMPTY for kv rows
+// [kv0, kv1] of head h, nq when none; *cls its class. Lane l classifies
+// tile i + l, 32 tiles a round, so a long run of EMPTY tiles (the rows
+// above a causal diagonal) costs a round per 32 of them. Every lane of the
+// warp must call it with the same arguments.
+__device__ __forceinline__ int fjb_scan_q(const fj_bwd_params &p, int b, int h, int i,
+                                          int nq, int kv0, int kv1, int *cls) {
+  const int lane = fj_tid() & 31;
+  for (; i < nq; i += 32) {
+    const int ii = i + lane;
+    int c = FJ_TILE_EMPTY;
+    if (ii < nq) {
+      const int q0 = ii * FJ_BLOCK_M;
+      c = fj_tile_class(p.user, p.sz, b, h, q0, min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1, kv0, kv1);
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, c != FJ_TILE_EMPTY);
+    if (hit != 0u) {
+      const int src = __ffs(hit) - 1;
+      *cls = __shfl_sync(0xffffffffu, c, src);
+      return i + src;
+    }
+  }
+  return nq;
+}
+#endif
+
+// The block mask's query tile at list position *t of count row `row`, or
+// the next one that starts below Lq (the tail of a last block may not); *t
+// is moved to it and *cls receives its class. -1 past the end of the list.
+__device__ __forceinline__ int fjb_bm_q_tile(const fj_bwd_params &p, int row, int *t,
+                                             int *cls) {
+  const int r = p.bm_q_ratio;
+  const int np = __ldg(p.bm_q_num + row) * r;
+  const int n = np + __ldg(p.bm_full_q_num + row) * r;
+  const long long base = (long long)row * p.bm_nq;
+  for (; *t < n; ++*t) {
+    const bool partial = *t < np;
+    const int k = partial ? *t : *t - np;
+    const int blk = __ldg((partial ? p.bm_q_idx : p.bm_full_q_idx) + base + k / r);
+    const int i = blk * r + k % r;
+    if (i * FJ_BLOCK_M < p.sz.Lq) {
+      *cls = partial ? FJ_TILE_PARTIAL : FJ_TILE_FULL;
+      return i;
+    }
+  }
+  return -1;
+}
+
+// The first item at or after position t of head h, heads below h_end; the
+// next item after `it` is fjb_find(..., it.h, it.t + 1, ...).
+__device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, int b, int n_block,
+                                             int h, int t, int h_end, int kv0, int kv1) {
+  fjb_item it;
+  const int nq = (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  for (; h < h_end; ++h, t = 0) {
+    if (p.bm_q_num != nullptr) {
+      const int row = b * p.bm_b_stride + h * p.bm_h_stride + n_block / p.bm_kv_ratio;
+      int c = FJ_TILE_EMPTY;
+      const int i = fjb_bm_q_tile(p, row, &t, &c);
+      if (i >= 0) {
+        it.h = h, it.t = t, it.i = i, it.cls = c;
+        return it;
+      }
+    } else {
+#if FJ_HAS_MASK
+      int c = FJ_TILE_EMPTY;
+      const int i = fjb_scan_q(p, b, h, t, nq, kv0, kv1, &c);
+      if (i < nq) {
+        it.h = h, it.t = i, it.i = i, it.cls = c;
+        return it;
+      }
+#else
+      (void)kv0, (void)kv1;
+      if (t < nq) {
+        it.h = h, it.t = t, it.i = t, it.cls = FJ_TILE_FULL;
+        return it;
+      }
+#endif
+    }
+  }
+  it.h = h_end, it.t = 0, it.i = -1, it.cls = FJ_TILE_EMPTY;
+  return it;
+}

@@ -1,0 +1,88 @@
+// templates/common/fj_bwd.cuh: the backward kernels' parameter, which all
+// three entry points of a backward translation unit take, and the check that
+// the generator defined the configuration macros. Needs fj_sizes
+// (fj_common.cuh) and the generated fj_user_params and fj_user_grads.
+//
+// The host mirror is runtime/launch_params.h (struct fjr_bwd_params_fixed):
+// every field up to `user` must match it member for member (asserted here
+// through the struct's size, there field by field). The generated
+// fj_user_params follows at the next 8-byte boundary, fj_user_grads at the
+// next 8-byte boundary after it. The kernels (docs/backward.md):
+//   extern "C" __global__ void fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p)
+//   extern "C" __global__ void fj_attention_bwd(const __grid_constant__ fj_bwd_params p)
+//   extern "C" __global__ void fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p)
+// pre and post (common/bwd_rows.cuh) on grid (ceil(Lq / FJB_ROW_BLOCK), Hq,
+// B) with FJB_ROW_THREADS threads and no dynamic shared memory; the main
+// kernel as its template's config part says.
+#pragma once
+
+#if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
+    !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \
+    !defined(FJ_HAS_MASK) || !defined(FJ_HAS_SCORE_MOD)
+#error "backward kernel: a configuration macro from the generator is missing"
+#endif
+#if defined(FJ_DTYPE_BF16) == defined(FJ_DTYPE_F16)
+#error "backward kernel: define exactly one of FJ_DTYPE_BF16, FJ_DTYPE_F16"
+#endif
+
+struct fj_bwd_params {
+  // Tensors [B, H, S, D] of the element type, as the forward took and wrote
+  // them (q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D], o and dout like q), and
+  // the gradients, shaped like q, k and v.
+  const void *q;
+  const void *k;
+  const void *v;
+  const void *o;
+  const void *dout;
+  const float *lse;   // [B, Hq, Lq], natural log, -inf for a fully masked row
+  const float *dlse;  // like lse, or null: 0
+  // Scratch (fp32, contiguous, laid out by the kernels alone):
+  //   delta    [B][Hq][Lq]      dO . O - dLSE (0 where LSE = -inf), by pre
+  //   dq_accum [B][Hq][Lq][D]   zeroed by pre, += scale * dS K by the main
+  //                             kernel, converted to dq by post
+  float *delta;
+  float *dq_accum;
+  void *dq;
+  void *dk;
+  void *dv;
+  // Strides in elements for batch, head and sequence; the head dim is contiguous.
+  long long q_sb, q_sh, q_ss;
+  long long k_sb, k_sh, k_ss;
+  long long v_sb, v_sh, v_ss;
+  long long o_sb, o_sh, o_ss;
+  long long do_sb, do_sh, do_ss;
+  long long dq_sb, dq_sh, dq_ss;
+  long long dk_sb, dk_sh, dk_ss;
+  long long dv_sb, dv_sh, dv_ss;
+  long long lse_sb, lse_sh;    // lse's sequence stride is 1
+  long long dlse_sb, dlse_sh;  // dlse's sequence stride is 1
+  fj_sizes sz;
+  int kv_group;      // Hq / Hkv
+  float scale;       // multiplies q.k
+  float scale_log2;  // scale * log2(e)
+  // Block mask (runtime/blockmask.c), its transposed lists, or
+  // bm_q_num == nullptr: none, and tiles are classified by fj_tile_class.
+  // Count arrays (q_num_blocks, full_q_num_blocks) are indexed by
+  // b * bm_b_stride + h * bm_h_stride + n_block / bm_kv_ratio (h the query
+  // head, n_block the CTA's kv tile; strides 0 broadcast); index arrays
+  // (q_indices, full_q_indices) hold bm_nq entries per count, ascending. A
+  // listed block covers bm_q_ratio query tiles of FJ_BLOCK_M rows.
+  const int *bm_q_num;       // PARTIAL query blocks per kv block
+  const int *bm_q_idx;
+  const int *bm_full_q_num;  // FULL query blocks per kv block
+  const int *bm_full_q_idx;
+  int bm_b_stride, bm_h_stride;
+  int bm_nq;        // the mask's query blocks, ceil(Lq / block_q)
+  int bm_q_ratio;   // block_q / FJ_BLOCK_M
+  int bm_kv_ratio;  // block_kv / FJ_BLOCK_N
+  fj_user_params user;
+  fj_user_grads grads;
+};
+
+// NVRTC has no offsetof: the size pins the fixed part at 404 bytes (408
+// with the padding before `user`, whose first member is a long long), the
+// offset runtime/launch_params.h asserts with offsetof for the host mirror,
+// field by field.
+static_assert(sizeof(fj_bwd_params) ==
+                  408 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
+              "fj_bwd_params: the fixed part is 408 bytes, as fjr_bwd_params_fixed");

@@ -1,0 +1,133 @@
+// templates/sm80/bwd.cuh: the backward's main kernel (contract and scheme:
+// sm80/bwd_config.cuh): K and V of the CTA's kv tile, the walk over its
+// work items with the next item's Q, dO, LSE and delta loading while one is
+// computed, then dK and dV to global memory.
+#pragma once
+
+extern "C" __global__ void __launch_bounds__(FJK_THREADS, 1)
+fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
+  extern __shared__ __align__(128) unsigned char fjb_smem[];
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int Lq = p.sz.Lq, Lk = p.sz.Lk;
+  const int kv0 = n_block * FJ_BLOCK_N;
+  const int kv1 = min(kv0 + FJ_BLOCK_N, Lk) - 1;
+  const int wkv0 = kv0 + warp * 16;  // this warp's first kv row
+  const int wkv1 = min(wkv0 + 16, Lk) - 1;
+
+  const unsigned s_base = fj_smem_u32(fjb_smem);
+  const unsigned s_k = s_base + FJB_OFF_K, s_v = s_base + FJB_OFF_V;
+  const unsigned s_ds = s_base + FJB_OFF_DS;
+
+  // cp.async groups, in commit order: K, V and the first item, then one
+  // group per item (empty when there is no next item).
+  const fj_u16 *gk = (const fj_u16 *)p.k + b * p.k_sb + hk * p.k_sh + kv0 * p.k_ss;
+  const fj_u16 *gv = (const fj_u16 *)p.v + b * p.v_sb + hk * p.v_sh + kv0 * p.v_ss;
+  fjk_load_tile<FJ_BLOCK_N>(s_k, gk, p.k_ss, Lk - kv0);
+  fjk_load_tile<FJ_BLOCK_N>(s_v, gv, p.v_ss, Lk - kv0);
+  const int h_end = (hk + 1) * p.kv_group;
+  fjb_item cur = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
+  if (cur.h < h_end)
+    fjb_load_item(p, b, cur, s_base + FJB_OFF_Q, s_base + FJB_OFF_DO,
+                  s_base + FJB_OFF_LSE, s_base + FJB_OFF_DELTA);
+  fjk_cp_async_commit();
+
+  float dk[FJB_DT][4], dv[FJB_DT][4];
+#pragma unroll
+  for (int dt = 0; dt < FJB_DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+
+  int stage = 0;
+  while (cur.h < h_end) {
+    // The next item is found before the wait: it needs nothing loaded.
+    const fjb_item nxt = fjb_find(p, b, n_block, cur.h, cur.t + 1, h_end, kv0, kv1);
+    // The current item has landed, and after the barrier every warp is done
+    // with the stage the next item goes to (read by the previous item's
+    // fjb_step) and with dS^T (read by its fjb_dq_step).
+    fjk_cp_async_wait<0>();
+    __syncthreads();
+    const int nst = stage ^ 1;
+    if (nxt.h < h_end)
+      fjb_load_item(p, b, nxt, s_base + FJB_OFF_Q + nst * FJB_QTILE_BYTES,
+                    s_base + FJB_OFF_DO + nst * FJB_QTILE_BYTES,
+                    s_base + FJB_OFF_LSE + nst * FJ_BLOCK_M * 4,
+                    s_base + FJB_OFF_DELTA + nst * FJ_BLOCK_M * 4);
+    fjk_cp_async_commit();
+
+    const int q0 = cur.i * FJ_BLOCK_M;
+    const unsigned s_q = s_base + FJB_OFF_Q + stage * FJB_QTILE_BYTES;
+    const unsigned s_do = s_base + FJB_OFF_DO + stage * FJB_QTILE_BYTES;
+    const unsigned s_lse = s_base + FJB_OFF_LSE + stage * FJ_BLOCK_M * 4;
+    const unsigned s_delta = s_base + FJB_OFF_DELTA + stage * FJ_BLOCK_M * 4;
+    // Not unrolled: one copy of the body; a pass only moves the bases.
+#pragma unroll 1
+    for (int sub = 0; sub < FJ_BLOCK_M / FJB_SUB_M; ++sub) {
+      const int sq0 = q0 + sub * FJB_SUB_M;
+      // A PARTIAL pair of tiles is reclassified on this warp's kv rows and
+      // this pass's queries: the warp may skip it (EMPTY) or skip the mask
+      // (FULL).
+      bool run = wkv0 < Lk && sq0 < Lq;
+      bool need_mask = false;
+#if FJ_HAS_MASK
+      if (run && cur.cls == FJ_TILE_PARTIAL) {
+        const int wc = fj_tile_class(p.user, p.sz, b, cur.h, sq0,
+                                     min(sq0 + FJB_SUB_M, Lq) - 1, wkv0, wkv1);
+        run = wc != FJ_TILE_EMPTY;
+        need_mask = wc == FJ_TILE_PARTIAL;
+      }
+#else
+      (void)wkv1;
+#endif
+      const bool edge = sq0 + FJB_SUB_M > Lq || wkv0 + 16 > Lk;
+      fjb_step(p, b, cur.h, sq0, wkv0, run, need_mask, edge, s_k, s_v,
+               s_q + sub * FJB_SUB_M * FJK_ROW_BYTES, s_do + sub * FJB_SUB_M * FJK_ROW_BYTES,
+               s_lse + sub * FJB_SUB_M * 4, s_delta + sub * FJB_SUB_M * 4,
+               s_ds + sub * FJB_SUB_M * 2, dk, dv);
+    }
+    __syncthreads();  // dS^T complete
+    fjb_dq_step(p, b, cur.h, q0, s_k, s_ds);
+    cur = nxt;
+    stage = nst;
+  }
+  fjk_cp_async_wait<0>();
+  __syncthreads();  // every warp is done with K and V (fjb_dq_step reads all of K)
+
+  // ---- epilogue: dK (times scale) and dV through the warp's own rows of the
+  // K and V tiles, swizzled as tile_load writes them; then 16-byte stores.
+  // Element pair (dt, 2 hh) of the C layout is row 16 warp + g + 8 hh,
+  // columns 8 dt + 2 t4, +1: chunk dt, bytes 4 t4 of it, and (row & 7) == g.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = warp * 16 + g + hh * 8;
+    const unsigned k_row = s_k + r * FJK_ROW_BYTES + t4 * 4;
+    const unsigned v_row = s_v + r * FJK_ROW_BYTES + t4 * 4;
+#pragma unroll
+    for (int dt = 0; dt < FJB_DT; ++dt) {
+      fjb_st_shared_u32(k_row + ((dt ^ g) << 4),
+                        fj_pack2(dk[dt][2 * hh] * p.scale, dk[dt][2 * hh + 1] * p.scale));
+      fjb_st_shared_u32(v_row + ((dt ^ g) << 4), fj_pack2(dv[dt][2 * hh], dv[dt][2 * hh + 1]));
+    }
+  }
+  __syncwarp();
+  fj_u16 *gdk = (fj_u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh;
+  fj_u16 *gdv = (fj_u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh;
+#pragma unroll
+  for (int i = 0; i < 16 * FJK_CHUNKS / 32; ++i) {
+    const int idx = i * 32 + lane;
+    const int r = warp * 16 + idx / FJK_CHUNKS, c = idx % FJK_CHUNKS;
+    if (kv0 + r < Lk) {
+      const unsigned off = r * FJK_ROW_BYTES + ((c ^ (r & 7)) << 4);
+      unsigned v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(s_k + off));
+      fj_st_global_v4(gdk + (kv0 + r) * p.dk_ss + c * 8, v0, v1, v2, v3);
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(s_v + off));
+      fj_st_global_v4(gdv + (kv0 + r) * p.dv_ss + c * 8, v0, v1, v2, v3);
+    }
+  }
+}

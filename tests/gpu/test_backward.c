@@ -1,0 +1,270 @@
+/*
+ * tests/gpu/test_backward.c: fj_attention_backward against the float64
+ * reference (gen/reference.c's fjg_reference_backward), with the tolerance
+ * rule of DESIGN.md for gradients: the error of dq, dk, dv and trainable
+ * buffers' gradients at most 3x that of the same computation in the input
+ * dtype, plus a small floor; NaN never passes; a fully masked row's dq and
+ * a key no query reaches must be exactly 0 (fjg_reference_zero_grad_rows).
+ *
+ * Each case: random q, k, v, dO (and dLSE) rounded to the dtype, the
+ * forward on the GPU for O and LSE, dq, dk, dv poisoned with NaN, trainable
+ * buffers' gradients zeroed, then the backward. Sizes are odd (no multiple
+ * of a tile), GQA and Lq != Lk among them, BHSD and BSHD. Exits 77 without
+ * a GPU.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_util.h"
+
+#define FLOOR_GRAD 1e-3
+
+static const char *const specs[][2] = {
+    {"full", "return { score_mod = noop_score() }"},
+    {"causal", "return { mask_mod = causal() }"},
+    {"sliding", "local window = param('window', 'i32')\n"
+                "return { mask_mod = sliding_window(window) }"},
+    {"document", "local doc = buffer('doc', 'i32')\n"
+                 "return { mask_mod = and_masks(causal(), function(b, h, q, kv)\n"
+                 "  return eq(doc[q], doc[kv]) end) }"},
+    {"softcap", "return { mask_mod = causal(), score_mod = softcap(2.0) }"},
+    {"alibi", "local slopes = buffer('slopes', 'f32')\n"
+              "return { mask_mod = causal(), score_mod = function(s, b, h, q, kv)\n"
+              "  return s + slopes[h] * (kv - q) end }"},
+    /* A learnable relative bias: 64 buckets a head, clamped q - kv. */
+    {"rel_bias", "local bias = buffer('bias', 'f32', {grad = true})\n"
+                 "return { mask_mod = causal(), score_mod = function(s, b, h, q, kv)\n"
+                 "  return s + bias[h * 64 + min(max(q - kv, 0), 63)] end }"},
+    /* Rows q < 9 allow nothing: their dq must be exactly 0. */
+    {"empty_rows", "return { mask_mod = function(b, h, q, kv)\n"
+                   "  return ge(q, 9) & le(kv, q) end }"},
+};
+enum { NSPECS = sizeof specs / sizeof specs[0] };
+
+typedef struct tcase {
+  int spec;
+  fj_dtype dt;
+  int D, B, Hq, Hkv, Lq, Lk, bshd, dlse, block_mask;
+} tcase;
+
+static const tcase cases[] = {
+    {0, FJ_DTYPE_BF16, 64, 1, 2, 2, 77, 77, 0, 0, 0},
+    {0, FJ_DTYPE_F16, 128, 2, 4, 1, 130, 61, 0, 0, 0},
+    {1, FJ_DTYPE_BF16, 128, 2, 4, 2, 199, 199, 0, 0, 0},
+    {1, FJ_DTYPE_F16, 64, 1, 6, 2, 257, 257, 1, 1, 0},
+    {1, FJ_DTYPE_BF16, 64, 1, 2, 1, 33, 300, 0, 0, 0},
+    {2, FJ_DTYPE_BF16, 128, 1, 4, 4, 333, 333, 0, 0, 0},
+    {2, FJ_DTYPE_F16, 64, 2, 2, 1, 150, 150, 1, 0, 0},
+    {3, FJ_DTYPE_BF16, 128, 2, 4, 2, 500, 500, 0, 0, 0},
+    {3, FJ_DTYPE_BF16, 64, 2, 4, 4, 384, 384, 0, 0, 1},
+    {3, FJ_DTYPE_F16, 128, 1, 2, 2, 256, 256, 0, 1, 1},
+    {4, FJ_DTYPE_BF16, 128, 1, 4, 2, 221, 221, 0, 0, 0},
+    {4, FJ_DTYPE_F16, 64, 2, 2, 2, 129, 129, 1, 0, 0},
+    {5, FJ_DTYPE_BF16, 64, 1, 8, 2, 190, 190, 0, 0, 0},
+    {5, FJ_DTYPE_F16, 128, 1, 4, 4, 131, 131, 0, 0, 0},
+    {6, FJ_DTYPE_BF16, 128, 1, 4, 2, 300, 300, 0, 0, 0},
+    {6, FJ_DTYPE_F16, 64, 2, 2, 2, 97, 97, 0, 1, 0},
+    {7, FJ_DTYPE_BF16, 64, 1, 2, 2, 100, 100, 0, 0, 0},
+    {7, FJ_DTYPE_F16, 128, 2, 4, 1, 45, 70, 1, 0, 0},
+};
+enum { NCASES = sizeof cases / sizeof cases[0] };
+
+typedef struct io {
+  double *q, *k, *v, *dout, *dlse;
+  gpu_tensor tq, tk, tv, to, tlse, tdo, tdlse, tdq, tdk, tdv;
+  gpu_tensor grads[GPU_MAX_ARGS];
+  gpu_values vals;
+  fj_block_mask *bm;
+} io_t;
+
+static void io_free(const fjr_driver *drv, io_t *io) {
+  free(io->q), free(io->k), free(io->v), free(io->dout), free(io->dlse);
+  gpu_tensor *all[] = {&io->tq, &io->tk, &io->tv, &io->to, &io->tlse,
+                       &io->tdo, &io->tdlse, &io->tdq, &io->tdk, &io->tdv};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) gpu_free(drv, all[i]);
+  for (int a = 0; a < GPU_MAX_ARGS; a++) gpu_free(drv, &io->grads[a]);
+  fj_block_mask_destroy(io->bm);
+  gpu_values_free(drv, &io->vals);
+}
+
+static int download_f32(const fjr_driver *drv, const gpu_tensor *t, size_t n,
+                        float **out) {
+  *out = malloc(sizeof(float) * (n ? n : 1));
+  return *out && gpu_cu_ok(drv, drv->cuMemcpyDtoH(*out, t->ptr, 4 * n), "cuMemcpyDtoH");
+}
+
+static int check_one(const char *what, const double *ref, const float *lowp,
+                     const float *out, size_t n, size_t row_len, const uint8_t *zero_rows) {
+  fjg_check_report r;
+  int ok = fjg_ref_check_grad(ref, lowp, out, n, row_len, NULL, zero_rows, FLOOR_GRAD, &r);
+  printf(" %s %.2e/%.2e%s", what, r.max_err, r.tolerance, ok ? "" : "!");
+  if (!ok)
+    printf("(nan %zu, zero %zu, worst %zu)", r.nonfinite, r.zero_mismatch, r.worst);
+  return ok;
+}
+
+static int run_case(fj_context *ctx, const fjr_driver *drv, int idx) {
+  const tcase *c = &cases[idx];
+  io_t io;
+  memset(&io, 0, sizeof io);
+  int pass = 0;
+  fj_spec *spec = NULL;
+  printf("[%2d] %-10s %s D%-3d B%d H%d/%d %3dx%-3d %s%s%s ", idx, specs[c->spec][0],
+         c->dt == FJ_DTYPE_F16 ? "fp16" : "bf16", c->D, c->B, c->Hq, c->Hkv, c->Lq, c->Lk,
+         c->bshd ? "bshd" : "bhsd", c->dlse ? " dlse" : "", c->block_mask ? " bm" : "");
+  fflush(stdout);
+  const char *src = specs[c->spec][1];
+  if (fj_spec_load_string(ctx, src, strlen(src), specs[c->spec][0], &spec) != FJ_OK) {
+    printf("spec: %s FAIL\n", fj_context_last_error(ctx));
+    return 0;
+  }
+  const size_t nq = (size_t)c->B * c->Hq * c->Lq * c->D;
+  const size_t nk = (size_t)c->B * c->Hkv * c->Lk * c->D;
+  const size_t nl = (size_t)c->B * c->Hq * c->Lq;
+  uint64_t s = 0xbacc0000ull + (uint64_t)idx;
+  io.q = gpu_random_inputs(nq, c->dt, &s);
+  io.k = gpu_random_inputs(nk, c->dt, &s);
+  io.v = gpu_random_inputs(nk, c->dt, &s);
+  io.dout = gpu_random_inputs(nq, c->dt, &s);
+  io.dlse = c->dlse ? gpu_random_inputs(nl, FJ_DTYPE_BF16, &s) : NULL;
+  float *dq = NULL, *dk = NULL, *dv = NULL, *lq = NULL, *lk = NULL, *lv = NULL;
+  double *rq = NULL, *rk = NULL, *rv = NULL;
+  uint8_t *qz = NULL, *kz = NULL;
+  double *rgrad[GPU_MAX_ARGS] = {0};
+  float *lgrad[GPU_MAX_ARGS] = {0}, *ggrad[GPU_MAX_ARGS] = {0};
+  if (!io.q || !io.k || !io.v || !io.dout || (c->dlse && !io.dlse)) goto done;
+#define ALLOC16(t, H, L) gpu_alloc_bhld(drv, &io.t, c->dt, c->bshd, c->B, H, L, c->D)
+  if (!ALLOC16(tq, c->Hq, c->Lq) || !ALLOC16(tk, c->Hkv, c->Lk) ||
+      !ALLOC16(tv, c->Hkv, c->Lk) || !ALLOC16(to, c->Hq, c->Lq) ||
+      !ALLOC16(tdo, c->Hq, c->Lq) || !ALLOC16(tdq, c->Hq, c->Lq) ||
+      !ALLOC16(tdk, c->Hkv, c->Lk) || !ALLOC16(tdv, c->Hkv, c->Lk) ||
+      !gpu_alloc_lse(drv, &io.tlse, c->B, c->Hq, c->Lq) ||
+      (c->dlse && !gpu_alloc_lse(drv, &io.tdlse, c->B, c->Hq, c->Lq)))
+    goto done;
+#undef ALLOC16
+  if (!gpu_upload_bhld(drv, &io.tq, io.q, c->dt, c->bshd, c->B, c->Hq, c->Lq, c->D) ||
+      !gpu_upload_bhld(drv, &io.tk, io.k, c->dt, c->bshd, c->B, c->Hkv, c->Lk, c->D) ||
+      !gpu_upload_bhld(drv, &io.tv, io.v, c->dt, c->bshd, c->B, c->Hkv, c->Lk, c->D) ||
+      !gpu_upload_bhld(drv, &io.tdo, io.dout, c->dt, c->bshd, c->B, c->Hq, c->Lq, c->D) ||
+      !gpu_values_fill(drv, spec, c->Hq, c->Lq, c->Lk, &s, &io.vals))
+    goto done;
+  if (c->dlse) {
+    float *h = malloc(4 * nl);
+    if (!h) goto done;
+    for (size_t i = 0; i < nl; i++) h[i] = (float)io.dlse[i];
+    int ok = gpu_cu_ok(drv, drv->cuMemcpyHtoD(io.tdlse.ptr, h, 4 * nl), "cuMemcpyHtoD");
+    free(h);
+    if (!ok) goto done;
+  }
+  /* Trainable buffers: a zeroed fp32 gradient each. */
+  const fjg_graph *g = fjr_spec_graph(spec);
+  for (int a = 0; a < io.vals.n; a++) {
+    if (!fjg_arg_at(g, a)->trainable) continue;
+    gpu_tensor *t = &io.grads[a];
+    t->shape[0] = io.vals.len[a];
+    t->strides[0] = 1;
+    if (!gpu_alloc(drv, t, 4 * (size_t)io.vals.len[a]) ||
+        !gpu_cu_ok(drv, drv->cuMemsetD32(t->ptr, 0, (size_t)io.vals.len[a]), "memset"))
+      goto done;
+    gpu_describe(t, 1, (DLDataType){kDLFloat, 32, 1});
+    io.vals.args[a].grad = &t->t;
+  }
+  if (c->block_mask) {
+    fj_block_mask_options bo;
+    fj_block_mask_options_init(&bo);
+    bo.B = c->B, bo.H = 1, bo.q_len = c->Lq, bo.kv_len = c->Lk;
+    bo.args = io.vals.args, bo.num_args = io.vals.n;
+    if (fj_block_mask_build(ctx, spec, &bo, &io.bm) != FJ_OK) {
+      printf("block mask: %s ", fj_context_last_error(ctx));
+      goto done;
+    }
+  }
+  fj_forward_args fa = {&io.tq.t, &io.tk.t, &io.tv.t, &io.to.t, &io.tlse.t, 0.0f,
+                        io.vals.args, io.vals.n, NULL, io.bm};
+  if (fj_attention_forward(ctx, spec, &fa) != FJ_OK) {
+    printf("forward: %s ", fj_context_last_error(ctx));
+    goto done;
+  }
+  if (!gpu_poison(drv, &io.tdq, c->dt, NULL) || !gpu_poison(drv, &io.tdk, c->dt, NULL) ||
+      !gpu_poison(drv, &io.tdv, c->dt, NULL))
+    goto done;
+  fj_backward_args ba = {.q = &io.tq.t, .k = &io.tk.t, .v = &io.tv.t, .o = &io.to.t,
+                         .lse = &io.tlse.t, .dout = &io.tdo.t,
+                         .dlse = c->dlse ? &io.tdlse.t : NULL, .dq = &io.tdq.t,
+                         .dk = &io.tdk.t, .dv = &io.tdv.t, .args = io.vals.args,
+                         .num_args = io.vals.n, .block_mask = io.bm};
+  if (fj_attention_backward(ctx, spec, &ba) != FJ_OK) {
+    printf("backward: %s ", fj_context_last_error(ctx));
+    goto done;
+  }
+  if (!gpu_cu_ok(drv, drv->cuCtxSynchronize(), "the kernels")) goto done;
+  dq = malloc(4 * nq), dk = malloc(4 * nk), dv = malloc(4 * nk);
+  lq = malloc(4 * nq), lk = malloc(4 * nk), lv = malloc(4 * nk);
+  rq = malloc(8 * nq), rk = malloc(8 * nk), rv = malloc(8 * nk);
+  if (!dq || !dk || !dv || !lq || !lk || !lv || !rq || !rk || !rv) goto done;
+  if (!gpu_download_bhld(drv, &io.tdq, dq, c->dt, c->bshd, c->B, c->Hq, c->Lq, c->D) ||
+      !gpu_download_bhld(drv, &io.tdk, dk, c->dt, c->bshd, c->B, c->Hkv, c->Lk, c->D) ||
+      !gpu_download_bhld(drv, &io.tdv, dv, c->dt, c->bshd, c->B, c->Hkv, c->Lk, c->D))
+    goto done;
+  for (int a = 0; a < io.vals.n; a++) {
+    if (!io.grads[a].ptr) continue;
+    size_t n = (size_t)io.vals.len[a];
+    rgrad[a] = calloc(n, 8), lgrad[a] = calloc(n, 4);
+    if (!rgrad[a] || !lgrad[a] || !download_f32(drv, &io.grads[a], n, &ggrad[a])) goto done;
+  }
+  fjg_ref_problem p = {c->B, c->Hq, c->Hkv, c->Lq, c->Lk, c->D, 0, g, &io.vals.env, 0, 0};
+  if (fjg_reference_backward(&p, io.q, io.k, io.v, io.dout, io.dlse, NULL, NULL, rq, rk,
+                             rv, rgrad) != FJ_OK ||
+      fjg_reference_backward_lowp(&p, c->dt, io.q, io.k, io.v, io.dout, io.dlse, lq, lk,
+                                  lv, lgrad) != FJ_OK) {
+    printf("reference failed ");
+    goto done;
+  }
+  /* Fully masked query rows and keys no query attends: exactly 0. */
+  qz = malloc(nq / c->D), kz = malloc(nk / c->D);
+  if (!qz || !kz || fjg_reference_zero_grad_rows(&p, qz, kz) != 0) goto done;
+  pass = check_one("dq", rq, lq, dq, nq, (size_t)c->D, qz);
+  pass &= check_one("dk", rk, lk, dk, nk, (size_t)c->D, kz);
+  pass &= check_one("dv", rv, lv, dv, nk, (size_t)c->D, kz);
+  for (int a = 0; a < io.vals.n; a++)
+    if (ggrad[a])
+      pass &= check_one(fjg_arg_at(g, a)->name, rgrad[a], lgrad[a], ggrad[a],
+                        (size_t)io.vals.len[a], (size_t)io.vals.len[a], NULL);
+done:
+  printf("  %s\n", pass ? "PASS" : "FAIL");
+  free(dq), free(dk), free(dv), free(lq), free(lk), free(lv), free(rq), free(rk), free(rv);
+  free(qz), free(kz);
+  for (int a = 0; a < GPU_MAX_ARGS; a++) free(rgrad[a]), free(lgrad[a]), free(ggrad[a]);
+  io_free(drv, &io);
+  fj_spec_destroy(spec);
+  return pass;
+}
+
+/* Misuse is refused with a message, before any launch. */
+static int test_refusals(fj_context *ctx) {
+  const char *src = specs[6][1];
+  fj_spec *spec = NULL;
+  if (fj_spec_load_string(ctx, src, strlen(src), "rel_bias", &spec) != FJ_OK) return 0;
+  fj_backward_args ba;
+  memset(&ba, 0, sizeof ba);
+  int ok = fj_attention_backward(ctx, spec, &ba) == FJ_ETENSOR;
+  ba.deterministic = 1;
+  ok &= fj_attention_backward(ctx, spec, &ba) == FJ_EUNSUPPORTED &&
+        strstr(fj_context_last_error(ctx), "deterministic") != NULL;
+  printf("refusals: %s\n", ok ? "PASS" : "FAIL");
+  fj_spec_destroy(spec);
+  return ok;
+}
+
+int main(void) {
+  const fjr_driver *drv = NULL;
+  fj_context *ctx = gpu_open(&drv);
+  int passed = 0, failed = 0;
+  for (int i = 0; i < NCASES; i++) run_case(ctx, drv, i) ? passed++ : failed++;
+  test_refusals(ctx) ? passed++ : failed++;
+  printf("%d passed, %d failed\n", passed, failed);
+  fj_context_destroy(ctx);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,280 @@
+/*
+ * tests/unit/test_bwd_compile.c: the backward pass's configuration
+ * (fjg_config_choose_backward), its part list, and its translation unit
+ * compiled with NVRTC (CPU only, no GPU needed): for sm_80, sm_86 and sm_90a,
+ * head dims 64 and 128, bf16 and fp16, with and without a mask and a
+ * score_mod (the hand-written prologue of tests/unit/template_tu.h, with a
+ * trainable buffer), every one of its three kernels without spills and
+ * within the target's shared memory, the template's shared-memory map equal
+ * to the configuration's.
+ * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units and logs.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <nvrtc.h>
+
+#include "gen/config.h"
+#include "tests/unit/template_tu.h"
+
+/* Largest dynamic shared memory a block may opt in to (gen/config.c's
+ * table, restated: the test must catch a configuration that outgrows it). */
+static int smem_limit(const char *arch) {
+  if (!strcmp(arch, "sm_80")) return 163 * 1024;
+  if (!strcmp(arch, "sm_86") || !strcmp(arch, "sm_89") || !strcmp(arch, "sm_120"))
+    return 99 * 1024;
+  return 227 * 1024;
+}
+
+static void test_config(void **state) {
+  (void)state;
+  static const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a",
+                                "sm_120"};
+  static const int dims[] = {64, 128};
+  static const fj_dtype dts[] = {FJ_DTYPE_BF16, FJ_DTYPE_F16};
+  for (size_t a = 0; a < sizeof archs / sizeof *archs; a++)
+    for (size_t d = 0; d < 2; d++)
+      for (size_t t = 0; t < 2; t++) {
+        fjg_config c;
+        char err[256];
+        for (int named = 0; named < 2; named++) {
+          if (fjg_config_choose_backward(dims[d], dts[t], archs[a], named ? "sm80" : NULL,
+                                         &c, err, sizeof err) != FJ_OK)
+            fail_msg("%s D=%d: %s", archs[a], dims[d], err);
+          assert_string_equal(c.template_name, "sm80");
+          assert_int_equal(c.head_dim, dims[d]);
+          assert_int_equal(c.dtype, dts[t]);
+          assert_string_equal(c.arch, archs[a]);
+          assert_int_equal(c.block_n, 16 * c.num_warps);
+          assert_int_equal(c.threads, 32 * c.num_warps);
+          assert_int_equal(c.num_stages, 2);
+          assert_true(c.block_m >= 16 && c.block_m <= 128 && c.block_m % 16 == 0);
+          assert_int_equal(c.num_warps % (c.block_m / 16), 0);
+          assert_true(c.smem_bytes > 0 && c.smem_bytes <= smem_limit(archs[a]));
+          assert_int_equal(c.uses_tma, 0);
+          assert_int_equal(c.persistent, 0);
+          assert_null(c.spill_fallback);
+        }
+      }
+
+  fjg_config c;
+  char err[256];
+  assert_int_equal(fjg_config_choose_backward(256, FJ_DTYPE_BF16, "sm_90a", NULL, &c, err,
+                                              sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_non_null(strstr(err, "64 and 128"));
+  assert_int_equal(fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
+                                              sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_non_null(strstr(err, "sm90"));
+  assert_int_equal(fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_80", "sm70", &c, err,
+                                              sizeof err),
+                   FJ_EINVAL);
+  assert_non_null(strstr(err, "sm70"));
+  assert_int_equal(fjg_config_choose_backward(96, FJ_DTYPE_BF16, "sm_80", NULL, &c, err,
+                                              sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_int_equal(fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_75", NULL, &c, err,
+                                              sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_int_equal(fjg_config_choose_backward(64, FJ_DTYPE_BF16, "gfx90a", NULL, &c, err,
+                                              sizeof err),
+                   FJ_EINVAL);
+  assert_int_equal(fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_80", NULL, NULL, err,
+                                              sizeof err),
+                   FJ_EINVAL);
+}
+
+/* The part list: the prologue after fj_common.cuh and before the parameter
+ * struct that holds its types; every part embedded. */
+static void test_parts(void **state) {
+  (void)state;
+  const char *const *parts = fjg_template_parts("sm80", "backward");
+  assert_non_null(parts);
+  assert_string_equal(parts[0], "common/fj_common.cuh");
+  assert_string_equal(parts[1], FJG_PART_PROLOGUE);
+  assert_string_equal(parts[2], "common/fj_bwd.cuh");
+  int n = 0;
+  for (const char *const *p = parts; *p; p++, n++)
+    if (strcmp(*p, FJG_PART_PROLOGUE) != 0 && !fjg_template_text(*p, NULL))
+      fail_msg("part %s is not embedded", *p);
+  assert_true(n >= 4);
+  assert_null(fjg_template_parts("sm90", "backward"));
+}
+
+/* ptxas -v says "N bytes spill stores, M bytes spill loads" per function;
+ * every such line must read 0 and 0. Returns the number of lines seen. */
+static int check_no_spills(const char *log, const char *what) {
+  int lines = 0;
+  for (const char *p = strstr(log, "bytes spill stores"); p;
+       p = strstr(p + 1, "bytes spill stores")) {
+    const char *line = p;
+    while (line > log && line[-1] != '\n') line--;
+    unsigned long st = 0, ld = 0;
+    const char *comma = strchr(line, ',');
+    assert_non_null(comma);
+    if (sscanf(comma + 1, " %lu bytes spill stores, %lu bytes spill loads", &st, &ld) != 2)
+      fail_msg("%s: cannot parse ptxas line: %.80s", what, line);
+    if (st || ld) fail_msg("%s spills: %.100s", what, line);
+    lines++;
+  }
+  return lines;
+}
+
+/* The largest "N bytes smem" of ptxas's log (static shared memory of a
+ * function), 0 when none has any. */
+static int max_static_smem(const char *log) {
+  int most = 0;
+  for (const char *p = strstr(log, "bytes smem"); p; p = strstr(p + 1, "bytes smem")) {
+    const char *s = p;
+    while (s > log && s[-1] == ' ') s--;
+    while (s > log && s[-1] >= '0' && s[-1] <= '9') s--;
+    if (atoi(s) > most) most = atoi(s);
+  }
+  return most;
+}
+
+static void dump(const char *name, const char *text) {
+  const char *dir = getenv("FJ_TEST_NVRTC_DUMP");
+  if (!dir || !*dir) return;
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+}
+
+static void compile_one(const char *arch, int head_dim, fj_dtype dt, int has_mask,
+                        int has_score_mod) {
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose_backward(head_dim, dt, arch, NULL, &c, err, sizeof err) != FJ_OK)
+    fail_msg("config: %s", err);
+  /* The template's numbers must be the configuration's and config.h's. */
+  char tail[512];
+  snprintf(tail, sizeof tail,
+           "static_assert(FJB_SMEM_BYTES == %d, \"smem: template vs gen/config.c\");\n"
+           "static_assert(FJK_THREADS == %d, \"threads: template vs gen/config.c\");\n"
+           "static_assert(FJB_ROW_BLOCK == %d && FJB_ROW_THREADS == %d, \"row kernels\");\n",
+           c.smem_bytes, c.threads, FJG_BWD_ROW_BLOCK, FJG_BWD_ROW_THREADS);
+  char *tu = fjt_build_kernel_tu(&c, "backward", has_mask, has_score_mod,
+                                 fjt_bwd_causal_softcap_bias, tail);
+  char what[128];
+  snprintf(what, sizeof what, "bwd_m%d_s%d_d%d_%s_%s", has_mask, has_score_mod, head_dim,
+           dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
+  char name[160];
+  snprintf(name, sizeof name, "%s.cu", what);
+  dump(name, tu);
+
+  char archopt[64];
+  snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+  const char *opts[] = {"-std=c++17", "-default-device", archopt, "--ptxas-options=-v"};
+  double t0 = fjt_now_ms();
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_bwd.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+  nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+  double ms = fjt_now_ms() - t0;
+  char *log = fjt_program_log(prog);
+  snprintf(name, sizeof name, "%s.log", what);
+  dump(name, log);
+  if (r != NVRTC_SUCCESS) {
+    fprintf(stderr, "NVRTC log (%s):\n%s\n", what, log);
+    fail_msg("nvrtcCompileProgram: %s", nvrtcGetErrorString(r));
+  }
+  /* One spill line per kernel: pre, main, post. */
+  assert_int_equal(check_no_spills(log, what), 3);
+  if (max_static_smem(log) + c.smem_bytes > smem_limit(arch))
+    fail_msg("%s: %d static + %d dynamic bytes of shared memory", what, max_static_smem(log),
+             c.smem_bytes);
+
+  size_t ptx_size = 0;
+  assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
+  char *ptx = malloc(ptx_size);
+  assert_non_null(ptx);
+  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  assert_non_null(strstr(ptx, ".entry fj_attention_bwd_pre("));
+  assert_non_null(strstr(ptx, ".entry fj_attention_bwd("));
+  assert_non_null(strstr(ptx, ".entry fj_attention_bwd_post("));
+  assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16"));
+  assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans"));
+  assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
+  assert_non_null(strstr(ptx, ".global.add")); /* dq_accum's atomics */
+  if (strcmp(arch, "sm_90a") == 0) assert_non_null(strstr(ptx, "red.global.add.v2.f32"));
+  size_t cubin_size = 0;
+  assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
+  assert_true(cubin_size > 0);
+  printf("  %-28s %3d x %-3d w%d, smem %6d: %6.0f ms, cubin %zu bytes\n", what, c.block_m,
+         c.block_n, c.num_warps, c.smem_bytes, ms, cubin_size);
+  free(ptx);
+  free(log);
+  nvrtcDestroyProgram(&prog);
+  free(tu);
+}
+
+static void run_arch(const char *arch) {
+  static const int dims[] = {64, 128};
+  static const fj_dtype dts[] = {FJ_DTYPE_BF16, FJ_DTYPE_F16};
+  for (size_t d = 0; d < 2; d++)
+    for (size_t t = 0; t < 2; t++)
+      for (int mask = 0; mask < 2; mask++)
+        for (int mod = 0; mod < 2; mod++) compile_one(arch, dims[d], dts[t], mask, mod);
+}
+
+static void test_compile_sm80(void **state) {
+  (void)state;
+  run_arch("sm_80");
+}
+static void test_compile_sm86(void **state) {
+  (void)state;
+  run_arch("sm_86");
+}
+static void test_compile_sm90a(void **state) {
+  (void)state;
+  run_arch("sm_90a");
+}
+
+/* The template must reject a configuration it cannot run, at compile time:
+ * a CTA's kv rows that are not 16 a warp. */
+static void test_bad_config_rejected(void **state) {
+  (void)state;
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_80", NULL, &c, err, sizeof err) !=
+      FJ_OK)
+    fail_msg("config: %s", err);
+  c.block_n = 32 * c.num_warps;
+  char *src = fjt_build_kernel_tu(&c, "backward", 0, 0, fjt_bwd_causal_softcap_bias, "");
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, src, "bad.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+  const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_80"};
+  assert_int_not_equal(nvrtcCompileProgram(prog, 3, opts), NVRTC_SUCCESS);
+  char *log = fjt_program_log(prog);
+  assert_non_null(strstr(log, "FJ_BLOCK_N is 16 rows a warp"));
+  free(log);
+  nvrtcDestroyProgram(&prog);
+  free(src);
+}
+
+int main(void) {
+  int major = 0, minor = 0;
+  nvrtcVersion(&major, &minor);
+  printf("NVRTC %d.%d\n", major, minor);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_config),
+      cmocka_unit_test(test_parts),
+      cmocka_unit_test(test_bad_config_rejected),
+      cmocka_unit_test(test_compile_sm80),
+      cmocka_unit_test(test_compile_sm86),
+      cmocka_unit_test(test_compile_sm90a),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
