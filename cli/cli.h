@@ -75,6 +75,7 @@ typedef struct run_config {
   const char *packs[CLI_MAX_PACKS]; /* --pack FILE, mounted in order */
   int num_packs;
   int check, bench;
+  int backward; /* --backward: also the gradients (fj_attention_backward) */
   /* --bench by triton.testing.do_bench's rules (cli/bench.h): warm-up and
    * timed calls from time budgets, unless --warmup (>= 0) or --iters (> 0)
    * give the counts. */

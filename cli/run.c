@@ -1,8 +1,9 @@
 /*
  * cli/run.c: executes a run_config on the GPU: binds the spec's runtime
  * values, makes inputs, launches fj_attention_forward on NaN-poisoned
- * outputs, and optionally checks against the CPU reference, dumps tensors
- * and benchmarks by triton.testing.do_bench's rules (cli/bench.c).
+ * outputs (and, with --backward, fj_attention_backward on a random dO),
+ * and optionally checks against the CPU reference, dumps tensors and
+ * benchmarks by triton.testing.do_bench's rules (cli/bench.c).
  *
  * Device memory, copies and events go through the driver table of
  * runtime/driver.h (fjr_context_device), so the command has no link-time
@@ -28,6 +29,8 @@
  * typical LSE (~10) times the accumulation length. */
 #define CHECK_FLOOR_O 1e-3
 #define CHECK_FLOOR_LSE 1e-3
+/* The gradients' floor (gpu/test_backward's). */
+#define CHECK_FLOOR_GRAD 1e-3
 
 typedef struct dev_tensor {
   CUdeviceptr ptr;
@@ -59,6 +62,12 @@ typedef struct run_state {
   dev_tensor dq, dk, dv, dout, dlse;
   float scale;
   fj_block_mask *bm; /* NULL: the kernel classifies tiles itself */
+  /* --backward: dO (host BHSD and device), the gradients (device, and
+   * host BHSD once downloaded), the trainable buffers' gradients. */
+  float *g_out, *g_q, *g_k, *g_v;
+  dev_tensor d_gout, d_gq, d_gk, d_gv;
+  dev_tensor d_grads[CLI_MAX_VALUES];
+  float *grads[CLI_MAX_VALUES];
 } run_state;
 
 static double now_s(void) {
@@ -404,12 +413,15 @@ static int setup_device(run_state *s) {
 }
 
 static void free_device(run_state *s) {
-  dev_tensor *all[] = {&s->dq, &s->dk, &s->dv, &s->dout, &s->dlse};
+  dev_tensor *all[] = {&s->dq,   &s->dk,   &s->dv,   &s->dout, &s->dlse,
+                       &s->d_gout, &s->d_gq, &s->d_gk, &s->d_gv};
   if (!s->drv) return;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (all[i]->ptr) s->drv->cuMemFree(all[i]->ptr);
-  for (int a = 0; a < CLI_MAX_VALUES; a++)
+  for (int a = 0; a < CLI_MAX_VALUES; a++) {
     if (s->bufs[a].ptr) s->drv->cuMemFree(s->bufs[a].ptr);
+    if (s->d_grads[a].ptr) s->drv->cuMemFree(s->d_grads[a].ptr);
+  }
 }
 
 /* ---- launching ---- */
@@ -442,25 +454,29 @@ static int launch(run_state *s) {
   return 1;
 }
 
-static int download(run_state *s) {
+/* A [B, H, L, D] 16-bit device tensor into BHSD floats (malloc'd). */
+static float *download_bhld(run_state *s, const dev_tensor *t, int H, int L) {
   const run_config *c = s->c;
-  uint16_t *h = malloc(s->dout.bytes);
-  s->o = malloc(sizeof(float) * s->nq);
-  s->lse = malloc(sizeof(float) * (s->nl ? s->nl : 1));
-  int ok = h && s->o && s->lse &&
-           cu_ok(s, s->drv->cuMemcpyDtoH(h, s->dout.ptr, s->dout.bytes),
-                 "cuMemcpyDtoH") &&
-           cu_ok(s, s->drv->cuMemcpyDtoH(s->lse, s->dlse.ptr, s->nl * 4),
-                 "cuMemcpyDtoH");
+  uint16_t *h = malloc(t->bytes);
+  float *x = malloc(sizeof(float) * (size_t)c->B * H * L * c->D + 1);
+  int ok = h && x && cu_ok(s, s->drv->cuMemcpyDtoH(h, t->ptr, t->bytes), "cuMemcpyDtoH");
   for (int b = 0; ok && b < c->B; b++)
-    for (int hh = 0; hh < c->Hq; hh++)
-      for (int i = 0; i < c->Lq; i++) {
-        const uint16_t *src = h + dev_row(c->bshd, c->Hq, c->Lq, c->D, b, hh, i);
-        float *dst = s->o + dev_row(0, c->Hq, c->Lq, c->D, b, hh, i);
+    for (int hh = 0; hh < H; hh++)
+      for (int i = 0; i < L; i++) {
+        const uint16_t *src = h + dev_row(c->bshd, H, L, c->D, b, hh, i);
+        float *dst = x + dev_row(0, H, L, c->D, b, hh, i);
         for (int d = 0; d < c->D; d++) dst[d] = from_bits(src[d], c->dtype);
       }
   free(h);
-  return ok;
+  if (!ok) free(x);
+  return ok ? x : NULL;
+}
+
+static int download(run_state *s) {
+  s->o = download_bhld(s, &s->dout, s->c->Hq, s->c->Lq);
+  s->lse = malloc(sizeof(float) * (s->nl ? s->nl : 1));
+  return s->o && s->lse &&
+         cu_ok(s, s->drv->cuMemcpyDtoH(s->lse, s->dlse.ptr, s->nl * 4), "cuMemcpyDtoH");
 }
 
 /* Compiles up front so the output says whether NVRTC ran. */
@@ -659,6 +675,156 @@ static int bench(run_state *s) {
   return 1;
 }
 
+/* ---- the backward pass (--backward) ---- */
+
+/* dO (random normal, rounded to the dtype), the gradients' outputs and a
+ * zeroed fp32 gradient for every trainable buffer. */
+static int bwd_setup(run_state *s) {
+  const run_config *c = s->c;
+  uint64_t st = c->seed * 0x2545f4914f6cdd1dull + 0x9e3779b97f4a7c15ull;
+  s->g_out = malloc(sizeof(float) * (s->nq ? s->nq : 1));
+  if (!s->g_out) return 0;
+  fill_normal(s->g_out, s->nq, &st, c->dtype);
+  if (!dev_qkvo(s, &s->d_gout, c->Hq, c->Lq) || !upload(s, &s->d_gout, s->g_out, c->Hq, c->Lq) ||
+      !dev_qkvo(s, &s->d_gq, c->Hq, c->Lq) || !dev_qkvo(s, &s->d_gk, c->Hkv, c->Lk) ||
+      !dev_qkvo(s, &s->d_gv, c->Hkv, c->Lk))
+    return 0;
+  for (int a = 0; a < s->nargs; a++) {
+    if (!fjg_arg_at(s->g, a)->trainable) continue;
+    dev_tensor *t = &s->d_grads[a];
+    t->shape[0] = s->blen[a] > 0 ? s->blen[a] : 1;
+    t->strides[0] = 1;
+    if (!dev_alloc(s, t, (size_t)t->shape[0] * 4) ||
+        !cu_ok(s, s->drv->cuMemsetD32(t->ptr, 0, (size_t)t->shape[0]), "cuMemsetD32"))
+      return 0;
+    describe(t, 1, (DLDataType){kDLFloat, 32, 1}, 0);
+    s->args[a].grad = &t->t;
+  }
+  return 1;
+}
+
+static int bwd_launch(run_state *s) {
+  fj_backward_args a;
+  memset(&a, 0, sizeof a);
+  a.q = &s->dq.t, a.k = &s->dk.t, a.v = &s->dv.t;
+  a.o = &s->dout.t, a.lse = &s->dlse.t, a.dout = &s->d_gout.t;
+  a.dq = &s->d_gq.t, a.dk = &s->d_gk.t, a.dv = &s->d_gv.t;
+  a.scale = (float)s->c->scale;
+  a.args = s->args, a.num_args = s->nargs;
+  a.block_mask = s->bm;
+  if (fj_attention_backward(s->ctx, s->spec, &a) != FJ_OK) {
+    cli_error("run", "backward: %s", fj_context_last_error(s->ctx));
+    return 0;
+  }
+  return 1;
+}
+
+static int bwd_call(void *s) { return bwd_launch(s); }
+static int fwd_bwd_call(void *s) { return launch(s) && bwd_launch(s); }
+
+/* The gradients on NaN-poisoned outputs, downloaded. */
+static int bwd_run(run_state *s) {
+  const run_config *c = s->c;
+  unsigned nan16 = c->dtype == FJ_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+  const dev_tensor *out[] = {&s->d_gq, &s->d_gk, &s->d_gv};
+  for (int i = 0; i < 3; i++)
+    if (!cu_ok(s, s->drv->cuMemsetD32(out[i]->ptr, nan16 | nan16 << 16, out[i]->bytes / 4),
+               "cuMemsetD32"))
+      return 0;
+  if (!bwd_launch(s) || !cu_ok(s, s->drv->cuCtxSynchronize(), "the backward")) return 0;
+  if (!c->check) return 1;
+  s->g_q = download_bhld(s, &s->d_gq, c->Hq, c->Lq);
+  s->g_k = download_bhld(s, &s->d_gk, c->Hkv, c->Lk);
+  s->g_v = download_bhld(s, &s->d_gv, c->Hkv, c->Lk);
+  if (!s->g_q || !s->g_k || !s->g_v) return 0;
+  for (int a = 0; a < s->nargs; a++) {
+    if (!s->d_grads[a].ptr) continue;
+    size_t n = (size_t)s->d_grads[a].shape[0];
+    s->grads[a] = malloc(4 * n);
+    if (!s->grads[a] ||
+        !cu_ok(s, s->drv->cuMemcpyDtoH(s->grads[a], s->d_grads[a].ptr, 4 * n), "cuMemcpyDtoH"))
+      return 0;
+  }
+  if (!c->quiet) printf("backward ok\n");
+  return 1;
+}
+
+/* The gradients against the float64 reference (fjg_reference_backward) by
+ * the rule for gradients: 3x the input dtype's error, plus a floor; exactly
+ * 0 where the mask allows nothing. */
+static int bwd_check(run_state *s, int *pass) {
+  const run_config *c = s->c;
+  fjg_ref_problem p = ref_problem(s);
+  double *q = to_double(s->q, s->nq), *k = to_double(s->k, s->nk);
+  double *v = to_double(s->v, s->nk), *dout = to_double(s->g_out, s->nq);
+  double *rq = malloc(8 * s->nq), *rk = malloc(8 * s->nk), *rv = malloc(8 * s->nk);
+  float *lq = malloc(4 * s->nq), *lk = malloc(4 * s->nk), *lv = malloc(4 * s->nk);
+  uint8_t *qz = malloc(s->nl + 1), *kz = malloc(s->nk / c->D + 1);
+  double *rg[CLI_MAX_VALUES] = {0};
+  float *lg[CLI_MAX_VALUES] = {0};
+  int ok = 0;
+  double t0 = now_s();
+  if (!q || !k || !v || !dout || !rq || !rk || !rv || !lq || !lk || !lv || !qz || !kz) {
+    cli_error("run", "out of host memory for the backward's reference");
+    goto fail;
+  }
+  for (int a = 0; a < s->nargs; a++)
+    if (s->grads[a]) {
+      size_t n = (size_t)s->d_grads[a].shape[0];
+      if (!(rg[a] = calloc(n, 8)) || !(lg[a] = calloc(n, 4))) goto fail;
+    }
+  if (fjg_reference_backward(&p, q, k, v, dout, NULL, NULL, NULL, rq, rk, rv, rg) != FJ_OK ||
+      fjg_reference_backward_lowp(&p, c->dtype, q, k, v, dout, NULL, lq, lk, lv, lg) != FJ_OK ||
+      fjg_reference_zero_grad_rows(&p, qz, kz) != 0) {
+    cli_error("run", "the backward's CPU reference failed");
+    goto fail;
+  }
+  fjg_check_report r;
+  const size_t D = (size_t)c->D;
+  *pass = fjg_ref_check_grad(rq, lq, s->g_q, s->nq, D, NULL, qz, CHECK_FLOOR_GRAD, &r);
+  print_check(s, "dq", &r, rq, s->g_q);
+  *pass &= fjg_ref_check_grad(rk, lk, s->g_k, s->nk, D, NULL, kz, CHECK_FLOOR_GRAD, &r);
+  print_check(s, "dk", &r, rk, s->g_k);
+  *pass &= fjg_ref_check_grad(rv, lv, s->g_v, s->nk, D, NULL, kz, CHECK_FLOOR_GRAD, &r);
+  print_check(s, "dv", &r, rv, s->g_v);
+  for (int a = 0; a < s->nargs; a++)
+    if (s->grads[a]) {
+      size_t n = (size_t)s->d_grads[a].shape[0];
+      *pass &= fjg_ref_check_grad(rg[a], lg[a], s->grads[a], n, n, NULL, NULL,
+                                  CHECK_FLOOR_GRAD, &r);
+      print_check(s, fjg_arg_at(s->g, a)->name, &r, rg[a], s->grads[a]);
+    }
+  printf("check backward: %s (reference %.1f s on the CPU)\n", *pass ? "PASS" : "FAIL",
+         now_s() - t0);
+  ok = 1;
+fail:
+  free(q), free(k), free(v), free(dout), free(rq), free(rk), free(rv);
+  free(lq), free(lk), free(lv), free(qz), free(kz);
+  for (int a = 0; a < CLI_MAX_VALUES; a++) free(rg[a]), free(lg[a]);
+  return ok;
+}
+
+/* The backward, and forward + backward, by do_bench's rules. FLOPs: the
+ * forward's 4 * D * (allowed pairs), 2.5x that for the backward. */
+static int bwd_bench(run_state *s) {
+  const run_config *c = s->c;
+  cli_bench_options o = {c->warmup_ms, c->rep_ms, c->warmup, c->iters};
+  cli_bench_result r;
+  fjg_ref_problem p = ref_problem(s);
+  const double fwd_flops = 4.0 * c->D * (double)fjg_reference_count_allowed(&p);
+  if (!cli_bench_run(s->drv, "run", bwd_call, s, &o, &r)) return 0;
+  printf("bench backward: %.4f ms median of %d launches (min %.4f ms, max %.4f ms), "
+         "%.1f TFLOP/s\n",
+         r.median_ms, r.n_repeat, r.min_ms, r.max_ms,
+         2.5 * fwd_flops / (r.median_ms * 1e-3) / 1e12);
+  if (!cli_bench_run(s->drv, "run", fwd_bwd_call, s, &o, &r)) return 0;
+  printf("bench forward+backward: %.4f ms median of %d (min %.4f ms, max %.4f ms), "
+         "%.1f TFLOP/s\n",
+         r.median_ms, r.n_repeat, r.min_ms, r.max_ms,
+         3.5 * fwd_flops / (r.median_ms * 1e-3) / 1e12);
+  return 1;
+}
+
 /* ---- the run ---- */
 
 static int open_spec(run_state *s) {
@@ -706,8 +872,12 @@ static int run_on_device(run_state *s) {
   }
   if (c->check && !check(s, &pass)) return CLI_FAIL;
   if (c->dump_dir && !dump(s)) return CLI_FAIL;
+  int bpass = 1;
+  if (c->backward && (!bwd_setup(s) || !bwd_run(s) || (c->check && !bwd_check(s, &bpass))))
+    return CLI_FAIL;
   if (c->bench && !bench(s)) return CLI_FAIL;
-  return pass ? CLI_OK : CLI_FAIL;
+  if (c->bench && c->backward && !bwd_bench(s)) return CLI_FAIL;
+  return pass && bpass ? CLI_OK : CLI_FAIL;
 }
 
 /* What can be checked without a GPU: a head dim and dtype some kernel
@@ -720,6 +890,11 @@ static int check_options(const run_state *s) {
   if (fjg_config_choose_template(c->D, c->dtype, "sm_90a", "sm90", &cfg, err,
                                  sizeof err) != FJ_OK) {
     cli_error("run", "--head-dim %d: %s", c->D, err);
+    return CLI_USAGE;
+  }
+  if (c->backward && fjg_config_choose_backward(c->D, c->dtype, "sm_80", NULL, &cfg, err,
+                                                sizeof err) != FJ_OK) {
+    cli_error("run", "--backward at --head-dim %d: %s", c->D, err);
     return CLI_USAGE;
   }
   if (c->dump_dir && cli_check_output_dir(c->dump_dir, 0, err, sizeof err)) {
@@ -751,8 +926,9 @@ int cli_run(const run_config *c) {
 done:
   fj_block_mask_destroy(s.bm);
   free_device(&s);
-  for (int a = 0; a < CLI_MAX_VALUES; a++) free(s.bconv[a]);
+  for (int a = 0; a < CLI_MAX_VALUES; a++) free(s.bconv[a]), free(s.grads[a]);
   free(s.q), free(s.k), free(s.v), free(s.o), free(s.lse);
+  free(s.g_out), free(s.g_q), free(s.g_k), free(s.g_v);
   fj_spec_destroy(s.spec);
   fj_context_destroy(s.ctx);
   return rc;

@@ -52,6 +52,12 @@ static const char run_usage[] =
     "                      prints their median (min, max). Outputs are not\n"
     "                      poisoned while timing. TFLOP/s counts\n"
     "                      4*D*(allowed (b, h, q, kv) pairs)\n"
+    "  --backward          also run the backward pass on a random dO: with\n"
+    "                      --check its dq, dk, dv and trainable buffers'\n"
+    "                      gradients against the float64 reference (3x the\n"
+    "                      input dtype's error, plus a floor); with --bench\n"
+    "                      the backward and forward + backward times, by the\n"
+    "                      same rules (TFLOP/s: 2.5x and 3.5x the forward's)\n"
     "  --block-mask M      auto (default), on or off: build a block mask on\n"
     "                      the GPU and launch with it; auto does when the\n"
     "                      mask reads buffers (document ids). --bench also\n"
@@ -207,6 +213,7 @@ static int parse_one(int argc, char **argv, int *i, run_config *c) {
   }
   if (!strcmp(a, "--check")) return c->check = 1, -1;
   if (!strcmp(a, "--bench")) return c->bench = 1, -1;
+  if (!strcmp(a, "--backward")) return c->backward = 1, -1;
   for (int k = 0; value_opts[k]; k++) {
     int m = cli_opt_value(argc, argv, i, value_opts[k], &v);
     if (m < 0) {

@@ -132,6 +132,25 @@ static void test_run_bench_options(void **state) {
   fjt_expect_in(fjt_err, "no GPU");
 }
 
+/* --backward: a head dim the backward lacks is refused before the GPU;
+ * one it has gets as far as the missing GPU. */
+static void test_run_backward_options(void **state) {
+  (void)state;
+  char spec[400];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --head-dim 256 "
+                                       "--backward", spec),
+                   2);
+  fjt_expect_in(fjt_err, "--backward at --head-dim 256");
+  fjt_expect_not_in(fjt_err, "no GPU");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --head-dim 64 "
+                                       "--backward --check --bench", spec),
+                   2);
+  fjt_expect_in(fjt_err, "no GPU");
+  assert_int_equal(fjt_flexjit(NULL, "run --help"), 0);
+  fjt_expect_in(fjt_out, "--backward");
+}
+
 /* ---- errors that need the spec, not the GPU ---- */
 
 static void test_spec_errors(void **state) {
@@ -466,6 +485,7 @@ int main(void) {
       cmocka_unit_test(test_subcommand_help),
       cmocka_unit_test(test_run_usage_errors),
       cmocka_unit_test(test_run_bench_options),
+      cmocka_unit_test(test_run_backward_options),
       cmocka_unit_test(test_spec_errors),
       cmocka_unit_test(test_runtime_values_are_checked),
       cmocka_unit_test(test_compile_needs_arch_without_gpu),
