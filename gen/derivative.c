@@ -70,10 +70,11 @@ static int minmax_weight(deriv *d, int is_min, int self, int other) {
 
 /* Passes node id's adjoint g to its operands. */
 static void chain(deriv *d, int id, int g) {
-  const fjg_node *n = fjg_node_at(d->g, id);
-  const int a = n->a, b = n->b;
+  /* A copy: building nodes below may move the graph's node array. */
+  const fjg_node n = *fjg_node_at(d->g, id);
+  const int a = n.a, b = n.b;
   const float ln2 = 0.693147180559945309f;
-  switch ((fjg_op)n->op) {
+  switch ((fjg_op)n.op) {
   case FJG_OP_ADD: add_to(d, a, g); add_to(d, b, g); break;
   case FJG_OP_SUB: add_to(d, a, g); add_to(d, b, un(d, FJG_OP_NEG, g)); break;
   case FJG_OP_MUL:
@@ -113,7 +114,7 @@ static void chain(deriv *d, int id, int g) {
   }
   case FJG_OP_MIN:
   case FJG_OP_MAX: {
-    const int is_min = n->op == FJG_OP_MIN;
+    const int is_min = n.op == FJG_OP_MIN;
     add_to(d, a, bin(d, FJG_OP_MUL, g, minmax_weight(d, is_min, a, b)));
     add_to(d, b, bin(d, FJG_OP_MUL, g, minmax_weight(d, is_min, b, a)));
     break;
@@ -121,7 +122,7 @@ static void chain(deriv *d, int id, int g) {
   case FJG_OP_WHERE: {
     int zero = cst(d, 0.0f);
     add_to(d, b, sel(d, a, g, zero));
-    add_to(d, n->c, sel(d, a, zero, g));
+    add_to(d, n.c, sel(d, a, zero, g));
     break;
   }
   default: /* floor, ceil, //, conversions, leaves: no gradient passes */
