@@ -300,22 +300,38 @@ static fj_status compile(fj_context *ctx, const fj_spec *spec, const fjr_nvrtc *
 }
 
 /* Finds or compiles k's cubin (k->cfg, kind and name set). */
+/* Looks k up by its full key (compiler known) or, when no compiler here
+ * can make it, by source key: the build any compiler made of this source. */
+static fj_status lookup(fj_context *ctx, fjc_store *store, fjr_kernel *k, int by_key) {
+  if (find_in_packs(ctx, k, by_key) == FJ_OK) return FJ_OK;
+  if (!store) return FJ_ENOTFOUND;
+  return by_key ? fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin, &k->cubin_size,
+                                k->path, sizeof k->path, NULL, 0)
+                : fjc_store_get_by_source(store, k->cfg.arch, &k->source_key, &k->key,
+                                          &k->cubin, &k->cubin_size, k->path,
+                                          sizeof k->path, NULL, 0);
+}
+
+/* Finds or compiles k's cubin (k->cfg, kind and name set). */
 static fj_status fetch(fj_context *ctx, const fj_spec *spec, fjr_kernel *k) {
   const char *opts[FJR_MAX_OPTIONS];
   char defines[FJR_DEFINES_BYTES];
   int nopt = compile_options(ctx, k->kind, opts, defines);
   if (nopt < 0) return FJ_EINVAL;
   const fjr_nvrtc *nv = NULL;
-  char nverr[768] = "", nvrtc_version[32] = "unavailable";
-  fj_status nvst = fjr_nvrtc_load(ctx->opts.nvrtc_path, &nv, nverr, sizeof nverr);
-  if (nvst == FJ_OK) {
+  char why[768] = "", nvrtc_version[32] = "unavailable";
+  /* Whether NVRTC is here and compiles for the target; why not, if not. */
+  int can_compile = fjr_nvrtc_load(ctx->opts.nvrtc_path, &nv, why, sizeof why) == FJ_OK;
+  if (can_compile) {
     int major = 0, minor = 0, sm = 0;
     fjr_nvrtc_version(nv, &major, &minor);
     snprintf(nvrtc_version, sizeof nvrtc_version, "%d.%d", major, minor);
     fjg_arch_check(k->cfg.arch, &sm, NULL, 0);
-    if (!fjr_nvrtc_supports(nv, sm))
-      return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                      "NVRTC %s does not compile for %s", nvrtc_version, k->cfg.arch);
+    if (!fjr_nvrtc_supports(nv, sm)) {
+      snprintf(why, sizeof why, "NVRTC %s does not compile for %s", nvrtc_version,
+               k->cfg.arch);
+      can_compile = 0;
+    }
   }
   fjg_buf src;
   fj_status st = make_source(ctx, spec, k->kind, &k->cfg, opts, nopt, &src, &k->source_key);
@@ -326,22 +342,12 @@ static fj_status fetch(fj_context *ctx, const fj_spec *spec, fjr_kernel *k) {
   fjr_context_store(ctx, &store);
   int lock_fd = -1;
   k->from_cache = 1;
-  if ((st = find_in_packs(ctx, k, nvst == FJ_OK)) != FJ_ENOTFOUND) goto done;
-  st = FJ_OK;
-  /* Without NVRTC the store is asked by source key: the entry any
-   * compiler made of this source, whose full key then names the kernel. */
-  if (store && (nvst == FJ_OK
-                    ? fjc_store_get(store, k->cfg.arch, &k->key, &k->cubin,
-                                    &k->cubin_size, k->path, sizeof k->path, NULL, 0)
-                    : fjc_store_get_by_source(store, k->cfg.arch, &k->source_key, &k->key,
-                                              &k->cubin, &k->cubin_size, k->path,
-                                              sizeof k->path, NULL, 0)) == FJ_OK)
-    goto done;
-  if (nvst != FJ_OK) {
-    st = fjr_fail(ctx, FJ_ENONVRTC,
+  if (lookup(ctx, store, k, can_compile) == FJ_OK) goto done;
+  if (!can_compile) {
+    st = fjr_fail(ctx, nv ? FJ_EUNSUPPORTED : FJ_ENONVRTC,
                   "kernel %s (key %s, source key %s) is in no mounted pack or cache "
-                  "and NVRTC is not available: %s",
-                  k->name, k->key.hex, k->source_key.hex, nverr);
+                  "and cannot be compiled here: %s",
+                  k->name, k->key.hex, k->source_key.hex, why);
     goto done;
   }
   if (store) {

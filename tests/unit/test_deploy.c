@@ -27,7 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/key.h"
 #include "cache/meta.h"
+#include "cache/pack.h"
 #include "flexjit.h"
 #include "runtime/nvrtc.h"
 #include "tests/unit/cli_run.h"
@@ -143,6 +145,61 @@ static void test_packs_from_the_environment(void **state) {
   fj_context_destroy(ctx);
 }
 
+/* With an NVRTC that does not compile for the target (here sm_999, which no
+ * NVRTC knows), a kernel built elsewhere is still found by its source key:
+ * a pack holding a build for that target serves it. */
+static void test_target_this_nvrtc_lacks(void **state) {
+  (void)state;
+  skip_without_nvrtc();
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = "";
+  fj_context *ctx = NULL;
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+  assert_int_equal(fj_spec_load_string(ctx, kCausal, strlen(kCausal), "deploy.lua", &spec),
+                   FJ_OK);
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16, .arch = "sm_999",
+                          .kernel_template = "sm80"};
+  /* Not in any pack: refused, naming why. */
+  assert_int_equal(fj_compile_forward(ctx, spec, &ko, NULL), FJ_EUNSUPPORTED);
+  fjt_expect_in(fj_context_last_error(ctx), "does not compile for sm_999");
+  /* The unit's source key, from its banner. */
+  const char *tu = fjt_path("sm999.cu");
+  if (fj_emit_forward_source(ctx, spec, &ko, tu) != FJ_OK)
+    fail_msg("%s", fj_context_last_error(ctx));
+  static char text[1 << 20];
+  fjt_slurp_into(tu, text, sizeof text);
+  const char *at = strstr(text, "source key ");
+  assert_non_null(at);
+  char hex[33];
+  snprintf(hex, sizeof hex, "%s", at + strlen("source key "));
+  fjc_pack_entry e;
+  memset(&e, 0, sizeof e);
+  assert_int_equal(fjc_key_from_hex(hex, &e.source_key), 0);
+  fjc_key_with_nvrtc(&e.source_key, "99.0", &e.full_key); /* another compiler's build */
+  snprintf(e.arch, sizeof e.arch, "sm_999");
+  snprintf(e.nvrtc, sizeof e.nvrtc, "99.0");
+  snprintf(e.name, sizeof e.name, "fj_fwd_deploy_d64_bf16_sm80_sm_999");
+  static const char blob[] = "a cubin built elsewhere";
+  e.data = blob, e.size = sizeof blob;
+  char pack[400], err[256];
+  snprintf(pack, sizeof pack, "%s", fjt_path("sm999.fjpack"));
+  fjc_pack_writer *w = NULL;
+  assert_int_equal(fjc_pack_writer_open(pack, &w, err, sizeof err), FJ_OK);
+  assert_int_equal(fjc_pack_writer_add(w, &e, err, sizeof err), FJ_OK);
+  assert_int_equal(fjc_pack_writer_finish(w, err, sizeof err), FJ_OK);
+  assert_int_equal(fj_context_mount_pack(ctx, pack), FJ_OK);
+  fj_kernel_info info;
+  if (fj_compile_forward(ctx, spec, &ko, &info) != FJ_OK)
+    fail_msg("%s", fj_context_last_error(ctx));
+  assert_true(info.from_cache);
+  assert_string_equal(info.cubin_path, pack);
+  assert_int_equal(info.cubin_size, sizeof blob);
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
 /* 1 when s[0, n) is UTF-8 without control characters other than \n. */
 static int valid_utf8(const unsigned char *s, size_t n) {
   for (size_t i = 0; i < n;) {
@@ -197,6 +254,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cache_directory_without_nvrtc),
       cmocka_unit_test(test_packs_from_the_environment),
+      cmocka_unit_test(test_target_this_nvrtc_lacks),
       cmocka_unit_test(test_sidecar_is_json_whatever_the_source),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
