@@ -290,6 +290,45 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
   return FJ_OK;
 }
 
+/* Must equal templates/sm90/bwd_config.cuh's FJHB_SMEM_BYTES: 1024 to align
+ * the base; K and V; two stages of Q and dO; dS^T (block_n x block_m);
+ * each consumer's two fp32 dQ buffers (block_m x head_dim / 2); two stages
+ * of LSE and delta; 1 + 3 * stages mbarriers. */
+static int sm90_bwd_smem_bytes(const fjg_config *c) {
+  return 1024 + (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
+         c->block_n * c->block_m * 2 + 4 * c->block_m * (c->head_dim / 2) * 4 +
+         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages);
+}
+
+/* The sm90 backward (templates/sm90/bwd_*.cuh), FlashAttention-3's shape: a
+ * CTA owns 128 kv rows, 64 for each of two consumer warpgroups (their dK
+ * and dV in registers), and streams 64-row query tiles through two TMA
+ * stages; a producer warpgroup loads. 210 KiB at D=128, 115 KiB at D=64.
+ * The same tiles as the sm80 backward, so a block mask that fits one fits
+ * the other. */
+static fj_status choose_sm90_backward(fjg_config *out, char *err, size_t errlen) {
+  const char *a = out->arch;
+  if (out->sm != 90 || a[strlen(a) - 1] != 'a')
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "template sm90 needs target sm_90a (wgmma, setmaxnreg), not %s", a);
+  if (out->head_dim == 256)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "the backward pass has head dims 64 and 128, not 256 (%s)", out->arch);
+  out->template_name = "sm90";
+  out->uses_tma = 1;
+  out->num_stages = 2;
+  out->num_warps = 12;
+  out->threads = 384;
+  out->block_m = 64;
+  out->block_n = 128;
+  out->smem_bytes = sm90_bwd_smem_bytes(out);
+  if (out->smem_bytes > max_smem_per_block(out->sm))
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "backward configuration needs %d bytes of shared memory, more than %s "
+                "allows", out->smem_bytes, out->arch);
+  return FJ_OK;
+}
+
 fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *arch,
                                      const char *template_name, fjg_config *out,
                                      char *err, size_t errlen) {
@@ -297,10 +336,7 @@ fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *a
   if (st != FJ_OK) return st;
   if (!template_name || strcmp(template_name, "sm80") == 0)
     return choose_sm80_backward(out, err, errlen);
-  if (strcmp(template_name, "sm90") == 0)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "template sm90 has no backward pass yet; the sm80 backward runs on %s",
-                arch);
+  if (strcmp(template_name, "sm90") == 0) return choose_sm90_backward(out, err, errlen);
   return fail(err, errlen, FJ_EINVAL,
               "unknown template '%s' (known: sm80, sm90)", template_name);
 }

@@ -122,9 +122,11 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
  * The backward pass's configuration (docs/backward.md) for head_dim (64,
  * 128), dtype and arch, as fjg_config_choose_template checks them.
  * template_name NULL or "sm80": the mma.sync backward, on every arch from
- * sm_80; "sm90" is FJ_EUNSUPPORTED (no wgmma backward yet), another name
- * FJ_EINVAL, head dim 256 FJ_EUNSUPPORTED. The fields mean, for the backward
- * unit's macros (templates/sm80/bwd_config.cuh):
+ * sm_80; "sm90": the wgmma + TMA backward, target sm_90a only (else
+ * FJ_EUNSUPPORTED); another name FJ_EINVAL, head dim 256 FJ_EUNSUPPORTED.
+ * Both use 64-row query tiles and 128 kv rows a CTA. The fields mean, for
+ * the backward unit's macros (templates/sm80/bwd_config.cuh,
+ * templates/sm90/bwd_config.cuh):
  *   block_m     FJ_BLOCK_M: query rows of a streamed Q / dO tile
  *   block_n     FJ_BLOCK_N: kv rows a CTA owns, 16 * num_warps
  *   num_warps   FJ_NUM_WARPS; threads = 32 * num_warps
@@ -134,9 +136,10 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
  * Launches: fj_attention_bwd_pre and fj_attention_bwd_post on grid
  * (ceil(Lq / FJG_BWD_ROW_BLOCK), Hq, B) with FJG_BWD_ROW_THREADS threads and
  * no dynamic shared memory; fj_attention_bwd between them on grid
- * (ceil(Lk / block_n), Hkv, B) with `threads` threads and smem_bytes.
- * uses_tma, persistent, q_bufs 0; spill_fallback NULL. Thread-safe; no
- * allocation.
+ * (ceil(Lk / block_n), Hkv, B) with `threads` threads and smem_bytes; for
+ * sm90 (uses_tma 1) with kernelParams {&params, &maps} (runtime/tma.h's
+ * fjr_tma_bwd_maps). persistent, q_bufs 0; spill_fallback NULL.
+ * Thread-safe; no allocation.
  */
 fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *arch,
                                      const char *template_name, fjg_config *out,

@@ -26,6 +26,13 @@ static const char *const sm80_backward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_bwd.cuh", "common/ptx.cuh",
     "common/bwd_walk.cuh", "common/bwd_rows.cuh", "sm80/bwd_config.cuh", "sm80/ptx.cuh",
     "sm80/tile_load.cuh", "sm80/bwd_mainloop.cuh", "sm80/bwd.cuh", NULL};
+/* The sm90 backward (wgmma, TMA): the same pre and post kernels; its parts
+ * need only sm90's PTX wrappers, which come before its configuration (that
+ * declares the kernel's tensor-map parameter). */
+static const char *const sm90_backward[] = {
+    "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_bwd.cuh", "common/ptx.cuh",
+    "common/bwd_walk.cuh", "common/bwd_rows.cuh", "sm90/ptx.cuh", "sm90/bwd_config.cuh",
+    "sm90/bwd_mainloop.cuh", "sm90/bwd.cuh", NULL};
 static const char *const sm90_forward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
     "common/tile_walk.cuh", "sm90/config.cuh", "sm90/ptx.cuh", "sm90/trace.cuh",
@@ -40,6 +47,7 @@ static const struct {
     {"sm80", "forward", sm80_forward},
     {"sm80", "backward", sm80_backward},
     {"sm90", "forward", sm90_forward},
+    {"sm90", "backward", sm90_backward},
 };
 
 const char *const *fjg_template_parts(const char *template_name, const char *kernel) {

@@ -16,6 +16,7 @@
 #include "runtime/kernels.h"
 #include "runtime/launch_params.h"
 #include "runtime/tensor.h"
+#include "runtime/tma.h"
 
 #define FJR_BWD_MAX_PARAM_BYTES 4096
 #define FJR_SCRATCH_ALIGN 256
@@ -47,18 +48,20 @@ static const fjr_kernel_kind backward_kind = {
 /* ---- the configuration ---- */
 
 /* The one place a backward kernel's configuration is decided: the
- * caller's template, else sm80 (the only backward template so far, on
- * every target from sm_80; a context's FLEXJIT_TEMPLATE picks the forward's). */
+ * caller's template, else the context's (FLEXJIT_TEMPLATE, as for the
+ * forward), else sm90 (wgmma + TMA) on sm_90a and sm80 (mma.sync) on every
+ * other target. Both take 64 x 128 tiles, so a block mask that fits one
+ * fits the other. */
 static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                                  fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
   const char *arch = o->arch;
   fj_status st;
   if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
+  const char *tmpl = o->kernel_template ? o->kernel_template : ctx->opts.kernel_template;
+  if (!tmpl) tmpl = strcmp(arch, "sm_90a") == 0 ? "sm90" : "sm80";
   char err[1024];
-  st = fjg_config_choose_backward(o->head_dim, o->dtype, arch,
-                                  o->kernel_template ? o->kernel_template : "sm80", cfg, err,
-                                  sizeof err);
+  st = fjg_config_choose_backward(o->head_dim, o->dtype, arch, tmpl, cfg, err, sizeof err);
   return st == FJ_OK ? FJ_OK : fjr_fail(ctx, st, "%s", err);
 }
 
@@ -231,13 +234,16 @@ static fj_status bind_grads(fj_context *ctx, const fj_spec *spec, const fj_arg *
 
 /* ---- the launch ---- */
 
+/* A kernel whose one parameter is the packed struct (pbuf, psize bytes), or,
+ * with maps, the sm90 main kernel's two: the struct and the tensor maps. */
 static fj_status launch(fj_context *ctx, CUfunction fn, const unsigned grid[3],
                         unsigned threads, unsigned smem, CUstream stream, void *pbuf,
-                        size_t psize, const char *what) {
+                        size_t psize, const fjr_tma_bwd_maps *maps, const char *what) {
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf, CU_LAUNCH_PARAM_BUFFER_SIZE,
                    &psize, CU_LAUNCH_PARAM_END};
+  void *params[] = {pbuf, (void *)maps};
   CUresult r = ctx->drv->cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem,
-                                        stream, NULL, extra);
+                                        stream, maps ? params : NULL, maps ? NULL : extra);
   return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, what, r);
 }
 
@@ -300,17 +306,26 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   }
   p->delta = scratch;
   p->dq_accum = scratch + align_up((size_t)(B * Hq * Lq) * 4);
+  _Alignas(128) fjr_tma_bwd_maps maps;
+  if (k->cfg.uses_tma) {
+    char err[512];
+    st = fjr_tma_bwd_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof err);
+    if (st != FJ_OK) {
+      if (!args->workspace) ctx->drv->cuMemFreeAsync(scratch, stream);
+      return fjr_fail(ctx, st, "%s", err);
+    }
+  }
 
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
   const unsigned cols[3] = {(unsigned)((p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n),
                             (unsigned)p->sz.Hkv, (unsigned)B};
   if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
-                   "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
+                   NULL, "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
       (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,
                    (unsigned)k->cfg.smem_bytes, stream, pbuf, total,
-                   "cuLaunchKernel (fj_attention_bwd)")) == FJ_OK)
-    st = launch(ctx, k->fn[BWD_POST], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
+                   k->cfg.uses_tma ? &maps : NULL, "cuLaunchKernel (fj_attention_bwd)")) == FJ_OK)
+    st = launch(ctx, k->fn[BWD_POST], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL,
                 "cuLaunchKernel (fj_attention_bwd_post)");
   if (!args->workspace) {
     CUresult rf = ctx->drv->cuMemFreeAsync(scratch, stream);

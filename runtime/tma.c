@@ -1,5 +1,5 @@
 /*
- * runtime/tma.c: CUtensorMaps for the sm90 forward template (see tma.h).
+ * runtime/tma.c: CUtensorMaps for the sm90 templates (see tma.h).
  */
 #include "runtime/tma.h"
 
@@ -88,6 +88,57 @@ static fj_status encode_one(const fjr_driver *drv, const fjg_config *cfg,
                     (unsigned long long)strides[2], text);
   }
   return FJ_OK;
+}
+
+/* The backward's fp32 dq_accum, [B * Hq][Lq][D] contiguous, as (D, Lq,
+ * B * Hq) with boxes of 32 x 64 (128 bytes x 64 rows). */
+static fj_status encode_dq_accum(const fjr_driver *drv, const fjr_bwd_params_fixed *p,
+                                 int64_t D, CUtensorMap *out, char *err, size_t errlen) {
+  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)p->sz.Lq,
+                              (cuuint64_t)p->sz.B * (cuuint64_t)p->sz.Hq};
+  const cuuint64_t strides[2] = {(cuuint64_t)D * 4, (cuuint64_t)D * 4 * (cuuint64_t)p->sz.Lq};
+  const cuuint32_t box[3] = {32, 64, 1}, estride[3] = {1, 1, 1};
+  CUresult r = drv->cuTensorMapEncodeTiled(
+      out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)(uintptr_t)p->dq_accum, dims, strides,
+      box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    char text[256];
+    fjr_driver_error_text(drv, r, text, sizeof text);
+    return tma_fail(err, errlen, FJ_ECUDA, "dq_accum: cuTensorMapEncodeTiled failed: %s",
+                    text);
+  }
+  return FJ_OK;
+}
+
+fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
+                                 const fjr_bwd_params_fixed *p, fjr_tma_bwd_maps *out,
+                                 char *err, size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  if (!drv || !cfg || !p || !out)
+    return tma_fail(err, errlen, FJ_EINVAL, "fjr_tma_bwd_maps_build: NULL argument");
+  if (!cfg->uses_tma)
+    return tma_fail(err, errlen, FJ_EINVAL, "template %s takes no tensor maps",
+                    cfg->template_name);
+  if (!drv->cuTensorMapEncodeTiled)
+    return tma_fail(err, errlen, FJ_EUNSUPPORTED, "the driver has no cuTensorMapEncodeTiled");
+  memset(out, 0, sizeof *out);
+  const int64_t D = cfg->head_dim;
+  const uint32_t bm = (uint32_t)cfg->block_m, bn = (uint32_t)cfg->block_n;
+  tma_tensor t[] = {
+      {"q", p->q, {D, p->sz.Lq, p->sz.Hq, p->sz.B}, {p->q_ss, p->q_sh, p->q_sb}, bm},
+      {"k", p->k, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->k_ss, p->k_sh, p->k_sb}, bn},
+      {"v", p->v, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->v_ss, p->v_sh, p->v_sb}, bn},
+      {"dout", p->dout, {D, p->sz.Lq, p->sz.Hq, p->sz.B}, {p->do_ss, p->do_sh, p->do_sb}, bm},
+      {"dk", p->dk, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->dk_ss, p->dk_sh, p->dk_sb}, 64},
+      {"dv", p->dv, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->dv_ss, p->dv_sh, p->dv_sb}, 64},
+  };
+  CUtensorMap *maps[] = {&out->q, &out->k, &out->v, &out->dout, &out->dk, &out->dv};
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+    fj_status st = encode_one(drv, cfg, &t[i], maps[i], err, errlen);
+    if (st != FJ_OK) return st;
+  }
+  return encode_dq_accum(drv, p, D, &out->dq_accum, err, errlen);
 }
 
 fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,

@@ -1,5 +1,6 @@
 /*
- * runtime/tma.h: TMA tensor maps for the sm90 forward template.
+ * runtime/tma.h: TMA tensor maps for the sm90 templates (forward and
+ * backward).
  *
  * The sm90 template loads Q, K and V (templates/sm90/producer.cuh, pipeline.cuh)
  * with the bulk tensor copy engine,
@@ -60,5 +61,26 @@ typedef struct fjr_tma_maps {
 fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
                              const fjr_fwd_params_fixed *p, fjr_tma_maps *out,
                              char *err, size_t errlen);
+
+/* Host mirror of the sm90 backward's struct fj_bwd_maps (templates/sm90/
+ * bwd_config.cuh; 896 bytes, 128-byte aligned): q, k, v, dout, dk, dv over
+ * the 4-D tensors (D, L, H, B) of the element type, 128-byte swizzle, boxes
+ * of 64 x block_m (q, dout), 64 x block_n (k, v) and 64 x 64 (dk, dv: one
+ * consumer's rows, stored); then dq_accum, the fp32 scratch [B * Hq][Lq][D]
+ * as (D, Lq, B * Hq) with boxes of 32 x 64 and 128-byte swizzle, the target
+ * of the kernel's reduce-adds. */
+typedef struct fjr_tma_bwd_maps {
+  _Alignas(128) CUtensorMap q;
+  CUtensorMap k, v, dout, dk, dv, dq_accum;
+} fjr_tma_bwd_maps;
+
+/*
+ * Encodes the backward's maps from its packed parameters (pointers,
+ * strides and sizes, dq_accum already placed in the scratch) and its
+ * configuration. Fails as fjr_tma_maps_build does; err gets why.
+ */
+fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
+                                 const fjr_bwd_params_fixed *p, fjr_tma_bwd_maps *out,
+                                 char *err, size_t errlen);
 
 #endif /* FJR_TMA_H */

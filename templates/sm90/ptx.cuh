@@ -85,6 +85,21 @@ __device__ __forceinline__ void fjh_bulk_commit() {
 __device__ __forceinline__ void fjh_bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// The thread's bulk groups but the newest N have read their shared memory.
+template <int N>
+__device__ __forceinline__ void fjh_bulk_wait_read_n() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+// Global += shared (fp32 add, the element type of the map) for the box at
+// (c0, c1, c2) of a 3-D tensor; rows outside the tensor are skipped. In the
+// calling thread's bulk group.
+__device__ __forceinline__ void fjh_tma_reduce_add_3d(const fjh_tensor_map *map, unsigned src,
+                                                      int c0, int c1, int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3, %4}], [%1];\n"
+      :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
 __device__ __forceinline__ void fjh_tma_prefetch_desc(const fjh_tensor_map *map) {
   asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
 }
@@ -168,9 +183,12 @@ __device__ __forceinline__ unsigned long long fjh_desc(unsigned lo, unsigned byt
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
   "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
   "%62, %63}"
+#define FJH_D16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FJH_F8(C, d, i) \
   C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), \
       C(d[i + 6]), C(d[i + 7])
+#define FJH_F16(C, d) FJH_F8(C, d, 0), FJH_F8(C, d, 8)
 #define FJH_F32(C, d) FJH_F8(C, d, 0), FJH_F8(C, d, 8), FJH_F8(C, d, 16), FJH_F8(C, d, 24)
 #define FJH_F64(C, d) \
   FJH_F32(C, d), FJH_F8(C, d, 32), FJH_F8(C, d, 40), FJH_F8(C, d, 48), FJH_F8(C, d, 56)
@@ -226,4 +244,37 @@ __device__ __forceinline__ void fjh_wgmma_rs(float (&d)[64], const unsigned (&a)
                ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
                : FJH_F64(FJH_RW, d)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// d = A * B (FIRST) or d += A * B with both operands in shared memory and
+// MN-major (imm-trans-a = imm-trans-b = 1): the backward's dQ = dS K, A =
+// dS read from dS^T stored [kv][query], B = K stored [kv][d]: m64n32k16 /
+// m64n64k16.
+template <bool FIRST>
+__device__ __forceinline__ void fjh_wgmma_ss_tt(float (&d)[16], unsigned long long da,
+                                                unsigned long long db) {
+  if constexpr (FIRST)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32" FJH_AB " " FJH_D16
+                 ", %16, %17, p, 1, 1, 1, 1;\n}\n"
+                 : FJH_F16(FJH_WO, d) : "l"(da), "l"(db), "r"(0));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32" FJH_AB " " FJH_D16
+                 ", %16, %17, p, 1, 1, 1, 1;\n}\n"
+                 : FJH_F16(FJH_RW, d) : "l"(da), "l"(db), "r"(1));
+}
+template <bool FIRST>
+__device__ __forceinline__ void fjh_wgmma_ss_tt(float (&d)[32], unsigned long long da,
+                                                unsigned long long db) {
+  if constexpr (FIRST)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " " FJH_D32
+                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+                 : FJH_F32(FJH_WO, d) : "l"(da), "l"(db), "r"(0));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " " FJH_D32
+                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+                 : FJH_F32(FJH_RW, d) : "l"(da), "l"(db), "r"(1));
 }

@@ -70,10 +70,22 @@ static void test_config(void **state) {
                                               sizeof err),
                    FJ_EUNSUPPORTED);
   assert_non_null(strstr(err, "64 and 128"));
-  assert_int_equal(fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
+  /* The sm90 backward: sm_90a only, the sm80 backward's tiles. */
+  for (int d = 64; d <= 128; d *= 2) {
+    assert_int_equal(fjg_config_choose_backward(d, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
+                                                sizeof err),
+                     FJ_OK);
+    assert_string_equal(c.template_name, "sm90");
+    assert_int_equal(c.uses_tma, 1);
+    assert_int_equal(c.block_m, 64);
+    assert_int_equal(c.block_n, 128);
+    assert_int_equal(c.threads, 384);
+    assert_true(c.smem_bytes > 0 && c.smem_bytes <= smem_limit("sm_90a"));
+  }
+  assert_int_equal(fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_90", "sm90", &c, err,
                                               sizeof err),
                    FJ_EUNSUPPORTED);
-  assert_non_null(strstr(err, "sm90"));
+  assert_non_null(strstr(err, "sm_90a"));
   assert_int_equal(fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_80", "sm70", &c, err,
                                               sizeof err),
                    FJ_EINVAL);
@@ -106,7 +118,11 @@ static void test_parts(void **state) {
     if (strcmp(*p, FJG_PART_PROLOGUE) != 0 && !fjg_template_text(*p, NULL))
       fail_msg("part %s is not embedded", *p);
   assert_true(n >= 4);
-  assert_null(fjg_template_parts("sm90", "backward"));
+  const char *const *p90 = fjg_template_parts("sm90", "backward");
+  assert_non_null(p90);
+  for (const char *const *p = p90; *p; p++)
+    if (strcmp(*p, FJG_PART_PROLOGUE) != 0 && !fjg_template_text(*p, NULL))
+      fail_msg("part %s is not embedded", *p);
 }
 
 /* ptxas -v says "N bytes spill stores, M bytes spill loads" per function;
@@ -153,24 +169,27 @@ static void dump(const char *name, const char *text) {
   }
 }
 
-static void compile_one(const char *arch, int head_dim, fj_dtype dt, int has_mask,
-                        int has_score_mod) {
+static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dtype dt,
+                        int has_mask, int has_score_mod) {
   fjg_config c;
   char err[256];
-  if (fjg_config_choose_backward(head_dim, dt, arch, NULL, &c, err, sizeof err) != FJ_OK)
+  if (fjg_config_choose_backward(head_dim, dt, arch, tmpl, &c, err, sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
+  const int sm90 = c.uses_tma;
   /* The template's numbers must be the configuration's and config.h's. */
   char tail[512];
   snprintf(tail, sizeof tail,
-           "static_assert(FJB_SMEM_BYTES == %d, \"smem: template vs gen/config.c\");\n"
-           "static_assert(FJK_THREADS == %d, \"threads: template vs gen/config.c\");\n"
+           "static_assert(%s == %d, \"smem: template vs gen/config.c\");\n"
+           "static_assert(%s == %d, \"threads: template vs gen/config.c\");\n"
            "static_assert(FJB_ROW_BLOCK == %d && FJB_ROW_THREADS == %d, \"row kernels\");\n",
-           c.smem_bytes, c.threads, FJG_BWD_ROW_BLOCK, FJG_BWD_ROW_THREADS);
+           sm90 ? "FJHB_SMEM_BYTES" : "FJB_SMEM_BYTES", c.smem_bytes,
+           sm90 ? "FJHB_THREADS" : "FJK_THREADS", c.threads, FJG_BWD_ROW_BLOCK,
+           FJG_BWD_ROW_THREADS);
   char *tu = fjt_build_kernel_tu(&c, "backward", has_mask, has_score_mod,
                                  fjt_bwd_causal_softcap_bias, tail);
   char what[128];
-  snprintf(what, sizeof what, "bwd_m%d_s%d_d%d_%s_%s", has_mask, has_score_mod, head_dim,
-           dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
+  snprintf(what, sizeof what, "bwd_%s_m%d_s%d_d%d_%s_%s", c.template_name, has_mask,
+           has_score_mod, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
   char name[160];
   snprintf(name, sizeof name, "%s.cu", what);
   dump(name, tu);
@@ -204,11 +223,20 @@ static void compile_one(const char *arch, int head_dim, fj_dtype dt, int has_mas
   assert_non_null(strstr(ptx, ".entry fj_attention_bwd_pre("));
   assert_non_null(strstr(ptx, ".entry fj_attention_bwd("));
   assert_non_null(strstr(ptx, ".entry fj_attention_bwd_post("));
-  assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16"));
-  assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans"));
-  assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
-  assert_non_null(strstr(ptx, ".global.add")); /* dq_accum's atomics */
-  if (strcmp(arch, "sm_90a") == 0) assert_non_null(strstr(ptx, "red.global.add.v2.f32"));
+  if (sm90) {
+    assert_non_null(strstr(ptx, "wgmma.mma_async.sync.aligned.m64n64k16.f32"));
+    assert_non_null(strstr(ptx, "cp.async.bulk.tensor.4d.shared::cluster.global"));
+    /* dq_accum's reduce-adds, dK and dV's stores */
+    assert_non_null(strstr(ptx, "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add"));
+    assert_non_null(strstr(ptx, "cp.async.bulk.tensor.4d.global.shared::cta"));
+    assert_non_null(strstr(ptx, "setmaxnreg.inc"));
+  } else {
+    assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16"));
+    assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans"));
+    assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
+    assert_non_null(strstr(ptx, ".global.add")); /* dq_accum's atomics */
+    if (strcmp(arch, "sm_90a") == 0) assert_non_null(strstr(ptx, "red.global.add.v2.f32"));
+  }
   size_t cubin_size = 0;
   assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
   assert_true(cubin_size > 0);
@@ -220,26 +248,27 @@ static void compile_one(const char *arch, int head_dim, fj_dtype dt, int has_mas
   free(tu);
 }
 
-static void run_arch(const char *arch) {
+static void run_arch(const char *arch, const char *tmpl) {
   static const int dims[] = {64, 128};
   static const fj_dtype dts[] = {FJ_DTYPE_BF16, FJ_DTYPE_F16};
   for (size_t d = 0; d < 2; d++)
     for (size_t t = 0; t < 2; t++)
       for (int mask = 0; mask < 2; mask++)
-        for (int mod = 0; mod < 2; mod++) compile_one(arch, dims[d], dts[t], mask, mod);
+        for (int mod = 0; mod < 2; mod++) compile_one(arch, tmpl, dims[d], dts[t], mask, mod);
 }
 
 static void test_compile_sm80(void **state) {
   (void)state;
-  run_arch("sm_80");
+  run_arch("sm_80", NULL);
 }
 static void test_compile_sm86(void **state) {
   (void)state;
-  run_arch("sm_86");
+  run_arch("sm_86", NULL);
 }
 static void test_compile_sm90a(void **state) {
   (void)state;
-  run_arch("sm_90a");
+  run_arch("sm_90a", "sm80");
+  run_arch("sm_90a", "sm90");
 }
 
 /* The template must reject a configuration it cannot run, at compile time:

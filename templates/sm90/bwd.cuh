@@ -1,0 +1,118 @@
+// templates/sm90/bwd.cuh: the sm90 backward's main kernel (contract and
+// scheme: sm90/bwd_config.cuh): the producer warps' loads and the entry
+// point that splits the CTA into its roles.
+#pragma once
+
+// Producer warp 0: K and V of the CTA's tile once (only if it has an item:
+// a CTA must not exit with loads in flight), then each item's Q and dO into
+// its stage once the consumers have released it. Lane 0 issues; every lane
+// walks (the walk's scan votes across the warp).
+__device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bwd_maps &maps,
+                                             const fjhb_smem &sm, int n_block, int hk, int b) {
+  const int lane = fj_tid() & 31;
+  const int kv0 = n_block * FJ_BLOCK_N;
+  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
+  const int h_end = (hk + 1) * p.kv_group;
+  fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
+  if (it.h < h_end && lane == 0) {
+    fjh_tma_prefetch_desc(&maps.q);
+    fjh_tma_prefetch_desc(&maps.dout);
+    fjh_mbar_arrive_expect_tx(sm.kv_full(), 2 * FJHB_KV_BYTES);
+#pragma unroll
+    for (int x = 0; x < FJHB_CHUNKS64; ++x) {
+      fjh_tma_load_4d(sm.k() + x * (FJ_BLOCK_N * 128), &maps.k, 64 * x, kv0, hk, b,
+                      sm.kv_full());
+      fjh_tma_load_4d(sm.v() + x * (FJ_BLOCK_N * 128), &maps.v, 64 * x, kv0, hk, b,
+                      sm.kv_full());
+    }
+  }
+  for (int n = 0; it.h < h_end; ++n) {
+    const int s = n & 1;
+    const unsigned ph = (unsigned)(n >> 1) & 1u;
+    if (lane == 0) {
+      const int q0 = it.i * FJ_BLOCK_M;
+      fjh_mbar_wait(sm.empty(s), ph ^ 1u);
+      fjh_mbar_arrive_expect_tx(sm.q_full(s), 2 * FJHB_Q_BYTES);
+#pragma unroll
+      for (int x = 0; x < FJHB_CHUNKS64; ++x) {
+        fjh_tma_load_4d(sm.q(s) + x * (FJ_BLOCK_M * 128), &maps.q, 64 * x, q0, it.h, b,
+                        sm.q_full(s));
+        fjh_tma_load_4d(sm.dout(s) + x * (FJ_BLOCK_M * 128), &maps.dout, 64 * x, q0, it.h, b,
+                        sm.q_full(s));
+      }
+    }
+    __syncwarp();
+    it = fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+  }
+}
+
+// Producer warp 1: each item's LSE, in log2 units (+inf for a row without
+// an allowed pair, and past Lq, so that its P is 0), and delta (0 past Lq)
+// into its stage, two rows a lane; every lane arrives on the stage's
+// rows-full barrier.
+__device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const fjhb_smem &sm,
+                                                  int n_block, int hk, int b) {
+  const int lane = fj_tid() & 31;
+  const int Lq = p.sz.Lq;
+  const int kv0 = n_block * FJ_BLOCK_N;
+  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
+  const int h_end = (hk + 1) * p.kv_group;
+  fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
+  for (int n = 0; it.h < h_end; ++n) {
+    const int s = n & 1;
+    const unsigned ph = (unsigned)(n >> 1) & 1u;
+    const int q0 = it.i * FJ_BLOCK_M;
+    const float *gl = p.lse + b * p.lse_sb + it.h * p.lse_sh;
+    const float *gd = p.delta + ((long long)b * p.sz.Hq + it.h) * Lq;
+    float l[FJ_BLOCK_M / 32], d[FJ_BLOCK_M / 32];
+#pragma unroll
+    for (int r = 0; r < FJ_BLOCK_M / 32; ++r) {
+      const int q = q0 + 32 * r + lane;
+      const float x = q < Lq ? __ldg(gl + q) : fj_neg_inf();
+      l[r] = x == fj_neg_inf() ? -fj_neg_inf() : x * FJHB_LOG2E;
+      d[r] = q < Lq ? gd[q] : 0.f;
+    }
+    fjh_mbar_wait(sm.empty(s), ph ^ 1u);
+#pragma unroll
+    for (int r = 0; r < FJ_BLOCK_M / 32; ++r) {
+      asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(sm.lse(s) + (32 * r + lane) * 4),
+                   "f"(l[r]) : "memory");
+      asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(sm.delta(s) + (32 * r + lane) * 4),
+                   "f"(d[r]) : "memory");
+    }
+    fjh_mbar_arrive(sm.rows_full(s));
+    it = fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(FJHB_THREADS, 1)
+fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
+                 const __grid_constant__ fj_bwd_maps maps) {
+  extern __shared__ __align__(1024) unsigned char fjhb_smem_raw[];
+  fjhb_smem sm;
+  sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  if (threadIdx.x == 0) {
+    fjh_mbar_init(sm.kv_full(), 1);
+    for (int s = 0; s < FJ_NUM_STAGES; ++s) {
+      fjh_mbar_init(sm.q_full(s), 1);
+      fjh_mbar_init(sm.rows_full(s), 32);
+      fjh_mbar_init(sm.empty(s), 256);  // every consumer thread arrives
+    }
+    fjh_fence_barrier_init();
+  }
+  __syncthreads();
+  // The role must be warp-uniform for setmaxnreg (.aligned): take lane 0's.
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  if (wg == 0) {
+    fjh_setmaxnreg_dec<FJHB_PRODUCER_REGS>();
+    const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
+    if (warp == 0)
+      fjhb_produce(p, maps, sm, n_block, hk, b);
+    else if (warp == 1)
+      fjhb_produce_rows(p, sm, n_block, hk, b);
+  } else {
+    fjh_setmaxnreg_inc<FJHB_CONSUMER_REGS>();
+    fjhb_consume(p, maps, sm, wg - 1, n_block, hk, b);
+  }
+}

@@ -1,0 +1,312 @@
+// templates/sm90/bwd_mainloop.cuh: a consumer warpgroup's share of the
+// backward (the scheme: sm90/bwd_config.cuh): for each work item S^T and
+// dP^T, the elementwise P^T and dS^T, dV += P^T dO and dK += dS^T Q, dS^T
+// into shared memory, dQ = dS K for its half of the head dim and the
+// reduce-add of dQ into dq_accum; at the end dK and dV to global memory.
+//
+// A wgmma m64nN accumulator (N / 2 floats a thread of the warpgroup; t the
+// thread's index in it, w = t / 32, g = (t % 32) / 4, t4 = t % 4): element
+// i = 4 j + e is row 16 w + g + 8 (e >> 1), column 8 j + 2 t4 + (e & 1).
+#pragma once
+
+// acc (64 x FJ_BLOCK_M) = A B^T over the head dim, A the consumer's 64 rows
+// of K or V (descriptor low word a_lo; the tile's 64-column blocks are
+// FJ_BLOCK_N rows apart), B the stage's Q or dO (b_lo; blocks FJ_BLOCK_M
+// rows apart); both K-major.
+__device__ __forceinline__ void fjhb_issue_rows_d(float (&acc)[FJHB_S_REGS], unsigned a_lo,
+                                                  unsigned b_lo) {
+#pragma unroll
+  for (int kk = 0; kk < FJ_HEAD_DIM / 16; ++kk) {
+    const unsigned a = (kk / 4) * (FJ_BLOCK_N * 128) + (kk % 4) * 32;
+    const unsigned b = (kk / 4) * (FJ_BLOCK_M * 128) + (kk % 4) * 32;
+    if (kk == 0)
+      fjh_wgmma_ss<true>(acc, fjh_desc(a_lo, a), fjh_desc(b_lo, b));
+    else
+      fjh_wgmma_ss<false>(acc, fjh_desc(a_lo, a), fjh_desc(b_lo, b));
+  }
+}
+
+// acc (64 x FJ_HEAD_DIM) += A B over the item's queries: A in registers (P^T
+// or dS^T repacked), B the stage's dO or Q read MN-major (b_lo, with the
+// distance of its 64-column blocks as lbo).
+__device__ __forceinline__ void fjhb_issue_rows_q(float (&acc)[FJHB_D_REGS],
+                                                  const unsigned (&a)[FJHB_PK][4],
+                                                  unsigned b_lo) {
+#pragma unroll
+  for (int kk = 0; kk < FJHB_PK; ++kk) fjh_wgmma_rs(acc, a[kk], fjh_desc(b_lo, kk * 16 * 128));
+}
+
+// dQ[:, cols] = dS K[:, cols] over the CTA's FJ_BLOCK_N kv rows: A = dS^T
+// (ds_lo) and B = K (k_lo: the consumer's first column) both MN-major,
+// 16 kv rows (2048 bytes) a step.
+__device__ __forceinline__ void fjhb_issue_dq(float (&acc)[FJHB_DQ_REGS], unsigned ds_lo,
+                                              unsigned k_lo) {
+#pragma unroll
+  for (int kk = 0; kk < FJ_BLOCK_N / 16; ++kk) {
+    if (kk == 0)
+      fjh_wgmma_ss_tt<true>(acc, fjh_desc(ds_lo, 0), fjh_desc(k_lo, 0));
+    else
+      fjh_wgmma_ss_tt<false>(acc, fjh_desc(ds_lo, kk * 2048), fjh_desc(k_lo, kk * 2048));
+  }
+}
+
+// Accumulators (64 x FJ_BLOCK_M) as the A fragments of a k16 step each:
+// n8 blocks 2 kk and 2 kk + 1 are step kk's fragment, rounded to the
+// element type.
+__device__ __forceinline__ void fjhb_pack(const float (&x)[FJHB_S_REGS],
+                                          unsigned (&a)[FJHB_PK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < FJHB_PK; ++kk) {
+    a[kk][0] = fj_pack2(x[8 * kk + 0], x[8 * kk + 1]);
+    a[kk][1] = fj_pack2(x[8 * kk + 2], x[8 * kk + 3]);
+    a[kk][2] = fj_pack2(x[8 * kk + 4], x[8 * kk + 5]);
+    a[kk][3] = fj_pack2(x[8 * kk + 6], x[8 * kk + 7]);
+  }
+}
+
+__device__ __forceinline__ void fjhb_ld_shared_f2(unsigned addr, float &x, float &y) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr));
+}
+__device__ __forceinline__ void fjhb_st_shared_u32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fjhb_st_shared_f2(unsigned addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// P^T into s and dS^T into dp, elementwise: query q0 + column, kv row wkv0
+// + row (the accumulator layout above); LSE (log2 units, +inf for a row
+// without an allowed pair or past Lq) and delta from the stage's rows.
+// need_mask: evaluate fj_mask per element; edge: rows or columns reach past
+// Lk or Lq, which are masked.
+__device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, int h, int q0,
+                                                 int wkv0, bool need_mask, bool edge,
+                                                 unsigned s_lse, unsigned s_delta,
+                                                 float (&s)[FJHB_S_REGS],
+                                                 float (&dp)[FJHB_S_REGS]) {
+  const int t = fj_tid() & 127;
+  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
+#pragma unroll
+  for (int j = 0; j < FJ_BLOCK_M / 8; ++j) {
+    float l2[2], dl[2];
+    fjhb_ld_shared_f2(s_lse + (8 * j + 2 * t4) * 4, l2[0], l2[1]);
+    fjhb_ld_shared_f2(s_delta + (8 * j + 2 * t4) * 4, dl[0], dl[1]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e;
+      const int qi = q0 + 8 * j + 2 * t4 + (e & 1);
+      const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
+#if FJ_HAS_SCORE_MOD
+      const float score = s[i] * p.scale;
+      const float x = fj_score_mod(p.user, p.sz, score, b, h, qi, ki) * FJHB_LOG2E;
+#else
+      const float x = s[i] * p.scale_log2;
+#endif
+      bool keep = true;
+#if FJ_HAS_MASK
+      if (need_mask) keep = fj_mask(p.user, p.sz, b, h, qi, ki);
+#endif
+      if (edge) keep = keep & (qi < p.sz.Lq) & (ki < p.sz.Lk);
+      const float pr = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
+      float ds = pr * (dp[i] - dl[e & 1]);
+#if FJ_HAS_SCORE_MOD
+      // d score_mod / d score, and the trainable buffers' gradients, only
+      // where the pair is allowed.
+      if (keep) ds = fj_score_grad(p.user, p.grads, p.sz, score, b, h, qi, ki, ds);
+#endif
+      s[i] = pr;
+      dp[i] = ds;
+    }
+  }
+  (void)need_mask;
+}
+
+// The consumer's dS^T fragments into its 64 rows of the dS^T tile
+// (128-byte swizzle: 16-byte chunk k of row r at k ^ (r & 7)). Fragment kk
+// holds columns 16 kk + 2 t4 (+1): [0] row g, chunk 2 kk; [1] row g + 8;
+// [2], [3] the next chunk.
+__device__ __forceinline__ void fjhb_store_ds(unsigned s_ds, int c,
+                                              const unsigned (&a)[FJHB_PK][4]) {
+  const int t = fj_tid() & 127;
+  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
+  const unsigned row = s_ds + (c * FJHB_WG_KV + 16 * w + g) * 128 + 4 * t4;
+#pragma unroll
+  for (int kk = 0; kk < FJHB_PK; ++kk) {
+    const unsigned lo = ((2 * kk) ^ g) << 4, hi = ((2 * kk + 1) ^ g) << 4;
+    fjhb_st_shared_u32(row + lo, a[kk][0]);
+    fjhb_st_shared_u32(row + 8 * 128 + lo, a[kk][1]);
+    fjhb_st_shared_u32(row + hi, a[kk][2]);
+    fjhb_st_shared_u32(row + 8 * 128 + hi, a[kk][3]);
+  }
+}
+
+// dQ (times scale) into a dQ buffer: FJHB_DQ_BOXES blocks of 64 rows x 32
+// floats, 128-byte swizzled as the reduce-add's map reads them.
+__device__ __forceinline__ void fjhb_store_dq(unsigned buf, const float (&acc)[FJHB_DQ_REGS],
+                                              float scale) {
+  const int t = fj_tid() & 127;
+  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
+#pragma unroll
+  for (int j = 0; j < FJHB_DQ_COLS / 8; ++j) {
+    const unsigned blk = buf + (j / 4) * (FJ_BLOCK_M * 128);
+    const unsigned chunk = (unsigned)((j % 4) * 2 + (t4 >> 1));
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * w + g + 8 * hh;
+      fjhb_st_shared_f2(blk + r * 128 + ((chunk ^ (unsigned)g) << 4) + 8 * (t4 & 1),
+                        acc[4 * j + 2 * hh] * scale, acc[4 * j + 2 * hh + 1] * scale);
+    }
+  }
+}
+
+// A 64 x FJ_HEAD_DIM accumulator (times mul) in the element type into buf:
+// FJHB_CHUNKS64 blocks of 64 rows x 64 elements, 128-byte swizzled as the
+// dK / dV store's map reads them.
+__device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)[FJHB_D_REGS],
+                                                float mul) {
+  const int t = fj_tid() & 127;
+  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
+#pragma unroll
+  for (int j = 0; j < FJ_HEAD_DIM / 8; ++j) {
+    const unsigned blk = buf + (j / 8) * (64 * 128);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * w + g + 8 * hh;
+      fjhb_st_shared_u32(blk + r * 128 + (((unsigned)(j % 8) ^ (unsigned)g) << 4) + 4 * t4,
+                         fj_pack2(acc[4 * j + 2 * hh] * mul, acc[4 * j + 2 * hh + 1] * mul));
+    }
+  }
+}
+
+// Consumer c's whole part of the CTA's work (kv tile n_block of kv head
+// hk, batch b): the walk over the items, then dK and dV. Thread 0 of the
+// warpgroup issues its bulk operations.
+__device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
+                                             const fjhb_smem &sm, int c, int n_block, int hk,
+                                             int b) {
+  const int Lq = p.sz.Lq, Lk = p.sz.Lk;
+  const int kv0 = n_block * FJ_BLOCK_N;
+  const int kv1 = min(kv0 + FJ_BLOCK_N, Lk) - 1;
+  const int wkv0 = kv0 + c * FJHB_WG_KV;
+  const int wkv1 = min(wkv0 + FJHB_WG_KV, Lk) - 1;
+  const bool leader = (fj_tid() & 127) == 0;
+  const int h_end = (hk + 1) * p.kv_group;
+
+  float dk[FJHB_D_REGS], dv[FJHB_D_REGS];
+#pragma unroll
+  for (int i = 0; i < FJHB_D_REGS; ++i) dk[i] = dv[i] = 0.f;
+
+  // Descriptor low words: the consumer's rows of K and V (K-major), dS^T
+  // and its head-dim columns of K (MN-major).
+  const unsigned k_lo = fjh_desc_lo(sm.k() + c * FJHB_WG_KV * 128, 16);
+  const unsigned v_lo = fjh_desc_lo(sm.v() + c * FJHB_WG_KV * 128, 16);
+  const unsigned ds_lo = fjh_desc_lo(sm.ds(), FJ_BLOCK_N * 128);
+  const unsigned kq_lo = fjh_desc_lo(sm.k() + (c * FJHB_DQ_COLS / 64) * (FJ_BLOCK_N * 128) +
+                                         (c * FJHB_DQ_COLS % 64) * 2,
+                                     FJ_BLOCK_N * 128);
+
+  fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
+  if (it.h < h_end) fjh_mbar_wait_warp(sm.kv_full(), 0);
+  int n = 0;
+  while (it.h < h_end) {
+    const fjb_item nxt = fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+    const int s = n & 1;
+    const unsigned ph = (unsigned)(n >> 1) & 1u;
+    const int q0 = it.i * FJ_BLOCK_M;
+    // A PARTIAL pair of tiles is reclassified on this consumer's kv rows.
+    bool run = wkv0 < Lk;
+    bool need_mask = false;
+#if FJ_HAS_MASK
+    if (run && it.cls == FJ_TILE_PARTIAL) {
+      const int wc = fj_tile_class(p.user, p.sz, b, it.h, q0, min(q0 + FJ_BLOCK_M, Lq) - 1,
+                                   wkv0, wkv1);
+      run = wc != FJ_TILE_EMPTY;
+      need_mask = wc == FJ_TILE_PARTIAL;
+    }
+#else
+    (void)wkv1;
+#endif
+    const bool edge = q0 + FJ_BLOCK_M > Lq || wkv0 + FJHB_WG_KV > Lk;
+    // P^T and dS^T as A fragments: read by the in-flight dV and dK products
+    // until the wait below, so they live across it.
+    unsigned pa[FJHB_PK][4], dsa[FJHB_PK][4];
+    fjh_mbar_wait_warp(sm.q_full(s), ph);
+    if (run) {
+      const unsigned q_lo = fjh_desc_lo(sm.q(s), 16), do_lo = fjh_desc_lo(sm.dout(s), 16);
+      float sacc[FJHB_S_REGS], dpacc[FJHB_S_REGS];
+      fjh_wgmma_fence();
+      fjhb_issue_rows_d(sacc, k_lo, q_lo);
+      fjhb_issue_rows_d(dpacc, v_lo, do_lo);
+      fjh_wgmma_commit();
+      fjh_mbar_wait_warp(sm.rows_full(s), ph);
+      fjh_wgmma_wait<0>();
+      fjh_fence_regs(sacc);
+      fjh_fence_regs(dpacc);
+      fjhb_elementwise(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s), sacc,
+                       dpacc);
+      fjhb_pack(sacc, pa);
+      fjhb_pack(dpacc, dsa);
+      fjh_wgmma_fence();
+      fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
+      fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
+      fjh_wgmma_commit();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < FJHB_PK; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pa[kk][e] = dsa[kk][e] = 0u;
+    }
+    // dS^T: both consumers are done reading the previous item's (each
+    // waited for its dQ product below), then write theirs.
+    fjh_bar_sync(FJHB_BAR_DS_FREE, 256);
+    fjhb_store_ds(sm.ds(), c, dsa);
+    fjh_fence_proxy_async();
+    fjh_bar_sync(FJHB_BAR_DS_FULL, 256);
+    float dq[FJHB_DQ_REGS];
+    fjh_wgmma_fence();
+    fjhb_issue_dq(dq, ds_lo, kq_lo);
+    fjh_wgmma_commit();
+    fjh_wgmma_wait<0>();
+    fjh_fence_regs(dq);
+    fjh_fence_regs(dk);
+    fjh_fence_regs(dv);
+    fjh_fence_regs(pa);
+    fjh_fence_regs(dsa);
+    // Q, dO, LSE and delta of stage s are read.
+    fjh_mbar_arrive(sm.empty(s));
+    // dQ into buffer n & 1, once the reduce-add that last read it (two
+    // items ago) is done; then reduce-add it into dq_accum.
+    const unsigned buf = sm.dq(c, n & 1);
+    if (leader) fjh_bulk_wait_read_n<1>();
+    fjh_bar_sync(FJHB_BAR_WG + c, 128);
+    fjhb_store_dq(buf, dq, p.scale);
+    fjh_fence_proxy_async();
+    fjh_bar_sync(FJHB_BAR_WG + c, 128);
+    if (leader) {
+#pragma unroll
+      for (int x = 0; x < FJHB_DQ_BOXES; ++x)
+        fjh_tma_reduce_add_3d(&maps.dq_accum, buf + x * (FJ_BLOCK_M * 128),
+                              c * FJHB_DQ_COLS + 32 * x, q0, b * p.sz.Hq + it.h);
+      fjh_bulk_commit();
+    }
+    it = nxt;
+    ++n;
+  }
+
+  // ---- dK (times scale) and dV through the consumer's dQ buffers ----
+  if (leader) fjh_bulk_wait_read_n<0>();
+  fjh_bar_sync(FJHB_BAR_WG + c, 128);
+  fjhb_store_rows(sm.dq(c, 0), dk, p.scale);
+  fjhb_store_rows(sm.dq(c, 1), dv, 1.f);
+  fjh_fence_proxy_async();
+  fjh_bar_sync(FJHB_BAR_WG + c, 128);
+  if (leader && wkv0 < Lk) {
+#pragma unroll
+    for (int x = 0; x < FJHB_CHUNKS64; ++x) {
+      fjh_tma_store_4d(&maps.dk, sm.dq(c, 0) + x * (64 * 128), 64 * x, wkv0, hk, b);
+      fjh_tma_store_4d(&maps.dv, sm.dq(c, 1) + x * (64 * 128), 64 * x, wkv0, hk, b);
+    }
+    fjh_bulk_commit();
+    fjh_bulk_wait_read();
+  }
+}
