@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side forward benchmark: flexjit vs FlexAttention vs PyTorch SDPA.
+"""Side-by-side benchmark: flexjit vs FlexAttention vs PyTorch SDPA.
 
 Runs on the GPU machine (PyTorch with CUDA, Triton). For each case, one
 after another in one run: draws q, k, v (bf16, seed 0) with torch, times
@@ -16,19 +16,35 @@ and the 25 ms / 100 ms budgets, no synchronization between launches, the
 median); docs/benchmarking.md has the details. The GPU's clocks, power,
 temperature and clock-event reasons (nvidia-smi) are sampled before the
 case, after the PyTorch timings and after flexjit's, so a throttled run
-shows. Prints a markdown table and writes $OUT/compare.json.
+shows. Prints a markdown table and writes $OUT/compare.json (after every
+case, so a run cut short keeps what it measured).
 
 FLOPs count only allowed (q, kv) pairs: 4 * B * H * D * pairs, for every
 implementation alike (the convention of ../shared/anchors).
 
+With --backward, forward+backward instead (the backward pass's target set,
+issue 21: each case at its own shape, bench/README.md): every PyTorch
+column times one call of `out = f(q, k, v); torch.autograd.grad(out, (q,
+k, v[, bias]), dO)` (fresh gradients: nothing accumulates into .grad,
+nothing is zeroed between calls; dO laid out as out) and the forward alone
+with q, k, v requiring grad; flexjit runs `flexjit run --backward --bench`,
+which times its forward, its backward and forward+backward by the same
+rules. The backward alone is compared as (forward+backward) - forward on
+every side; flexjit's own backward timing is given beside it. dO is random
+on each side (flexjit draws its own; the values do not change the work).
+FLOPs: 2.5x the forward's for the backward, 3.5x for forward+backward.
+
     python3 bench/compare.py                 # the full set
     python3 bench/compare.py --quick         # small shapes, three cases
     python3 bench/compare.py --only flexjit  # skip the PyTorch baselines
+    python3 bench/compare.py --backward      # forward+backward, issue 21
+    python3 bench/compare.py --backward --list  # the plan; no GPU, no torch
 """
 import argparse
 import json
 import math
 import os
+import random
 import re
 import shutil
 import struct
@@ -44,6 +60,16 @@ METHOD_RE = re.compile(r"bench +(triton do_bench rules: .*)")
 TFLOPS_RE = re.compile(r"([0-9.]+) TFLOP/s")
 # Printed by `flexjit run --bench` when it launched with a block mask.
 BM_BUILD_RE = re.compile(r"block-mask build: ([0-9.]+) ms median")
+# Printed by `flexjit run --backward --bench` after the forward's lines.
+BWD_RE = re.compile(r"bench backward: ([0-9.]+) ms median of ([0-9]+) "
+                    r"launches")
+FB_RE = re.compile(r"bench forward\+backward: ([0-9.]+) ms median of "
+                   r"([0-9]+)")
+# FLOPs of each pass in units of the forward's 4 * B * H * D * pairs.
+PASS_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fb": 3.5}
+SPECS = os.path.join(REPO, "bench", "specs")
+# The relative-bias table: H x REL_BIAS_SPAN f32 values (bench/specs/rel_bias*.lua).
+REL_BIAS_SPAN = 64
 
 # ---- cases -------------------------------------------------------------
 
@@ -62,16 +88,31 @@ def document_ids(S):
     return torch.cumsum(marks, 0).to(torch.int32)
 
 
-def write_npy_i32(path, values):
-    """A 1-D int32 .npy (format 1.0) without needing numpy."""
+def rel_bias_values(H):
+    """The relative-bias table, H x REL_BIAS_SPAN values drawn with Python's
+    own generator (seed 2, normal, standard deviation 0.5), so that torch
+    and flexjit read the same numbers without numpy or torch."""
+    r = random.Random(2)
+    return [r.gauss(0.0, 0.5) for _ in range(H * REL_BIAS_SPAN)]
+
+
+def write_npy_1d(path, values, code):
+    """A 1-D .npy (format 1.0) without needing numpy: code 'i' int32 or
+    'f' float32."""
     n = len(values)
-    header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % n
+    descr = {"i": "<i4", "f": "<f4"}[code]
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (
+        descr, n)
     pad = (64 - (10 + len(header) + 1) % 64) % 64
     header = header + " " * pad + "\n"
     with open(path, "wb") as f:
         f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)))
         f.write(header.encode("latin1"))
-        f.write(struct.pack("<%di" % n, *values))
+        f.write(struct.pack("<%d%s" % (n, code), *values))
+
+
+def write_npy_i32(path, values):
+    write_npy_1d(path, values, "i")
 
 
 def write_inputs(directory, q, k, v):
@@ -119,6 +160,74 @@ def make_cases(shapes, quick):
         cases.append(("full, D=256, H=8", 8, 8, 4096, 256, "full.lua", [],
                       {"sdpa": "full"}))
     return cases
+
+
+# The masked cases of the backward set (issue 21), each against FlexAttention.
+BACKWARD_MASKED = [
+    ("sliding window 1024", "sliding_window.lua", ["--param", "window=1024"],
+     {"mask": "sliding", "window": 1024}),
+    ("document", "document.lua", ["--buffer", "doc={doc}"],
+     {"mask": "document"}),
+    ("prefix-LM 1024", "prefix_lm.lua", ["--param", "prefix=1024"],
+     {"mask": "prefix", "prefix": 1024}),
+    ("ALiBi + causal", "alibi.lua", [], {"mask": "causal", "score": "alibi"}),
+    ("softcap 30 + causal", "softcap.lua", [],
+     {"mask": "causal", "score": "softcap", "cap": 30.0}),
+    # A learned bias per head and clamped distance q - kv, trained (its
+    # gradient computed) and frozen: the issue's >= 90% target is the
+    # trainable row over the frozen one.
+    ("rel-bias trainable + causal", "specs/rel_bias.lua",
+     ["--buffer", "bias={bias}"],
+     {"mask": "causal", "score": "rel_bias", "grad": True}),
+    ("rel-bias frozen + causal", "specs/rel_bias_frozen.lua",
+     ["--buffer", "bias={bias}"],
+     {"mask": "causal", "score": "rel_bias", "grad": False}),
+]
+
+
+def make_backward_cases(shapes, quick):
+    """The forward+backward cases: by default issue 21's set, full and causal
+    at 2 x 16384 and 8 x 4096 (against SDPA cuDNN and flash and
+    FlexAttention), causal D=64 H=32 at 8 x 4096, and the masked and
+    score_mod cases at 2 x 16384 (against FlexAttention); with shapes (from
+    --shapes), full, causal and every masked case at each shape."""
+    full = ("full", "full.lua", [], {"sdpa": "full"})
+    causal = ("causal", "causal.lua", [], {"mask": "causal", "sdpa": "causal"})
+    if quick:
+        base = [causal] + [c for c in BACKWARD_MASKED
+                           if c[0].startswith(("document", "rel-bias"))]
+        return [(n, 2, 16, 2048, 128, sp, ex, d) for n, sp, ex, d in base]
+    cases = []
+    if shapes:
+        for B, S in shapes:
+            for name, spec, extra, desc in [full, causal] + BACKWARD_MASKED:
+                cases.append((name, B, 16, S, 128, spec, extra, desc))
+        return cases
+    for B, S in ((2, 16384), (8, 4096)):
+        for name, spec, extra, desc in (full, causal):
+            cases.append((name, B, 16, S, 128, spec, extra, desc))
+    cases.append(("causal, D=64, H=32", 8, 32, 4096, 64, "causal.lua", [],
+                  {"mask": "causal", "sdpa": "causal"}))
+    for name, spec, extra, desc in BACKWARD_MASKED:
+        cases.append((name, 2, 16, 16384, 128, spec, extra, desc))
+    return cases
+
+
+def spec_file(args, spec):
+    """A case's spec: 'specs/X.lua' is bench/specs/X.lua, anything else is
+    in --examples."""
+    if spec.startswith("specs/"):
+        return os.path.join(SPECS, spec[len("specs/"):])
+    return os.path.join(args.examples, spec)
+
+
+def torch_columns(desc):
+    """The PyTorch columns a case has: FlexAttention always, SDPA where it
+    can express the case (full and causal without a score_mod)."""
+    cols = ["flex"]
+    if desc.get("sdpa") and not desc.get("score"):
+        cols += ["flash", "cudnn"]
+    return cols
 
 
 # ---- GPU state ---------------------------------------------------------------
@@ -256,7 +365,10 @@ def describe_phase(m):
 # ---- torch side ----------------------------------------------------------
 
 
-def torch_mods(desc, H, doc):
+def torch_mods(desc, H, doc, bias=None):
+    """FlexAttention's mask_mod and score_mod for a case (None where it has
+    none); doc: the document ids (cuda int32), bias: the relative-bias
+    table (cuda f32, H x REL_BIAS_SPAN), for the cases that read them."""
     import torch
 
     mask = desc.get("mask")
@@ -279,6 +391,10 @@ def torch_mods(desc, H, doc):
     elif score == "softcap":
         c = desc["cap"]
         score_mod = lambda s, b, h, q, kv: c * torch.tanh(s / c)
+    elif score == "rel_bias":
+        n = REL_BIAS_SPAN
+        score_mod = lambda s, b, h, q, kv: s + bias[
+            h * n + torch.clamp(q - kv, 0, n - 1)]
     else:
         score_mod = None
     return mask_fn, score_mod
@@ -364,18 +480,116 @@ def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms):
     return res
 
 
+def short_error(e):
+    """An exception as one line: its type, the start and the end of its
+    message (a compile error's cause, such as shared memory over the limit,
+    is often at the end)."""
+    text = " ".join(str(e).split())
+    if len(text) > 600:
+        text = text[:300] + " ... " + text[-300:]
+    return "%s: %s" % (type(e).__name__, text)
+
+
+def time_torch_backward(q, k, v, desc, doc, bias, warmup_ms, rep_ms):
+    """Forward+backward of FlexAttention and SDPA, each by do_bench (median):
+    <col>_fb_ms times one call of out = f(q, k, v); torch.autograd.grad(out,
+    leaves, dout), leaves being q, k, v (and the bias table when the case
+    trains it); autograd.grad returns fresh gradients, so nothing
+    accumulates into .grad and nothing needs zeroing between calls, as
+    flexjit writes dq, dk, dv afresh. <col>_fwd_ms times the forward alone
+    with the leaves requiring grad (as in training: the forward saves what
+    the backward needs, e.g. the LSE). A failure (FlexAttention's backward
+    that does not compile, say) is recorded as <col>_fb_err / <col>_fwd_err
+    and the case goes on."""
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask
+    import torch.nn.functional as F
+
+    res = {}
+    H, S = q.shape[1], q.shape[2]
+    q, k, v = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    leaves = [q, k, v]
+    table = None
+    if bias is not None:
+        table = torch.tensor(bias, dtype=torch.float32, device="cuda")
+        if desc.get("grad"):
+            table.requires_grad_(True)
+            leaves.append(table)
+    # dO: random, as flexjit draws its own (a backward's time does not
+    # depend on the values).
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=gen)
+    mask_fn, score_mod = torch_mods(desc, H, doc, table)
+    bench = lambda f: triton.testing.do_bench(f, warmup=warmup_ms, rep=rep_ms,
+                                              return_mode="median")
+
+    def measure(col, fwd):
+        # dO in the output's own layout (SDPA's is [B, S, H, D] in memory),
+        # as the layer after attention would hand it back, so no backend
+        # pays for a copy; flexjit's dO is laid out as its O.
+        try:
+            out = fwd()  # compiles FlexAttention's forward and backward
+            grad = torch.empty_strided(out.size(), out.stride(),
+                                       dtype=out.dtype, device="cuda")
+            grad.copy_(dout)
+            res[col + "_out_stride"] = list(out.stride())
+            del out
+            torch.cuda.synchronize()
+            res[col + "_fwd_ms"] = bench(fwd)
+        except Exception as e:  # report, keep going
+            res[col + "_fwd_err"] = short_error(e)
+            res[col + "_fb_err"] = "not timed: the forward failed"
+            return
+
+        def fwd_bwd():
+            torch.autograd.grad(fwd(), leaves, grad)
+        try:
+            fwd_bwd()
+            torch.cuda.synchronize()
+            res[col + "_fb_ms"] = bench(fwd_bwd)
+        except Exception as e:
+            res[col + "_fb_err"] = short_error(e)
+
+    flex = compiled_flex()
+    try:
+        bm = (create_block_mask(mask_fn, None, None, S, S, device="cuda")
+              if mask_fn else None)
+        measure("flex", lambda: flex(q, k, v, score_mod=score_mod,
+                                     block_mask=bm))
+    except Exception as e:
+        res["flex_fb_err"] = short_error(e)
+    kind = desc.get("sdpa")
+    for col in torch_columns(desc)[1:]:
+        backend = {"flash": SDPBackend.FLASH_ATTENTION,
+                   "cudnn": SDPBackend.CUDNN_ATTENTION}[col]
+        with sdpa_kernel([backend]):
+            measure(col, lambda: F.scaled_dot_product_attention(
+                q, k, v, is_causal=(kind == "causal")))
+    return res
+
+
 # ---- flexjit side ----------------------------------------------------------
 
 
+def flexjit_cmd(binary, spec, B, H, S, D, extra, budgets, backward):
+    """The `flexjit run --bench` command line of a case."""
+    return ([binary, "run", spec, "--batch", str(B), "--heads", str(H),
+             "--q-len", str(S), "--head-dim", str(D), "--dtype", "bf16",
+             "--bench", "--warmup-ms", "%g" % budgets[0],
+             "--rep-ms", "%g" % budgets[1]] +
+            (["--backward"] if backward else []) + extra)
+
+
 def run_flexjit(binary, spec, B, H, S, D, extra, budgets, timeout,
-                template=None):
+                template=None, backward=False):
     """One `flexjit run --bench` with do_bench's budgets (warmup_ms,
     rep_ms); extra carries --inputs when the inputs are shared; template
-    (FLEXJIT_TEMPLATE) None = default."""
-    cmd = [binary, "run", spec, "--batch", str(B), "--heads", str(H),
-           "--q-len", str(S), "--head-dim", str(D), "--dtype", "bf16",
-           "--bench", "--warmup-ms", "%g" % budgets[0],
-           "--rep-ms", "%g" % budgets[1]] + extra
+    (FLEXJIT_TEMPLATE) None = default. backward: --backward too, and its
+    backward (flexjit_bwd_ms) and forward+backward (flexjit_fb_ms) times
+    are required."""
+    cmd = flexjit_cmd(binary, spec, B, H, S, D, extra, budgets, backward)
     env = dict(os.environ)
     env.pop("FLEXJIT_TEMPLATE", None)
     if template:
@@ -403,34 +617,58 @@ def run_flexjit(binary, spec, B, H, S, D, extra, budgets, timeout,
     b = BM_BUILD_RE.search(p.stdout)
     if b:
         res["flexjit_block_mask_build_ms"] = float(b.group(1))
+    if not backward:
+        return res
+    for key, regex in (("bwd", BWD_RE), ("fb", FB_RE)):
+        m = regex.search(p.stdout)
+        if not m:
+            res["flexjit_err"] = ("no 'bench %s' line in: " % key +
+                                  p.stdout.strip()[-300:])
+            return res
+        res["flexjit_%s_ms" % key] = float(m.group(1))
+        res["flexjit_%s_launches" % key] = int(m.group(2))
+        t = TFLOPS_RE.search(p.stdout[m.start():])
+        if t:
+            res["flexjit_%s_own_tflops" % key] = float(t.group(1))
     return res
 
 
 def run_flexjit_repeated(binary, spec, B, H, S, D, extra, budgets, timeout,
-                         repeat):
+                         repeat, backward=False):
     """run_flexjit in `repeat` processes: the median process's result (of an
-    even count, the slower middle one), with every process's time in
-    flexjit_ms_all. The first failure is returned as it is."""
+    even count, the slower middle one) by the forward's time, or with
+    backward by forward+backward's, with every process's times in
+    flexjit_ms_all (and flexjit_fb_ms_all, flexjit_bwd_ms_all). The first
+    failure is returned as it is."""
     runs = []
     for _ in range(max(1, repeat)):
-        r = run_flexjit(binary, spec, B, H, S, D, extra, budgets, timeout)
+        r = run_flexjit(binary, spec, B, H, S, D, extra, budgets, timeout,
+                        backward=backward)
         if "flexjit_err" in r:
             return r
         runs.append(r)
-    runs.sort(key=lambda r: r["flexjit_ms"])
+    runs.sort(key=lambda r: r["flexjit_fb_ms" if backward else "flexjit_ms"])
     res = dict(runs[len(runs) // 2])
-    res["flexjit_ms_all"] = [r["flexjit_ms"] for r in runs]
+    for key in ("flexjit_ms", "flexjit_fb_ms", "flexjit_bwd_ms"):
+        if key in res:
+            res[key + "_all"] = [r[key] for r in runs]
     return res
 
 
 # ---- report ----------------------------------------------------------------
 
+# The columns of the tables, in order: (key in the results, heading).
+COLUMNS = [("flexjit", "flexjit"), ("sm80", "flexjit sm80"),
+           ("flex", "FlexAttention"), ("flash", "SDPA flash"),
+           ("cudnn", "SDPA cuDNN")]
 
-def tflops(res, key, B, H, D):
+
+def tflops(res, key, B, H, D, factor=1.0):
+    """TFLOP/s of res[key] (ms): factor * 4 * B * H * D * pairs / time."""
     ms = res.get(key)
-    if not ms or "pairs" not in res:
+    if not ms or ms <= 0 or "pairs" not in res:
         return None
-    return 4.0 * B * H * D * res["pairs"] / (ms * 1e-3) / 1e12
+    return factor * 4.0 * B * H * D * res["pairs"] / (ms * 1e-3) / 1e12
 
 
 def fmt(x):
@@ -441,133 +679,72 @@ def ratio(a, b):
     return "-" if a is None or b is None or b == 0 else "%.2f" % (a / b)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--flexjit", default=os.path.join(REPO, "build",
-                                                      "flexjit"))
-    ap.add_argument("--examples", default=os.path.join(REPO, "examples"))
-    ap.add_argument("--shapes", default="8x4096,2x16384",
-                    help="B x S list, e.g. 8x4096,2x16384")
-    ap.add_argument("--warmup-ms", type=float, default=25,
-                    help="do_bench's warmup budget, for every column "
-                    "(default 25)")
-    ap.add_argument("--rep-ms", type=float, default=100,
-                    help="do_bench's rep budget, for every column "
-                    "(default 100)")
-    ap.add_argument("--repeat", type=int, default=2,
-                    help="flexjit processes per case; the median (the slower "
-                    "of two) is reported, with the range")
-    ap.add_argument("--quick", action="store_true",
-                    help="2x2048, three cases")
-    ap.add_argument("--only", choices=["all", "flexjit"], default="all",
-                    help="flexjit: skip the PyTorch baselines")
-    ap.add_argument("--timeout", type=int, default=600)
-    ap.add_argument("--cases", default="",
-                    help="comma-separated substrings: run only the cases "
-                    "whose name contains one (e.g. 'D=64,document')")
-    ap.add_argument("--also-sm80", action="store_true",
-                    help="also time flexjit with FLEXJIT_TEMPLATE=sm80")
-    args = ap.parse_args()
-    if not (args.warmup_ms > 0 and args.rep_ms > 0):
-        ap.error("--warmup-ms and --rep-ms must be positive")
-    budgets = (args.warmup_ms, args.rep_ms)
-
-    shapes = [tuple(int(x) for x in s.split("x"))
-              for s in args.shapes.split(",")]
-    if args.quick:
-        shapes = [(2, 2048)]
-    out_dir = os.environ.get("OUT", ".")
-    work = tempfile.mkdtemp(prefix="flexjit-compare-")
-    try:
-        return compare(args, shapes, budgets, out_dir, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def add_forward_tflops(res, B, H, D):
+    for key in ("flexjit", "sm80", "flex", "flash", "cudnn"):
+        t = tflops(res, key + "_ms", B, H, D)
+        if t is None and key == "flexjit":
+            t = res.get("flexjit_own_tflops")  # no torch: its own count
+        res[key + "_tflops"] = None if t is None else round(t, 1)
+    if "flexjit_ms_all" in res and "pairs" in res:
+        res["flexjit_tflops_range"] = [
+            round(4.0 * B * H * D * res["pairs"] / (ms * 1e-3) / 1e12, 1)
+            for ms in (max(res["flexjit_ms_all"]), min(res["flexjit_ms_all"]))]
 
 
-def compare(args, shapes, budgets, out_dir, work):
-    try:
-        import torch
-        have_torch = torch.cuda.is_available()
-    except ImportError:
-        have_torch = False
-    if have_torch:
-        print("torch", torch.__version__, torch.cuda.get_device_name(),
-              flush=True)
-    skip_torch = args.only == "flexjit" or not have_torch
-    print("method: every column by triton.testing.do_bench's rules "
-          "(warmup %g ms, rep %g ms, 256 MiB L2 flush before each timed "
-          "launch, median); flexjit by `flexjit run --bench`, the same rules "
-          "in C; docs/benchmarking.md" % budgets, flush=True)
+def add_backward_tflops(res, B, H, D):
+    """<col>_fwd/_fb/_bwd_sub_tflops for every column (bwd_sub: from
+    (forward+backward) - forward, the one method every side allows), and
+    flexjit's (and sm80's) own backward timing as <col>_bwd_tflops."""
+    for col in ("flexjit", "sm80"):
+        if col + "_ms" in res:
+            res[col + "_fwd_ms"] = res[col + "_ms"]
+    for col, _ in COLUMNS:
+        fb, fw = res.get(col + "_fb_ms"), res.get(col + "_fwd_ms")
+        if fb is not None and fw is not None:
+            res[col + "_bwd_sub_ms"] = round(fb - fw, 4)
+        parts = ["fwd", "fb", "bwd_sub"]
+        if col in ("flexjit", "sm80"):
+            parts.append("bwd")  # its own backward timing
+        for part in parts:
+            factor = PASS_FLOPS[part.split("_")[0]]
+            t = tflops(res, "%s_%s_ms" % (col, part), B, H, D, factor)
+            if t is None and col in ("flexjit", "sm80") and part != "bwd_sub":
+                # No torch, no pairs: the figure flexjit printed (its count).
+                t = res.get(col + ("_own_tflops" if part == "fwd" else
+                                   "_%s_own_tflops" % part))
+            res["%s_%s_tflops" % (col, part)] = (None if t is None
+                                                 else round(t, 1))
+    if "flexjit_fb_ms_all" in res and "pairs" in res:
+        res["flexjit_fb_tflops_range"] = [
+            round(3.5 * 4.0 * B * H * D * res["pairs"] / (ms * 1e-3) / 1e12,
+                  1)
+            for ms in (max(res["flexjit_fb_ms_all"]),
+                       min(res["flexjit_fb_ms_all"]))]
 
-    rows = []
-    wanted = [w.strip() for w in args.cases.split(",") if w.strip()]
-    cases = [c for c in make_cases(shapes, args.quick)
-             if not wanted or any(w in c[0] for w in wanted)]
-    if not cases:
-        print("no case matches --cases %r" % args.cases, file=sys.stderr)
-        return 2
-    inputs = os.path.join(work, "inputs")
-    for name, B, H, S, D, spec, extra, desc in cases:
-        doc = None
-        extra = list(extra)
-        if desc.get("mask") == "document":
-            ids = document_ids(S)
-            npy = os.path.join(work, "doc_%d.npy" % S)
-            write_npy_i32(npy, ids.tolist())
-            extra = [e.replace("{doc}", npy) for e in extra]
-            if have_torch:
-                doc = ids.to("cuda")
-        spec_path = os.path.join(args.examples, spec)
-        res = {"case": name, "B": B, "H": H, "S": S, "D": D,
-               "gpu_before": gpu_state()}
-        shared = False
-        if have_torch:
-            res["pairs"] = allowed_pairs(torch_mods(desc, H, doc)[0], S)
-            q, k, v = make_qkv(B, H, S, D)
-            shared = write_inputs(inputs, q, k, v)
-            if not skip_torch:
-                mon = GpuMonitor()
-                res.update(time_torch(q, k, v, desc, doc, *budgets))
-                res["gpu_torch"] = mon.stop()
-            del q, k, v
-            torch.cuda.empty_cache()
-        res["inputs"] = ("shared (torch, seed 0)" if shared
-                         else "flexjit's own draw (no torch or numpy)")
-        if shared:
-            extra += ["--inputs", inputs]
-        mon = GpuMonitor()
-        res.update(run_flexjit_repeated(args.flexjit, spec_path, B, H, S, D,
-                                        extra, budgets, args.timeout,
-                                        args.repeat))
-        if args.also_sm80:
-            alt = run_flexjit(args.flexjit, spec_path, B, H, S, D, extra,
-                              budgets, args.timeout, template="sm80")
-            res.update({k.replace("flexjit", "sm80"): v
-                        for k, v in alt.items()})
-        res["gpu_flexjit"] = mon.stop()
-        shutil.rmtree(inputs, ignore_errors=True)
-        for key in ("flexjit", "sm80", "flex", "flash", "cudnn"):
-            t = tflops(res, key + "_ms", B, H, D)
-            if t is None and key == "flexjit":
-                t = res.get("flexjit_own_tflops")  # no torch: its own count
-            res[key + "_tflops"] = None if t is None else round(t, 1)
-        if "flexjit_ms_all" in res and "pairs" in res:
-            res["flexjit_tflops_range"] = [
-                round(4.0 * B * H * D * res["pairs"] / (ms * 1e-3) / 1e12, 1)
-                for ms in (max(res["flexjit_ms_all"]),
-                           min(res["flexjit_ms_all"]))]
-        rows.append(res)
-        print(json.dumps(res), flush=True)
 
-    if any(r.get("gpu_flexjit") for r in rows):
-        print()
-        print("GPU while busy (nvidia-smi every 100 ms: SM clock range, peak "
-              "power and temperature, clock-event reasons): PyTorch | "
-              "flexjit")
-        for r in rows:
-            print("  %s, %d x %d: %s | %s" % (
-                r["case"], r["B"], r["S"], describe_phase(r.get("gpu_torch")),
-                describe_phase(r.get("gpu_flexjit"))))
+def cell(r, col, part):
+    """A table cell: TFLOP/s, 'err' where that side failed, '-' where the
+    case has no such column."""
+    t = r.get("%s_%s_tflops" % (col, part) if part else col + "_tflops")
+    if t is not None:
+        return "%.1f" % t
+    failed = [k for k in r if k.startswith(col + "_") and k.endswith("_err")]
+    return "err" if failed else "-"
+
+
+def print_gpu_phases(rows):
+    if not any(r.get("gpu_flexjit") for r in rows):
+        return
+    print()
+    print("GPU while busy (nvidia-smi every 100 ms: SM clock range, peak "
+          "power and temperature, clock-event reasons): PyTorch | flexjit")
+    for r in rows:
+        print("  %s, %d x %d: %s | %s" % (
+            r["case"], r["B"], r["S"], describe_phase(r.get("gpu_torch")),
+            describe_phase(r.get("gpu_flexjit"))))
+
+
+def report_forward(rows):
     print()
     print("| case | B x S | flexjit TFLOP/s | flexjit range | flexjit sm80 | "
           "FlexAttention | SDPA flash | SDPA cuDNN | flexjit / Flex | "
@@ -591,13 +768,320 @@ def compare(args, shapes, budgets, out_dir, work):
         for r in built:
             print("  %s, %d x %d: %.4f ms" % (r["case"], r["S"], r["S"],
                                             r["flexjit_block_mask_build_ms"]))
-    errs = [r for r in rows if "flexjit_err" in r]
+
+
+def report_backward(rows):
+    sm80 = any(r.get("sm80_fb_tflops") is not None for r in rows)
+    cols = [c for c in COLUMNS if sm80 or c[0] != "sm80"]
+    print()
+    print("Forward+backward, TFLOP/s = 3.5 * 4 * B * H * D * pairs / time:")
+    print()
+    print("| case | B x S | " + " | ".join(h for _, h in cols[:1]) +
+          " | flexjit range | " + " | ".join(h for _, h in cols[1:]) +
+          " | flexjit / Flex | flexjit / cuDNN |")
+    print("|" + " --- |" * (len(cols) + 5))
+    for r in rows:
+        fj, fl = r.get("flexjit_fb_tflops"), r.get("flex_fb_tflops")
+        cu = r.get("cudnn_fb_tflops")
+        rng = r.get("flexjit_fb_tflops_range")
+        rng = "-" if not rng else "%.1f-%.1f" % tuple(rng)
+        label = "%s (D=%d, H=%d)" % (r["case"], r["D"], r["H"]) if (
+            "D=" not in r["case"] and (r["D"], r["H"]) != (128, 16)) \
+            else r["case"]
+        print("| %s | %d x %d | %s | %s | %s | %s | %s |" % (
+            label, r["B"], r["S"], cell(r, "flexjit", "fb"), rng,
+            " | ".join(cell(r, c, "fb") for c, _ in cols[1:]),
+            ratio(fj, fl), ratio(fj, cu)))
+    print()
+    print("Backward alone, TFLOP/s = 2.5 * 4 * B * H * D * pairs / time; "
+          "every column (forward+backward) - forward, the same subtraction "
+          "on every side; flexjit's own backward timing (`bench backward`) "
+          "beside it:")
+    print()
+    print("| case | B x S | flexjit own | " + " | ".join(h for _, h in cols) +
+          " | flexjit / Flex | flexjit / cuDNN |")
+    print("|" + " --- |" * (len(cols) + 5))
+    for r in rows:
+        fj, fl = r.get("flexjit_bwd_sub_tflops"), r.get("flex_bwd_sub_tflops")
+        cu = r.get("cudnn_bwd_sub_tflops")
+        print("| %s | %d x %d | %s | %s | %s | %s |" % (
+            r["case"], r["B"], r["S"], cell(r, "flexjit", "bwd"),
+            " | ".join(cell(r, c, "bwd_sub") for c, _ in cols),
+            ratio(fj, fl), ratio(fj, cu)))
+    # The trainable bias against the same spec frozen (issue 21: >= 0.90).
+    for r in rows:
+        if not r["case"].startswith("rel-bias trainable"):
+            continue
+        frozen = [f for f in rows if f["case"].startswith("rel-bias frozen")
+                  and (f["B"], f["S"], f["H"], f["D"]) ==
+                  (r["B"], r["S"], r["H"], r["D"])]
+        if not frozen:
+            continue
+        f = frozen[0]
+        print()
+        print("rel-bias, %d x %d: trainable / frozen throughput: flexjit "
+              "forward+backward %s, backward (own timing) %s; "
+              "FlexAttention forward+backward %s" % (
+                  r["B"], r["S"],
+                  ratio(r.get("flexjit_fb_tflops"), f.get("flexjit_fb_tflops")),
+                  ratio(r.get("flexjit_bwd_tflops"),
+                        f.get("flexjit_bwd_tflops")),
+                  ratio(r.get("flex_fb_tflops"), f.get("flex_fb_tflops"))))
+    errs = [(r, k) for r in rows for k in sorted(r)
+            if k.endswith("_err") and not k.startswith(("flexjit", "sm80"))]
+    if errs:
+        print()
+        print("PyTorch failures (recorded, the run went on):")
+        for r, k in errs:
+            print("  %s, %d x %d, %s: %s" % (r["case"], r["B"], r["S"],
+                                            k[:-4], r[k]))
+
+
+# ---- the run ---------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--flexjit", default=os.path.join(REPO, "build",
+                                                      "flexjit"))
+    ap.add_argument("--examples", default=os.path.join(REPO, "examples"))
+    ap.add_argument("--shapes", default=None,
+                    help="B x S list, e.g. 8x4096,2x16384 (default: that "
+                    "for the forward; for --backward issue 21's set, each "
+                    "case at its own shape, and with --shapes full, causal "
+                    "and the masked cases at each shape)")
+    ap.add_argument("--backward", action="store_true",
+                    help="time forward+backward (and the backward alone) "
+                    "instead of the forward")
+    ap.add_argument("--warmup-ms", type=float, default=None,
+                    help="do_bench's warmup budget, for every column "
+                    "(default 25; with --backward 50)")
+    ap.add_argument("--rep-ms", type=float, default=None,
+                    help="do_bench's rep budget, for every column "
+                    "(default 100; with --backward 300, so that a 35 ms "
+                    "forward+backward call is timed about 9 times)")
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="flexjit processes per case; the median (the slower "
+                    "of two) is reported, with the range")
+    ap.add_argument("--quick", action="store_true",
+                    help="2x2048, three cases (with --backward: causal, "
+                    "document and the two rel-bias cases)")
+    ap.add_argument("--only", choices=["all", "flexjit"], default="all",
+                    help="flexjit: skip the PyTorch baselines")
+    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--cases", default="",
+                    help="comma-separated substrings: run only the cases "
+                    "whose name contains one (e.g. 'D=64,document')")
+    ap.add_argument("--also-sm80", action="store_true",
+                    help="also time flexjit with FLEXJIT_TEMPLATE=sm80")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="start no case after this many seconds from the "
+                    "start (0: none); the cases left are listed as skipped")
+    ap.add_argument("--list", action="store_true",
+                    help="print the cases and the flexjit command lines, "
+                    "then exit (needs neither torch nor a GPU)")
+    args = ap.parse_args()
+    if args.warmup_ms is None:
+        args.warmup_ms = 50 if args.backward else 25
+    if args.rep_ms is None:
+        args.rep_ms = 300 if args.backward else 100
+    if not (args.warmup_ms > 0 and args.rep_ms > 0):
+        ap.error("--warmup-ms and --rep-ms must be positive")
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    budgets = (args.warmup_ms, args.rep_ms)
+
+    shapes = None
+    if args.shapes is not None or not args.backward:
+        try:
+            shapes = [tuple(int(x) for x in s.strip().split("x"))
+                      for s in (args.shapes or "8x4096,2x16384").split(",")]
+        except ValueError:
+            ap.error("--shapes %r: expected BxS[,BxS...], e.g. 8x4096"
+                     % args.shapes)
+        if any(len(s) != 2 or min(s) < 1 for s in shapes):
+            ap.error("--shapes %r: expected BxS[,BxS...], e.g. 8x4096"
+                     % args.shapes)
+    if args.quick:
+        shapes = [(2, 2048)]
+    wanted = [w.strip() for w in args.cases.split(",") if w.strip()]
+    cases = (make_backward_cases(None if args.quick else shapes, args.quick)
+             if args.backward else make_cases(shapes, args.quick))
+    cases = [c for c in cases if not wanted or any(w in c[0] for w in wanted)]
+    if not cases:
+        print("no case matches --cases %r" % args.cases, file=sys.stderr)
+        return 2
+    if args.list:
+        return list_plan(args, cases, budgets)
+    out_dir = os.environ.get("OUT", ".")
+    work = tempfile.mkdtemp(prefix="flexjit-compare-")
+    try:
+        return compare(args, cases, budgets, out_dir, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def list_plan(args, cases, budgets):
+    """--list: every case, its PyTorch columns and its flexjit command line
+    (WORK stands for the run's temporary folder), without torch or a GPU;
+    exit status 1 when a spec file is missing."""
+    missing = 0
+    print("mode: %s; do_bench budgets warmup %g ms, rep %g ms; %d flexjit "
+          "process(es) a case%s" % (
+              "forward+backward" if args.backward else "forward",
+              budgets[0], budgets[1], args.repeat,
+              " (+1 with FLEXJIT_TEMPLATE=sm80)" if args.also_sm80 else ""))
+    print("%d case(s):" % len(cases))
+    for name, B, H, S, D, spec, extra, desc in cases:
+        path = spec_file(args, spec)
+        extra = [e.replace("{doc}", "WORK/doc_%d.npy" % S)
+                 .replace("{bias}", "WORK/bias_%d.npy" % H) for e in extra]
+        extra += ["--inputs", "WORK/inputs"]
+        torch_cols = ([] if args.only == "flexjit" else torch_columns(desc))
+        exists = os.path.isfile(path)
+        missing += not exists
+        print("  %s: B=%d H=%d S=%d D=%d; PyTorch: %s%s" % (
+            name, B, H, S, D, ", ".join(torch_cols) or "none",
+            "" if exists else "; MISSING SPEC " + path))
+        print("    " + " ".join(flexjit_cmd(args.flexjit, path, B, H, S, D,
+                                            extra, budgets, args.backward)))
+    return 1 if missing else 0
+
+
+def case_values(work, name, H, S, desc, have_torch):
+    """The runtime values a case's flexjit command names, written to work:
+    {doc} (document ids; without torch flexjit generates its own, and the
+    --buffer is dropped) and {bias} (the relative-bias table). Returns
+    (substitutions, doc ids as a cuda tensor or None, bias list or None)."""
+    subst, doc, bias = {}, None, None
+    if desc.get("mask") == "document" and have_torch:
+        ids = document_ids(S)
+        subst["{doc}"] = os.path.join(work, "doc_%d.npy" % S)
+        write_npy_i32(subst["{doc}"], ids.tolist())
+        doc = ids.to("cuda")
+    if desc.get("score") == "rel_bias":
+        bias = rel_bias_values(H)
+        subst["{bias}"] = os.path.join(work, "bias_%d.npy" % H)
+        write_npy_1d(subst["{bias}"], bias, "f")
+    return subst, doc, bias
+
+
+def fill_extra(extra, subst):
+    """extra with its placeholders filled; an option whose value names a
+    placeholder not filled is dropped with its name (--buffer doc=...)."""
+    out = []
+    for opt, val in zip(extra[0::2], extra[1::2]):
+        holes = re.findall(r"\{[a-z]+\}", val)
+        if any(h not in subst for h in holes):
+            continue
+        for h in holes:
+            val = val.replace(h, subst[h])
+        out += [opt, val]
+    return out
+
+
+def write_json(out_dir, rows):
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "compare.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(rows, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def compare(args, cases, budgets, out_dir, work):
+    try:
+        import torch
+        have_torch = torch.cuda.is_available()
+    except ImportError:
+        have_torch = False
+    if have_torch:
+        print("torch", torch.__version__, torch.cuda.get_device_name(),
+              flush=True)
+    skip_torch = args.only == "flexjit" or not have_torch
+    print("method: every column by triton.testing.do_bench's rules "
+          "(warmup %g ms, rep %g ms, 256 MiB L2 flush before each timed "
+          "launch, median); flexjit by `flexjit run --bench`, the same rules "
+          "in C; docs/benchmarking.md" % budgets, flush=True)
+    if args.backward:
+        print("backward: PyTorch times out = f(q, k, v); "
+              "torch.autograd.grad(out, (q, k, v[, bias]), dO) a call and "
+              "the forward alone with grad required; flexjit `run "
+              "--backward --bench`; backward alone = (forward+backward) - "
+              "forward on every side; dO random on each side", flush=True)
+
+    rows = []
+    start = time.time()
+    inputs = os.path.join(work, "inputs")
+    for name, B, H, S, D, spec, extra, desc in cases:
+        if args.deadline and time.time() - start > args.deadline:
+            rows.append({"case": name, "B": B, "H": H, "S": S, "D": D,
+                         "skipped": "--deadline %g s reached" % args.deadline})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        subst, doc, bias = case_values(work, name, H, S, desc, have_torch)
+        extra = fill_extra(extra, subst)
+        spec_path = spec_file(args, spec)
+        res = {"case": name, "B": B, "H": H, "S": S, "D": D,
+               "mode": "forward+backward" if args.backward else "forward",
+               "gpu_before": gpu_state()}
+        t0 = time.time()
+        shared = False
+        if have_torch:
+            res["pairs"] = allowed_pairs(torch_mods(desc, H, doc)[0], S)
+            q, k, v = make_qkv(B, H, S, D)
+            shared = write_inputs(inputs, q, k, v)
+            if not skip_torch:
+                mon = GpuMonitor()
+                if args.backward:
+                    res.update(time_torch_backward(q, k, v, desc, doc, bias,
+                                                   *budgets))
+                else:
+                    res.update(time_torch(q, k, v, desc, doc, *budgets))
+                res["gpu_torch"] = mon.stop()
+            del q, k, v
+            torch.cuda.empty_cache()
+        res["torch_wall_s"] = round(time.time() - t0, 1)
+        res["inputs"] = ("shared (torch, seed 0)" if shared
+                         else "flexjit's own draw (no torch or numpy)")
+        if shared:
+            extra += ["--inputs", inputs]
+        mon = GpuMonitor()
+        res.update(run_flexjit_repeated(args.flexjit, spec_path, B, H, S, D,
+                                        extra, budgets, args.timeout,
+                                        args.repeat, args.backward))
+        if args.also_sm80:
+            alt = run_flexjit(args.flexjit, spec_path, B, H, S, D, extra,
+                              budgets, args.timeout, template="sm80",
+                              backward=args.backward)
+            res.update({k.replace("flexjit", "sm80"): v
+                        for k, v in alt.items()})
+        res["gpu_flexjit"] = mon.stop()
+        shutil.rmtree(inputs, ignore_errors=True)
+        if args.backward:
+            add_backward_tflops(res, B, H, D)
+        else:
+            add_forward_tflops(res, B, H, D)
+        res["case_wall_s"] = round(time.time() - t0, 1)
+        rows.append(res)
+        print(json.dumps(res), flush=True)
+        write_json(out_dir, rows)  # what is done survives a killed run
+
+    done = [r for r in rows if "skipped" not in r]
+    print_gpu_phases(done)
+    if args.backward:
+        report_backward(done)
+    else:
+        report_forward(done)
+    skipped = [r for r in rows if "skipped" in r]
+    if skipped:
+        print("\nskipped (--deadline): " + ", ".join(
+            "%s %d x %d" % (r["case"], r["B"], r["S"]) for r in skipped))
+    print("\nwall time: %.0f s" % (time.time() - start))
+    errs = [r for r in done if "flexjit_err" in r]
     for r in errs:
         print("\nflexjit failed on %s: %s" % (r["case"], r["flexjit_err"]),
               file=sys.stderr)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "compare.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json(out_dir, rows)
     return 1 if errs else 0
 
 
