@@ -291,19 +291,20 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
 }
 
 /* Must equal templates/sm90/bwd_config.cuh's FJHB_SMEM_BYTES: 1024 to align
- * the base; K and V; two stages of Q and dO; dS^T (block_n x block_m);
- * each consumer's two fp32 dQ buffers (block_m x head_dim / 2); two stages
- * of LSE and delta; 1 + 3 * stages mbarriers. */
+ * the base; K and V; two stages of Q and dO; two dS^T buffers (block_n x
+ * block_m); each consumer's two fp32 dQ buffers (block_m x head_dim / 2);
+ * two stages of LSE and delta; 1 + 3 * stages + 8 mbarriers. */
 static int sm90_bwd_smem_bytes(const fjg_config *c) {
   return 1024 + (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
-         c->block_n * c->block_m * 2 + 4 * c->block_m * (c->head_dim / 2) * 4 +
-         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages);
+         2 * c->block_n * c->block_m * 2 + 4 * c->block_m * (c->head_dim / 2) * 4 +
+         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 8);
 }
 
 /* The sm90 backward (templates/sm90/bwd_*.cuh), FlashAttention-3's shape: a
  * CTA owns 128 kv rows, 64 for each of two consumer warpgroups (their dK
  * and dV in registers), and streams 64-row query tiles through two TMA
- * stages; a producer warpgroup loads. 210 KiB at D=128, 115 KiB at D=64.
+ * stages; a producer warpgroup loads and adds dQ. 226 KiB at D=128, 131 KiB
+ * at D=64.
  * The same tiles as the sm80 backward, so a block mask that fits one fits
  * the other. */
 static fj_status choose_sm90_backward(fjg_config *out, char *err, size_t errlen) {

@@ -1,6 +1,7 @@
 // templates/sm90/bwd.cuh: the sm90 backward's main kernel (contract and
-// scheme: sm90/bwd_config.cuh): the producer warps' loads and the entry
-// point that splits the CTA into its roles.
+// scheme: sm90/bwd_config.cuh): the producer warpgroup's three warps (Q and
+// dO loads, LSE and delta rows, the dQ writer) and the entry point that
+// splits the CTA into its roles.
 #pragma once
 
 // Producer warp 0: K and V of the CTA's tile once (only if it has an item:
@@ -85,6 +86,48 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
   }
 }
 
+// Producer warp 2, the dQ writer: each item's dQ buffers, once a consumer
+// has filled its own, added to dq_accum by TMA reduce-adds (rows past Lq are
+// skipped by the map), and released once the reduce-add has read them (the
+// item after, so that a buffer is read while the consumer fills the other).
+// Lane 0 issues; every lane walks.
+__device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_bwd_maps &maps,
+                                              const fjhb_smem &sm, int n_block, int hk, int b) {
+  const int lane = fj_tid() & 31;
+  const int kv0 = n_block * FJ_BLOCK_N;
+  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
+  const int h_end = (hk + 1) * p.kv_group;
+  fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
+  int n = 0;
+  for (; it.h < h_end; ++n) {
+    const int bi = n & 1;
+    if (lane == 0) {
+      const int q0 = it.i * FJ_BLOCK_M;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n >> 1) & 1u);
+#pragma unroll
+        for (int x = 0; x < FJHB_DQ_BOXES; ++x)
+          fjh_tma_reduce_add_3d(&maps.dq_accum, sm.dq(c, bi) + x * (FJ_BLOCK_M * 128),
+                                c * FJHB_DQ_COLS + 32 * x, q0, b * p.sz.Hq + it.h);
+        fjh_bulk_commit();
+      }
+      if (n > 0) {
+        fjh_bulk_wait_read_n<2>();  // the previous item's two groups
+        fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
+        fjh_mbar_arrive(sm.dq_empty(1, bi ^ 1));
+      }
+    }
+    __syncwarp();
+    it = fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+  }
+  if (lane == 0 && n > 0) {
+    fjh_bulk_wait_read_n<0>();
+    fjh_mbar_arrive(sm.dq_empty(0, (n - 1) & 1));
+    fjh_mbar_arrive(sm.dq_empty(1, (n - 1) & 1));
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(FJHB_THREADS, 1)
 fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
                  const __grid_constant__ fj_bwd_maps maps) {
@@ -99,6 +142,11 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
       fjh_mbar_init(sm.rows_full(s), 32);
       fjh_mbar_init(sm.empty(s), 256);  // every consumer thread arrives
     }
+    for (int c = 0; c < 2; ++c)
+      for (int i = 0; i < 2; ++i) {
+        fjh_mbar_init(sm.dq_full(c, i), 128);  // every thread of consumer c
+        fjh_mbar_init(sm.dq_empty(c, i), 1);   // the writer
+      }
     fjh_fence_barrier_init();
   }
   __syncthreads();
@@ -111,6 +159,8 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
       fjhb_produce(p, maps, sm, n_block, hk, b);
     else if (warp == 1)
       fjhb_produce_rows(p, sm, n_block, hk, b);
+    else if (warp == 2)
+      fjhb_write_dq(p, maps, sm, n_block, hk, b);
   } else {
     fjh_setmaxnreg_inc<FJHB_CONSUMER_REGS>();
     fjhb_consume(p, maps, sm, wg - 1, n_block, hk, b);

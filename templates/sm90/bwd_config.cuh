@@ -48,8 +48,10 @@
 //   dQ[:, cols_c] = dS K[:, cols_c]           (wgmma, both operands read
 //                                             MN-major from shared memory)
 // over all 128 kv rows for its half of the head dim, and adds it, times
-// scale, to dq_accum with TMA reduce-adds from a double buffer. At the end
-// it stores dK (times scale) and dV by TMA through the same buffers.
+// scale, into one of its two dQ buffers; a producer warp (the writer)
+// adds each buffer to dq_accum with TMA reduce-adds and releases it. At the
+// end the consumer stores dK (times scale) and dV by TMA through the same
+// buffers.
 #pragma once
 
 // ---- shapes ----------------------------------------------------------------
@@ -69,22 +71,25 @@ constexpr int FJHB_DQ_REGS = FJHB_DQ_COLS / 2;            // dQ accumulators
 constexpr int FJHB_PK = FJ_BLOCK_M / 16;                  // k16 steps of P^T dO
 
 // Shared memory, byte offsets from the 1024-aligned base: K, V, the stages'
-// Q and dO, dS^T, each consumer's two dQ buffers, the stages' LSE and delta
-// (FJ_BLOCK_M floats each), then the mbarriers: K/V full, and per stage Q/dO
-// full, LSE/delta full, stage empty. Tiles of 2-byte elements are stored as
-// blocks of (rows x 64 elements), 128-byte swizzled (TMA's layout); dS^T is
-// one such block of FJ_BLOCK_N rows; a dQ buffer is FJHB_DQ_BOXES blocks of
-// (64 rows x 32 floats), 128-byte swizzled.
+// Q and dO, two dS^T buffers (items alternate), each consumer's two dQ
+// buffers, the stages' LSE and delta (FJ_BLOCK_M floats each), then the
+// mbarriers: K/V full; per stage Q/dO full, LSE/delta full, stage empty;
+// per consumer and dQ buffer full (the consumer's 128 threads have written
+// it) and empty (the writer's reduce-add has read it). Tiles of 2-byte
+// elements are stored as blocks of (rows x 64 elements), 128-byte swizzled
+// (TMA's layout); a dS^T buffer is one such block of FJ_BLOCK_N rows; a dQ
+// buffer is FJHB_DQ_BOXES blocks of (64 rows x 32 floats), 128-byte
+// swizzled.
 constexpr int FJHB_OFF_K = 0;
 constexpr int FJHB_OFF_V = FJHB_OFF_K + FJHB_KV_BYTES;
 constexpr int FJHB_OFF_Q = FJHB_OFF_V + FJHB_KV_BYTES;
 constexpr int FJHB_OFF_DO = FJHB_OFF_Q + FJ_NUM_STAGES * FJHB_Q_BYTES;
 constexpr int FJHB_OFF_DS = FJHB_OFF_DO + FJ_NUM_STAGES * FJHB_Q_BYTES;
-constexpr int FJHB_OFF_DQ = FJHB_OFF_DS + FJHB_DS_BYTES;
+constexpr int FJHB_OFF_DQ = FJHB_OFF_DS + 2 * FJHB_DS_BYTES;
 constexpr int FJHB_OFF_LSE = FJHB_OFF_DQ + 4 * FJHB_DQ_BYTES;
 constexpr int FJHB_OFF_DELTA = FJHB_OFF_LSE + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 constexpr int FJHB_OFF_BAR = FJHB_OFF_DELTA + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
-constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES;
+constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 8;
 // What gen/config.c computes as smem_bytes (1024 to align the base).
 constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_BAR + 8 * FJHB_BARS;
 
@@ -93,10 +98,10 @@ constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_BAR + 8 * FJHB_BARS;
 constexpr int FJHB_PRODUCER_REGS = 40;
 constexpr int FJHB_CONSUMER_REGS = 232;
 
-// Named barriers (0 is __syncthreads): both consumers are done reading dS^T
-// (FJHB_BAR_DS_FREE) / have written it (FJHB_BAR_DS_FULL), 256 threads;
-// consumer c's own, 128 threads: FJHB_BAR_WG + c.
-enum { FJHB_BAR_DS_FREE = 1, FJHB_BAR_DS_FULL = 2, FJHB_BAR_WG = 3 };
+// Named barriers (0 is __syncthreads): both consumers have written an
+// item's dS^T (FJHB_BAR_DS_FULL, 256 threads); consumer c's own, 128
+// threads: FJHB_BAR_WG + c.
+enum { FJHB_BAR_DS_FULL = 1, FJHB_BAR_WG = 2 };
 
 // ---- budgets ---------------------------------------------------------------
 
@@ -126,7 +131,7 @@ struct fjhb_smem {
   __device__ unsigned v() const { return base + FJHB_OFF_V; }
   __device__ unsigned q(int s) const { return base + FJHB_OFF_Q + s * FJHB_Q_BYTES; }
   __device__ unsigned dout(int s) const { return base + FJHB_OFF_DO + s * FJHB_Q_BYTES; }
-  __device__ unsigned ds() const { return base + FJHB_OFF_DS; }
+  __device__ unsigned ds(int i) const { return base + FJHB_OFF_DS + i * FJHB_DS_BYTES; }
   // Consumer c's dQ buffer i (0, 1).
   __device__ unsigned dq(int c, int i) const {
     return base + FJHB_OFF_DQ + (2 * c + i) * FJHB_DQ_BYTES;
@@ -140,5 +145,11 @@ struct fjhb_smem {
   }
   __device__ unsigned empty(int s) const {
     return base + FJHB_OFF_BAR + 8 * (1 + 2 * FJ_NUM_STAGES + s);
+  }
+  __device__ unsigned dq_full(int c, int i) const {
+    return base + FJHB_OFF_BAR + 8 * (1 + 3 * FJ_NUM_STAGES + 2 * c + i);
+  }
+  __device__ unsigned dq_empty(int c, int i) const {
+    return base + FJHB_OFF_BAR + 8 * (1 + 3 * FJ_NUM_STAGES + 4 + 2 * c + i);
   }
 };

@@ -79,6 +79,8 @@ __device__ __forceinline__ void fjhb_st_shared_f2(unsigned addr, float x, float 
 // without an allowed pair or past Lq) and delta from the stage's rows.
 // need_mask: evaluate fj_mask per element; edge: rows or columns reach past
 // Lk or Lq, which are masked.
+// CHECK as for fjhb_probs below (the score_mod path takes true only).
+template <bool CHECK>
 __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, int h, int q0,
                                                  int wkv0, bool need_mask, bool edge,
                                                  unsigned s_lse, unsigned s_delta,
@@ -103,10 +105,12 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, 
       const float x = s[i] * p.scale_log2;
 #endif
       bool keep = true;
+      if constexpr (CHECK) {
 #if FJ_HAS_MASK
-      if (need_mask) keep = fj_mask(p.user, p.sz, b, h, qi, ki);
+        if (need_mask) keep = fj_mask(p.user, p.sz, b, h, qi, ki);
 #endif
-      if (edge) keep = keep & (qi < p.sz.Lq) & (ki < p.sz.Lk);
+        if (edge) keep = keep & (qi < p.sz.Lq) & (ki < p.sz.Lk);
+      }
       const float pr = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
       float ds = pr * (dp[i] - dl[e & 1]);
 #if FJ_HAS_SCORE_MOD
@@ -118,7 +122,54 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, 
       dp[i] = ds;
     }
   }
-  (void)need_mask;
+  (void)need_mask, (void)edge;
+}
+
+// Without a score_mod the elementwise step is split in two so that each
+// half runs beside a product on the tensor cores: P^T (fjhb_probs, while
+// dP^T is computed), then dS^T (fjhb_dsoft, while dV += P^T dO is), which
+// needs no mask (a masked P is 0) and no score.
+// CHECK (need_mask or edge, uniform over the warpgroup) is a template
+// argument: the caller branches once, and the unmasked tiles' loop holds no
+// index arithmetic (as one loop with per-element selects it ran 6% slower
+// on causal attention).
+template <bool CHECK>
+__device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, int b, int h, int q0,
+                                           int wkv0, bool need_mask, bool edge,
+                                           unsigned s_lse, float (&s)[FJHB_S_REGS]) {
+  const int t = fj_tid() & 127;
+  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
+#pragma unroll
+  for (int j = 0; j < FJ_BLOCK_M / 8; ++j) {
+    float l2[2];
+    fjhb_ld_shared_f2(s_lse + (8 * j + 2 * t4) * 4, l2[0], l2[1]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e;
+      bool keep = true;
+      if constexpr (CHECK) {
+        const int qi = q0 + 8 * j + 2 * t4 + (e & 1);
+        const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
+#if FJ_HAS_MASK
+        if (need_mask) keep = fj_mask(p.user, p.sz, b, h, qi, ki);
+#endif
+        if (edge) keep = keep & (qi < p.sz.Lq) & (ki < p.sz.Lk);
+      }
+      s[i] = keep ? fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1])) : 0.f;
+    }
+  }
+  (void)need_mask, (void)b, (void)h, (void)w, (void)g, (void)q0, (void)wkv0, (void)edge;
+}
+__device__ __forceinline__ void fjhb_dsoft(unsigned s_delta, const float (&pr)[FJHB_S_REGS],
+                                           float (&dp)[FJHB_S_REGS]) {
+  const int t4 = fj_tid() & 3;
+#pragma unroll
+  for (int j = 0; j < FJ_BLOCK_M / 8; ++j) {
+    float dl[2];
+    fjhb_ld_shared_f2(s_delta + (8 * j + 2 * t4) * 4, dl[0], dl[1]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - dl[e & 1]);
+  }
 }
 
 // The consumer's dS^T fragments into its 64 rows of the dS^T tile
@@ -179,8 +230,8 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
 }
 
 // Consumer c's whole part of the CTA's work (kv tile n_block of kv head
-// hk, batch b): the walk over the items, then dK and dV. Thread 0 of the
-// warpgroup issues its bulk operations.
+// hk, batch b): the walk over the items, then dK and dV. Its dQ goes to
+// dq_accum through the writer warp (bwd.cuh, fjhb_write_dq).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, int c, int n_block, int hk,
                                              int b) {
@@ -189,7 +240,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   const int kv1 = min(kv0 + FJ_BLOCK_N, Lk) - 1;
   const int wkv0 = kv0 + c * FJHB_WG_KV;
   const int wkv1 = min(wkv0 + FJHB_WG_KV, Lk) - 1;
-  const bool leader = (fj_tid() & 127) == 0;
+  const bool leader = (fj_tid() & 127) == 0;  // issues the dK, dV stores
   const int h_end = (hk + 1) * p.kv_group;
 
   float dk[FJHB_D_REGS], dv[FJHB_D_REGS];
@@ -200,7 +251,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   // and its head-dim columns of K (MN-major).
   const unsigned k_lo = fjh_desc_lo(sm.k() + c * FJHB_WG_KV * 128, 16);
   const unsigned v_lo = fjh_desc_lo(sm.v() + c * FJHB_WG_KV * 128, 16);
-  const unsigned ds_lo = fjh_desc_lo(sm.ds(), FJ_BLOCK_N * 128);
+  const unsigned ds_lo = fjh_desc_lo(sm.ds(0), FJ_BLOCK_N * 128);
   const unsigned kq_lo = fjh_desc_lo(sm.k() + (c * FJHB_DQ_COLS / 64) * (FJ_BLOCK_N * 128) +
                                          (c * FJHB_DQ_COLS % 64) * 2,
                                      FJ_BLOCK_N * 128);
@@ -236,35 +287,59 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       float sacc[FJHB_S_REGS], dpacc[FJHB_S_REGS];
       fjh_wgmma_fence();
       fjhb_issue_rows_d(sacc, k_lo, q_lo);
+      fjh_wgmma_commit();
       fjhb_issue_rows_d(dpacc, v_lo, do_lo);
       fjh_wgmma_commit();
       fjh_mbar_wait_warp(sm.rows_full(s), ph);
+#if FJ_HAS_SCORE_MOD
+      // The score_mod's derivative needs the score next to dP^T: both
+      // products first, then the elementwise step in one pass.
       fjh_wgmma_wait<0>();
       fjh_fence_regs(sacc);
       fjh_fence_regs(dpacc);
-      fjhb_elementwise(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s), sacc,
-                       dpacc);
+      // One loop for every tile (a second, unchecked copy spills at D=128).
+      fjhb_elementwise<true>(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s),
+                             sacc, dpacc);
       fjhb_pack(sacc, pa);
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
       fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
       fjh_wgmma_commit();
+#else
+      fjh_wgmma_wait<1>();  // S^T is ready; dP^T runs on
+      fjh_fence_regs(sacc);
+      if (need_mask || edge)
+        fjhb_probs<true>(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
+      else
+        fjhb_probs<false>(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
+      fjhb_pack(sacc, pa);
+      fjh_wgmma_fence();
+      fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
+      fjh_wgmma_commit();
+      fjh_wgmma_wait<1>();  // dP^T is ready; dV += P^T dO runs on
+      fjh_fence_regs(dpacc);
+      fjhb_dsoft(sm.delta(s), sacc, dpacc);
+      fjhb_pack(dpacc, dsa);
+      fjh_wgmma_fence();
+      fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
+      fjh_wgmma_commit();
+#endif
     } else {
 #pragma unroll
       for (int kk = 0; kk < FJHB_PK; ++kk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) pa[kk][e] = dsa[kk][e] = 0u;
     }
-    // dS^T: both consumers are done reading the previous item's (each
-    // waited for its dQ product below), then write theirs.
-    fjh_bar_sync(FJHB_BAR_DS_FREE, 256);
-    fjhb_store_ds(sm.ds(), c, dsa);
+    // dS^T into buffer n & 1: the other consumer finished reading it (two
+    // items ago) before it arrived at the previous item's barrier below.
+    const int bi = n & 1;
+    fjhb_store_ds(sm.ds(bi), c, dsa);
     fjh_fence_proxy_async();
     fjh_bar_sync(FJHB_BAR_DS_FULL, 256);
     float dq[FJHB_DQ_REGS];
     fjh_wgmma_fence();
-    fjhb_issue_dq(dq, ds_lo, kq_lo);
+    fjhb_issue_dq(dq, ds_lo + bi * (FJHB_DS_BYTES >> 4), kq_lo);
     fjh_wgmma_commit();
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
@@ -274,28 +349,21 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_fence_regs(dsa);
     // Q, dO, LSE and delta of stage s are read.
     fjh_mbar_arrive(sm.empty(s));
-    // dQ into buffer n & 1, once the reduce-add that last read it (two
-    // items ago) is done; then reduce-add it into dq_accum.
-    const unsigned buf = sm.dq(c, n & 1);
-    if (leader) fjh_bulk_wait_read_n<1>();
-    fjh_bar_sync(FJHB_BAR_WG + c, 128);
-    fjhb_store_dq(buf, dq, p.scale);
+    // dQ into buffer n & 1 once the writer warp has released it (its
+    // reduce-add of two items ago has read it), then handed to the writer.
+    fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(n >> 1) & 1u) ^ 1u);
+    fjhb_store_dq(sm.dq(c, bi), dq, p.scale);
     fjh_fence_proxy_async();
-    fjh_bar_sync(FJHB_BAR_WG + c, 128);
-    if (leader) {
-#pragma unroll
-      for (int x = 0; x < FJHB_DQ_BOXES; ++x)
-        fjh_tma_reduce_add_3d(&maps.dq_accum, buf + x * (FJ_BLOCK_M * 128),
-                              c * FJHB_DQ_COLS + 32 * x, q0, b * p.sz.Hq + it.h);
-      fjh_bulk_commit();
-    }
+    fjh_mbar_arrive(sm.dq_full(c, bi));
     it = nxt;
     ++n;
   }
 
-  // ---- dK (times scale) and dV through the consumer's dQ buffers ----
-  if (leader) fjh_bulk_wait_read_n<0>();
-  fjh_bar_sync(FJHB_BAR_WG + c, 128);
+  // ---- dK (times scale) and dV through the consumer's dQ buffers, once
+  // the writer has released both: buffer i's last use is its u-th, u =
+  // (n + 1 - i) / 2.
+  fjh_mbar_wait_warp(sm.dq_empty(c, 0), ((unsigned)((n + 1) / 2) & 1u) ^ 1u);
+  fjh_mbar_wait_warp(sm.dq_empty(c, 1), ((unsigned)(n / 2) & 1u) ^ 1u);
   fjhb_store_rows(sm.dq(c, 0), dk, p.scale);
   fjhb_store_rows(sm.dq(c, 1), dv, 1.f);
   fjh_fence_proxy_async();
