@@ -283,6 +283,36 @@ static void test_compile_det_sm90a(void **state) {
   run_arch_det("sm_90a");
 }
 
+/* FJ_DEBUG_WAIT_LIMIT (debugging only): the deterministic kernel's polls
+ * trap after that many. */
+static void test_det_wait_limit(void **state) {
+  (void)state;
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_80", NULL, &c, err, sizeof err) !=
+      FJ_OK)
+    fail_msg("config: %s", err);
+  c.deterministic = 1;
+  char *tu = fjt_build_kernel_tu(&c, "backward", 1, 0, fjt_bwd_causal_softcap_bias, "");
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, tu, "wait.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+  const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_80",
+                        "-DFJ_DEBUG_WAIT_LIMIT=1000"};
+  if (nvrtcCompileProgram(prog, 4, opts) != NVRTC_SUCCESS) {
+    char *log = fjt_program_log(prog);
+    fail_msg("FJ_DEBUG_WAIT_LIMIT: %s", log);
+  }
+  size_t n = 0;
+  assert_int_equal(nvrtcGetPTXSize(prog, &n), NVRTC_SUCCESS);
+  char *ptx = malloc(n);
+  assert_non_null(ptx);
+  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  assert_non_null(strstr(ptx, "trap;"));
+  free(ptx);
+  nvrtcDestroyProgram(&prog);
+  free(tu);
+}
+
 /* The template must reject a configuration it cannot run, at compile time:
  * a CTA's kv rows that are not 16 a warp. */
 static void test_bad_config_rejected(void **state) {
@@ -313,6 +343,7 @@ int main(void) {
       cmocka_unit_test(test_config),
       cmocka_unit_test(test_parts),
       cmocka_unit_test(test_bad_config_rejected),
+      cmocka_unit_test(test_det_wait_limit),
       cmocka_unit_test(test_compile_sm80),
       cmocka_unit_test(test_compile_sm86),
       cmocka_unit_test(test_compile_sm90a),
