@@ -76,6 +76,7 @@ typedef struct run_config {
   int num_packs;
   int check, bench;
   int backward; /* --backward: also the gradients (fj_attention_backward) */
+  int deterministic; /* --deterministic: the backward's deterministic mode */
   /* --bench by triton.testing.do_bench's rules (cli/bench.h): warm-up and
    * timed calls from time budgets, unless --warmup (>= 0) or --iters (> 0)
    * give the counts. */

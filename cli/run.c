@@ -712,6 +712,7 @@ static int bwd_launch(run_state *s) {
   a.scale = (float)s->c->scale;
   a.args = s->args, a.num_args = s->nargs;
   a.block_mask = s->bm;
+  a.deterministic = s->c->deterministic;
   if (fj_attention_backward(s->ctx, s->spec, &a) != FJ_OK) {
     cli_error("run", "backward: %s", fj_context_last_error(s->ctx));
     return 0;
@@ -722,16 +723,21 @@ static int bwd_launch(run_state *s) {
 static int bwd_call(void *s) { return bwd_launch(s); }
 static int fwd_bwd_call(void *s) { return launch(s) && bwd_launch(s); }
 
-/* The gradients on NaN-poisoned outputs, downloaded. */
-static int bwd_run(run_state *s) {
-  const run_config *c = s->c;
-  unsigned nan16 = c->dtype == FJ_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+/* dq, dk and dv poisoned with NaN, then the backward, to completion. */
+static int bwd_poisoned(run_state *s) {
+  unsigned nan16 = s->c->dtype == FJ_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
   const dev_tensor *out[] = {&s->d_gq, &s->d_gk, &s->d_gv};
   for (int i = 0; i < 3; i++)
     if (!cu_ok(s, s->drv->cuMemsetD32(out[i]->ptr, nan16 | nan16 << 16, out[i]->bytes / 4),
                "cuMemsetD32"))
       return 0;
-  if (!bwd_launch(s) || !cu_ok(s, s->drv->cuCtxSynchronize(), "the backward")) return 0;
+  return bwd_launch(s) && cu_ok(s, s->drv->cuCtxSynchronize(), "the backward");
+}
+
+/* The gradients on NaN-poisoned outputs, downloaded. */
+static int bwd_run(run_state *s) {
+  const run_config *c = s->c;
+  if (!bwd_poisoned(s)) return 0;
   if (!c->check) return 1;
   s->g_q = download_bhld(s, &s->d_gq, c->Hq, c->Lq);
   s->g_k = download_bhld(s, &s->d_gk, c->Hkv, c->Lk);
@@ -745,8 +751,38 @@ static int bwd_run(run_state *s) {
         !cu_ok(s, s->drv->cuMemcpyDtoH(s->grads[a], s->d_grads[a].ptr, 4 * n), "cuMemcpyDtoH"))
       return 0;
   }
-  if (!c->quiet) printf("backward ok\n");
+  if (!c->quiet) printf("backward ok%s\n", c->deterministic ? " (deterministic)" : "");
   return 1;
+}
+
+/* --deterministic --check: a second backward on poisoned outputs must give
+ * dq, dk and dv bitwise equal to the first (downloaded in s->g_*). */
+static int bwd_repeat_check(run_state *s, int *pass) {
+  const run_config *c = s->c;
+  if (!bwd_poisoned(s)) return 0;
+  float *again[3] = {download_bhld(s, &s->d_gq, c->Hq, c->Lq),
+                     download_bhld(s, &s->d_gk, c->Hkv, c->Lk),
+                     download_bhld(s, &s->d_gv, c->Hkv, c->Lk)};
+  const float *first[3] = {s->g_q, s->g_k, s->g_v};
+  const size_t n[3] = {s->nq, s->nk, s->nk};
+  static const char *const names[3] = {"dq", "dk", "dv"};
+  int ok = again[0] && again[1] && again[2];
+  *pass = 1;
+  for (int t = 0; ok && t < 3; t++) {
+    size_t differ = 0;
+    for (size_t i = 0; i < n[t]; i++)
+      differ += memcmp(&again[t][i], &first[t][i], sizeof(float)) != 0;
+    if (differ) {
+      printf("check deterministic: %s differs from the first run in %zu of %zu elements\n",
+             names[t], differ, n[t]);
+      *pass = 0;
+    }
+  }
+  if (ok)
+    printf("check deterministic: %s (dq, dk, dv of two runs bitwise %s)\n",
+           *pass ? "PASS" : "FAIL", *pass ? "equal" : "different");
+  for (int t = 0; t < 3; t++) free(again[t]);
+  return ok;
 }
 
 /* The gradients against the float64 reference (fjg_reference_backward) by
@@ -872,12 +908,14 @@ static int run_on_device(run_state *s) {
   }
   if (c->check && !check(s, &pass)) return CLI_FAIL;
   if (c->dump_dir && !dump(s)) return CLI_FAIL;
-  int bpass = 1;
+  int bpass = 1, dpass = 1;
   if (c->backward && (!bwd_setup(s) || !bwd_run(s) || (c->check && !bwd_check(s, &bpass))))
+    return CLI_FAIL;
+  if (c->backward && c->check && c->deterministic && !bwd_repeat_check(s, &dpass))
     return CLI_FAIL;
   if (c->bench && !bench(s)) return CLI_FAIL;
   if (c->bench && c->backward && !bwd_bench(s)) return CLI_FAIL;
-  return pass && bpass ? CLI_OK : CLI_FAIL;
+  return pass && bpass && dpass ? CLI_OK : CLI_FAIL;
 }
 
 /* What can be checked without a GPU: a head dim and dtype some kernel

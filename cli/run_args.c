@@ -58,6 +58,10 @@ static const char run_usage[] =
     "                      input dtype's error, plus a floor); with --bench\n"
     "                      the backward and forward + backward times, by the\n"
     "                      same rules (TFLOP/s: 2.5x and 3.5x the forward's)\n"
+    "  --deterministic     with --backward: its deterministic mode (dq added\n"
+    "                      in a fixed order); with --check it also runs the\n"
+    "                      backward a second time and requires dq, dk and dv\n"
+    "                      bitwise equal to the first run's\n"
     "  --block-mask M      auto (default), on or off: build a block mask on\n"
     "                      the GPU and launch with it; auto does when the\n"
     "                      mask reads buffers (document ids). --bench also\n"
@@ -214,6 +218,7 @@ static int parse_one(int argc, char **argv, int *i, run_config *c) {
   if (!strcmp(a, "--check")) return c->check = 1, -1;
   if (!strcmp(a, "--bench")) return c->bench = 1, -1;
   if (!strcmp(a, "--backward")) return c->backward = 1, -1;
+  if (!strcmp(a, "--deterministic")) return c->deterministic = 1, -1;
   for (int k = 0; value_opts[k]; k++) {
     int m = cli_opt_value(argc, argv, i, value_opts[k], &v);
     if (m < 0) {
@@ -241,6 +246,10 @@ static int check_config(run_config *c) {
   }
   if (!c->Hq || !c->Lq) {
     cli_error("run", "--heads and --q-len are required (see --help)");
+    return CLI_USAGE;
+  }
+  if (c->deterministic && !c->backward) {
+    cli_error("run", "--deterministic is a mode of the backward pass: add --backward");
     return CLI_USAGE;
   }
   if (!c->Hkv) c->Hkv = c->Hq;

@@ -55,6 +55,11 @@ typedef struct fjg_config {
    * (runtime/forward.c). sm90: "-DFJ_INTRA_WG_OVERLAP=0", persistent or
    * not. */
   const char *spill_fallback;
+  /* Backward only: 1 is the deterministic variant (FJ_DETERMINISTIC, a
+   * macro of the unit and so of its key: docs/backward.md), which adds dQ
+   * in a fixed order; 0 otherwise and for every other kind. Set by the
+   * runtime after fjg_config_choose_backward. */
+  int deterministic;
 } fjg_config;
 
 /* Asks for (on = 1) or against the persistent kernel; only the sm90
@@ -148,5 +153,9 @@ fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *a
  * FJB_ROW_THREADS). */
 #define FJG_BWD_ROW_BLOCK 64
 #define FJG_BWD_ROW_THREADS 128
+/* The deterministic backward's semaphores (templates/common/bwd_order.cuh:
+ * FJB_SEM_ROWS): the scratch holds one per this many query rows, enough
+ * for every query tile of a multiple of it. */
+#define FJG_BWD_SEM_ROWS 16
 
 #endif /* FJG_CONFIG_H */

@@ -71,7 +71,8 @@ fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
 fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out);
 
 /* The whole backward translation unit but the banner: the configuration
- * #defines as fjg_emit_forward_tu writes them, then the parts of
+ * #defines as fjg_emit_forward_tu writes them (and `#define
+ * FJ_DETERMINISTIC 1` when cfg->deterministic), then the parts of
  * cfg->template_name's "backward" kernel (gen/templates.c), with the
  * backward hooks after the prologue. FJ_ENOTFOUND when the template has no
  * backward kernel or one of its parts is missing, FJ_EINVAL on a NULL

@@ -24,7 +24,8 @@ static const char *const sm80_forward[] = {
  * runs on every target from sm_80. */
 static const char *const sm80_backward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_bwd.cuh", "common/ptx.cuh",
-    "common/bwd_walk.cuh", "common/bwd_rows.cuh", "sm80/bwd_config.cuh", "sm80/ptx.cuh",
+    "common/bwd_walk.cuh", "common/bwd_order.cuh", "common/bwd_rows.cuh",
+    "sm80/bwd_config.cuh", "sm80/ptx.cuh",
     "sm80/tile_load.cuh", "sm80/bwd_mainloop.cuh", "sm80/bwd.cuh", NULL};
 /* The sm90 backward (wgmma, TMA): the same pre and post kernels; its parts
  * need only sm90's PTX wrappers, which come before its configuration (that

@@ -186,6 +186,10 @@ typedef struct fj_kernel_options {
    * dim 64 the sm90 kernel's tile has 192 query rows, and block masks of
    * 128-row blocks (FlexAttention's default) take its 128-row variant. */
   int block_mask_block_q;
+  /* fj_compile_backward only: 1 compiles the deterministic variant, the
+   * kernel fj_backward_args.deterministic launches (a kernel of its own,
+   * with its own key). The forward ignores it. */
+  int deterministic;
 } fj_kernel_options;
 
 typedef struct fj_kernel_info {
@@ -256,8 +260,15 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
  * if any (its transposed lists are read). Scratch: `workspace` (device
  * memory, 256-byte aligned) of at least fj_backward_workspace_size bytes,
  * or NULL: taken from the context's memory pool in stream order.
- * deterministic: 1 accumulates dq in a fixed order (bitwise equal results
- * across runs), at some cost in speed. Asynchronous on `stream`.
+ * deterministic: 1 adds the parts of dq to each query tile in a fixed
+ * order (descending key tiles; docs/backward.md), so that dq, dk and dv are
+ * bitwise equal from run to run of one kernel (same spec, shapes, dtype,
+ * target and GPU model); dk and dv are in any mode. It runs a kernel of its
+ * own, whose CTAs wait for each other's turns: slower, the more so the more
+ * key tiles add to each query tile. A spec with trainable buffers is
+ * refused (FJ_EUNSUPPORTED): their gradients are added in no fixed order.
+ * 0 (the default): dq is added with atomics in arrival order.
+ * Asynchronous on `stream`.
  */
 typedef struct fj_backward_args {
   const DLTensor *q, *k, *v, *o, *lse;
@@ -278,7 +289,9 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
                                 const fj_backward_args *args);
 
 /* Bytes of scratch a backward over B x Hq x Lq rows of head dim D needs
- * (fp32 delta and dq accumulator), for callers that pass their own. */
+ * (fp32 delta and dq accumulator, and the deterministic mode's int32
+ * semaphores, one per 16 query rows), for callers that pass their own. 0
+ * when a size is below 1. */
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
 
 /* Compiles (or finds in the cache) the backward kernels of spec for opts

@@ -27,10 +27,12 @@ static fj_status emit_backward(const fjg_graph *g, const fjg_config *cfg, fjg_bu
   return fjg_emit_backward_tu(g, cfg, out);
 }
 
-/* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>. */
+/* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>, then _det for the
+ * deterministic variant. */
 static void backward_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
-  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s", spec, cfg->head_dim,
-           cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch);
+  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s", spec, cfg->head_dim,
+           cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch,
+           cfg->deterministic ? "_det" : "");
 }
 
 /* The main kernel first: it is the one given cfg.smem_bytes. */
@@ -50,8 +52,9 @@ static const fjr_kernel_kind backward_kind = {
 /* The one place a backward kernel's configuration is decided: the
  * caller's template, else the context's (FLEXJIT_TEMPLATE, as for the
  * forward), else sm90 (wgmma + TMA) on sm_90a and sm80 (mma.sync) on every
- * other target. Both take 64 x 128 tiles, so a block mask that fits one
- * fits the other. */
+ * other target; the deterministic variant when asked for, which only sm80
+ * has (so it is the default there on every target). Both templates take
+ * 64 x 128 tiles, so a block mask that fits one fits the other. */
 static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                                  fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
@@ -59,10 +62,16 @@ static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
   fj_status st;
   if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
   const char *tmpl = o->kernel_template ? o->kernel_template : ctx->opts.kernel_template;
-  if (!tmpl) tmpl = strcmp(arch, "sm_90a") == 0 ? "sm90" : "sm80";
+  if (!tmpl) tmpl = strcmp(arch, "sm_90a") == 0 && !o->deterministic ? "sm90" : "sm80";
   char err[1024];
   st = fjg_config_choose_backward(o->head_dim, o->dtype, arch, tmpl, cfg, err, sizeof err);
-  return st == FJ_OK ? FJ_OK : fjr_fail(ctx, st, "%s", err);
+  if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
+  if (o->deterministic && strcmp(cfg->template_name, "sm80") != 0)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "the %s backward has no deterministic mode (the sm80 one has)",
+                    cfg->template_name);
+  cfg->deterministic = o->deterministic ? 1 : 0;
+  return FJ_OK;
 }
 
 fj_status fj_compile_backward(fj_context *ctx, const fj_spec *spec,
@@ -88,11 +97,20 @@ static size_t align_up(size_t n) {
   return (n + FJR_SCRATCH_ALIGN - 1) / FJR_SCRATCH_ALIGN * FJR_SCRATCH_ALIGN;
 }
 
-/* delta (fp32 [B][Hq][Lq]) first, then dq_accum (fp32 [B][Hq][Lq][D]). */
+/* Bytes of the deterministic mode's semaphores: an int32 per
+ * FJG_BWD_SEM_ROWS query rows of every (batch, query head). */
+static size_t sem_bytes(int64_t B, int64_t Hq, int64_t Lq) {
+  const size_t tiles = (size_t)((Lq + FJG_BWD_SEM_ROWS - 1) / FJG_BWD_SEM_ROWS);
+  return (size_t)B * (size_t)Hq * tiles * 4;
+}
+
+/* delta (fp32 [B][Hq][Lq]) first, then dq_accum (fp32 [B][Hq][Lq][D]),
+ * then the semaphores (int32, zeroed by the pre kernel of a deterministic
+ * launch; unused otherwise), each at a 256-byte boundary. */
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
   if (B < 1 || Hq < 1 || Lq < 1 || D < 1) return 0;
   const size_t rows = (size_t)B * (size_t)Hq * (size_t)Lq;
-  return align_up(rows * 4) + align_up(rows * (size_t)D * 4);
+  return align_up(rows * 4) + align_up(rows * (size_t)D * 4) + align_up(sem_bytes(B, Hq, Lq));
 }
 
 /* ---- checks ---- */
@@ -252,10 +270,16 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   if (!ctx) return FJ_EINVAL;
   fjr_clear_error(ctx);
   if (!spec || !args) return fjr_fail(ctx, FJ_EINVAL, "fj_attention_backward: NULL argument");
-  if (args->deterministic)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                    "the deterministic backward (ordered dq accumulation) is not "
-                    "implemented yet");
+  if (args->deterministic) {
+    /* Buffers' gradients are added with atomics in no fixed order. */
+    const fjg_graph *g = spec->graph;
+    for (int a = 0; a < fjg_num_args(g); a++)
+      if (fjg_arg_at(g, a)->trainable)
+        return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                        "the deterministic backward does not cover trainable buffers: "
+                        "spec '%s' trains '%s', whose gradient is added in no fixed order",
+                        spec->name, fjg_arg_at(g, a)->name);
+  }
 
   _Alignas(16) unsigned char pbuf[FJR_BWD_MAX_PARAM_BYTES];
   const size_t user_size = fjg_user_params_size(spec->graph);
@@ -285,7 +309,8 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   fj_block_mask_info mi = {0};
   if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)
     return fjr_fail(ctx, FJ_EINVAL, "fj_attention_backward: bad block mask");
-  const fj_kernel_options ko = {.head_dim = (int)D, .dtype = dtype};
+  const fj_kernel_options ko = {.head_dim = (int)D, .dtype = dtype,
+                                .deterministic = args->deterministic ? 1 : 0};
   fjg_config cfg;
   fjr_kernel *k = NULL;
   if ((st = backward_config(ctx, &ko, &cfg)) != FJ_OK ||
@@ -306,6 +331,7 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   }
   p->delta = scratch;
   p->dq_accum = scratch + align_up((size_t)(B * Hq * Lq) * 4);
+  p->dq_sem = p->dq_accum + align_up((size_t)(B * Hq * Lq) * (size_t)D * 4);
   _Alignas(128) fjr_tma_bwd_maps maps;
   if (k->cfg.uses_tma) {
     char err[512];

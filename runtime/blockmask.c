@@ -367,7 +367,9 @@ fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *m, int B
                                   int Lq, int Lk, int block_m, int block_n,
                                   fjr_bwd_params_fixed *p) {
   p->bm_q_num = p->bm_q_idx = p->bm_full_q_num = p->bm_full_q_idx = 0;
+  p->bm_kv_num = p->bm_kv_idx = p->bm_full_kv_num = p->bm_full_kv_idx = 0;
   p->bm_b_stride = p->bm_h_stride = p->bm_nq = 0;
+  p->bm_qb_stride = p->bm_qh_stride = p->bm_nkv = 0;
   p->bm_q_ratio = p->bm_kv_ratio = 1;
   if (!m) return FJ_OK;
   fj_status st = check_fit(ctx, m, B, Hq, Lq, Lk, block_m, block_n);
@@ -381,5 +383,13 @@ fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *m, int B
   p->bm_nq = m->nq;
   p->bm_q_ratio = m->block_q / block_m;
   p->bm_kv_ratio = m->block_kv / block_n;
+  /* The lists per query block: the deterministic mode's order reads them. */
+  p->bm_kv_num = m->mem + m->offsets[FJ_BM_KV_NUM_BLOCKS];
+  p->bm_kv_idx = m->mem + m->offsets[FJ_BM_KV_INDICES];
+  p->bm_full_kv_num = m->mem + m->offsets[FJ_BM_FULL_KV_NUM_BLOCKS];
+  p->bm_full_kv_idx = m->mem + m->offsets[FJ_BM_FULL_KV_INDICES];
+  p->bm_qb_stride = m->B == 1 ? 0 : m->H * m->nq;
+  p->bm_qh_stride = m->H == 1 ? 0 : m->nq;
+  p->bm_nkv = m->nkv;
   return FJ_OK;
 }

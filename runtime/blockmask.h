@@ -25,7 +25,9 @@ fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *mask,
                               int block_n, fjr_fwd_params_fixed *p);
 
 /* The same rules for a backward launch, writing the transposed lists (per
- * kv block: q_num_blocks, q_indices, full_q_*) into p's bm_* fields. */
+ * kv block: q_num_blocks, q_indices, full_q_*) and the lists per query
+ * block (kv_num_blocks, ...: the deterministic mode's order) into p's bm_*
+ * fields. */
 fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *mask, int B, int Hq,
                                   int Lq, int Lk, int block_m, int block_n,
                                   fjr_bwd_params_fixed *p);

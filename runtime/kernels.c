@@ -37,7 +37,8 @@ static int same_config(const fjg_config *a, const fjg_config *b) {
          !strcmp(a->arch, b->arch) && !strcmp(ta, tb) && a->block_m == b->block_m &&
          a->block_n == b->block_n && a->num_warps == b->num_warps &&
          a->num_stages == b->num_stages && a->persistent == b->persistent &&
-         a->q_bufs == b->q_bufs && a->smem_bytes == b->smem_bytes;
+         a->q_bufs == b->q_bufs && a->smem_bytes == b->smem_bytes &&
+         a->deterministic == b->deterministic;
 }
 
 /* NVRTC options of a kernel besides the target: the base ones, then for a

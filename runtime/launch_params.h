@@ -70,6 +70,13 @@ typedef struct fjr_bwd_params_fixed {
   int32_t bm_nq;
   int32_t bm_q_ratio;  /* block_q / the config's block_m */
   int32_t bm_kv_ratio; /* block_kv / the config's block_n */
+  /* The deterministic mode's semaphores (scratch: int32 [B][Hq][query
+   * tiles]) and the block mask's lists per query block (kv_num_blocks,
+   * kv_indices, full_kv_num_blocks, full_kv_indices; all zero when none). */
+  uint64_t dq_sem;
+  uint64_t bm_kv_num, bm_kv_idx, bm_full_kv_num, bm_full_kv_idx;
+  int32_t bm_qb_stride, bm_qh_stride;
+  int32_t bm_nkv;
 } fjr_bwd_params_fixed;
 
 /* The offsets templates/common/fj_bwd.cuh asserts for the device struct. */
@@ -83,10 +90,16 @@ _Static_assert(offsetof(fjr_bwd_params_fixed, bm_q_num) == 352,
                "fjr_bwd_params_fixed layout");
 _Static_assert(offsetof(fjr_bwd_params_fixed, bm_kv_ratio) == 400,
                "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, dq_sem) == 408,
+               "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, bm_qb_stride) == 448,
+               "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, bm_nkv) == 456,
+               "fjr_bwd_params_fixed layout");
 
 /* Offset of `user` in the device struct: its first member is a long long. */
 #define FJR_BWD_USER_OFFSET \
   ((sizeof(fjr_bwd_params_fixed) + 7u) & ~(size_t)7u)
-_Static_assert(FJR_BWD_USER_OFFSET == 408, "fjr_bwd_params_fixed layout");
+_Static_assert(FJR_BWD_USER_OFFSET == 464, "fjr_bwd_params_fixed layout");
 
 #endif /* FJR_LAUNCH_PARAMS_H */

@@ -1,8 +1,11 @@
 // templates/common/bwd_rows.cuh: the backward's two row kernels, around the
 // main one (docs/backward.md); no tensor cores, so every backward template
-// shares them. Needs fj_bwd_params (common/fj_bwd.cuh) and common/ptx.cuh.
+// shares them. Needs fj_bwd_params (common/fj_bwd.cuh), common/ptx.cuh and,
+// when FJ_DETERMINISTIC, common/bwd_order.cuh.
 //   fj_attention_bwd_pre:  delta = dO . O - dLSE per query row (0 where
-//                          LSE = -inf), and zeroes the row's dq_accum
+//                          LSE = -inf), and zeroes the row's dq_accum (and,
+//                          FJ_DETERMINISTIC, the semaphores of the query
+//                          tiles that start in its rows: common/bwd_order.cuh)
 //   fj_attention_bwd_post: dq = dq_accum in the element type
 // Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B), FJB_ROW_THREADS threads,
 // no dynamic shared memory (gen/config.h's FJG_BWD_ROW_BLOCK and
@@ -85,6 +88,9 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
   float *acc = p.dq_accum + (row0 + q0) * FJ_HEAD_DIM;
   for (int k = tid; k < rows * (FJ_HEAD_DIM / 4); k += FJB_ROW_THREADS)
     fj_st_global_v4(acc + 4 * k, 0u, 0u, 0u, 0u);
+#if FJ_DETERMINISTIC
+  fjb_order_zero(p, b, h, q0, FJB_ROW_BLOCK, tid, FJB_ROW_THREADS);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)

@@ -6,7 +6,8 @@
 // transposed lists (its PARTIAL blocks, then its FULL blocks) or, without
 // one, from fj_tile_class. Every thread of the CTA walks the same items
 // (each warp computes them for itself; nothing is shared). Needs
-// fj_bwd_params, fj_tile_class (when FJ_HAS_MASK) and FJ_BLOCK_M.
+// fj_bwd_params, fj_tile_class (when FJ_HAS_MASK), FJ_BLOCK_M and
+// FJ_BLOCK_N.
 #pragma once
 
 struct fjb_item {
@@ -17,7 +18,22 @@ struct fjb_item {
   int cls;  // FJ_TILE_FULL or FJ_TILE_PARTIAL, bounds apart
 };
 
+// The last kv row of kv tile n (its first is n * FJ_BLOCK_N).
+__device__ __forceinline__ int fjb_kv_last(const fj_bwd_params &p, int n) {
+  return min(n * FJ_BLOCK_N + FJ_BLOCK_N, p.sz.Lk) - 1;
+}
+
 #if FJ_HAS_MASK
+// The class of query tile i of head h against kv rows [kv0, kv1] (a kv
+// tile: n * FJ_BLOCK_N and fjb_kv_last): the one classification of a pair
+// of tiles that the walk and the deterministic order (common/bwd_order.cuh)
+// both use, so that they agree on every pair.
+__device__ __forceinline__ int fjb_pair_class(const fj_bwd_params &p, int b, int h, int i,
+                                              int kv0, int kv1) {
+  const int q0 = i * FJ_BLOCK_M;
+  return fj_tile_class(p.user, p.sz, b, h, q0, min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1, kv0, kv1);
+}
+
 // The first query tile >= i below nq that is not EMPTY for kv rows
 // [kv0, kv1] of head h, nq when none; *cls its class. Lane l classifies
 // tile i + l, 32 tiles a round, so a long run of EMPTY tiles (the rows
@@ -29,10 +45,7 @@ __device__ __forceinline__ int fjb_scan_q(const fj_bwd_params &p, int b, int h, 
   for (; i < nq; i += 32) {
     const int ii = i + lane;
     int c = FJ_TILE_EMPTY;
-    if (ii < nq) {
-      const int q0 = ii * FJ_BLOCK_M;
-      c = fj_tile_class(p.user, p.sz, b, h, q0, min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1, kv0, kv1);
-    }
+    if (ii < nq) c = fjb_pair_class(p, b, h, ii, kv0, kv1);
     const unsigned hit = __ballot_sync(0xffffffffu, c != FJ_TILE_EMPTY);
     if (hit != 0u) {
       const int src = __ffs(hit) - 1;
@@ -47,6 +60,9 @@ __device__ __forceinline__ int fjb_scan_q(const fj_bwd_params &p, int b, int h, 
 // The block mask's query tile at list position *t of count row `row`, or
 // the next one that starts below Lq (the tail of a last block may not); *t
 // is moved to it and *cls receives its class. -1 past the end of the list.
+// A kv tile's walk thus holds query tile i (below Lq) exactly when the
+// tile's block is listed in the kv block's row (common/bwd_order.cuh counts
+// on it).
 __device__ __forceinline__ int fjb_bm_q_tile(const fj_bwd_params &p, int row, int *t,
                                              int *cls) {
   const int r = p.bm_q_ratio;

@@ -14,7 +14,15 @@
 // pre and post (common/bwd_rows.cuh) on grid (ceil(Lq / FJB_ROW_BLOCK), Hq,
 // B) with FJB_ROW_THREADS threads and no dynamic shared memory; the main
 // kernel as its template's config part says.
+//
+// FJ_DETERMINISTIC (0 unless the generator defines it 1; part of the
+// kernel's source and key): the deterministic variant, which adds each kv
+// tile's dQ part to a query tile in a fixed order (common/bwd_order.cuh).
 #pragma once
+
+#ifndef FJ_DETERMINISTIC
+#define FJ_DETERMINISTIC 0
+#endif
 
 #if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
     !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \
@@ -40,6 +48,7 @@ struct fj_bwd_params {
   //   delta    [B][Hq][Lq]      dO . O - dLSE (0 where LSE = -inf), by pre
   //   dq_accum [B][Hq][Lq][D]   zeroed by pre, += scale * dS K by the main
   //                             kernel, converted to dq by post
+  // and dq_sem below.
   float *delta;
   float *dq_accum;
   void *dq;
@@ -75,14 +84,32 @@ struct fj_bwd_params {
   int bm_nq;        // the mask's query blocks, ceil(Lq / block_q)
   int bm_q_ratio;   // block_q / FJ_BLOCK_M
   int bm_kv_ratio;  // block_kv / FJ_BLOCK_N
+  // The deterministic mode's (FJ_DETERMINISTIC; unused otherwise):
+  //   dq_sem   int32 [B][Hq][ceil(Lq / FJ_BLOCK_M)], a query tile's count
+  //            of the kv tiles that have added their dQ part to it; zeroed
+  //            by pre (scratch sized for 16-row tiles: FJB_SEM_ROWS)
+  // and the block mask's lists per query block (null without a block
+  // mask), from which a kv tile counts the kv tiles that add to a query
+  // tile before it: count arrays (kv_num_blocks, full_kv_num_blocks)
+  // indexed by b * bm_qb_stride + h * bm_qh_stride + query block (strides 0
+  // broadcast), index arrays holding bm_nkv entries per count, ascending.
+  // They are the transposes of the lists above (fj_block_mask_build
+  // compacts both from one classification).
+  int *dq_sem;
+  const int *bm_kv_num;       // PARTIAL kv blocks per query block
+  const int *bm_kv_idx;
+  const int *bm_full_kv_num;  // FULL kv blocks per query block
+  const int *bm_full_kv_idx;
+  int bm_qb_stride, bm_qh_stride;
+  int bm_nkv;  // the mask's kv blocks, ceil(Lk / block_kv)
   fj_user_params user;
   fj_user_grads grads;
 };
 
-// NVRTC has no offsetof: the size pins the fixed part at 404 bytes (408
+// NVRTC has no offsetof: the size pins the fixed part at 460 bytes (464
 // with the padding before `user`, whose first member is a long long), the
 // offset runtime/launch_params.h asserts with offsetof for the host mirror,
 // field by field.
 static_assert(sizeof(fj_bwd_params) ==
-                  408 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
-              "fj_bwd_params: the fixed part is 408 bytes, as fjr_bwd_params_fixed");
+                  464 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
+              "fj_bwd_params: the fixed part is 464 bytes, as fjr_bwd_params_fixed");

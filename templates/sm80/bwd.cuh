@@ -1,7 +1,8 @@
 // templates/sm80/bwd.cuh: the backward's main kernel (contract and scheme:
 // sm80/bwd_config.cuh): K and V of the CTA's kv tile, the walk over its
 // work items with the next item's Q, dO, LSE and delta loading while one is
-// computed, then dK and dV to global memory.
+// computed, then dK and dV to global memory. FJ_DETERMINISTIC: kv tiles in
+// descending blockIdx.x order, dQ added in turn (common/bwd_order.cuh).
 #pragma once
 
 extern "C" __global__ void __launch_bounds__(FJK_THREADS, 1)
@@ -11,10 +12,17 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int Lq = p.sz.Lq, Lk = p.sz.Lk;
+#if FJ_DETERMINISTIC
+  // The kv tiles in descending order (common/bwd_order.cuh: a CTA waits
+  // only on the CTAs before it in blockIdx.x).
+  const int n_block = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1 - (int)blockIdx.x;
+#else
+  const int n_block = blockIdx.x;
+#endif
+  const int hk = blockIdx.y, b = blockIdx.z;
   const int kv0 = n_block * FJ_BLOCK_N;
-  const int kv1 = min(kv0 + FJ_BLOCK_N, Lk) - 1;
+  const int kv1 = fjb_kv_last(p, n_block);
   const int wkv0 = kv0 + warp * 16;  // this warp's first kv row
   const int wkv1 = min(wkv0 + 16, Lk) - 1;
 
@@ -88,8 +96,17 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
                s_lse + sub * FJB_SUB_M * 4, s_delta + sub * FJB_SUB_M * 4,
                s_ds + sub * FJB_SUB_M * 2, dk, dv);
     }
+#if FJ_DETERMINISTIC
+    // The rank's count is also the barrier after which dS^T is complete;
+    // dQ is added in the kv tiles' order.
+    const int rank = fjb_order_rank<FJK_THREADS>(p, b, n_block, cur.h, cur.i);
+    int *sem = fjb_order_sem(p, b, cur.h, cur.i);
+    fjb_dq_step(p, b, cur.h, q0, s_k, s_ds, sem, rank);
+    fjb_order_release(sem, rank);
+#else
     __syncthreads();  // dS^T complete
     fjb_dq_step(p, b, cur.h, q0, s_k, s_ds);
+#endif
     cur = nxt;
     stage = nst;
   }

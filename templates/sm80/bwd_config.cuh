@@ -6,7 +6,8 @@
 // The translation unit's parts, in the order gen/templates.c lists them
 // ("sm80", "backward"): common/fj_common.cuh, the generated prologue,
 // common/fj_bwd.cuh, common/ptx.cuh, common/bwd_walk.cuh,
-// common/bwd_rows.cuh (the pre and post kernels), then sm80/bwd_config.cuh,
+// common/bwd_order.cuh, common/bwd_rows.cuh (the pre and post kernels),
+// then sm80/bwd_config.cuh,
 // sm80/ptx.cuh, sm80/tile_load.cuh, sm80/bwd_mainloop.cuh, sm80/bwd.cuh.
 //
 // ---- Contract with the generator -----------------------------------------
@@ -24,6 +25,9 @@
 //                      fj_tile_class and evaluates fj_mask on PARTIAL ones
 //   FJ_HAS_SCORE_MOD   0 | 1: 1 calls fj_score_mod and fj_score_grad per
 //                      element
+//   FJ_DETERMINISTIC   1 or undefined (0): 1 adds dQ to each query tile in
+//                      descending kv-tile order (common/bwd_order.cuh), the
+//                      CTA of kv tile n at blockIdx.x = nk - 1 - n
 // Hooks (the generated prologue): struct fj_user_params and struct
 //   fj_user_grads always; fj_tile_class and fj_mask when FJ_HAS_MASK;
 //   fj_score_mod and fj_score_grad (docs/backward.md) when FJ_HAS_SCORE_MOD.
@@ -32,7 +36,8 @@
 // Launch of fj_attention_bwd: grid (ceil(Lk / FJ_BLOCK_N), Hkv, B),
 //   FJ_NUM_WARPS * 32 threads, FJB_SMEM_BYTES of dynamic shared memory (no
 //   static). After fj_attention_bwd_pre and before fj_attention_bwd_post
-//   (common/bwd_rows.cuh), on the same stream.
+//   (common/bwd_rows.cuh), on the same stream; FJ_DETERMINISTIC: with
+//   dq_sem in the scratch and, with a block mask, its lists per query block.
 // Requirements the host checks: q, k, v, o, dout, dq, dk, dv 16-byte aligned,
 //   their batch, head and sequence strides multiples of 8 elements, head
 //   dim contiguous; lse, dlse float32 with sequence stride 1; delta and
@@ -57,7 +62,8 @@
 // after a barrier the CTA computes
 //   dQ = dS K over all FJ_BLOCK_N kv rows     (A: dS^T read transposed)
 // split over the warps by query rows and head-dim columns, and adds it,
-// times scale, to dq_accum with fp32 atomics. At the end it writes dK
+// times scale, to dq_accum with fp32 atomics (FJ_DETERMINISTIC: the same
+// atomics, once the kv tiles before this one have added theirs). At the end it writes dK
 // (times scale) and dV in the element type. P^T and dS^T never leave
 // registers for the two transposed products; only dS^T goes through shared
 // memory, for dQ.

@@ -226,8 +226,8 @@ __device__ __forceinline__ void fjb_red_add2(float *p, float x, float y) {
 
 // dQ of query rows [q0, q0 + FJ_BLOCK_M) of head h, this warp's part (rows
 // 16 wm .., head-dim columns FJB_DQ_COLS wd ..): dS K over the CTA's
-// FJ_BLOCK_N kv rows, times scale, added to dq_accum. After a barrier that
-// follows every warp's fjb_step.
+// FJ_BLOCK_N kv rows, times scale, added to dq_accum (each element by one
+// thread of the CTA). After a barrier that follows every warp's fjb_step.
 //   A = dS (16 queries x 16 kv rows of step kk) from dS^T [kv][query],
 //     ldmatrix.x4.trans: matrix (m 0-7, k 0-7) is the transpose of the
 //     stored 8 x 8 block at kv rows 16 kk + 0-7, query columns 16 wm + 0-7;
@@ -237,8 +237,12 @@ __device__ __forceinline__ void fjb_red_add2(float *p, float x, float y) {
 //   B = K read as [k = kv][n = d], as fjb_gemm_rows_q reads a query tile,
 //     at head-dim chunk FJB_DQ_COLS / 8 * wd + 2 dp (even, so the swizzle
 //     xor applies as there).
+// FJ_DETERMINISTIC: the CTA waits for its turn on query tile (h, q0)'s
+// semaphore `sem` (its rank: common/bwd_order.cuh) between the product and
+// the additions; every thread calls it (the wait ends in a barrier).
 __device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, int b, int h, int q0,
-                                            unsigned s_k, unsigned s_ds) {
+                                            unsigned s_k, unsigned s_ds,
+                                            const int *sem = nullptr, int rank = 0) {
   const int lt = fj_tid();
   const int warp = lt >> 5, lane = lt & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -265,6 +269,11 @@ __device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, int b, int h
       fjk_mma(acc[2 * dp + 1], a, bb[2], bb[3]);
     }
   }
+#if FJ_DETERMINISTIC
+  fjb_order_wait(sem, rank);
+#else
+  (void)sem, (void)rank;
+#endif
   const int Lq = p.sz.Lq;
   float *gq = p.dq_accum + (((long long)b * p.sz.Hq + h) * Lq + q0) * FJ_HEAD_DIM +
               wd * FJB_DQ_COLS + 2 * t4;

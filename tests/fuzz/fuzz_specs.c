@@ -805,7 +805,8 @@ int main(int argc, char **argv) {
     const fjg_graph *g = fjr_spec_graph(spec);
     st.nodes += fjg_num_nodes(g);
     if (o.verbose) printf("spec %ld: %d nodes\n", i, fjg_num_nodes(g));
-    fj_kernel_options ko = {64, FJ_DTYPE_BF16, "sm_80", "sm80", 0};
+    fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16, .arch = "sm_80",
+                            .kernel_template = "sm80"};
     fj_status s = fj_emit_forward_source(ctx, spec, &ko, src_path);
     if (s != FJ_OK)
       st.failures += report(text, o.seed, i, "emit: %s", fj_context_last_error(ctx));

@@ -6,7 +6,9 @@
  * score_mod (the hand-written prologue of tests/unit/template_tu.h, with a
  * trainable buffer), every one of its three kernels without spills and
  * within the target's shared memory, the template's shared-memory map equal
- * to the configuration's.
+ * to the configuration's; and the deterministic variant (FJ_DETERMINISTIC)
+ * for sm_80, sm_86 and sm_90a the same way, with its ordered dQ (acquire polls,
+ * the rank's counting barriers, release fences), which the other lacks.
  * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units and logs.
  */
 #include <setjmp.h>
@@ -23,6 +25,9 @@
 
 #include "gen/config.h"
 #include "tests/unit/template_tu.h"
+
+#define FJT_STR2(x) #x
+#define FJT_STR(x) FJT_STR2(x)
 
 /* Largest dynamic shared memory a block may opt in to (gen/config.c's
  * table, restated: the test must catch a configuration that outgrows it). */
@@ -60,6 +65,7 @@ static void test_config(void **state) {
           assert_true(c.smem_bytes > 0 && c.smem_bytes <= smem_limit(archs[a]));
           assert_int_equal(c.uses_tma, 0);
           assert_int_equal(c.persistent, 0);
+          assert_int_equal(c.deterministic, 0); /* the runtime sets it */
           assert_null(c.spill_fallback);
         }
       }
@@ -170,25 +176,30 @@ static void dump(const char *name, const char *text) {
 }
 
 static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dtype dt,
-                        int has_mask, int has_score_mod) {
+                        int has_mask, int has_score_mod, int det) {
   fjg_config c;
   char err[256];
   if (fjg_config_choose_backward(head_dim, dt, arch, tmpl, &c, err, sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
+  c.deterministic = det;
   const int sm90 = c.uses_tma;
   /* The template's numbers must be the configuration's and config.h's. */
-  char tail[512];
+  char tail[640];
   snprintf(tail, sizeof tail,
            "static_assert(%s == %d, \"smem: template vs gen/config.c\");\n"
            "static_assert(%s == %d, \"threads: template vs gen/config.c\");\n"
-           "static_assert(FJB_ROW_BLOCK == %d && FJB_ROW_THREADS == %d, \"row kernels\");\n",
+           "static_assert(FJB_ROW_BLOCK == %d && FJB_ROW_THREADS == %d, \"row kernels\");\n"
+           "static_assert(FJ_DETERMINISTIC == %d, \"FJ_DETERMINISTIC\");\n%s",
            sm90 ? "FJHB_SMEM_BYTES" : "FJB_SMEM_BYTES", c.smem_bytes,
            sm90 ? "FJHB_THREADS" : "FJK_THREADS", c.threads, FJG_BWD_ROW_BLOCK,
-           FJG_BWD_ROW_THREADS);
+           FJG_BWD_ROW_THREADS, det,
+           sm90 ? "" : "static_assert(FJB_SEM_ROWS == " FJT_STR(FJG_BWD_SEM_ROWS)
+                       ", \"semaphores: template vs gen/config.h\");\n");
   char *tu = fjt_build_kernel_tu(&c, "backward", has_mask, has_score_mod,
                                  fjt_bwd_causal_softcap_bias, tail);
   char what[128];
-  snprintf(what, sizeof what, "bwd_%s_m%d_s%d_d%d_%s_%s", c.template_name, has_mask,
+  snprintf(what, sizeof what, "bwd_%s%s_m%d_s%d_d%d_%s_%s", c.template_name, det ? "_det" : "",
+           has_mask,
            has_score_mod, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
   char name[160];
   snprintf(name, sizeof name, "%s.cu", what);
@@ -237,6 +248,17 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
     assert_non_null(strstr(ptx, ".global.add")); /* dq_accum's atomics */
     if (strcmp(arch, "sm_90a") == 0) assert_non_null(strstr(ptx, "red.global.add.v2.f32"));
   }
+  /* The ordered dQ of common/bwd_order.cuh, only in the deterministic unit:
+   * the rank's counting barrier, the poll, the release. */
+  if (det) {
+    assert_non_null(strstr(ptx, "bar.red.popc"));
+    assert_non_null(strstr(ptx, "ld.acquire.gpu.global.b32"));
+    assert_non_null(strstr(ptx, "fence.acq_rel.gpu"));
+  } else {
+    assert_null(strstr(ptx, "bar.red.popc"));
+    assert_null(strstr(ptx, "ld.acquire"));
+    assert_null(strstr(ptx, "fence.acq_rel"));
+  }
   size_t cubin_size = 0;
   assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
   assert_true(cubin_size > 0);
@@ -254,7 +276,20 @@ static void run_arch(const char *arch, const char *tmpl) {
   for (size_t d = 0; d < 2; d++)
     for (size_t t = 0; t < 2; t++)
       for (int mask = 0; mask < 2; mask++)
-        for (int mod = 0; mod < 2; mod++) compile_one(arch, tmpl, dims[d], dts[t], mask, mod);
+        for (int mod = 0; mod < 2; mod++)
+          compile_one(arch, tmpl, dims[d], dts[t], mask, mod, 0);
+}
+
+/* The deterministic variant (sm80 only): every combination of mask and
+ * score_mod (the block-mask and GQA paths are runtime branches of the same
+ * unit); sm_86 has the smaller tiles of parts with about 100 KiB of shared
+ * memory. */
+static void run_arch_det(const char *arch) {
+  static const int dims[] = {64, 128};
+  for (size_t d = 0; d < 2; d++)
+    for (int mask = 0; mask < 2; mask++)
+      for (int mod = 0; mod < 2; mod++)
+        compile_one(arch, "sm80", dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, 1);
 }
 
 static void test_compile_sm80(void **state) {
@@ -269,6 +304,48 @@ static void test_compile_sm90a(void **state) {
   (void)state;
   run_arch("sm_90a", "sm80");
   run_arch("sm_90a", "sm90");
+}
+static void test_compile_det_sm80(void **state) {
+  (void)state;
+  run_arch_det("sm_80");
+}
+static void test_compile_det_sm86(void **state) {
+  (void)state;
+  run_arch_det("sm_86");
+}
+static void test_compile_det_sm90a(void **state) {
+  (void)state;
+  run_arch_det("sm_90a");
+}
+
+/* FJ_DEBUG_WAIT_LIMIT (debugging only): the deterministic kernel's polls
+ * trap after that many. */
+static void test_det_wait_limit(void **state) {
+  (void)state;
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_80", NULL, &c, err, sizeof err) !=
+      FJ_OK)
+    fail_msg("config: %s", err);
+  c.deterministic = 1;
+  char *tu = fjt_build_kernel_tu(&c, "backward", 1, 0, fjt_bwd_causal_softcap_bias, "");
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, tu, "wait.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+  const char *opts[] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_80",
+                        "-DFJ_DEBUG_WAIT_LIMIT=1000"};
+  if (nvrtcCompileProgram(prog, 4, opts) != NVRTC_SUCCESS) {
+    char *log = fjt_program_log(prog);
+    fail_msg("FJ_DEBUG_WAIT_LIMIT: %s", log);
+  }
+  size_t n = 0;
+  assert_int_equal(nvrtcGetPTXSize(prog, &n), NVRTC_SUCCESS);
+  char *ptx = malloc(n);
+  assert_non_null(ptx);
+  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  assert_non_null(strstr(ptx, "trap;"));
+  free(ptx);
+  nvrtcDestroyProgram(&prog);
+  free(tu);
 }
 
 /* The template must reject a configuration it cannot run, at compile time:
@@ -301,9 +378,13 @@ int main(void) {
       cmocka_unit_test(test_config),
       cmocka_unit_test(test_parts),
       cmocka_unit_test(test_bad_config_rejected),
+      cmocka_unit_test(test_det_wait_limit),
       cmocka_unit_test(test_compile_sm80),
       cmocka_unit_test(test_compile_sm86),
       cmocka_unit_test(test_compile_sm90a),
+      cmocka_unit_test(test_compile_det_sm80),
+      cmocka_unit_test(test_compile_det_sm86),
+      cmocka_unit_test(test_compile_det_sm90a),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

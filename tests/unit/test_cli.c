@@ -133,7 +133,8 @@ static void test_run_bench_options(void **state) {
 }
 
 /* --backward: a head dim the backward lacks is refused before the GPU;
- * one it has gets as far as the missing GPU. */
+ * one it has gets as far as the missing GPU, with --deterministic too,
+ * which alone is refused. */
 static void test_run_backward_options(void **state) {
   (void)state;
   char spec[400];
@@ -149,6 +150,16 @@ static void test_run_backward_options(void **state) {
   fjt_expect_in(fjt_err, "no GPU");
   assert_int_equal(fjt_flexjit(NULL, "run --help"), 0);
   fjt_expect_in(fjt_out, "--backward");
+  /* --deterministic is a mode of the backward. */
+  fjt_expect_in(fjt_out, "--deterministic");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --deterministic", spec),
+                   2);
+  fjt_expect_in(fjt_err, "--deterministic is a mode of the backward pass");
+  fjt_expect_not_in(fjt_err, "no GPU");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 1 --q-len 8 --backward "
+                                       "--deterministic --check", spec),
+                   2);
+  fjt_expect_in(fjt_err, "no GPU");
 }
 
 /* ---- errors that need the spec, not the GPU ---- */

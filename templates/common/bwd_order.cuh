@@ -1,0 +1,161 @@
+// templates/common/bwd_order.cuh: the deterministic backward's order of dQ
+// additions (FJ_DETERMINISTIC; docs/backward.md).
+//
+// Every kv tile whose walk (common/bwd_walk.cuh) holds a work item (query
+// head h, query tile i) adds its part of dQ to tile i's rows of dq_accum.
+// Added in arrival order, the fp32 sum rounds differently from run to run;
+// here the kv tiles of a (batch, kv head) add to a query tile one after
+// another in descending kv-tile order. The scratch holds a semaphore per
+// (b, h, i) (dq_sem, zeroed by the pre kernel): the number of kv tiles that
+// have added to the tile. Kv tile n computes its rank, the number of kv
+// tiles above n whose walks hold (h, i) (fjb_order_rank), waits until the
+// semaphore reaches it, adds, and sets it to rank + 1.
+//
+// Deadlock freedom. The main kernel runs kv tile n of (kv head hk, batch b)
+// in CTA (nk - 1 - n, hk, b), so a CTA waits only on CTAs of its own y and
+// z and a smaller x, which come before it in linear blockIdx order (x
+// fastest), the order in which the hardware dispatches CTAs: once a CTA
+// waits, those before it have started or finished (the assumption every
+// semaphore-ordered reduction on GPUs makes). The lowest unfinished CTA
+// thus waits on finished ones only. The query heads of a GQA group are
+// items of one CTA. No CTA waits for a kv tile that will not add: the rank
+// counts exactly the walks that hold (h, i), with the walk's classification
+// (fjb_pair_class) or, with a block mask, the mask's lists per query block
+// (the transposes of the lists the walk reads; fj_block_mask_build
+// compacts both from one classification).
+//
+// Why descending: under causal, sliding-window and document masks the kv
+// tiles above n begin their walks at later query tiles and have no more
+// items than n, so each is ahead of n on every tile they share and the
+// waits are short; in ascending order every CTA of a head would trail the
+// first one, which holds all the query tiles.
+//
+// Needs fj_bwd_params, common/ptx.cuh, common/bwd_walk.cuh (fjb_kv_last,
+// fjb_pair_class), FJ_BLOCK_M and FJ_BLOCK_N. The semaphore primitives
+// (fjb_sem_*) know nothing of attention; fjb_order_wait and
+// fjb_order_release wrap them for a CTA whose threads all take part.
+// FJ_DEBUG_WAIT_LIMIT (undefined; debugging only, through
+// $FLEXJIT_KERNEL_DEFINES): trap after that many polls of one semaphore.
+#pragma once
+
+// The host sizes the semaphores for query tiles of this many rows
+// (gen/config.h's FJG_BWD_SEM_ROWS), so any tile of a multiple of it fits.
+constexpr int FJB_SEM_ROWS = 16;
+static_assert(FJ_BLOCK_M % FJB_SEM_ROWS == 0,
+              "deterministic backward: the semaphores are sized for 16-row query tiles");
+
+// The semaphore of query tile i of query head h, batch b.
+__device__ __forceinline__ int *fjb_order_sem(const fj_bwd_params &p, int b, int h, int i) {
+  const int nq = (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  return p.dq_sem + ((long long)b * p.sz.Hq + h) * nq + i;
+}
+
+// Zeroes the semaphores of head h's query tiles that start in rows
+// [q0, q0 + rows) (rows [q0, Lq) at the end): each tile starts in the rows
+// of exactly one pre CTA. Thread tid of `threads` threads.
+__device__ __forceinline__ void fjb_order_zero(const fj_bwd_params &p, int b, int h, int q0,
+                                               int rows, int tid, int threads) {
+  const int i0 = (q0 + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  const int i1 = (min(q0 + rows, p.sz.Lq) + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  int *sem = fjb_order_sem(p, b, h, 0);
+  for (int i = i0 + tid; i < i1; i += threads) sem[i] = 0;
+}
+
+// One thread polls *sem until it reaches `value`, then reads with acquire
+// semantics what the threads that released it wrote before.
+__device__ __forceinline__ void fjb_sem_wait_thread(const int *sem, int value) {
+#ifdef FJ_DEBUG_WAIT_LIMIT
+  unsigned polls = 0;
+#endif
+  for (;;) {
+    int v;
+    asm volatile(
+        "{\n .reg .u64 g;\n cvta.to.global.u64 g, %1;\n"
+        " ld.acquire.gpu.global.b32 %0, [g];\n}\n"
+        : "=r"(v) : "l"(sem) : "memory");
+    if (v >= value) break;
+#ifdef FJ_DEBUG_WAIT_LIMIT
+    if (++polls > (unsigned)(FJ_DEBUG_WAIT_LIMIT)) asm volatile("trap;");
+#endif
+    asm volatile("nanosleep.u32 64;\n" ::: "memory");
+  }
+}
+
+// One thread sets *sem to `value`, after a fence that makes every write
+// it has seen (its own, and its CTA's before a barrier) visible first.
+__device__ __forceinline__ void fjb_sem_release_thread(int *sem, int value) {
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " fence.acq_rel.gpu;\n st.relaxed.gpu.global.b32 [g], %1;\n}\n"
+      :: "l"(sem), "r"(value) : "memory");
+}
+
+// The rank of kv tile n on query tile i of query head h, batch b: how many
+// kv tiles above n (n + 1 .. nk - 1) hold (h, i) in their walks. It is also
+// a barrier of the whole CTA (__syncthreads_count, one a round of NT kv
+// tiles or list entries: one round up to NT * FJ_BLOCK_N keys); all NT
+// threads call it with the same arguments.
+//   Without a block mask: kv tile t holds (h, i) when fjb_pair_class is
+//   not EMPTY (every t without a mask); thread k classifies t = n + 1 + k.
+//   With one: when i's block is listed in t's kv block's row of the
+//   transposed lists, i.e. when t's kv block is listed in the row of i's
+//   query block; the row's entries (PARTIAL, then FULL) each stand for
+//   bm_kv_ratio kv tiles (those below nk), and thread k takes tile k %
+//   bm_kv_ratio of entry k / bm_kv_ratio.
+template <int NT>
+__device__ __forceinline__ int fjb_order_rank(const fj_bwd_params &p, int b, int n, int h,
+                                              int i) {
+  const int nk = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+  const int tid = fj_tid();
+  int rank = 0;
+  if (p.bm_q_num != nullptr) {
+    const int r = p.bm_kv_ratio;
+    const int row = b * p.bm_qb_stride + h * p.bm_qh_stride + i / p.bm_q_ratio;
+    const int np = __ldg(p.bm_kv_num + row);
+    const int span = (np + __ldg(p.bm_full_kv_num + row)) * r;
+    const long long base = (long long)row * p.bm_nkv;
+    // Rounds not unrolled: the unrolled copies made sm_80's D=128 masked
+    // kernel spill (its dK and dV fill the registers around this).
+#pragma unroll 1
+    for (int k0 = 0;; k0 += NT) {
+      const int k = k0 + tid;
+      bool before = false;
+      if (k < span) {
+        const int e = k / r;
+        const int blk = e < np ? __ldg(p.bm_kv_idx + base + e)
+                               : __ldg(p.bm_full_kv_idx + base + (e - np));
+        const int t = blk * r + k % r;
+        before = t > n && t < nk;
+      }
+      rank += __syncthreads_count(before);
+      if (k0 + NT >= span) break;
+    }
+  } else {
+#pragma unroll 1
+    for (int t0 = n + 1;; t0 += NT) {
+      const int t = t0 + tid;
+      bool before = t < nk;
+#if FJ_HAS_MASK
+      if (before)
+        before = fjb_pair_class(p, b, h, i, t * FJ_BLOCK_N, fjb_kv_last(p, t)) != FJ_TILE_EMPTY;
+#endif
+      rank += __syncthreads_count(before);
+      if (t0 + NT >= nk) break;
+    }
+  }
+  return rank;
+}
+
+// Every thread of the CTA: until *sem reaches rank (thread 0 polls), then
+// a barrier, after which the CTA's additions follow those before it.
+__device__ __forceinline__ void fjb_order_wait(const int *sem, int rank) {
+  if (fj_tid() == 0) fjb_sem_wait_thread(sem, rank);
+  __syncthreads();
+}
+
+// Every thread of the CTA, after its additions: a barrier, then thread 0
+// sets *sem to rank + 1, the next kv tile's turn.
+__device__ __forceinline__ void fjb_order_release(int *sem, int rank) {
+  __syncthreads();
+  if (fj_tid() == 0) fjb_sem_release_thread(sem, rank + 1);
+}
