@@ -377,8 +377,15 @@ def _op_backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     dq, dk, dv, grads = torch.ops.flexjit.attention_bwd.default(
         dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, bm, bs)
-    return (dq, dk, dv, None, None, None, None, _buffer_grads(spec, grads, nb), None,
-            None)
+    # One entry per input, in the inputs' structure as torch.library sees
+    # it: a list of tensors gets a list, a list of numbers None (or [] when
+    # empty, which it cannot tell from a list of tensors).
+    return (dq, dk, dv, None, None, _no_grad(ints), _no_grad(floats),
+            _buffer_grads(spec, grads, nb), [None] * len(bm), _no_grad(bs))
+
+
+def _no_grad(numbers):
+    return [] if not numbers else None
 
 
 attention_fwd.register_autograd(_op_backward, setup_context=_setup_context)
