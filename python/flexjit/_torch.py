@@ -76,7 +76,7 @@ class _DL:
 
 
 def _sig(t):
-    return (t.shape, t.stride(), t.dtype, t.device)
+    return (t.shape, t.stride(), t.dtype, t.get_device())
 
 
 class _Values:
@@ -87,6 +87,7 @@ class _Values:
         self.args = (_lib.Arg * n)()
         self.addr = ctypes.addressof(self.args) if n else None
         self.n = n
+        self.any = n > 0
         self.ints, self.floats, self.bufs = [], [], []
         gi = 0
         bi = 0
@@ -182,51 +183,58 @@ def _wrap_mask(ctx, bm, bs, Lq, Lk):
     return out.value
 
 
-def _lse_and_workspace(q):
-    """LSE [B, Hq, Lq] (float32, contiguous) and, in the same allocation
-    after it, 256 bytes of forward scratch (fj_forward_workspace_size)."""
-    B, H, L = q.shape[0], q.shape[1], q.shape[2]
-    n = B * H * L
-    at = (n * 4 + 255) // 256 * 256
-    buf = torch.empty(at // 4 + 64, dtype=torch.float32, device=q.device)
-    return buf.as_strided((B, H, L), (H * L, L, 1)), buf.data_ptr() + at
-
-
 def forward_impl(q: Tensor, k: Tensor, v: Tensor, spec: int, scale: float,
                  ints: List[int], floats: List[float], buffers: List[Tensor],
                  block_mask: List[Tensor], block_size: List[int]) -> Tuple[Tensor, Tensor]:
-    core = core_by_id(spec)
-    ctx = _context(q)
-    h = core.handle(ctx)
+    # The hot path: one flat key, two allocations, pointer writes, one call.
+    dev = q.get_device()
+    ctx = _runtime.context(dev if dev > 0 else 0)
+    qs = q.shape
+    key = (spec, qs, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+           k.dtype, v.dtype, dev)
+    if buffers:
+        key += tuple(_sig(b) for b in buffers)
+    B, H, Lq = qs[0], qs[1], qs[2]
     o = torch.empty_like(q)
-    lse, ws = _lse_and_workspace(q)
-    key = (spec, _sig(q), _sig(k), _sig(v), tuple(_sig(b) for b in buffers))
+    # LSE [B, Hq, Lq] (float32, contiguous) and after it, 256-byte aligned in
+    # the same allocation, the forward's 256 bytes of scratch.
+    at = (B * H * Lq + 63) & ~63
+    buf = torch.empty(at + 64, dtype=torch.float32, device=q.device)
+    lse = buf.as_strided((B, H, Lq), (H * Lq, Lq, 1))
     stream = _stream(q)
     with ctx.lock:
-        cache = ctx.forward_launches
-        L = cache.get(key)
+        L = ctx.forward_launches.get(key)
         if L is None:
-            L = _cache_put(cache, key, _Forward(core, q, k, v, o, lse, buffers))
-            L.ws_bytes = lib.fj_forward_workspace_size(q.shape[0], q.shape[1], q.shape[2],
-                                                       q.shape[3])
-            if L.ws_bytes > 256:
-                raise RuntimeError("flexjit: forward workspace larger than 256 bytes")
+            L = _new_forward(ctx, key, spec, q, k, v, o, lse, buffers)
         a = L.a
         L.q.t.data = q.data_ptr()
         L.k.t.data = k.data_ptr()
         L.v.t.data = v.data_ptr()
         L.o.t.data = o.data_ptr()
         L.lse.t.data = lse.data_ptr()
-        L.values.set(ints, floats, buffers)
+        if L.values.any:
+            L.values.set(ints, floats, buffers)
         a.scale = scale
         a.stream = stream
-        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[2], k.shape[2])
-        a.workspace = ws
-        a.workspace_bytes = L.ws_bytes
-        st = lib.fj_attention_forward(ctx.ptr, h, L.addr)
+        a.block_mask = _wrap_mask(ctx, block_mask, block_size, Lq, k.shape[2]) \
+            if block_mask else None
+        a.workspace = buf.data_ptr() + at * 4
+        st = lib.fj_attention_forward(ctx.ptr, L.handle, L.addr)
         if st:
             raise ctx.error(st)
     return o, lse
+
+
+def _new_forward(ctx, key, spec, q, k, v, o, lse, buffers):
+    core = core_by_id(spec)
+    L = _Forward(core, q, k, v, o, lse, buffers)
+    L.handle = core.handle(ctx)
+    ws = lib.fj_forward_workspace_size(q.shape[0], q.shape[1], q.shape[2], q.shape[3])
+    if ws > 256:
+        raise RuntimeError(f"flexjit: the forward needs {ws} bytes of scratch, "
+                           "the package passes 256")
+    L.a.workspace_bytes = ws
+    return _cache_put(ctx.forward_launches, key, L)
 
 
 def _launchable(t):
