@@ -160,6 +160,10 @@ fj_status fj_spec_arg_info(const fj_spec *spec, int index, const char **name,
 /* The scalar type of a param, or the element type of a buffer: int32 or
  * float32, as a DLPack dtype (what a buffer's DLTensor must carry). */
 fj_status fj_spec_arg_dtype(const fj_spec *spec, int index, DLDataType *dtype);
+/* *trainable = 1 for a buffer the spec marks trainable (buffer(name, "f32",
+ * {grad = true})), whose fj_arg needs `grad` in fj_attention_backward; 0
+ * for every other argument. */
+fj_status fj_spec_arg_trainable(const fj_spec *spec, int index, int *trainable);
 
 /* A runtime value supplied at launch, matched by name. */
 typedef struct fj_arg {
@@ -242,10 +246,21 @@ typedef struct fj_forward_args {
    * partial blocks, instead of classifying tiles itself. Borrowed for the
    * call; it must describe this launch (see fj_block_mask_build). */
   const struct fj_block_mask *block_mask;
+  /* Optional scratch (NULL: none): device memory, 256-byte aligned, of at
+   * least fj_forward_workspace_size bytes, for callers whose allocator must
+   * own every allocation (a CUDA graph captured under PyTorch). The
+   * persistent sm90 kernel keeps its work counter there; without it the
+   * counter comes from the context's memory pool in stream order. */
+  void *workspace;
+  size_t workspace_bytes;
 } fj_forward_args;
 
 fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                                const fj_forward_args *args);
+
+/* Bytes of scratch a forward over B x Hq x Lq rows of head dim D may use
+ * (fj_forward_args.workspace). */
+size_t fj_forward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
 
 /*
  * Backward attention: the gradients of fj_attention_forward's O (and,
@@ -336,6 +351,15 @@ typedef struct fj_block_mask_options {
   const fj_arg *args; /* params and buffers, as in fj_forward_args */
   int num_args;
   void *stream; /* CUstream the build kernels run on; NULL: legacy default */
+  /* Optional (NULL: the mask allocates its memory with cuMemAlloc and owns
+   * it): the device addresses of the eight arrays to build into, in
+   * fj_block_mask_array order (contiguous int32, the shapes above), and
+   * `scratch`, B x H x nq x nkv bytes for the block classes. The mask then
+   * borrows them: they must outlive it, and its destruction frees nothing
+   * (no synchronization). For callers whose allocator must own every
+   * allocation. */
+  const uint64_t *arrays;
+  uint64_t scratch;
 } fj_block_mask_options;
 
 /* Fills defaults (B = H = 1, block sizes 0, everything else 0/NULL). */
@@ -345,7 +369,7 @@ void fj_block_mask_options_init(fj_block_mask_options *opts);
  * Builds the block mask of spec's mask_mod. The first build of a spec (per
  * context arch) compiles the builder kernel with NVRTC or finds it in the
  * kernel cache; the arrays are allocated with cuMemAlloc and owned by the
- * mask. The build kernels are launched asynchronously on opts->stream: work
+ * mask, unless opts->arrays names the caller's. The build kernels are launched asynchronously on opts->stream: work
  * queued after them on that stream sees the finished arrays. The mask
  * borrows ctx and spec: destroy it before either. Not thread-safe with
  * respect to its context.
@@ -369,7 +393,8 @@ fj_status fj_compile_block_mask(fj_context *ctx, const fj_spec *spec, const char
 fj_status fj_block_mask_update(fj_block_mask *mask, const fj_arg *args,
                                int num_args, void *stream);
 
-/* Frees the device arrays (after synchronizing the build stream). NULL is a
+/* Frees the device arrays the mask owns (cuMemFree, which waits for work
+ * using them); a mask that borrows its arrays frees only itself. NULL is a
  * no-op. */
 void fj_block_mask_destroy(fj_block_mask *mask);
 
@@ -393,7 +418,24 @@ typedef struct fj_block_mask_info {
 fj_status fj_block_mask_get_info(const fj_block_mask *mask,
                                  fj_block_mask_info *info);
 
-/* Device address (a CUdeviceptr, owned by the mask) and element count of
+/*
+ * A block mask over arrays made elsewhere (FlexAttention's BlockMask
+ * tensors, a mask built into caller memory), for launches to take. `arrays`
+ * holds their device addresses in fj_block_mask_array order, each a
+ * contiguous int32 array of the layout above with info->num_q_blocks (nq)
+ * and info->num_kv_blocks (nkv) as the lengths of its rows, at least
+ * ceil(q_len / block_q) and ceil(kv_len / block_kv); info's other fields
+ * are fj_block_mask_options's (B and H 1 to broadcast). The q_* arrays may
+ * be 0 in a mask only forward launches take. The mask borrows the arrays
+ * (they must outlive it and its launches) and the context; making it
+ * touches neither the GPU nor the arrays. fj_block_mask_update refuses it.
+ */
+fj_status fj_block_mask_wrap(fj_context *ctx, const fj_block_mask_info *info,
+                             const uint64_t arrays[FJ_BM_NUM_ARRAYS],
+                             fj_block_mask **out);
+
+/* Device address (a CUdeviceptr; owned by the mask unless it borrows its
+ * arrays) and element count of
  * one int32 array, for a caller's own kernels (e.g. a backward pass). */
 fj_status fj_block_mask_array_device(const fj_block_mask *mask,
                                      fj_block_mask_array which,

@@ -3,7 +3,9 @@
  * include/flexjit.h) and their binding to a forward launch.
  *
  * A block mask owns one cuMemAlloc'd region holding the eight int32 arrays
- * and the nq x nkv class matrix they are compacted from. Its builder
+ * and the nq x nkv class matrix they are compacted from, or borrows the
+ * caller's (fj_block_mask_options.arrays; fj_block_mask_wrap, which has no
+ * builder and makes a mask of arrays built elsewhere). Its builder
  * kernels (gen/emit_blockmask.c) are a kernel kind of runtime/kernels.c:
  * compiled or fetched like a forward kernel and loaded once per spec.
  * Building is asynchronous on the caller's stream; nothing here
@@ -49,9 +51,9 @@ struct fj_block_mask {
   const fj_spec *spec; /* borrowed: its graph packs the runtime values */
   int device;
   int B, H, q_len, kv_len, block_q, block_kv, nq, nkv;
-  fjr_kernel *builder;  /* borrowed from the spec's kernel table */
-  CUdeviceptr mem;
-  size_t offsets[FJ_BM_NUM_ARRAYS + 1]; /* the arrays, then cls */
+  fjr_kernel *builder;  /* borrowed from the spec's kernel table; NULL wrapped */
+  CUdeviceptr mem;      /* owned: the arrays and cls in one allocation; else 0 */
+  CUdeviceptr arrays[FJ_BM_NUM_ARRAYS], cls;
   size_t counts[FJ_BM_NUM_ARRAYS];
   CUstream stream; /* of the last build, which download waits for */
 };
@@ -135,6 +137,17 @@ static fj_status check_options(fj_context *ctx, const fj_block_mask_options *o,
                     "(0 means 128)", o->block_q, o->block_kv);
   if (o->num_args < 0 || (o->num_args > 0 && !o->args))
     return fjr_fail(ctx, FJ_EINVAL, "block mask: bad args array");
+  if (o->arrays) {
+    for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++)
+      if (!o->arrays[i] || o->arrays[i] % 4 != 0)
+        return fjr_fail(ctx, FJ_EINVAL,
+                        "block mask: array %d of opts->arrays is 0 or not 4-byte "
+                        "aligned", i);
+    if (!o->scratch)
+      return fjr_fail(ctx, FJ_EINVAL,
+                      "block mask: opts->arrays needs opts->scratch (B x H x nq x nkv "
+                      "bytes)");
+  }
   long long nq = (o->q_len + (long long)*block_q - 1) / *block_q;
   if (nq > 65535 || (long long)o->B * o->H > 65535)
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
@@ -144,11 +157,18 @@ static fj_status check_options(fj_context *ctx, const fj_block_mask_options *o,
   return FJ_OK;
 }
 
-static fj_status alloc_arrays(fj_block_mask *m) {
+/* The arrays and the class matrix (B x H x nq x nkv bytes): the caller's,
+ * or one allocation of them all. */
+static fj_status place_arrays(fj_block_mask *m, const fj_block_mask_options *o) {
   fjg_block_mask_counts(m->B, m->H, m->nq, m->nkv, m->counts);
-  size_t at = 0;
+  if (o->arrays) {
+    for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++) m->arrays[i] = o->arrays[i];
+    m->cls = o->scratch;
+    return FJ_OK;
+  }
+  size_t offsets[FJ_BM_NUM_ARRAYS + 1], at = 0;
   for (int i = 0; i <= FJ_BM_NUM_ARRAYS; i++) {
-    m->offsets[i] = at;
+    offsets[i] = at;
     size_t bytes = i < FJ_BM_NUM_ARRAYS ? m->counts[i] * 4 : m->counts[1];
     at += (bytes + FJR_BM_ALIGN - 1) / FJR_BM_ALIGN * FJR_BM_ALIGN;
   }
@@ -157,6 +177,8 @@ static fj_status alloc_arrays(fj_block_mask *m) {
     m->mem = 0;
     return fjr_cu_fail(m->ctx, "cuMemAlloc (block mask)", r);
   }
+  for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++) m->arrays[i] = m->mem + offsets[i];
+  m->cls = m->mem + offsets[FJ_BM_NUM_ARRAYS];
   return FJ_OK;
 }
 
@@ -174,9 +196,8 @@ static fj_status launch_builder(fj_block_mask *m, const fj_arg *args,
                                pbuf + BM_USER_OFFSET);
   if (st != FJ_OK) return st;
   bm_params_fixed *p = (bm_params_fixed *)pbuf;
-  p->cls = m->mem + m->offsets[FJ_BM_NUM_ARRAYS];
-  for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++)
-    p->arrays[i] = m->mem + m->offsets[i];
+  p->cls = m->cls;
+  for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++) p->arrays[i] = m->arrays[i];
   p->sz = (fjr_sizes){m->B, m->H, m->H, m->q_len, m->kv_len};
   p->H = m->H, p->block_q = m->block_q, p->block_kv = m->block_kv;
   p->nq = m->nq, p->nkv = m->nkv;
@@ -243,7 +264,7 @@ fj_status fj_block_mask_build(fj_context *ctx, const fj_spec *spec,
   warn_broadcast(ctx, spec, m->B, m->H);
   if ((st = find_builder(ctx, (fj_spec *)spec, NULL, &m->builder, NULL)) != FJ_OK ||
       (st = fjr_kernel_load(ctx, m->builder)) != FJ_OK ||
-      (st = alloc_arrays(m)) != FJ_OK ||
+      (st = place_arrays(m, opts)) != FJ_OK ||
       (st = launch_builder(m, opts->args, opts->num_args, opts->stream)) !=
           FJ_OK)
     goto fail;
@@ -260,9 +281,56 @@ fj_status fj_block_mask_update(fj_block_mask *mask, const fj_arg *args,
   fjr_clear_error(mask->ctx);
   if (num_args < 0 || (num_args > 0 && !args))
     return fjr_fail(mask->ctx, FJ_EINVAL, "block mask: bad args array");
+  if (!mask->builder)
+    return fjr_fail(mask->ctx, FJ_EINVAL,
+                    "block mask: a mask of arrays made elsewhere (fj_block_mask_wrap) "
+                    "cannot be rebuilt");
   fj_status st = fjr_context_device(mask->ctx, NULL);
   if (st != FJ_OK) return st;
   return launch_builder(mask, args, num_args, stream);
+}
+
+fj_status fj_block_mask_wrap(fj_context *ctx, const fj_block_mask_info *info,
+                             const uint64_t arrays[FJ_BM_NUM_ARRAYS],
+                             fj_block_mask **out) {
+  if (!ctx) return FJ_EINVAL;
+  fjr_clear_error(ctx);
+  if (!info || !arrays || !out)
+    return fjr_fail(ctx, FJ_EINVAL, "fj_block_mask_wrap: NULL argument");
+  *out = NULL;
+  const fj_block_mask_info *i = info;
+  if (i->B < 1 || i->H < 1 || i->q_len < 1 || i->kv_len < 1 || i->block_q < 1 ||
+      i->block_kv < 1 || i->block_q > (1 << 20) || i->block_kv > (1 << 20))
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "fj_block_mask_wrap: B %d, H %d, q_len %d, kv_len %d must be >= 1 "
+                    "and block sizes %d x %d in [1, 2^20]",
+                    i->B, i->H, i->q_len, i->kv_len, i->block_q, i->block_kv);
+  const long long nq = (i->q_len + (long long)i->block_q - 1) / i->block_q;
+  const long long nkv = (i->kv_len + (long long)i->block_kv - 1) / i->block_kv;
+  if (i->num_q_blocks < nq || i->num_kv_blocks < nkv)
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "fj_block_mask_wrap: rows of %d query and %d kv blocks, but %d x %d "
+                    "over %d x %d blocks needs at least %lld and %lld",
+                    i->num_q_blocks, i->num_kv_blocks, i->q_len, i->kv_len, i->block_q,
+                    i->block_kv, nq, nkv);
+  for (int a = 0; a < FJ_BM_NUM_ARRAYS; a++) {
+    const int forward = a < FJ_BM_Q_NUM_BLOCKS;
+    if ((forward && !arrays[a]) || arrays[a] % 4 != 0)
+      return fjr_fail(ctx, FJ_EINVAL,
+                      "fj_block_mask_wrap: array %d is %s", a,
+                      arrays[a] ? "not 4-byte aligned" : "0 (kv_* arrays are required)");
+  }
+  fj_block_mask *m = calloc(1, sizeof *m);
+  if (!m) return fjr_fail(ctx, FJ_ENOMEM, "out of memory");
+  m->ctx = ctx;
+  m->device = ctx->opts.device;
+  m->B = i->B, m->H = i->H, m->q_len = i->q_len, m->kv_len = i->kv_len;
+  m->block_q = i->block_q, m->block_kv = i->block_kv;
+  m->nq = i->num_q_blocks, m->nkv = i->num_kv_blocks;
+  fjg_block_mask_counts(m->B, m->H, m->nq, m->nkv, m->counts);
+  for (int a = 0; a < FJ_BM_NUM_ARRAYS; a++) m->arrays[a] = arrays[a];
+  *out = m;
+  return FJ_OK;
 }
 
 void fj_block_mask_destroy(fj_block_mask *mask) {
@@ -286,7 +354,7 @@ fj_status fj_block_mask_array_device(const fj_block_mask *m,
                                      fj_block_mask_array which,
                                      uint64_t *dptr, size_t *count) {
   if (!m || (int)which < 0 || which >= FJ_BM_NUM_ARRAYS) return FJ_EINVAL;
-  if (dptr) *dptr = m->mem + m->offsets[which];
+  if (dptr) *dptr = m->arrays[which];
   if (count) *count = m->counts[which];
   return FJ_OK;
 }
@@ -302,13 +370,16 @@ fj_status fj_block_mask_download(fj_block_mask *m, fj_block_mask_array which,
     return fjr_fail(ctx, FJ_EINVAL,
                     "fj_block_mask_download: array %d has %zu elements, not "
                     "%zu", (int)which, m->counts[which], count);
+  if (!m->arrays[which])
+    return fjr_fail(ctx, FJ_EINVAL, "fj_block_mask_download: array %d was not given",
+                    (int)which);
   fj_status st = fjr_context_device(ctx, NULL);
   if (st != FJ_OK) return st;
   const fjr_driver *d = ctx->drv;
   CUresult r = d->cuStreamSynchronize(m->stream);
   if (r != CUDA_SUCCESS)
     return fjr_cu_fail(ctx, "cuStreamSynchronize (block mask)", r);
-  r = d->cuMemcpyDtoH(host, m->mem + m->offsets[which], count * 4);
+  r = d->cuMemcpyDtoH(host, m->arrays[which], count * 4);
   if (r != CUDA_SUCCESS)
     return fjr_cu_fail(ctx, "cuMemcpyDtoH (block mask)", r);
   return FJ_OK;
@@ -351,10 +422,10 @@ fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
   if (!m) return FJ_OK;
   fj_status st = check_fit(ctx, m, B, Hq, Lq, Lk, block_m, block_n);
   if (st != FJ_OK) return st;
-  p->bm_kv_num = m->mem + m->offsets[FJ_BM_KV_NUM_BLOCKS];
-  p->bm_kv_idx = m->mem + m->offsets[FJ_BM_KV_INDICES];
-  p->bm_full_num = m->mem + m->offsets[FJ_BM_FULL_KV_NUM_BLOCKS];
-  p->bm_full_idx = m->mem + m->offsets[FJ_BM_FULL_KV_INDICES];
+  p->bm_kv_num = m->arrays[FJ_BM_KV_NUM_BLOCKS];
+  p->bm_kv_idx = m->arrays[FJ_BM_KV_INDICES];
+  p->bm_full_num = m->arrays[FJ_BM_FULL_KV_NUM_BLOCKS];
+  p->bm_full_idx = m->arrays[FJ_BM_FULL_KV_INDICES];
   p->bm_b_stride = m->B == 1 ? 0 : m->H * m->nq;
   p->bm_h_stride = m->H == 1 ? 0 : m->nq;
   p->bm_nkv = m->nkv;
@@ -374,10 +445,15 @@ fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *m, int B
   if (!m) return FJ_OK;
   fj_status st = check_fit(ctx, m, B, Hq, Lq, Lk, block_m, block_n);
   if (st != FJ_OK) return st;
-  p->bm_q_num = m->mem + m->offsets[FJ_BM_Q_NUM_BLOCKS];
-  p->bm_q_idx = m->mem + m->offsets[FJ_BM_Q_INDICES];
-  p->bm_full_q_num = m->mem + m->offsets[FJ_BM_FULL_Q_NUM_BLOCKS];
-  p->bm_full_q_idx = m->mem + m->offsets[FJ_BM_FULL_Q_INDICES];
+  for (int a = FJ_BM_Q_NUM_BLOCKS; a < FJ_BM_NUM_ARRAYS; a++)
+    if (!m->arrays[a])
+      return fjr_fail(ctx, FJ_EINVAL,
+                      "block mask has no transposed lists (q_num_blocks, q_indices, "
+                      "full_q_*), which the backward pass reads");
+  p->bm_q_num = m->arrays[FJ_BM_Q_NUM_BLOCKS];
+  p->bm_q_idx = m->arrays[FJ_BM_Q_INDICES];
+  p->bm_full_q_num = m->arrays[FJ_BM_FULL_Q_NUM_BLOCKS];
+  p->bm_full_q_idx = m->arrays[FJ_BM_FULL_Q_INDICES];
   p->bm_b_stride = m->B == 1 ? 0 : m->H * m->nkv;
   p->bm_h_stride = m->H == 1 ? 0 : m->nkv;
   p->bm_nq = m->nq;

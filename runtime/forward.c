@@ -224,9 +224,21 @@ int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t 
  * host time a launch); only where CTAs
  * have more than one item to deal out. *out = 0 without memory pools (the
  * allocation refused): the kernel then takes its items statically. */
-static fj_status work_counter(fj_context *ctx, CUstream stream, CUdeviceptr *out) {
+/* The persistent kernel's work counter, zeroed in stream order: in the
+ * caller's workspace, else allocated here (*owned = 1: freed after the
+ * launch). */
+static fj_status work_counter(fj_context *ctx, const fj_forward_args *a, CUstream stream,
+                              CUdeviceptr *out, int *owned) {
   CUdeviceptr c = 0;
   *out = 0;
+  *owned = 0;
+  if (a->workspace) {
+    c = (CUdeviceptr)(uintptr_t)a->workspace;
+    CUresult r = ctx->drv->cuMemsetD32Async(c, 0, 1, stream);
+    if (r != CUDA_SUCCESS) return fjr_cu_fail(ctx, "cuMemsetD32Async", r);
+    *out = c;
+    return FJ_OK;
+  }
   CUmemoryPool pool = fjr_context_pool(ctx);
   CUresult ra = pool ? ctx->drv->cuMemAllocFromPoolAsync(&c, sizeof(int32_t), pool, stream)
                      : ctx->drv->cuMemAllocAsync(&c, sizeof(int32_t), stream);
@@ -237,7 +249,13 @@ static fj_status work_counter(fj_context *ctx, CUstream stream, CUdeviceptr *out
     return fjr_cu_fail(ctx, "cuMemsetD32Async", r);
   }
   *out = c;
+  *owned = 1;
   return FJ_OK;
+}
+
+size_t fj_forward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
+  (void)B, (void)Hq, (void)Lq, (void)D;
+  return sizeof(int32_t);
 }
 
 /* Checks q, k, v, o and lse and fills the fixed part of the parameter
@@ -360,6 +378,14 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
                      pbuf + FJR_FWD_USER_OFFSET);
   if (st != FJ_OK) return st;
+  const size_t need = fj_forward_workspace_size(p->sz.B, p->sz.Hq, p->sz.Lq,
+                                                args->q->shape[3]);
+  if (args->workspace && ((uintptr_t)args->workspace % 256 != 0 ||
+                          args->workspace_bytes < need))
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "workspace: %zu bytes at an address %% 256 = %zu; the forward needs %zu "
+                    "bytes, 256-byte aligned (fj_forward_workspace_size)",
+                    args->workspace_bytes, (size_t)((uintptr_t)args->workspace % 256), need);
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
 
   fj_block_mask_info mi = {0};
@@ -386,15 +412,16 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     st = fjr_tma_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof err);
     if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
     CUdeviceptr sched = 0;
+    int owned = 0;
     if (k->cfg.persistent && items > (int64_t)grid[0] &&
-        (st = work_counter(ctx, stream, &sched)) != FJ_OK)
+        (st = work_counter(ctx, args, stream, &sched, &owned)) != FJ_OK)
       return st;
     maps.sched = (uint64_t)sched;
     void *kp[] = {pbuf, &maps};
     r = ctx->drv->cuLaunchKernel(k->fn[0], grid[0], grid[1], grid[2],
                                  (unsigned)k->cfg.threads, 1, 1,
                                  (unsigned)k->cfg.smem_bytes, stream, kp, NULL);
-    if (sched) {
+    if (owned) {
       CUresult rf = ctx->drv->cuMemFreeAsync(sched, stream);
       if (r == CUDA_SUCCESS && rf != CUDA_SUCCESS)
         return fjr_cu_fail(ctx, "cuMemFreeAsync", rf);

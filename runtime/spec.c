@@ -128,4 +128,11 @@ fj_status fj_spec_arg_dtype(const fj_spec *spec, int index, DLDataType *dtype) {
   return FJ_OK;
 }
 
+fj_status fj_spec_arg_trainable(const fj_spec *spec, int index, int *trainable) {
+  if (!spec || !trainable || index < 0 || index >= fjg_num_args(spec->graph))
+    return FJ_EINVAL;
+  *trainable = fjg_arg_at(spec->graph, index)->trainable ? 1 : 0;
+  return FJ_OK;
+}
+
 const fjg_graph *fjr_spec_graph(const fj_spec *spec) { return spec->graph; }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages flexjit builds with, if any is missing.
+# Installs the Debian packages flexjit builds with, if any is missing (and
+# python3-venv where python3 cannot make a virtual environment).
 # The CUDA toolkit (cuda.h, nvrtc.h, libnvrtc) is expected under
 # /usr/local/cuda or $CUDA_HOME.
 set -euo pipefail
@@ -8,6 +9,8 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The Python package is installed into a virtual environment (scripts/test.sh).
+python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   SUDO=""

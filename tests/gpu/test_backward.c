@@ -236,7 +236,7 @@ static int run_case(fj_context *ctx, const fjr_driver *drv, int idx) {
     }
   }
   fj_forward_args fa = {&io.tq.t, &io.tk.t, &io.tv.t, &io.to.t, &io.tlse.t, 0.0f,
-                        io.vals.args, io.vals.n, NULL, io.bm};
+                        io.vals.args, io.vals.n, NULL, io.bm, NULL, 0};
   if (fj_attention_forward(ctx, spec, &fa) != FJ_OK) {
     printf("forward: %s ", fj_context_last_error(ctx));
     goto done;

@@ -251,7 +251,7 @@ static void forward_case(fj_context *ctx, const fjr_driver *drv,
   o.args = io.vals.args, o.num_args = io.vals.n;
   ok = ok && fj_block_mask_build(ctx, specs[c->spec], &o, &bm) == FJ_OK;
   fj_forward_args a = {&io.dq.t, &io.dk.t, &io.dv.t, &io.dout.t, &io.dlse.t,
-                       0.0f, io.vals.args, io.vals.n, NULL, bm};
+                       0.0f, io.vals.args, io.vals.n, NULL, bm, NULL, 0};
   ok = ok && fj_attention_forward(ctx, specs[c->spec], &a) == FJ_OK;
   if (!ok) printf("(%s) ", fj_context_last_error(ctx));
   ok = ok && gpu_cu_ok(drv, drv->cuCtxSynchronize(), "the kernel") &&
@@ -320,7 +320,7 @@ static void test_mismatch(fj_context *ctx, const fjr_driver *drv) {
     o.args = io.vals.args, o.num_args = io.vals.n;
     ok = fj_block_mask_build(ctx, specs[0], &o, &bm) == FJ_OK;
     fj_forward_args a = {&io.dq.t, &io.dk.t, &io.dv.t, &io.dout.t, NULL,
-                         0.0f, io.vals.args, io.vals.n, NULL, bm};
+                         0.0f, io.vals.args, io.vals.n, NULL, bm, NULL, 0};
     ok = ok && fj_attention_forward(ctx, specs[0], &a) == FJ_EINVAL &&
          strstr(fj_context_last_error(ctx), bad[i].needle) != NULL;
     printf("[misfit] %s\n", fj_context_last_error(ctx));

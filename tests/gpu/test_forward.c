@@ -300,7 +300,7 @@ static int case_launch(fj_context *ctx, const fjr_driver *drv,
       !gpu_poison(drv, &io->dout, c->dt, &io->dlse))
     return 0;
   fj_forward_args a = {&io->dq.t, &io->dk.t, &io->dv.t, &io->dout.t,
-                       &io->dlse.t, 0.0f, io->vals.args, io->vals.n, NULL, NULL};
+                       &io->dlse.t, 0.0f, io->vals.args, io->vals.n, NULL, NULL, NULL, 0};
   if (fj_attention_forward(ctx, spec, &a) != FJ_OK) {
     printf("      launch failed: %s\n", fj_context_last_error(ctx));
     return 0;

@@ -137,7 +137,75 @@ static void test_build_checks(void **state) {
   assert_int_equal(fj_block_mask_get_info(NULL, NULL), FJ_EINVAL);
   assert_int_equal(fj_block_mask_download(NULL, FJ_BM_KV_INDICES, NULL, 0),
                    FJ_EINVAL);
+  /* The caller's arrays need the caller's scratch, and no 0 among them. */
+  uint64_t arrays[FJ_BM_NUM_ARRAYS];
+  for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++) arrays[i] = 0x100000 + 0x1000 * (uint64_t)i;
+  o.arrays = arrays;
+  assert_int_equal(fj_block_mask_build(ctx, spec, &o, &m), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "scratch"));
+  o.scratch = 0x200000;
+  arrays[5] = 0;
+  assert_int_equal(fj_block_mask_build(ctx, spec, &o, &m), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "array 5"));
   fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+/* fj_block_mask_wrap: a mask of the caller's arrays, made on the host. */
+static void test_wrap(void **state) {
+  (void)state;
+  fj_context *ctx = NULL;
+  assert_int_equal(fj_context_create(NULL, &ctx), FJ_OK);
+  uint64_t arrays[FJ_BM_NUM_ARRAYS];
+  for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++) arrays[i] = 0x100000 + 0x1000 * (uint64_t)i;
+  /* 1000 x 300 over 128 x 128 blocks: 8 x 3 blocks, rows of 8 and 4. */
+  fj_block_mask_info info = {.B = 2, .H = 1, .q_len = 1000, .kv_len = 300,
+                             .block_q = 128, .block_kv = 128,
+                             .num_q_blocks = 8, .num_kv_blocks = 4};
+  fj_block_mask *m = NULL;
+  assert_int_equal(fj_block_mask_wrap(ctx, &info, arrays, &m), FJ_OK);
+  fj_block_mask_info got;
+  assert_int_equal(fj_block_mask_get_info(m, &got), FJ_OK);
+  assert_int_equal(got.q_len, 1000);
+  assert_int_equal(got.num_q_blocks, 8);
+  assert_int_equal(got.num_kv_blocks, 4);
+  uint64_t dptr = 0;
+  size_t count = 0;
+  assert_int_equal(fj_block_mask_array_device(m, FJ_BM_FULL_KV_INDICES, &dptr, &count),
+                   FJ_OK);
+  assert_int_equal(dptr, arrays[FJ_BM_FULL_KV_INDICES]);
+  assert_int_equal(count, 2 * 1 * 8 * 4);
+  assert_int_equal(fj_block_mask_array_device(m, FJ_BM_Q_INDICES, NULL, &count), FJ_OK);
+  assert_int_equal(count, 2 * 1 * 4 * 8);
+  assert_int_equal(fj_block_mask_update(m, NULL, 0, NULL), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "fj_block_mask_wrap"));
+  fj_block_mask_destroy(m);
+
+  /* Forward-only: no q_* arrays; download of one names it. */
+  for (int i = FJ_BM_Q_NUM_BLOCKS; i < FJ_BM_NUM_ARRAYS; i++) arrays[i] = 0;
+  assert_int_equal(fj_block_mask_wrap(ctx, &info, arrays, &m), FJ_OK);
+  int32_t host[64];
+  assert_int_equal(fj_block_mask_download(m, FJ_BM_Q_INDICES, host, 64), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "not given"));
+  fj_block_mask_destroy(m);
+
+  /* Rows shorter than the lengths need, a missing kv array, bad sizes. */
+  info.num_kv_blocks = 2;
+  assert_int_equal(fj_block_mask_wrap(ctx, &info, arrays, &m), FJ_EINVAL);
+  assert_null(m);
+  assert_non_null(strstr(fj_context_last_error(ctx), "at least 8 and 3"));
+  info.num_kv_blocks = 3;
+  arrays[FJ_BM_KV_INDICES] = 0;
+  assert_int_equal(fj_block_mask_wrap(ctx, &info, arrays, &m), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "array 1"));
+  arrays[FJ_BM_KV_INDICES] = 0x101002; /* not 4-byte aligned */
+  assert_int_equal(fj_block_mask_wrap(ctx, &info, arrays, &m), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "aligned"));
+  arrays[FJ_BM_KV_INDICES] = 0x101000;
+  info.block_q = 0;
+  assert_int_equal(fj_block_mask_wrap(ctx, &info, arrays, &m), FJ_EINVAL);
+  assert_int_equal(fj_block_mask_wrap(ctx, NULL, arrays, &m), FJ_EINVAL);
+  assert_int_equal(fj_block_mask_wrap(NULL, &info, arrays, &m), FJ_EINVAL);
   fj_context_destroy(ctx);
 }
 
@@ -147,6 +215,7 @@ int main(void) {
       cmocka_unit_test(test_emit_deterministic),
       cmocka_unit_test(test_nvrtc_compiles),
       cmocka_unit_test(test_build_checks),
+      cmocka_unit_test(test_wrap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

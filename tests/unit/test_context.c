@@ -90,6 +90,24 @@ static void test_arg_introspection(void **state) {
   assert_int_equal(dt.bits, 32);
   assert_int_equal(fj_spec_arg_info(spec, 2, &name, &kind), FJ_EINVAL);
   assert_int_equal(fj_spec_arg_dtype(spec, -1, &dt), FJ_EINVAL);
+  int trainable = -1;
+  assert_int_equal(fj_spec_arg_trainable(spec, 1, &trainable), FJ_OK);
+  assert_int_equal(trainable, 0);
+  assert_int_equal(fj_spec_arg_trainable(spec, 2, &trainable), FJ_EINVAL);
+  fj_spec_destroy(spec);
+
+  /* A trainable bias after a plain param: only the bias says so. */
+  const char biased[] = "local s = param('s', 'f32')\n"
+                        "local bias = buffer('bias', 'f32', {grad = true})\n"
+                        "return { score_mod = function(score, b, h, q, kv)\n"
+                        "  return score * s + bias[kv] end }\n";
+  assert_int_equal(fj_spec_load_string(ctx, biased, strlen(biased), "bias.lua", &spec),
+                   FJ_OK);
+  assert_int_equal(fj_spec_arg_trainable(spec, 0, &trainable), FJ_OK);
+  assert_int_equal(trainable, 0);
+  assert_int_equal(fj_spec_arg_trainable(spec, 1, &trainable), FJ_OK);
+  assert_int_equal(trainable, 1);
+  assert_int_equal(fj_spec_arg_trainable(spec, 1, NULL), FJ_EINVAL);
   fj_spec_destroy(spec);
   fj_context_destroy(ctx);
 }
@@ -219,15 +237,21 @@ static void good_tensors(tensors *t) {
 }
 
 /* Launches with one thing broken; expects `status` and `text` in the error. */
-static void expect_bad(fj_context *ctx, fj_spec *spec, tensors *t,
-                       const fj_arg *args, int nargs, fj_status status,
-                       const char *text) {
+static void expect_bad_ws(fj_context *ctx, fj_spec *spec, tensors *t,
+                          const fj_arg *args, int nargs, void *workspace,
+                          size_t workspace_bytes, fj_status status, const char *text) {
   fj_forward_args a = {&t->q, &t->k, &t->v, &t->o, &t->lse, 0.0f, args, nargs,
-                       NULL, NULL};
+                       NULL, NULL, workspace, workspace_bytes};
   fj_status st = fj_attention_forward(ctx, spec, &a);
   if (st != status || !strstr(fj_context_last_error(ctx), text))
     fail_msg("expected %s with '%s', got %s: %s", fj_status_name(status),
              text, fj_status_name(st), fj_context_last_error(ctx));
+}
+
+static void expect_bad(fj_context *ctx, fj_spec *spec, tensors *t,
+                       const fj_arg *args, int nargs, fj_status status,
+                       const char *text) {
+  expect_bad_ws(ctx, spec, t, args, nargs, NULL, 0, status, text);
 }
 
 static void test_forward_rejects_bad_input(void **state) {
@@ -283,6 +307,14 @@ static void test_forward_rejects_bad_input(void **state) {
   DLTensor doc_f = make(doc_shape, 1, (DLDataType){kDLFloat, 32, 1}, 0x60000);
   fj_arg wrong_type[2] = {args[0], {.name = "doc", .buffer = &doc_f}};
   expect_bad(ctx, spec, &t, wrong_type, 2, FJ_ETENSOR, "buffer 'doc': dtype");
+
+  /* A caller's workspace: 256-byte aligned and large enough. */
+  const size_t ws = fj_forward_workspace_size(2, 8, 100, 128);
+  assert_true(ws > 0);
+  good_tensors(&t);
+  expect_bad_ws(ctx, spec, &t, args, 2, (void *)0x70010, ws, FJ_EINVAL, "256-byte aligned");
+  good_tensors(&t);
+  expect_bad_ws(ctx, spec, &t, args, 2, (void *)0x70000, ws - 1, FJ_EINVAL, "workspace");
 
   fj_spec_destroy(spec);
   fj_context_destroy(ctx);

@@ -1,0 +1,553 @@
+"""PyTorch integration: flexjit.attention, flexjit.block_mask and the custom
+ops behind them (docs/python.md).
+
+Three ops, registered with torch.library: flexjit::attention_fwd (O and LSE),
+flexjit::attention_bwd (dq, dk, dv and the trainable buffers' gradients) and
+flexjit::block_mask (the eight FlexAttention arrays), each with a fake
+implementation, and attention_fwd with its autograd formula, so torch.compile
+traces them without a graph break and AOTAutograd puts the backward in the
+backward graph. Their implementations call the C library through ctypes on
+torch's current stream; every device allocation (outputs, LSE, the kernels'
+scratch, block-mask arrays) comes from torch's allocator, so a CUDA graph can
+capture them once the kernels are compiled.
+
+Eager calls on plain CUDA tensors skip the dispatcher: the same
+implementations run directly (under an autograd.Function when a gradient is
+needed), since a Python custom op's dispatch costs more than the launch
+itself (bench/python_overhead.py measures both).
+
+The per-call path caches, per (context, spec, shapes, strides, dtypes), the
+ctypes structs of a launch and only writes data pointers, runtime values and
+the stream into them.
+"""
+import ctypes
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib, _runtime
+from ._lib import lib
+from .spec import Spec, core_by_id
+
+_DTYPES = {torch.bfloat16: (_lib.KDL_BFLOAT, 16), torch.float16: (_lib.KDL_FLOAT, 16),
+           torch.float32: (_lib.KDL_FLOAT, 32), torch.int32: (_lib.KDL_INT, 32),
+           torch.int64: (_lib.KDL_INT, 64), torch.float64: (_lib.KDL_FLOAT, 64)}
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
+
+BM_NAMES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+            "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+def _stream(t):
+    if not t.is_cuda:
+        return None
+    if _raw_stream is not None:
+        return _raw_stream(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _context(t):
+    return _runtime.context(max(t.get_device(), 0))
+
+
+class _DL:
+    """A DLTensor for tensors of one shape, strides, dtype and device: the
+    launch writes only the data pointer."""
+    __slots__ = ("t", "shape", "strides", "addr")
+
+    def __init__(self, tensor):
+        self.t = _lib.DLTensor()
+        n = tensor.dim()
+        self.shape = (ctypes.c_int64 * n)(*tensor.shape)
+        self.strides = (ctypes.c_int64 * n)(*tensor.stride())
+        self.t.shape = self.shape
+        self.t.strides = self.strides
+        self.t.ndim = n
+        if tensor.is_cuda:
+            self.t.device = _lib.DLDevice(_lib.KDL_CUDA, tensor.get_device())
+        else:
+            self.t.device = _lib.DLDevice(_lib.KDL_CPU, 0)
+        code, bits = _DTYPES.get(tensor.dtype, (255, 0))
+        self.t.dtype = _lib.DLDataType(code, bits, 1)
+        self.addr = ctypes.addressof(self.t)
+
+
+def _sig(t):
+    return (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+class _Values:
+    """The spec's fj_arg array: params and buffers in declaration order."""
+
+    def __init__(self, core, bufs, grads=None):
+        n = len(core.args)
+        self.args = (_lib.Arg * n)()
+        self.addr = ctypes.addressof(self.args) if n else None
+        self.n = n
+        self.any = n > 0
+        self.ints, self.floats, self.bufs = [], [], []
+        gi = 0
+        bi = 0
+        self.grads = []
+        for i, a in enumerate(core.args):
+            self.args[i].name = core.c_names[i]
+            if a.kind == "i32":
+                self.ints.append(self.args[i])
+            elif a.kind == "f32":
+                self.floats.append(self.args[i])
+            else:
+                d = _DL(bufs[bi])
+                self.args[i].buffer = d.addr
+                self.bufs.append(d)
+                if grads is not None and a.trainable:
+                    g = _DL(grads[gi])
+                    self.args[i].grad = g.addr
+                    self.grads.append(g)
+                    gi += 1
+                bi += 1
+
+    def set(self, ints, floats, bufs, grads=()):
+        for slot, x in zip(self.ints, ints):
+            slot.i32 = x
+        for slot, x in zip(self.floats, floats):
+            slot.f32 = x
+        for d, b in zip(self.bufs, bufs):
+            d.t.data = b.data_ptr()
+        for d, g in zip(self.grads, grads):
+            d.t.data = g.data_ptr()
+
+
+class _Forward:
+    def __init__(self, core, q, k, v, o, lse, bufs):
+        self.q, self.k, self.v, self.o, self.lse = (_DL(x) for x in (q, k, v, o, lse))
+        self.values = _Values(core, bufs)
+        a = self.a = _lib.ForwardArgs()
+        a.q, a.k, a.v, a.o, a.lse = (x.addr for x in (self.q, self.k, self.v, self.o, self.lse))
+        a.args = self.values.addr
+        a.num_args = self.values.n
+        self.addr = ctypes.addressof(a)
+
+
+class _Backward:
+    def __init__(self, core, ts, dlse, bufs, grads):
+        self.ts = [_DL(x) for x in ts]  # q, k, v, o, lse, dout, dq, dk, dv
+        self.dlse = _DL(dlse) if dlse is not None else None
+        self.values = _Values(core, bufs, grads)
+        a = self.a = _lib.BackwardArgs()
+        a.q, a.k, a.v, a.o, a.lse, a.dout, a.dq, a.dk, a.dv = (x.addr for x in self.ts)
+        a.dlse = self.dlse.addr if self.dlse else None
+        a.args = self.values.addr
+        a.num_args = self.values.n
+        self.addr = ctypes.addressof(a)
+
+
+_CACHE_LIMIT = 256
+
+
+def _cache_put(cache, key, value):
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _wrap_mask(ctx, bm, bs, Lq, Lk):
+    """An fj_block_mask over the eight tensors bm (cached by their addresses
+    and geometry: it holds nothing else)."""
+    if not bm:
+        return None
+    ptrs = tuple(t.data_ptr() for t in bm)
+    B, H, nq = bm[0].shape
+    nkv = bm[1].shape[3]
+    key = (ptrs, B, H, nq, nkv, Lq, Lk, bs[0], bs[1])
+    cache = ctx.wrapped_masks
+    h = cache.get(key)
+    if h is not None:
+        return h
+    for name, t in zip(BM_NAMES, bm):
+        if t.dtype != torch.int32 or not t.is_contiguous() or t.device != bm[0].device:
+            raise ValueError(f"block mask: {name} must be a contiguous int32 tensor on "
+                             f"the launch's device (got {t.dtype}, {t.device})")
+    info = _lib.BlockMaskInfo(B, H, Lq, Lk, bs[0], bs[1], nq, nkv)
+    arr = (ctypes.c_uint64 * 8)(*ptrs)
+    out = ctypes.c_void_p()
+    ctx.check(lib.fj_block_mask_wrap(ctx.ptr, ctypes.byref(info), arr, ctypes.byref(out)))
+    if len(cache) >= _CACHE_LIMIT:
+        for old in cache.values():
+            lib.fj_block_mask_destroy(old)
+        cache.clear()
+    cache[key] = out.value
+    return out.value
+
+
+def forward_impl(q: Tensor, k: Tensor, v: Tensor, spec: int, scale: float,
+                 ints: List[int], floats: List[float], buffers: List[Tensor],
+                 block_mask: List[Tensor], block_size: List[int]) -> Tuple[Tensor, Tensor]:
+    # The hot path: one flat key, two allocations, pointer writes, one call.
+    dev = q.get_device()
+    ctx = _runtime.context(dev if dev > 0 else 0)
+    qs = q.shape
+    key = (spec, qs, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+           k.dtype, v.dtype, dev)
+    if buffers:
+        key += tuple(_sig(b) for b in buffers)
+    B, H, Lq = qs[0], qs[1], qs[2]
+    o = torch.empty_like(q)
+    # LSE [B, Hq, Lq] (float32, contiguous) and after it, 256-byte aligned in
+    # the same allocation, the forward's 256 bytes of scratch.
+    at = (B * H * Lq + 63) & ~63
+    buf = torch.empty(at + 64, dtype=torch.float32, device=q.device)
+    lse = buf.as_strided((B, H, Lq), (H * Lq, Lq, 1))
+    stream = _stream(q)
+    with ctx.lock:
+        L = ctx.forward_launches.get(key)
+        if L is None:
+            L = _new_forward(ctx, key, spec, q, k, v, o, lse, buffers)
+        a = L.a
+        L.q.t.data = q.data_ptr()
+        L.k.t.data = k.data_ptr()
+        L.v.t.data = v.data_ptr()
+        L.o.t.data = o.data_ptr()
+        L.lse.t.data = lse.data_ptr()
+        if L.values.any:
+            L.values.set(ints, floats, buffers)
+        a.scale = scale
+        a.stream = stream
+        a.block_mask = _wrap_mask(ctx, block_mask, block_size, Lq, k.shape[2]) \
+            if block_mask else None
+        a.workspace = buf.data_ptr() + at * 4
+        st = lib.fj_attention_forward(ctx.ptr, L.handle, L.addr)
+        if st:
+            raise ctx.error(st)
+    return o, lse
+
+
+def _new_forward(ctx, key, spec, q, k, v, o, lse, buffers):
+    core = core_by_id(spec)
+    L = _Forward(core, q, k, v, o, lse, buffers)
+    L.handle = core.handle(ctx)
+    ws = lib.fj_forward_workspace_size(q.shape[0], q.shape[1], q.shape[2], q.shape[3])
+    if ws > 256:
+        raise RuntimeError(f"flexjit: the forward needs {ws} bytes of scratch, "
+                           "the package passes 256")
+    L.a.workspace_bytes = ws
+    return _cache_put(ctx.forward_launches, key, L)
+
+
+def _launchable(t):
+    """t, or a contiguous copy where the kernels' layout rules (contiguous
+    last dimension, strides multiple of 8, 16-byte aligned) do not hold."""
+    s = t.stride()
+    if (s[-1] != 1 or t.data_ptr() % 16 or
+            any(x % 8 for x, n in zip(s[:-1], t.shape[:-1]) if n > 1)):
+        return t.contiguous()
+    return t
+
+
+def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+                  out: Tensor, lse: Tensor, spec: int, scale: float, ints: List[int],
+                  floats: List[float], buffers: List[Tensor], block_mask: List[Tensor],
+                  block_size: List[int]) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+    core = core_by_id(spec)
+    ctx = _context(q)
+    h = core.handle(ctx)
+    dout = _launchable(dout)
+    if dlse is not None and not dlse.is_contiguous():
+        dlse = dlse.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    grads = [torch.zeros(b.shape[0], dtype=torch.float32, device=b.device)
+             for b, tr in zip(buffers, core.trainable) if tr]
+    B, H, L, D = q.shape
+    ws_bytes = lib.fj_backward_workspace_size(B, H, L, D)
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device)
+    ts = (q, k, v, out, lse, dout, dq, dk, dv)
+    key = (spec, tuple(_sig(t) for t in ts), None if dlse is None else _sig(dlse),
+           tuple(_sig(b) for b in buffers))
+    with ctx.lock:
+        cache = ctx.backward_launches
+        Lb = cache.get(key)
+        if Lb is None:
+            Lb = _cache_put(cache, key, _Backward(core, ts, dlse, buffers, grads))
+        for d, t in zip(Lb.ts, ts):
+            d.t.data = t.data_ptr()
+        if dlse is not None:
+            Lb.dlse.t.data = dlse.data_ptr()
+        Lb.values.set(ints, floats, buffers, grads)
+        a = Lb.a
+        a.scale = scale
+        a.stream = _stream(q)
+        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[2], k.shape[2])
+        a.workspace = ws.data_ptr()
+        a.workspace_bytes = ws_bytes
+        st = lib.fj_attention_backward(ctx.ptr, h, Lb.addr)
+        if st:
+            raise ctx.error(st)
+    return dq, dk, dv, grads
+
+
+def _mask_shapes(B, H, nq, nkv):
+    return ((B, H, nq), (B, H, nq, nkv), (B, H, nq), (B, H, nq, nkv),
+            (B, H, nkv), (B, H, nkv, nq), (B, H, nkv), (B, H, nkv, nq))
+
+
+def _build_into(spec, arrays, B, H, q_len, kv_len, block_q, block_kv, ints, floats,
+                buffers, device):
+    core = core_by_id(spec)
+    ctx = _runtime.context(device.index or 0)
+    h = core.handle(ctx)
+    nq, nkv = arrays[0].shape[2], arrays[1].shape[3]
+    scratch = torch.empty(B * H * nq * nkv, dtype=torch.uint8, device=device)
+    values = _Values(core, buffers)
+    values.set(ints, floats, buffers)
+    o = _lib.BlockMaskOptions()
+    lib.fj_block_mask_options_init(ctypes.byref(o))
+    o.B, o.H, o.q_len, o.kv_len, o.block_q, o.block_kv = B, H, q_len, kv_len, block_q, block_kv
+    o.args = values.addr
+    o.num_args = values.n
+    o.stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    ptrs = (ctypes.c_uint64 * 8)(*(t.data_ptr() for t in arrays))
+    o.arrays = ptrs
+    o.scratch = scratch.data_ptr()
+    out = ctypes.c_void_p()
+    with ctx.lock:
+        ctx.check(lib.fj_block_mask_build(ctx.ptr, h, ctypes.byref(o), ctypes.byref(out)))
+        # The mask borrows torch's memory: destroying it frees nothing and
+        # waits for nothing; the build kernels are queued on the stream.
+        lib.fj_block_mask_destroy(out.value)
+
+
+def block_mask_impl(spec: int, B: int, H: int, q_len: int, kv_len: int, block_q: int,
+                    block_kv: int, ints: List[int], floats: List[float],
+                    buffers: List[Tensor], device: torch.device) -> List[Tensor]:
+    nq, nkv = -(-q_len // block_q), -(-kv_len // block_kv)
+    arrays = [torch.empty(s, dtype=torch.int32, device=device)
+              for s in _mask_shapes(B, H, nq, nkv)]
+    _build_into(spec, arrays, B, H, q_len, kv_len, block_q, block_kv, ints, floats,
+                buffers, device)
+    return arrays
+
+
+# ---- the custom ops ----
+
+attention_fwd = torch.library.custom_op("flexjit::attention_fwd", mutates_args=())(
+    forward_impl)
+attention_bwd = torch.library.custom_op("flexjit::attention_bwd", mutates_args=())(
+    backward_impl)
+block_mask_op = torch.library.custom_op("flexjit::block_mask", mutates_args=())(
+    block_mask_impl)
+
+
+@attention_fwd.register_fake
+def _(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size):
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], q.shape[2]),
+                                            dtype=torch.float32)
+
+
+@attention_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, block_mask,
+      block_size):
+    core = core_by_id(spec)
+    grads = [b.new_zeros((b.shape[0],), dtype=torch.float32)
+             for b, tr in zip(buffers, core.trainable) if tr]
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), grads
+
+
+@block_mask_op.register_fake
+def _(spec, B, H, q_len, kv_len, block_q, block_kv, ints, floats, buffers, device):
+    nq, nkv = -(-q_len // block_q), -(-kv_len // block_kv)
+    return [torch.empty(s, dtype=torch.int32, device=device)
+            for s in _mask_shapes(B, H, nq, nkv)]
+
+
+def _buffer_grads(spec, grads, n):
+    """The trainable buffers' gradients spread over all n buffers (None for
+    the others)."""
+    it = iter(grads)
+    return [next(it) if tr else None for tr in core_by_id(spec).trainable[:n]]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, spec, scale, ints, floats, buffers, bm, bs = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *buffers, *bm)
+    ctx.flexjit = (spec, scale, ints, floats, len(buffers), bs)
+
+
+def _op_backward(ctx, dout, dlse):
+    spec, scale, ints, floats, nb, bs = ctx.flexjit
+    saved = ctx.saved_tensors
+    q, k, v, out, lse = saved[:5]
+    buffers, bm = list(saved[5:5 + nb]), list(saved[5 + nb:])
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv, grads = torch.ops.flexjit.attention_bwd.default(
+        dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, bm, bs)
+    # One entry per input, in the inputs' structure as torch.library sees
+    # it: a list of tensors gets a list, a list of numbers None (or [] when
+    # empty, which it cannot tell from a list of tensors).
+    return (dq, dk, dv, None, None, _no_grad(ints), _no_grad(floats),
+            _buffer_grads(spec, grads, nb), [None] * len(bm), _no_grad(bs))
+
+
+def _no_grad(numbers):
+    return [] if not numbers else None
+
+
+attention_fwd.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The eager path with gradients: the ops' implementations called
+    directly (same formula as _op_backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec, scale, ints, floats, bm, bs, *buffers):
+        out, lse = forward_impl(q, k, v, spec, scale, ints, floats, list(buffers), bm, bs)
+        ctx.save_for_backward(q, k, v, out, lse, *buffers)
+        ctx.flexjit = (spec, scale, ints, floats, bm, bs)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        spec, scale, ints, floats, bm, bs = ctx.flexjit
+        q, k, v, out, lse, *buffers = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv, grads = backward_impl(dout, dlse, q, k, v, out, lse, spec, scale, ints,
+                                          floats, buffers, bm, bs)
+        return (dq, dk, dv, None, None, None, None, None, None,
+                *_buffer_grads(spec, grads, len(buffers)))
+
+
+# ---- block masks ----
+
+class BlockMask:
+    """A block mask in FlexAttention's layout (docs/block_sparsity.md): int32
+    tensors kv_num_blocks [B, H, nq], kv_indices [B, H, nq, nkv],
+    full_kv_num_blocks, full_kv_indices, and the transposed q_num_blocks
+    [B, H, nkv], q_indices [B, H, nkv, nq], full_q_num_blocks,
+    full_q_indices; BLOCK_SIZE (block_q, block_kv) and seq_lengths (q_len,
+    kv_len). B and H of 1 broadcast. flexjit.attention takes it (and
+    FlexAttention's own BlockMask)."""
+
+    def __init__(self, arrays, block_size, seq_lengths, spec=None):
+        (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks, self.full_kv_indices,
+         self.q_num_blocks, self.q_indices, self.full_q_num_blocks,
+         self.full_q_indices) = arrays
+        self.BLOCK_SIZE = tuple(block_size)
+        self.seq_lengths = tuple(seq_lengths)
+        self.spec = spec
+
+    @property
+    def shape(self):
+        B, H = self.kv_num_blocks.shape[:2]
+        return (B, H) + self.seq_lengths
+
+    def arrays(self):
+        """The eight tensors in fj_block_mask_array order."""
+        return [getattr(self, n) for n in BM_NAMES]
+
+    def update(self, params=None, buffers=None):
+        """Rebuilds the mask in place for new runtime values (the next
+        batch's document ids), on the current stream; eager only."""
+        core = self.spec._core
+        ints, floats, bufs = core.values(params, buffers)
+        B, H = self.kv_num_blocks.shape[:2]
+        _build_into(core.id, self.arrays(), B, H, self.seq_lengths[0], self.seq_lengths[1],
+                    self.BLOCK_SIZE[0], self.BLOCK_SIZE[1], ints, floats, bufs,
+                    self.kv_num_blocks.device)
+        return self
+
+    def to_flex_attention(self, mask_mod=None):
+        """The same blocks as torch.nn.attention.flex_attention.BlockMask
+        (mask_mod: the Python mask FlexAttention evaluates on partial
+        blocks)."""
+        from torch.nn.attention.flex_attention import BlockMask as FlexBlockMask
+        return FlexBlockMask.from_kv_blocks(
+            self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
+            self.full_kv_indices, BLOCK_SIZE=self.BLOCK_SIZE, mask_mod=mask_mod,
+            seq_lengths=self.seq_lengths)
+
+    def __repr__(self):
+        return (f"flexjit.BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, "
+                f"spec={self.spec.name if self.spec else None!r})")
+
+
+def block_mask(spec: Spec, B: Optional[int], H: Optional[int], q_len: int, kv_len: int,
+               params=None, buffers=None, block_size=128, device=None) -> BlockMask:
+    """Builds spec's block mask on the GPU (as FlexAttention's
+    create_block_mask, without materializing the mask): B and H None or 1
+    broadcast; params and buffers as flexjit.attention takes them;
+    block_size an int or (block_q, block_kv). The arrays come from torch's
+    allocator and the build runs on the current stream."""
+    core = spec._core
+    ints, floats, bufs = core.values(params, buffers)
+    bq, bkv = (block_size, block_size) if isinstance(block_size, int) else block_size
+    if device is None:
+        device = bufs[0].device if bufs else torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    arrays = block_mask_op(core.id, B or 1, H or 1, q_len, kv_len, bq, bkv, ints, floats,
+                           bufs, device)
+    return BlockMask(arrays, (bq, bkv), (q_len, kv_len), spec)
+
+
+def _mask_args(m):
+    if m is None:
+        return [], []
+    if isinstance(m, BlockMask):
+        return m.arrays(), list(m.BLOCK_SIZE)
+    # FlexAttention's BlockMask: full_* may be None (no full blocks).
+    arrays = []
+    for n in BM_NAMES:
+        t = getattr(m, n, None)
+        if t is None:
+            like = m.kv_num_blocks if n.startswith("full_kv") else m.q_num_blocks
+            t = torch.zeros_like(like if n.endswith("num_blocks") else
+                                 (m.kv_indices if n.startswith("full_kv") else m.q_indices))
+        if t.dtype != torch.int32:
+            t = t.to(torch.int32)
+        arrays.append(t.contiguous())
+    bs = m.BLOCK_SIZE
+    return arrays, [int(bs[0]), int(bs[1])]
+
+
+# ---- attention ----
+
+def _eager(q):
+    return (type(q) is Tensor and q.is_cuda and not torch.compiler.is_compiling() and
+            (_dispatch_modes is None or _dispatch_modes() == 0))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=None,
+              block_mask=None, scale: Optional[float] = None, return_lse: bool = False):
+    """Attention with spec's mask_mod and score_mod, as FlexAttention's
+    flex_attention: q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D] (bf16 or fp16,
+    contiguous last dimension, any other strides; Hq a multiple of Hkv).
+    params: {name: number} for the spec's param()s; buffers: {name: 1-D CUDA
+    tensor} for its buffer()s (a trainable one gets a gradient). block_mask:
+    flexjit.block_mask's or FlexAttention's. scale: None is 1/sqrt(D).
+    Returns O (shaped and strided like q), and LSE [B, Hq, Lq] (float32,
+    natural log) with return_lse. Runs on torch's current stream."""
+    core = spec._core
+    ints, floats, bufs = core.values(params, buffers)
+    bm, bs = _mask_args(block_mask)
+    sc = 0.0 if scale is None else float(scale)
+    for b, a in zip(bufs, core.buffers):
+        if b.requires_grad and not a.trainable:
+            raise ValueError(f"buffer '{a.name}' requires grad, but spec '{core.name}' "
+                             f"declares it without {{grad = true}}")
+    if _eager(q):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                        v.requires_grad or
+                                        any(b.requires_grad for b in bufs)):
+            out, lse = _Attention.apply(q, k, v, core.id, sc, ints, floats, bm, bs, *bufs)
+        else:
+            out, lse = forward_impl(q, k, v, core.id, sc, ints, floats, bufs, bm, bs)
+    else:
+        out, lse = attention_fwd(q, k, v, core.id, sc, ints, floats, bufs, bm, bs)
+    return (out, lse) if return_lse else out
