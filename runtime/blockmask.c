@@ -460,10 +460,10 @@ fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *m, int B
   p->bm_q_ratio = m->block_q / block_m;
   p->bm_kv_ratio = m->block_kv / block_n;
   /* The lists per query block: the deterministic mode's order reads them. */
-  p->bm_kv_num = m->mem + m->offsets[FJ_BM_KV_NUM_BLOCKS];
-  p->bm_kv_idx = m->mem + m->offsets[FJ_BM_KV_INDICES];
-  p->bm_full_kv_num = m->mem + m->offsets[FJ_BM_FULL_KV_NUM_BLOCKS];
-  p->bm_full_kv_idx = m->mem + m->offsets[FJ_BM_FULL_KV_INDICES];
+  p->bm_kv_num = m->arrays[FJ_BM_KV_NUM_BLOCKS];
+  p->bm_kv_idx = m->arrays[FJ_BM_KV_INDICES];
+  p->bm_full_kv_num = m->arrays[FJ_BM_FULL_KV_NUM_BLOCKS];
+  p->bm_full_kv_idx = m->arrays[FJ_BM_FULL_KV_INDICES];
   p->bm_qb_stride = m->B == 1 ? 0 : m->H * m->nq;
   p->bm_qh_stride = m->H == 1 ? 0 : m->nq;
   p->bm_nkv = m->nkv;
