@@ -364,9 +364,11 @@ static void put_body(emitter *e, int which, const char *absent) {
 /* The body of fj_score_grad: one statement per non-leaf node of the
  * derivative (fjg_reachable list 2, which holds the score_mod's nodes it
  * reads, so they are computed here once), with the f32 rules of a
- * score_mod; then an atomic add of ds times each trainable read's
- * derivative into its gradient where the index is inside the buffer (a
- * read outside reads 0 and has none), and ds times d score_mod / d score.
+ * score_mod; then ds times each trainable read's derivative added to its
+ * gradient through the read's slot of the caller's fj_grad_cache
+ * (fj_grad_add: atomics when the element changes and at fj_grad_flush)
+ * where the index is inside the buffer (a read outside reads 0 and has
+ * none), and ds times d score_mod / d score.
  * An element with ds == 0 (P == 0: a score_mod's -inf, or underflow)
  * contributes nothing and costs no atomic, also where the derivative there
  * is infinite or NaN (log at 0, an overflowing exp). */
@@ -397,7 +399,7 @@ static void put_grad_body(emitter *e) {
     const char *name = fjg_arg_at(e->g, r->buffer)->name;
     fjg_buf_printf(e->out, "  if (fj_buf_in(u.n_%s, ", name);
     put_operand(e, r->index);
-    fjg_buf_printf(e->out, ")) atomicAdd(gr.g_%s + ", name);
+    fjg_buf_printf(e->out, ")) fj_grad_add(gc.s%d, gr.g_%s, ", i, name);
     put_operand(e, r->index);
     fjg_buf_printf(e->out, ", ds * ");
     put_operand(e, r->grad);
@@ -599,6 +601,27 @@ static void put_grads_struct(fjg_buf *out, const fjg_graph *g) {
   fjg_buf_printf(out, "};\n\n");
 }
 
+/* struct fj_grad_cache (a slot per trainable read that has a gradient, as
+ * put_grad_body numbers them) and fj_grad_flush, which adds what the slots
+ * hold. */
+static void put_grad_cache(fjg_buf *out, const fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  const int n = d ? d->num_buffer_grads : 0;
+  fjg_buf_printf(out, "struct fj_grad_cache {\n");
+  for (int i = 0; i < n; i++) fjg_buf_printf(out, "  fj_grad_slot s%d;\n", i);
+  fjg_buf_printf(out, "};\n");
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ void fj_grad_flush(const fj_user_grads &gr, "
+      "fj_grad_cache &gc) {\n");
+  for (int i = 0; i < n; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    fjg_buf_printf(out, "  fj_grad_slot_flush(gc.s%d, gr.g_%s);\n", i,
+                   fjg_arg_at(g, r->buffer)->name);
+  }
+  if (!n) fjg_buf_printf(out, "  (void)gr, (void)gc;\n");
+  fjg_buf_printf(out, "}\n");
+}
+
 fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
   size_t n = (size_t)fjg_num_nodes(g) + 1;
   emitter e = {g, out, malloc(n * sizeof(int32_t)), malloc(n), 0};
@@ -610,10 +633,11 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
   for (size_t i = 0; i < n; i++) e.slot[i] = -1;
   fjg_buf_printf(out, "// ---- generated backward hooks (gen/emit_cuda.c) ----\n");
   put_grads_struct(out, g);
+  put_grad_cache(out, g);
   fjg_buf_printf(out,
       "__device__ __forceinline__ float fj_score_grad(const fj_user_params &u,"
-      "\n    const fj_user_grads &gr, const fj_sizes &z, float score, int b, "
-      "int h, int q, int kv,\n    float ds) {\n");
+      "\n    const fj_user_grads &gr, fj_grad_cache &gc, const fj_sizes &z, float score, "
+      "int b,\n    int h, int q, int kv, float ds) {\n");
   put_grad_body(&e);
   fjg_buf_printf(out, "}\n// ---- end of generated backward hooks ----\n");
   free(e.slot);

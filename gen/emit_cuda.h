@@ -18,10 +18,17 @@
  *   struct fj_user_grads { float *g_<name>; ... };  one per trainable buffer,
  *                        in declaration order (long long fj_reserved_ when
  *                        there is none, so it is never empty)
- *   fj_score_grad        ds * d score_mod / d score, after adding
- *                        ds * d score_mod / d buf[n] to gr.g_<name>[n] with
- *                        atomicAdd for every trainable read whose index n is
- *                        inside the buffer; SSA code over the derivative's
+ *   struct fj_grad_cache a write-combining slot (fj_grad_slot, common/
+ *                        fj_common.cuh) per trainable read, which a thread
+ *                        keeps across its calls
+ *   fj_grad_flush(gr, gc) adds what the slots hold (atomicAdd); a thread
+ *                        calls it once, after its last fj_score_grad
+ *   fj_score_grad(u, gr, gc, z, score, b, h, q, kv, ds)
+ *                        ds * d score_mod / d score, after adding
+ *                        ds * d score_mod / d buf[n] to gr.g_<name>[n]
+ *                        through its slot of gc (fj_grad_add) for every
+ *                        trainable read whose index n is inside the
+ *                        buffer; SSA code over the derivative's
  *                        nodes (fjg_graph_derivative) with a score_mod's f32
  *                        rules. ds == 0 returns 0 and adds nothing (even
  *                        where the derivative is inf or NaN). Without a

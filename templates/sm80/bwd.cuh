@@ -49,6 +49,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
 
+  fj_grad_cache gc;  // trainable buffers' gradients, flushed at the end
   int stage = 0;
   while (cur.h < h_end) {
     // The next item is found before the wait: it needs nothing loaded.
@@ -94,7 +95,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
       fjb_step(p, b, cur.h, sq0, wkv0, run, need_mask, edge, s_k, s_v,
                s_q + sub * FJB_SUB_M * FJK_ROW_BYTES, s_do + sub * FJB_SUB_M * FJK_ROW_BYTES,
                s_lse + sub * FJB_SUB_M * 4, s_delta + sub * FJB_SUB_M * 4,
-               s_ds + sub * FJB_SUB_M * 2, dk, dv);
+               s_ds + sub * FJB_SUB_M * 2, dk, dv, gc);
     }
 #if FJ_DETERMINISTIC
     // The rank's count is also the barrier after which dS^T is complete;
@@ -110,6 +111,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
     cur = nxt;
     stage = nst;
   }
+  fj_grad_flush(p.grads, gc);
   fjk_cp_async_wait<0>();
   __syncthreads();  // every warp is done with K and V (fjb_dq_step reads all of K)
 

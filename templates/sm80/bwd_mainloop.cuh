@@ -132,7 +132,7 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, int b, int h, i
                                          unsigned s_k, unsigned s_v, unsigned s_q,
                                          unsigned s_do, unsigned s_lse, unsigned s_delta,
                                          unsigned s_ds, float (&dk)[FJB_DT][4],
-                                         float (&dv)[FJB_DT][4]) {
+                                         float (&dv)[FJB_DT][4], fj_grad_cache &gc) {
   const int lt = fj_tid();
   const int warp = lt >> 5, lane = lt & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -176,7 +176,7 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, int b, int h, i
 #if FJ_HAS_SCORE_MOD
         // d score_mod / d score, and the trainable buffers' gradients, only
         // where the pair is allowed: a masked pair has no gradient.
-        if (keep) ds = fj_score_grad(p.user, p.grads, p.sz, score, b, h, qi, ki, ds);
+        if (keep) ds = fj_score_grad(p.user, p.grads, gc, p.sz, score, b, h, qi, ki, ds);
 #endif
         s[nt][e] = pr;
         dp[nt][e] = ds;
@@ -192,6 +192,7 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, int b, int h, i
     fjb_pack_a<FJB_QT>(dsa, dp);
     fjb_gemm_rows_q(dk, dsa, s_q, lane);
   } else {
+    (void)gc;
 #pragma unroll
     for (int kt = 0; kt < FJB_QK; ++kt)
 #pragma unroll

@@ -85,7 +85,8 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, 
                                                  int wkv0, bool need_mask, bool edge,
                                                  unsigned s_lse, unsigned s_delta,
                                                  float (&s)[FJHB_S_REGS],
-                                                 float (&dp)[FJHB_S_REGS]) {
+                                                 float (&dp)[FJHB_S_REGS],
+                                                 fj_grad_cache &gc) {
   const int t = fj_tid() & 127;
   const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
 #pragma unroll
@@ -116,13 +117,13 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, 
 #if FJ_HAS_SCORE_MOD
       // d score_mod / d score, and the trainable buffers' gradients, only
       // where the pair is allowed.
-      if (keep) ds = fj_score_grad(p.user, p.grads, p.sz, score, b, h, qi, ki, ds);
+      if (keep) ds = fj_score_grad(p.user, p.grads, gc, p.sz, score, b, h, qi, ki, ds);
 #endif
       s[i] = pr;
       dp[i] = ds;
     }
   }
-  (void)need_mask, (void)edge;
+  (void)need_mask, (void)edge, (void)gc;
 }
 
 // Without a score_mod the elementwise step is split in two so that each
@@ -256,6 +257,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
                                          (c * FJHB_DQ_COLS % 64) * 2,
                                      FJ_BLOCK_N * 128);
 
+  fj_grad_cache gc;  // trainable buffers' gradients, flushed at the end
   fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
   if (it.h < h_end) fjh_mbar_wait_warp(sm.kv_full(), 0);
   int n = 0;
@@ -299,7 +301,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_fence_regs(dpacc);
       // One loop for every tile (a second, unchecked copy spills at D=128).
       fjhb_elementwise<true>(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s),
-                             sacc, dpacc);
+                             sacc, dpacc, gc);
       fjhb_pack(sacc, pa);
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();
@@ -358,6 +360,8 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     it = nxt;
     ++n;
   }
+
+  fj_grad_flush(p.grads, gc);
 
   // ---- dK (times scale) and dV through the consumer's dQ buffers, once
   // the writer has released both: buffer i's last use is its u-th, u =

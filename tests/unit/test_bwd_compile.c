@@ -110,15 +110,17 @@ static void test_config(void **state) {
                    FJ_EINVAL);
 }
 
-/* The part list: the prologue after fj_common.cuh and before the parameter
- * struct that holds its types; every part embedded. */
+/* The part list: the prologue after fj_common.cuh and fj_grad.cuh (which
+ * the generated hooks use) and before the parameter struct that holds its
+ * types; every part embedded. */
 static void test_parts(void **state) {
   (void)state;
   const char *const *parts = fjg_template_parts("sm80", "backward");
   assert_non_null(parts);
   assert_string_equal(parts[0], "common/fj_common.cuh");
-  assert_string_equal(parts[1], FJG_PART_PROLOGUE);
-  assert_string_equal(parts[2], "common/fj_bwd.cuh");
+  assert_string_equal(parts[1], "common/fj_grad.cuh");
+  assert_string_equal(parts[2], FJG_PART_PROLOGUE);
+  assert_string_equal(parts[3], "common/fj_bwd.cuh");
   int n = 0;
   for (const char *const *p = parts; *p; p++, n++)
     if (strcmp(*p, FJG_PART_PROLOGUE) != 0 && !fjg_template_text(*p, NULL))

@@ -207,6 +207,7 @@ static check_fn build(const fjg_graph *g, const fjg_config *c, const char *dir, 
                  c->head_dim, c->block_m, c->block_n, c->num_warps, c->num_stages,
                  has_mask(g));
   put_part(&src, "common/fj_common.cuh");
+  put_part(&src, "common/fj_grad.cuh");
   assert_int_equal(fjg_emit_interval_rules(g, &src), FJ_OK);
   assert_int_equal(fjg_emit_prologue(g, &src), FJ_OK);
   assert_int_equal(fjg_emit_backward_hooks(g, &src), FJ_OK);

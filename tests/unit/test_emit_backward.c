@@ -98,7 +98,9 @@ static void test_user_grads_layout(void **state) {
   assert_non_null(strstr(b.data, "struct fj_user_grads {\n  float *g_rel;\n"
                                  "  float *g_slopes;\n};\n"));
   /* No derivative (no score_mod): the score passes unchanged. */
-  assert_non_null(strstr(b.data, "int kv,\n    float ds) {\n  return ds;\n}\n"));
+  assert_non_null(strstr(b.data, "int kv, float ds) {\n  return ds;\n}\n"));
+  /* ... and no slot to flush. */
+  assert_non_null(strstr(b.data, "struct fj_grad_cache {\n};\n"));
   fjg_buf_free(&b);
   fjg_graph_destroy(g);
 
@@ -218,6 +220,9 @@ static void test_hooks_compile_with_nvrtc(void **state) {
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   assert_non_null(common);
   fjg_buf_append(&src, common, len);
+  const char *grad = fjg_template_text("common/fj_grad.cuh", &len);
+  assert_non_null(grad);
+  fjg_buf_append(&src, grad, len);
   assert_int_equal(fjg_emit_interval_rules(NULL, &src), FJ_OK);
   for (int i = 0; i < NUM_EXAMPLES; i++) {
     fjg_graph *g = trace(example_specs[i]);
@@ -226,7 +231,10 @@ static void test_hooks_compile_with_nvrtc(void **state) {
     assert_int_equal(fjg_emit_backward_hooks(g, &src), FJ_OK);
     fjg_buf_printf(&src,
         "__global__ void k(fj_user_params u, fj_user_grads gr, fj_sizes z, float *out) {\n"
-        "  out[threadIdx.x] = fj_score_grad(u, gr, z, out[threadIdx.x], 0, 1, threadIdx.x, 3, 0.5f);\n"
+        "  fj_grad_cache gc;\n"
+        "  out[threadIdx.x] = fj_score_grad(u, gr, gc, z, out[threadIdx.x], 0, 1, threadIdx.x, 3,"
+        " 0.5f);\n"
+        "  fj_grad_flush(gr, gc);\n"
         "}\n}\n");
     fjg_graph_destroy(g);
   }
@@ -387,6 +395,8 @@ static void *build_host_library(fjg_graph **graphs, int n, const char *dir) {
   size_t len;
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   fjg_buf_append(&src, common, len);
+  const char *grad = fjg_template_text("common/fj_grad.cuh", &len);
+  fjg_buf_append(&src, grad, len);
   assert_int_equal(fjg_emit_interval_rules(NULL, &src), FJ_OK);
   for (int i = 0; i < n; i++) {
     fjg_buf_printf(&src, "namespace g%d {\n", i);
@@ -395,9 +405,12 @@ static void *build_host_library(fjg_graph **graphs, int n, const char *dir) {
     fjg_buf_printf(&src,
         "}\nextern \"C\" float grad_%d(const void *u, const void *gr, const int *z, float s,\n"
         "    int b, int h, int q, int kv, float ds) {\n"
-        "  return g%d::fj_score_grad(*(const g%d::fj_user_params *)u,\n"
-        "      *(const g%d::fj_user_grads *)gr, *(const fj_sizes *)z, s, b, h, q, kv, ds);\n}\n",
-        i, i, i, i);
+        "  g%d::fj_grad_cache gc;\n"
+        "  const float r = g%d::fj_score_grad(*(const g%d::fj_user_params *)u,\n"
+        "      *(const g%d::fj_user_grads *)gr, gc, *(const fj_sizes *)z, s, b, h, q, kv, ds);\n"
+        "  g%d::fj_grad_flush(*(const g%d::fj_user_grads *)gr, gc);\n"
+        "  return r;\n}\n",
+        i, i, i, i, i, i, i);
   }
   assert_false(src.failed);
   char cpp[512], so[512], cmd[1600];
