@@ -81,7 +81,9 @@ def dense_attention(q, k, v, mask_mod, score_mod, scale=None):
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0))
     p = torch.nan_to_num(p, nan=0.0)
-    return p @ v, lse
+    # P in v's dtype for P V, as the kernels round it (a float32 bias
+    # buffer promotes the scores of a low-precision run to float32).
+    return p.to(v.dtype) @ v, lse
 
 
 def dense_backward(q, k, v, dout, dlse, mask_mod, score_mod, scale=None):

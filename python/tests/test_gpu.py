@@ -42,6 +42,21 @@ def _flex_run(q, k, v, mask, score, Lq, Lk):
     return _flex(q, k, v, score_mod=score, block_mask=bm, enable_gqa=True, return_lse=True)
 
 
+def _baseline(q, k, v, mask, score, Lq, Lk, dout):
+    """O, LSE and gradients of FlexAttention's compiled kernels on the same
+    inputs; where Inductor cannot build them (the relative_buckets score_mod
+    at D=64 asks the H200 for more shared memory than it has), of the same
+    dense computation in the input dtype, DESIGN.md's other baseline."""
+    try:
+        o, lse = _flex_run(q, k, v, mask, score, Lq, Lk)
+        return o, lse, _grads(o, lse, [q, k, v], dout)
+    except Exception as e:  # torch._inductor.exc.InductorError
+        if "out of resource" not in str(e):
+            raise
+        o, lse = dense_attention(q, k, v, mask, score)
+        return o, lse, _grads(o, lse, [q, k, v], dout)
+
+
 def _grads(out, lse, inputs, dout, dlse=None):
     loss = (out.double() * dout).sum()
     if dlse is not None:
@@ -65,8 +80,7 @@ def _compare(name, D, attn):
     dout = torch.randn(ref_o.shape, device="cuda", dtype=torch.float64, generator=g)
     dlse = torch.randn(ref_l.shape, device="cuda", dtype=torch.float64, generator=g)
     ref_g = _grads(ref_o, ref_l, ins, dout)
-    fl_o, fl_l = _flex_run(q, k, v, mask, score, Lq, Lk)
-    fl_g = _grads(fl_o, fl_l, ins, dout)
+    fl_o, fl_l, fl_g = _baseline(q, k, v, mask, score, Lq, Lk, dout)
     o, lse = attn(q, k, v, spec, params, buffers)
     fj_g = _grads(o, lse, ins, dout)
     err = lambda a, b: (a.double() - b).abs().max().item()  # noqa: E731
@@ -130,7 +144,10 @@ def test_trainable_buffer_gradient():
 
 def test_block_mask_matches_flex_and_launches():
     spec = flexjit.Spec(example("document.lua"))
-    L = 1000
+    # A multiple of FlexAttention's 128: it classifies a ragged last block
+    # with the mask evaluated on the padding past L too, flexjit on the
+    # pairs inside only (there the counts may differ by design).
+    L = 1024
     mask, _, _, buffers = example_mods("document", 4, L, L, "cuda")
     m = flexjit.block_mask(spec, None, None, L, L, buffers=buffers)
     ref = create_block_mask(mask, None, None, L, L, device="cuda")
