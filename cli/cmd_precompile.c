@@ -51,9 +51,11 @@ static const char precompile_usage[] =
     "           passes = {\"forward\"} }\n"
     "Spec paths are relative to the manifest's directory. Passes: forward,\n"
     "forward_blockmask (the forward kernel a launch with a block mask of\n"
-    "128 x 128 blocks takes; at head dim 64 on sm_90a not the plain one), and\n"
+    "128 x 128 blocks takes; at head dim 64 on sm_90a not the plain one),\n"
     "blockmask (the kernels that build a spec's block masks, as flexjit run\n"
-    "does for masks that read buffers; one per spec and target).\n"
+    "does for masks that read buffers; one per spec and target), backward\n"
+    "(the backward pass's kernels) and backward_deterministic (its\n"
+    "deterministic variant; refused for specs with trainable buffers).\n"
     "Needs no GPU.\n"
     "\n"
     "options:\n"
@@ -221,12 +223,15 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
    * block masks (128 x 128) take; where it is the plain forward kernel the
    * pack holds it once. */
   const int builder = strcmp(j.pass, "blockmask") == 0;
+  const int backward = strncmp(j.pass, "backward", 8) == 0;
   if (strcmp(j.pass, "forward_blockmask") == 0) {
     ko.block_mask_block_q = 128;
-  } else if (strcmp(j.pass, "forward") != 0 && !builder) {
+  } else if (strcmp(j.pass, "backward_deterministic") == 0) {
+    ko.deterministic = 1;
+  } else if (strcmp(j.pass, "forward") != 0 && strcmp(j.pass, "backward") != 0 && !builder) {
     r->status = FJ_EUNSUPPORTED;
     r->error = job_error(&j, "pass '%s' is not supported (forward, forward_blockmask, "
-                         "blockmask)", j.pass);
+                         "blockmask, backward, backward_deterministic)", j.pass);
     return;
   }
   r->status = FJ_ENOMEM;
@@ -238,8 +243,9 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
   /* The builder does not depend on the head dim or dtype: every job of
    * one (spec, arch) but the first finds it in the cache. */
   if (r->status == FJ_OK)
-    r->status = builder ? fj_compile_block_mask(ctx, spec, j.arch, &r->info)
-                        : fj_compile_forward(ctx, spec, &ko, &r->info);
+    r->status = builder    ? fj_compile_block_mask(ctx, spec, j.arch, &r->info)
+                : backward ? fj_compile_backward(ctx, spec, &ko, &r->info)
+                           : fj_compile_forward(ctx, spec, &ko, &r->info);
   if (r->status != FJ_OK)
     r->error = job_error(&j, "%s", fj_context_last_error(ctx));
   else if (!r->info.cubin_path[0]) {
