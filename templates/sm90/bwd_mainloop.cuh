@@ -1,8 +1,9 @@
 // templates/sm90/bwd_mainloop.cuh: a consumer warpgroup's share of the
 // backward (the scheme: sm90/bwd_config.cuh): for each work item S^T and
 // dP^T, the elementwise P^T and dS^T, dV += P^T dO and dK += dS^T Q, dS^T
-// into shared memory, dQ = dS K for its half of the head dim and the
-// reduce-add of dQ into dq_accum; at the end dK and dV to global memory.
+// into shared memory, dQ = dS K for its half of the head dim into a dQ
+// buffer for the writer warp (bwd.cuh); at the end dK and dV to global
+// memory.
 //
 // A wgmma m64nN accumulator (N / 2 floats a thread of the warpgroup; t the
 // thread's index in it, w = t / 32, g = (t % 32) / 4, t4 = t % 4): element
