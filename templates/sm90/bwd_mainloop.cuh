@@ -45,9 +45,9 @@ __device__ __forceinline__ void fjhb_issue_dq(float (&acc)[FJHB_DQ_REGS], unsign
 #pragma unroll
   for (int kk = 0; kk < FJ_BLOCK_N / 16; ++kk) {
     if (kk == 0)
-      fjh_wgmma_ss_tt<true>(acc, fjh_desc(ds_lo, 0), fjh_desc(k_lo, 0));
+      fjh_wgmma_ss<true, 1>(acc, fjh_desc(ds_lo, 0), fjh_desc(k_lo, 0));
     else
-      fjh_wgmma_ss_tt<false>(acc, fjh_desc(ds_lo, kk * 2048), fjh_desc(k_lo, kk * 2048));
+      fjh_wgmma_ss<false, 1>(acc, fjh_desc(ds_lo, kk * 2048), fjh_desc(k_lo, kk * 2048));
   }
 }
 

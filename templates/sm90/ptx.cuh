@@ -195,37 +195,33 @@ __device__ __forceinline__ unsigned long long fjh_desc(unsigned lo, unsigned byt
 #define FJH_RW(x) "+f"(x)
 #define FJH_WO(x) "=f"(x)
 
-// d = A * B (first = true: d is written, not read, the first k step of
-// S = Q K^T, so no instruction but this one defines a new S) or d += A * B,
-// with A and B in shared memory, both K-major: m64n64k16 / m64n128k16.
-template <bool FIRST>
-__device__ __forceinline__ void fjh_wgmma_ss(float (&d)[32], unsigned long long da,
-                                             unsigned long long db) {
-  if constexpr (FIRST)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " " FJH_D32
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : FJH_F32(FJH_WO, d) : "l"(da), "l"(db), "r"(0));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " " FJH_D32
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : FJH_F32(FJH_RW, d) : "l"(da), "l"(db), "r"(1));
-}
-template <bool FIRST>
-__device__ __forceinline__ void fjh_wgmma_ss(float (&d)[64], unsigned long long da,
-                                             unsigned long long db) {
-  if constexpr (FIRST)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32" FJH_AB " " FJH_D64
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : FJH_F64(FJH_WO, d) : "l"(da), "l"(db), "r"(0));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32" FJH_AB " " FJH_D64
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : FJH_F64(FJH_RW, d) : "l"(da), "l"(db), "r"(1));
-}
+// d = A * B (FIRST: d is written, not read, the first k step of a product,
+// so no instruction but this one defines a new accumulator) or d += A * B,
+// with A and B in shared memory: m64n32k16 / m64n64k16 / m64n128k16 by the
+// accumulator's size. TRANS 0: both operands K-major (S = Q K^T); 1: both
+// MN-major (imm-trans-a = imm-trans-b = 1; the backward's dQ = dS K, A = dS
+// read from dS^T stored [kv][query], B = K stored [kv][d]). One definition
+// a shape: the accumulator's registers are the asm's first operands, then
+// the descriptors, the scale-d flag and TRANS (operands A, B, S and T).
+#define FJH_DEF_WGMMA_SS(NREG, SHAPE, DREGS, FOPS, A, B, S, T)                        \
+  template <bool FIRST, int TRANS = 0>                                                 \
+  __device__ __forceinline__ void fjh_wgmma_ss(float (&d)[NREG], unsigned long long da, \
+                                               unsigned long long db) {                 \
+    if constexpr (FIRST)                                                               \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\n"                     \
+                   "wgmma.mma_async.sync.aligned." SHAPE ".f32" FJH_AB " " DREGS       \
+                   ", %" A ", %" B ", p, 1, 1, %" T ", %" T ";\n}\n"                    \
+                   : FOPS(FJH_WO, d) : "l"(da), "l"(db), "r"(0), "n"(TRANS));          \
+    else                                                                               \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\n"                     \
+                   "wgmma.mma_async.sync.aligned." SHAPE ".f32" FJH_AB " " DREGS       \
+                   ", %" A ", %" B ", p, 1, 1, %" T ", %" T ";\n}\n"                    \
+                   : FOPS(FJH_RW, d) : "l"(da), "l"(db), "r"(1), "n"(TRANS));          \
+  }
+FJH_DEF_WGMMA_SS(16, "m64n32k16", FJH_D16, FJH_F16, "16", "17", "18", "19")
+FJH_DEF_WGMMA_SS(32, "m64n64k16", FJH_D32, FJH_F32, "32", "33", "34", "35")
+FJH_DEF_WGMMA_SS(64, "m64n128k16", FJH_D64, FJH_F64, "64", "65", "66", "67")
+#undef FJH_DEF_WGMMA_SS
 
 // d += A * B with A (P) in registers and B (V) in shared memory, MN-major
 // (imm-trans-b = 1): m64n64k16 / m64n128k16.
@@ -246,35 +242,3 @@ __device__ __forceinline__ void fjh_wgmma_rs(float (&d)[64], const unsigned (&a)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// d = A * B (FIRST) or d += A * B with both operands in shared memory and
-// MN-major (imm-trans-a = imm-trans-b = 1): the backward's dQ = dS K, A =
-// dS read from dS^T stored [kv][query], B = K stored [kv][d]: m64n32k16 /
-// m64n64k16.
-template <bool FIRST>
-__device__ __forceinline__ void fjh_wgmma_ss_tt(float (&d)[16], unsigned long long da,
-                                                unsigned long long db) {
-  if constexpr (FIRST)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32" FJH_AB " " FJH_D16
-                 ", %16, %17, p, 1, 1, 1, 1;\n}\n"
-                 : FJH_F16(FJH_WO, d) : "l"(da), "l"(db), "r"(0));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32" FJH_AB " " FJH_D16
-                 ", %16, %17, p, 1, 1, 1, 1;\n}\n"
-                 : FJH_F16(FJH_RW, d) : "l"(da), "l"(db), "r"(1));
-}
-template <bool FIRST>
-__device__ __forceinline__ void fjh_wgmma_ss_tt(float (&d)[32], unsigned long long da,
-                                                unsigned long long db) {
-  if constexpr (FIRST)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " " FJH_D32
-                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"
-                 : FJH_F32(FJH_WO, d) : "l"(da), "l"(db), "r"(0));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" FJH_AB " " FJH_D32
-                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"
-                 : FJH_F32(FJH_RW, d) : "l"(da), "l"(db), "r"(1));
-}
