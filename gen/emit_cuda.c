@@ -559,15 +559,30 @@ fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }
 
-fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
-  size_t n = (size_t)fjg_num_nodes(g) + 1;
-  emitter e = {g, out, malloc(n * sizeof(int32_t)), malloc(n), 0};
-  if (!e.slot || !e.decisive) {
-    free(e.slot);
-    free(e.decisive);
+/* An emitter over g writing to out: its per-node tables allocated, no
+ * slot assigned yet. emitter_close frees them and says whether the output
+ * is complete. */
+static fj_status emitter_open(emitter *e, const fjg_graph *g, fjg_buf *out) {
+  const size_t n = (size_t)fjg_num_nodes(g) + 1;
+  *e = (emitter){g, out, malloc(n * sizeof(int32_t)), malloc(n), 0};
+  if (!e->slot || !e->decisive) {
+    free(e->slot);
+    free(e->decisive);
     return FJ_ENOMEM;
   }
-  for (size_t i = 0; i < n; i++) e.slot[i] = -1;
+  for (size_t i = 0; i < n; i++) e->slot[i] = -1;
+  return FJ_OK;
+}
+
+static fj_status emitter_close(emitter *e) {
+  free(e->slot);
+  free(e->decisive);
+  return e->out->failed ? FJ_ENOMEM : FJ_OK;
+}
+
+fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
+  emitter e;
+  if (emitter_open(&e, g, out) != FJ_OK) return FJ_ENOMEM;
 
   fjg_buf_printf(out, "// ---- generated prologue (gen/emit_cuda.c) ----\n");
   put_params_struct(out, g);
@@ -586,9 +601,7 @@ fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
       "int kv1) {\n");
   put_tile_class_body(&e);
   fjg_buf_printf(out, "}\n// ---- end of generated prologue ----\n");
-  free(e.slot);
-  free(e.decisive);
-  return out->failed ? FJ_ENOMEM : FJ_OK;
+  return emitter_close(&e);
 }
 
 static void put_grads_struct(fjg_buf *out, const fjg_graph *g) {
@@ -623,14 +636,8 @@ static void put_grad_cache(fjg_buf *out, const fjg_graph *g) {
 }
 
 fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
-  size_t n = (size_t)fjg_num_nodes(g) + 1;
-  emitter e = {g, out, malloc(n * sizeof(int32_t)), malloc(n), 0};
-  if (!e.slot || !e.decisive) {
-    free(e.slot);
-    free(e.decisive);
-    return FJ_ENOMEM;
-  }
-  for (size_t i = 0; i < n; i++) e.slot[i] = -1;
+  emitter e;
+  if (emitter_open(&e, g, out) != FJ_OK) return FJ_ENOMEM;
   fjg_buf_printf(out, "// ---- generated backward hooks (gen/emit_cuda.c) ----\n");
   put_grads_struct(out, g);
   put_grad_cache(out, g);
@@ -640,9 +647,7 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
       "int b,\n    int h, int q, int kv, float ds) {\n");
   put_grad_body(&e);
   fjg_buf_printf(out, "}\n// ---- end of generated backward hooks ----\n");
-  free(e.slot);
-  free(e.decisive);
-  return out->failed ? FJ_ENOMEM : FJ_OK;
+  return emitter_close(&e);
 }
 
 /* ---- translation unit ---- */
