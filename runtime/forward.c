@@ -263,22 +263,10 @@ size_t fj_forward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
 static fj_status check_tensors(fj_context *ctx, const fj_forward_args *a, fj_dtype *dtype,
                                fjr_fwd_params_fixed *p) {
   const DLTensor *q = a->q;
-  if (!q || q->ndim != 4 || !q->shape)
-    return fjr_fail(ctx, FJ_ETENSOR, "q: expected a 4-D tensor [B, Hq, Lq, D]");
   DLDataType dl;
-  if (fjr_tensor_is(q, kDLBfloat, 16)) {
-    *dtype = FJ_DTYPE_BF16;
-    dl = (DLDataType){kDLBfloat, 16, 1};
-  } else if (fjr_tensor_is(q, kDLFloat, 16)) {
-    *dtype = FJ_DTYPE_F16;
-    dl = (DLDataType){kDLFloat, 16, 1};
-  } else {
-    char t[32];
-    return fjr_fail(ctx, FJ_ETENSOR, "q: dtype %s is not supported (bfloat16 or float16)",
-                    fjr_dtype_text(q->dtype, t, sizeof t));
-  }
+  fj_status st = fjr_tensor_query(ctx, q, dtype, &dl);
+  if (st != FJ_OK) return st;
   int64_t qs[4], ks[4], vs[4], os[4], ls[3] = {0, 0, 1};
-  fj_status st;
   if ((st = fjr_tensor_check(ctx, "q", q, 4, dl, qs)) != FJ_OK ||
       (st = fjr_tensor_check(ctx, "k", a->k, 4, dl, ks)) != FJ_OK ||
       (st = fjr_tensor_check(ctx, "v", a->v, 4, dl, vs)) != FJ_OK ||

@@ -164,3 +164,21 @@ fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
   fjg_user_params_pack(g, i32s, f32s, ptrs, lens, dst);
   return FJ_OK;
 }
+
+fj_status fjr_tensor_query(fj_context *ctx, const DLTensor *q, fj_dtype *dtype,
+                           DLDataType *dl) {
+  if (!q || q->ndim != 4 || !q->shape)
+    return fjr_fail(ctx, FJ_ETENSOR, "q: expected a 4-D tensor [B, Hq, Lq, D]");
+  if (fjr_tensor_is(q, kDLBfloat, 16)) {
+    *dtype = FJ_DTYPE_BF16;
+    *dl = (DLDataType){kDLBfloat, 16, 1};
+  } else if (fjr_tensor_is(q, kDLFloat, 16)) {
+    *dtype = FJ_DTYPE_F16;
+    *dl = (DLDataType){kDLFloat, 16, 1};
+  } else {
+    char t[32];
+    return fjr_fail(ctx, FJ_ETENSOR, "q: dtype %s is not supported (bfloat16 or float16)",
+                    fjr_dtype_text(q->dtype, t, sizeof t));
+  }
+  return FJ_OK;
+}
