@@ -90,6 +90,20 @@ static fj_status encode_one(const fjr_driver *drv, const fjg_config *cfg,
   return FJ_OK;
 }
 
+/* What every map build checks first: its arguments (args_ok), a template
+ * that takes maps, a driver that encodes them; clears err. */
+static fj_status maps_start(const fjr_driver *drv, const fjg_config *cfg, int args_ok,
+                            const char *who, char *err, size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  if (!drv || !cfg || !args_ok) return tma_fail(err, errlen, FJ_EINVAL, "%s: NULL argument", who);
+  if (!cfg->uses_tma)
+    return tma_fail(err, errlen, FJ_EINVAL, "template %s takes no tensor maps",
+                    cfg->template_name);
+  if (!drv->cuTensorMapEncodeTiled)
+    return tma_fail(err, errlen, FJ_EUNSUPPORTED, "the driver has no cuTensorMapEncodeTiled");
+  return FJ_OK;
+}
+
 /* The backward's fp32 dq_accum, [B * Hq][Lq][D] contiguous, as (D, Lq,
  * B * Hq) with boxes of 32 x 64 (128 bytes x 64 rows). */
 static fj_status encode_dq_accum(const fjr_driver *drv, const fjr_bwd_params_fixed *p,
@@ -114,14 +128,8 @@ static fj_status encode_dq_accum(const fjr_driver *drv, const fjr_bwd_params_fix
 fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
                                  const fjr_bwd_params_fixed *p, fjr_tma_bwd_maps *out,
                                  char *err, size_t errlen) {
-  if (err && errlen) err[0] = '\0';
-  if (!drv || !cfg || !p || !out)
-    return tma_fail(err, errlen, FJ_EINVAL, "fjr_tma_bwd_maps_build: NULL argument");
-  if (!cfg->uses_tma)
-    return tma_fail(err, errlen, FJ_EINVAL, "template %s takes no tensor maps",
-                    cfg->template_name);
-  if (!drv->cuTensorMapEncodeTiled)
-    return tma_fail(err, errlen, FJ_EUNSUPPORTED, "the driver has no cuTensorMapEncodeTiled");
+  fj_status st = maps_start(drv, cfg, p && out, "fjr_tma_bwd_maps_build", err, errlen);
+  if (st != FJ_OK) return st;
   memset(out, 0, sizeof *out);
   const int64_t D = cfg->head_dim;
   const uint32_t bm = (uint32_t)cfg->block_m, bn = (uint32_t)cfg->block_n;
@@ -134,25 +142,16 @@ fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
       {"dv", p->dv, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->dv_ss, p->dv_sh, p->dv_sb}, 64},
   };
   CUtensorMap *maps[] = {&out->q, &out->k, &out->v, &out->dout, &out->dk, &out->dv};
-  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-    fj_status st = encode_one(drv, cfg, &t[i], maps[i], err, errlen);
-    if (st != FJ_OK) return st;
-  }
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+    if ((st = encode_one(drv, cfg, &t[i], maps[i], err, errlen)) != FJ_OK) return st;
   return encode_dq_accum(drv, p, D, &out->dq_accum, err, errlen);
 }
 
 fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
                              const fjr_fwd_params_fixed *p, fjr_tma_maps *out,
                              char *err, size_t errlen) {
-  if (err && errlen) err[0] = '\0';
-  if (!drv || !cfg || !p || !out)
-    return tma_fail(err, errlen, FJ_EINVAL, "fjr_tma_maps_build: NULL argument");
-  if (!cfg->uses_tma)
-    return tma_fail(err, errlen, FJ_EINVAL,
-                    "template %s takes no tensor maps", cfg->template_name);
-  if (!drv->cuTensorMapEncodeTiled)
-    return tma_fail(err, errlen, FJ_EUNSUPPORTED,
-                    "the driver has no cuTensorMapEncodeTiled");
+  fj_status st = maps_start(drv, cfg, p && out, "fjr_tma_maps_build", err, errlen);
+  if (st != FJ_OK) return st;
   memset(out, 0, sizeof *out);
   const int64_t D = cfg->head_dim;
   tma_tensor q = {"q", p->q, {D, p->sz.Lq, p->sz.Hq, p->sz.B},
@@ -161,7 +160,7 @@ fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
                   {p->k_ss, p->k_sh, p->k_sb}, (uint32_t)cfg->block_n};
   tma_tensor v = {"v", p->v, {D, p->sz.Lk, p->sz.Hkv, p->sz.B},
                   {p->v_ss, p->v_sh, p->v_sb}, (uint32_t)cfg->block_n};
-  fj_status st = encode_one(drv, cfg, &q, &out->q, err, errlen);
+  st = encode_one(drv, cfg, &q, &out->q, err, errlen);
   if (st == FJ_OK) st = encode_one(drv, cfg, &k, &out->k, err, errlen);
   if (st == FJ_OK) st = encode_one(drv, cfg, &v, &out->v, err, errlen);
   if (st != FJ_OK) return st;
