@@ -117,3 +117,22 @@ __device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, int b, int 
   it.h = h_end, it.t = 0, it.i = -1, it.cls = FJ_TILE_EMPTY;
   return it;
 }
+
+// A CTA's walk: kv tile n_block of kv head hk, batch b, over the query
+// heads of hk's group, for kernels whose roles each walk on their own (the
+// sm90 producer warps and consumers) and must see the same items in the
+// same order. (The sm80 kernel calls fjb_find itself: with these fields
+// held across its loop it spilled at D=128.)
+struct fjb_walk {
+  int b, n_block, h0, h_end, kv0, kv1;
+  __device__ __forceinline__ fjb_walk(const fj_bwd_params &p, int n_block_, int hk, int b_)
+      : b(b_), n_block(n_block_), h0(hk * p.kv_group), h_end((hk + 1) * p.kv_group),
+        kv0(n_block_ * FJ_BLOCK_N), kv1(fjb_kv_last(p, n_block_)) {}
+  __device__ __forceinline__ fjb_item first(const fj_bwd_params &p) const {
+    return fjb_find(p, b, n_block, h0, 0, h_end, kv0, kv1);
+  }
+  __device__ __forceinline__ fjb_item next(const fj_bwd_params &p, const fjb_item &it) const {
+    return fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+  }
+  __device__ __forceinline__ bool done(const fjb_item &it) const { return it.h >= h_end; }
+};

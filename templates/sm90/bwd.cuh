@@ -9,25 +9,22 @@
 // its stage once the consumers have released it. Lane 0 issues; every lane
 // walks (the walk's scan votes across the warp).
 __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bwd_maps &maps,
-                                             const fjhb_smem &sm, int n_block, int hk, int b) {
+                                             const fjhb_smem &sm, const fjb_walk &w, int hk) {
   const int lane = fj_tid() & 31;
-  const int kv0 = n_block * FJ_BLOCK_N;
-  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
-  const int h_end = (hk + 1) * p.kv_group;
-  fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
-  if (it.h < h_end && lane == 0) {
+  fjb_item it = w.first(p);
+  if (!w.done(it) && lane == 0) {
     fjh_tma_prefetch_desc(&maps.q);
     fjh_tma_prefetch_desc(&maps.dout);
     fjh_mbar_arrive_expect_tx(sm.kv_full(), 2 * FJHB_KV_BYTES);
 #pragma unroll
     for (int x = 0; x < FJHB_CHUNKS64; ++x) {
-      fjh_tma_load_4d(sm.k() + x * (FJ_BLOCK_N * 128), &maps.k, 64 * x, kv0, hk, b,
+      fjh_tma_load_4d(sm.k() + x * (FJ_BLOCK_N * 128), &maps.k, 64 * x, w.kv0, hk, w.b,
                       sm.kv_full());
-      fjh_tma_load_4d(sm.v() + x * (FJ_BLOCK_N * 128), &maps.v, 64 * x, kv0, hk, b,
+      fjh_tma_load_4d(sm.v() + x * (FJ_BLOCK_N * 128), &maps.v, 64 * x, w.kv0, hk, w.b,
                       sm.kv_full());
     }
   }
-  for (int n = 0; it.h < h_end; ++n) {
+  for (int n = 0; !w.done(it); ++n) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     if (lane == 0) {
@@ -36,14 +33,14 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
       fjh_mbar_arrive_expect_tx(sm.q_full(s), 2 * FJHB_Q_BYTES);
 #pragma unroll
       for (int x = 0; x < FJHB_CHUNKS64; ++x) {
-        fjh_tma_load_4d(sm.q(s) + x * (FJ_BLOCK_M * 128), &maps.q, 64 * x, q0, it.h, b,
+        fjh_tma_load_4d(sm.q(s) + x * (FJ_BLOCK_M * 128), &maps.q, 64 * x, q0, it.h, w.b,
                         sm.q_full(s));
-        fjh_tma_load_4d(sm.dout(s) + x * (FJ_BLOCK_M * 128), &maps.dout, 64 * x, q0, it.h, b,
+        fjh_tma_load_4d(sm.dout(s) + x * (FJ_BLOCK_M * 128), &maps.dout, 64 * x, q0, it.h, w.b,
                         sm.q_full(s));
       }
     }
     __syncwarp();
-    it = fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+    it = w.next(p, it);
   }
 }
 
@@ -52,19 +49,16 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
 // into its stage, two rows a lane; every lane arrives on the stage's
 // rows-full barrier.
 __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const fjhb_smem &sm,
-                                                  int n_block, int hk, int b) {
+                                                  const fjb_walk &w) {
   const int lane = fj_tid() & 31;
   const int Lq = p.sz.Lq;
-  const int kv0 = n_block * FJ_BLOCK_N;
-  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
-  const int h_end = (hk + 1) * p.kv_group;
-  fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
-  for (int n = 0; it.h < h_end; ++n) {
+  fjb_item it = w.first(p);
+  for (int n = 0; !w.done(it); ++n) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
-    const float *gl = p.lse + b * p.lse_sb + it.h * p.lse_sh;
-    const float *gd = p.delta + ((long long)b * p.sz.Hq + it.h) * Lq;
+    const float *gl = p.lse + w.b * p.lse_sb + it.h * p.lse_sh;
+    const float *gd = p.delta + ((long long)w.b * p.sz.Hq + it.h) * Lq;
     float l[FJ_BLOCK_M / 32], d[FJ_BLOCK_M / 32];
 #pragma unroll
     for (int r = 0; r < FJ_BLOCK_M / 32; ++r) {
@@ -82,7 +76,7 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
                    "f"(d[r]) : "memory");
     }
     fjh_mbar_arrive(sm.rows_full(s));
-    it = fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+    it = w.next(p, it);
   }
 }
 
@@ -92,14 +86,11 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // item after, so that a buffer is read while the consumer fills the other).
 // Lane 0 issues; every lane walks.
 __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_bwd_maps &maps,
-                                              const fjhb_smem &sm, int n_block, int hk, int b) {
+                                              const fjhb_smem &sm, const fjb_walk &w) {
   const int lane = fj_tid() & 31;
-  const int kv0 = n_block * FJ_BLOCK_N;
-  const int kv1 = min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1;
-  const int h_end = (hk + 1) * p.kv_group;
-  fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
+  fjb_item it = w.first(p);
   int n = 0;
-  for (; it.h < h_end; ++n) {
+  for (; !w.done(it); ++n) {
     const int bi = n & 1;
     if (lane == 0) {
       const int q0 = it.i * FJ_BLOCK_M;
@@ -109,7 +100,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_b
 #pragma unroll
         for (int x = 0; x < FJHB_DQ_BOXES; ++x)
           fjh_tma_reduce_add_3d(&maps.dq_accum, sm.dq(c, bi) + x * (FJ_BLOCK_M * 128),
-                                c * FJHB_DQ_COLS + 32 * x, q0, b * p.sz.Hq + it.h);
+                                c * FJHB_DQ_COLS + 32 * x, q0, w.b * p.sz.Hq + it.h);
         fjh_bulk_commit();
       }
       if (n > 0) {
@@ -119,7 +110,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_b
       }
     }
     __syncwarp();
-    it = fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+    it = w.next(p, it);
   }
   if (lane == 0 && n > 0) {
     fjh_bulk_wait_read_n<0>();
@@ -134,7 +125,8 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
   extern __shared__ __align__(1024) unsigned char fjhb_smem_raw[];
   fjhb_smem sm;
   sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int hk = blockIdx.y;
+  const fjb_walk w(p, blockIdx.x, hk, blockIdx.z);
   if (threadIdx.x == 0) {
     fjh_mbar_init(sm.kv_full(), 1);
     for (int s = 0; s < FJ_NUM_STAGES; ++s) {
@@ -156,13 +148,13 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
     fjh_setmaxnreg_dec<FJHB_PRODUCER_REGS>();
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
     if (warp == 0)
-      fjhb_produce(p, maps, sm, n_block, hk, b);
+      fjhb_produce(p, maps, sm, w, hk);
     else if (warp == 1)
-      fjhb_produce_rows(p, sm, n_block, hk, b);
+      fjhb_produce_rows(p, sm, w);
     else if (warp == 2)
-      fjhb_write_dq(p, maps, sm, n_block, hk, b);
+      fjhb_write_dq(p, maps, sm, w);
   } else {
     fjh_setmaxnreg_inc<FJHB_CONSUMER_REGS>();
-    fjhb_consume(p, maps, sm, wg - 1, n_block, hk, b);
+    fjhb_consume(p, maps, sm, wg - 1, w, hk);
   }
 }

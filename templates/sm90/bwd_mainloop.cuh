@@ -231,19 +231,16 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
   }
 }
 
-// Consumer c's whole part of the CTA's work (kv tile n_block of kv head
-// hk, batch b): the walk over the items, then dK and dV. Its dQ goes to
+// Consumer c's whole part of the CTA's work (the walk w, kv head hk): its
+// items, then dK and dV. Its dQ goes to
 // dq_accum through the writer warp (bwd.cuh, fjhb_write_dq).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
-                                             const fjhb_smem &sm, int c, int n_block, int hk,
-                                             int b) {
-  const int Lq = p.sz.Lq, Lk = p.sz.Lk;
-  const int kv0 = n_block * FJ_BLOCK_N;
-  const int kv1 = min(kv0 + FJ_BLOCK_N, Lk) - 1;
-  const int wkv0 = kv0 + c * FJHB_WG_KV;
+                                             const fjhb_smem &sm, int c, const fjb_walk &w,
+                                             int hk) {
+  const int Lq = p.sz.Lq, Lk = p.sz.Lk, b = w.b;
+  const int wkv0 = w.kv0 + c * FJHB_WG_KV;
   const int wkv1 = min(wkv0 + FJHB_WG_KV, Lk) - 1;
   const bool leader = (fj_tid() & 127) == 0;  // issues the dK, dV stores
-  const int h_end = (hk + 1) * p.kv_group;
 
   float dk[FJHB_D_REGS], dv[FJHB_D_REGS];
 #pragma unroll
@@ -259,11 +256,11 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
                                      FJ_BLOCK_N * 128);
 
   fj_grad_cache gc;  // trainable buffers' gradients, flushed at the end
-  fjb_item it = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
-  if (it.h < h_end) fjh_mbar_wait_warp(sm.kv_full(), 0);
+  fjb_item it = w.first(p);
+  if (!w.done(it)) fjh_mbar_wait_warp(sm.kv_full(), 0);
   int n = 0;
-  while (it.h < h_end) {
-    const fjb_item nxt = fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+  while (!w.done(it)) {
+    const fjb_item nxt = w.next(p, it);
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
