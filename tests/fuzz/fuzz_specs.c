@@ -48,6 +48,7 @@
 #include "gen/graph.h"
 #include "gen/interval.h"
 #include "gen/templates.h"
+#include "tests/unit/host_prelude.h"
 #include "runtime/context.h"
 
 /* ---- PRNG ---- */
@@ -592,18 +593,7 @@ typedef struct pending {
   fj_spec *spec;
 } pending;
 
-static const char *const host_prelude =
-    "#include <math.h>\n#include <string.h>\n"
-    "#define __device__\n#define __forceinline__ inline\n"
-    "static inline int __ldg(const int *p) { return *p; }\n"
-    "static inline float __ldg(const float *p) { return *p; }\n"
-    "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n"
-    "static inline float __fdividef(float a, float b) { return a / b; }\n"
-    "static inline float __fadd_rn(float a, float b) { return a + b; }\n"
-    "static inline float __fsub_rn(float a, float b) { return a - b; }\n"
-    "static inline float __fmul_rn(float a, float b) { return a * b; }\n"
-    "static inline float __fdiv_rn(float a, float b) { return a / b; }\n"
-    "static inline float __fsqrt_rn(float a) { return sqrtf(a); }\n";
+static const char *const host_prelude = FJT_HOST_PRELUDE;
 
 typedef int (*mask_fn)(const void *, const int *, int, int, int, int);
 typedef float (*score_fn)(const void *, const int *, float, int, int, int, int);

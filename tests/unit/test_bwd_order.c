@@ -38,6 +38,7 @@
 #include "gen/emit_cuda.h"
 #include "gen/graph.h"
 #include "gen/templates.h"
+#include "tests/unit/host_prelude.h"
 #include "lua/spec.h"
 
 static const char *const kSpecs[][2] = {
@@ -59,18 +60,8 @@ enum { NSPECS = sizeof kSpecs / sizeof kSpecs[0] };
 static const char host_prelude[] =
     "#include <math.h>\n#include <stdio.h>\n#include <string.h>\n#include <algorithm>\n"
     "#include <vector>\n"
-    "#define __device__\n#define __forceinline__ inline\n"
     "using std::min;\nusing std::max;\n"
-    "static inline int __ldg(const int *p) { return *p; }\n"
-    "static inline float __ldg(const float *p) { return *p; }\n"
-    "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n"
-    "static inline float __fdividef(float a, float b) { return a / b; }\n"
-    "static inline float __fadd_rn(float a, float b) { return a + b; }\n"
-    "static inline float __fsub_rn(float a, float b) { return a - b; }\n"
-    "static inline float __fmul_rn(float a, float b) { return a * b; }\n"
-    "static inline float __fdiv_rn(float a, float b) { return a / b; }\n"
-    "static inline float __fsqrt_rn(float a) { return sqrtf(a); }\n"
-    "static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }\n"
+    FJT_HOST_INTRINSICS FJT_HOST_ATOMIC
     /* One thread a CTA (and a warp): lane 0. */
     "static inline int fj_tid() { return 0; }\n"
     "static inline unsigned __ballot_sync(unsigned, bool x) { return x ? 1u : 0u; }\n"

@@ -31,6 +31,7 @@
 #include "gen/eval.h"
 #include "gen/graph.h"
 #include "gen/templates.h"
+#include "tests/unit/host_prelude.h"
 #include "lua/spec.h"
 
 static uint64_t rng_state = 0x8c3a5f1e2d4b6978ull;
@@ -369,19 +370,7 @@ static void test_forward_unit_unchanged(void **state) {
   }
 }
 
-static const char *const host_prelude =
-    "#include <math.h>\n#include <string.h>\n"
-    "#define __device__\n#define __forceinline__ inline\n"
-    "static inline int __ldg(const int *p) { return *p; }\n"
-    "static inline float __ldg(const float *p) { return *p; }\n"
-    "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n"
-    "static inline float __fdividef(float a, float b) { return a / b; }\n"
-    "static inline float __fadd_rn(float a, float b) { return a + b; }\n"
-    "static inline float __fsub_rn(float a, float b) { return a - b; }\n"
-    "static inline float __fmul_rn(float a, float b) { return a * b; }\n"
-    "static inline float __fdiv_rn(float a, float b) { return a / b; }\n"
-    "static inline float __fsqrt_rn(float a) { return sqrtf(a); }\n"
-    "static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }\n";
+static const char *const host_prelude = FJT_HOST_PRELUDE FJT_HOST_ATOMIC;
 
 typedef float (*grad_fn)(const void *u, const void *gr, const int *z, float s, int b, int h,
                          int q, int kv, float ds);

@@ -31,6 +31,7 @@
 #include "gen/graph.h"
 #include "gen/interval.h"
 #include "gen/templates.h"
+#include "tests/unit/host_prelude.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 static uint32_t rnd(void) {
@@ -445,18 +446,7 @@ typedef int (*mask_fn)(const void *, const int *, int, int, int, int);
 typedef float (*score_fn)(const void *, const int *, float, int, int, int, int);
 typedef int (*tile_fn)(const void *, const int *, int, int, int, int, int, int);
 
-static const char *const host_prelude =
-    "#include <math.h>\n#include <string.h>\n"
-    "#define __device__\n#define __forceinline__ inline\n"
-    "static inline int __ldg(const int *p) { return *p; }\n"
-    "static inline float __ldg(const float *p) { return *p; }\n"
-    "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n"
-    "static inline float __fdividef(float a, float b) { return a / b; }\n"
-    "static inline float __fadd_rn(float a, float b) { return a + b; }\n"
-    "static inline float __fsub_rn(float a, float b) { return a - b; }\n"
-    "static inline float __fmul_rn(float a, float b) { return a * b; }\n"
-    "static inline float __fdiv_rn(float a, float b) { return a / b; }\n"
-    "static inline float __fsqrt_rn(float a) { return sqrtf(a); }\n";
+static const char *const host_prelude = FJT_HOST_PRELUDE;
 
 /* Writes one C++ file holding every graph's prologue in its own namespace,
  * with extern "C" entry points, and builds it into a shared object. */
