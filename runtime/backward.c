@@ -104,13 +104,23 @@ static size_t sem_bytes(int64_t B, int64_t Hq, int64_t Lq) {
   return (size_t)B * (size_t)Hq * tiles * 4;
 }
 
-/* delta (fp32 [B][Hq][Lq]) first, then dq_accum (fp32 [B][Hq][Lq][D]),
- * then the semaphores (int32, zeroed by the pre kernel of a deterministic
- * launch; unused otherwise), each at a 256-byte boundary. */
+/* The scratch's layout, the one place it is decided: delta (fp32
+ * [B][Hq][Lq]) at 0, dq_accum (fp32 [B][Hq][Lq][D]) at at[0], the
+ * semaphores (int32, zeroed by the pre kernel of a deterministic launch;
+ * unused otherwise) at at[1], each at a 256-byte boundary; the total at
+ * at[2]. */
+static void scratch_layout(int64_t B, int64_t Hq, int64_t Lq, int64_t D, size_t at[3]) {
+  const size_t rows = (size_t)B * (size_t)Hq * (size_t)Lq;
+  at[0] = align_up(rows * 4);
+  at[1] = at[0] + align_up(rows * (size_t)D * 4);
+  at[2] = at[1] + align_up(sem_bytes(B, Hq, Lq));
+}
+
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
   if (B < 1 || Hq < 1 || Lq < 1 || D < 1) return 0;
-  const size_t rows = (size_t)B * (size_t)Hq * (size_t)Lq;
-  return align_up(rows * 4) + align_up(rows * (size_t)D * 4) + align_up(sem_bytes(B, Hq, Lq));
+  size_t at[3];
+  scratch_layout(B, Hq, Lq, D, at);
+  return at[2];
 }
 
 /* ---- checks ---- */
@@ -285,7 +295,9 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
       (st = bind_grads(ctx, spec, args->args, args->num_args, pbuf + grads_at)) != FJ_OK)
     return st;
   const int64_t B = p->sz.B, Hq = p->sz.Hq, Lq = p->sz.Lq, D = args->q->shape[3];
-  const size_t need = fj_backward_workspace_size(B, Hq, Lq, D);
+  size_t at[3];
+  scratch_layout(B, Hq, Lq, D, at);
+  const size_t need = at[2];
   if (args->workspace && ((uintptr_t)args->workspace % FJR_SCRATCH_ALIGN != 0 ||
                           args->workspace_bytes < need))
     return fjr_fail(ctx, FJ_EINVAL,
@@ -318,8 +330,8 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
     if (r != CUDA_SUCCESS) return fjr_cu_fail(ctx, "allocating the backward's scratch", r);
   }
   p->delta = scratch;
-  p->dq_accum = scratch + align_up((size_t)(B * Hq * Lq) * 4);
-  p->dq_sem = p->dq_accum + align_up((size_t)(B * Hq * Lq) * (size_t)D * 4);
+  p->dq_accum = scratch + at[0];
+  p->dq_sem = scratch + at[1];
   _Alignas(128) fjr_tma_bwd_maps maps;
   if (k->cfg.uses_tma) {
     char err[512];
