@@ -306,9 +306,6 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
                     args->workspace_bytes, (size_t)((uintptr_t)args->workspace % 256), need);
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
 
-  fj_block_mask_info mi = {0};
-  if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)
-    return fjr_fail(ctx, FJ_EINVAL, "fj_attention_backward: bad block mask");
   const fj_kernel_options ko = {.head_dim = (int)D, .dtype = dtype,
                                 .deterministic = args->deterministic ? 1 : 0};
   fjg_config cfg;
