@@ -64,7 +64,10 @@ cmake --build "$tmp/consumer/build" >/dev/null
 out=$(FLEXJIT_CACHE_DIR="$tmp/cache" "$tmp/consumer/build/consumer")
 echo "find_package: $out"
 [ "$out" = "0.1.0 installed" ] || { echo "FAIL: unexpected output"; exit 1; }
-if ldd "$tmp/consumer/build/consumer" | grep -q "libflexjit.so"; then :; else
+# ldd's output first: `ldd | grep -q` under pipefail fails at random when
+# grep exits at its first match and ldd then dies of SIGPIPE.
+deps=$(ldd "$tmp/consumer/build/consumer")
+if ! grep -q "libflexjit.so" <<<"$deps"; then
   echo "FAIL: flexjit::flexjit did not link the shared library"; exit 1
 fi
 
