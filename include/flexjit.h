@@ -253,14 +253,96 @@ typedef struct fj_forward_args {
    * counter comes from the context's memory pool in stream order. */
   void *workspace;
   size_t workspace_bytes;
+
+  /* ---- Serving (docs/serving.md). Every field below is optional: zero or
+   * NULL leaves the launch as described above. ---- */
+  /* Per-sequence key/value lengths: int32 [B] on the GPU, each in [0, Lk].
+   * Sequence b attends to kv positions [0, seqlens_k[b]), and mask_mod and
+   * score_mod see Lk = seqlens_k[b] (so bottom-right alignment, as in
+   * causal{align = "bottom_right"}, follows each sequence's own length). */
+  const DLTensor *seqlens_k;
+  /* Paged KV (vLLM's and FlashAttention's layout): k and v are page pools
+   * [num_pages, page_size, Hkv, D] (head dim contiguous, other strides
+   * free) and block_table is int32 [B, max_pages] with a contiguous last
+   * dimension: kv positions [j * page_size, (j + 1) * page_size) of
+   * sequence b lie in page block_table[b][j]. Lk is max_pages * page_size
+   * (seqlens_k gives the lengths in use); page_size is a multiple of 16, at
+   * most 256. Entries past a sequence's length are never read. */
+  const DLTensor *block_table;
+  /* Packed variable-length batches (FlashAttention's varlen): q and o are
+   * [total_q, Hq, D] and k and v [total_k, Hkv, D] (3-D; or page pools with
+   * block_table), lse is [Hq, total_q]; cu_seqlens_q and cu_seqlens_k are
+   * int32 [B + 1] on the GPU, nondecreasing from 0: sequence b's queries
+   * are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1, its keys and
+   * values likewise. Each sequence is masked as its own (mask_mod sees b,
+   * positions from 0, and its own Lq and Lk), so a packed batch needs no
+   * document mask. max_seqlen_q and max_seqlen_k: at least the longest
+   * sequence (they size the grid). With block_table, cu_seqlens_k is NULL
+   * and seqlens_k gives the kv lengths. */
+  const DLTensor *cu_seqlens_q, *cu_seqlens_k;
+  int max_seqlen_q, max_seqlen_k;
+  /* Skip Softmax (docs/serving.md), 0: off (exact attention). A value
+   * lambda in (0, 1) skips the softmax update, the V load and P V of a kv
+   * tile when exp(tile max - running max) < lambda for every query row of
+   * the tile that has a running max: each skipped probability is below
+   * lambda times the row's largest so far. Approximate: the error is
+   * reported in bench/RESULTS.md. */
+  float skip_softmax_threshold;
 } fj_forward_args;
 
 fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                                const fj_forward_args *args);
 
 /* Bytes of scratch a forward over B x Hq x Lq rows of head dim D may use
- * (fj_forward_args.workspace). */
+ * (fj_forward_args.workspace): the persistent kernel's work counter, and
+ * for decode launches (Lq <= FJ_DECODE_MAX_Q) the split-KV partial results. */
 size_t fj_forward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
+
+/* Query lengths up to this run the decode kernel (docs/serving.md): the
+ * query heads of a KV group packed into one tile's rows, the KV sequence
+ * split across CTAs when B x Hkv is small and the parts merged by their
+ * LSE. Longer ones run the forward kernel. The choice is the runtime's;
+ * results agree within the usual tolerance. */
+#define FJ_DECODE_MAX_Q 16
+
+/*
+ * Merges attention over N key/value segments into attention over their
+ * union (the LSE-weighted combination that split-KV decoding and cascade /
+ * shared-prefix attention use): o = sum_i exp(lse_i - lse) o_i with
+ * lse = log sum_i exp(lse_i). o_parts is [N, B, H, L, D] in bf16, fp16 or
+ * float32; lse_parts float32 [N, B, H, L] (natural log; -inf marks an empty
+ * segment, which adds nothing); o is [B, H, L, D] in bf16 or fp16 and lse,
+ * optional, float32 [B, H, L]. A row whose segments are all empty gets
+ * o = 0 and lse = -inf. Head dim any multiple of 8 up to 256; last
+ * dimensions contiguous, other strides free. Asynchronous on `stream`; the
+ * first call compiles (or finds in the cache) a small kernel.
+ */
+typedef struct fj_merge_args {
+  const DLTensor *o_parts, *lse_parts;
+  const DLTensor *o, *lse;
+  void *stream;
+} fj_merge_args;
+
+fj_status fj_merge_states(fj_context *ctx, const fj_merge_args *args);
+
+/*
+ * FlashInfer's CSR page layout to the block table fj_forward_args takes,
+ * on the GPU: kv_indptr int32 [B + 1], kv_indices int32 [kv_indptr[B]]
+ * (sequence b's pages are kv_indices[kv_indptr[b] .. kv_indptr[b+1] - 1])
+ * and kv_last_page_len int32 [B] (tokens in its last page, 1 to page_size)
+ * become block_table int32 [B, max_pages] (entries past a sequence's pages
+ * set to 0) and seqlens_k int32 [B]. A sequence with more than max_pages
+ * pages is cut to max_pages (its seqlens_k then counts those). Asynchronous
+ * on `stream`.
+ */
+typedef struct fj_paged_csr_args {
+  const DLTensor *kv_indptr, *kv_indices, *kv_last_page_len;
+  int page_size;
+  const DLTensor *block_table, *seqlens_k;
+  void *stream;
+} fj_paged_csr_args;
+
+fj_status fj_paged_from_csr(fj_context *ctx, const fj_paged_csr_args *args);
 
 /*
  * Backward attention: the gradients of fj_attention_forward's O (and,
@@ -298,6 +380,11 @@ typedef struct fj_backward_args {
   size_t workspace_bytes;
   int deterministic;
   void *stream;
+  /* Packed variable-length batches, as the forward took them
+   * (fj_forward_args.cu_seqlens_q ...); dq, dk, dv are packed like q, k,
+   * v. NULL: off. */
+  const DLTensor *cu_seqlens_q, *cu_seqlens_k;
+  int max_seqlen_q, max_seqlen_k;
 } fj_backward_args;
 
 fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,

@@ -32,7 +32,7 @@
  * the host as on the device (templates/common/fj_fwd.cuh). */
 _Static_assert(offsetof(fjr_fwd_params_fixed, bm_kv_num) == 184,
                "fj_fwd_params: block-mask fields moved");
-_Static_assert(sizeof(fjr_fwd_params_fixed) == 240,
+_Static_assert(sizeof(fjr_fwd_params_fixed) == 312,
                "fj_fwd_params: fixed part changed size");
 
 /* Host mirror of struct fj_bm_params (gen/emit_blockmask.c) up to `user`,

@@ -33,6 +33,14 @@ typedef struct fjr_fwd_params_fixed {
   int32_t bm_nkv;
   int32_t bm_q_ratio;
   int32_t bm_kv_ratio;
+  /* Serving layouts (docs/serving.md); zero when off. */
+  uint64_t seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k;
+  int64_t bt_stride;
+  int32_t page_size;
+  float skip_log2;
+  /* The decode kernel's split-KV partials; zero when unsplit. */
+  uint64_t part_o, part_lse;
+  int32_t num_splits;
 } fjr_fwd_params_fixed;
 
 /* Offset of `user` in the device struct: its first member is a long long. */

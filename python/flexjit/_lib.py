@@ -72,7 +72,11 @@ class ForwardArgs(Structure):
     _fields_ = [("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("o", c_void_p),
                 ("lse", c_void_p), ("scale", c_float), ("args", c_void_p),
                 ("num_args", c_int), ("stream", c_void_p), ("block_mask", c_void_p),
-                ("workspace", c_void_p), ("workspace_bytes", c_size_t)]
+                ("workspace", c_void_p), ("workspace_bytes", c_size_t),
+                ("seqlens_k", c_void_p), ("block_table", c_void_p),
+                ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+                ("max_seqlen_q", c_int), ("max_seqlen_k", c_int),
+                ("skip_softmax_threshold", c_float)]
 
 
 class BackwardArgs(Structure):
@@ -82,6 +86,20 @@ class BackwardArgs(Structure):
                 ("scale", c_float), ("args", c_void_p), ("num_args", c_int),
                 ("block_mask", c_void_p), ("workspace", c_void_p),
                 ("workspace_bytes", c_size_t), ("deterministic", c_int),
+                ("stream", c_void_p), ("cu_seqlens_q", c_void_p),
+                ("cu_seqlens_k", c_void_p), ("max_seqlen_q", c_int),
+                ("max_seqlen_k", c_int)]
+
+
+class MergeArgs(Structure):
+    _fields_ = [("o_parts", c_void_p), ("lse_parts", c_void_p), ("o", c_void_p),
+                ("lse", c_void_p), ("stream", c_void_p)]
+
+
+class PagedCsrArgs(Structure):
+    _fields_ = [("kv_indptr", c_void_p), ("kv_indices", c_void_p),
+                ("kv_last_page_len", c_void_p), ("page_size", c_int),
+                ("block_table", c_void_p), ("seqlens_k", c_void_p),
                 ("stream", c_void_p)]
 
 
@@ -106,6 +124,7 @@ STRUCTS = {
     "fj_kernel_options": KernelOptions, "fj_kernel_info": KernelInfo,
     "fj_forward_args": ForwardArgs, "fj_backward_args": BackwardArgs,
     "fj_block_mask_options": BlockMaskOptions, "fj_block_mask_info": BlockMaskInfo,
+    "fj_merge_args": MergeArgs, "fj_paged_csr_args": PagedCsrArgs,
 }
 
 # name: (restype, argtypes)

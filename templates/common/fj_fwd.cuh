@@ -49,5 +49,27 @@ struct fj_fwd_params {
   int bm_nkv;
   int bm_q_ratio;   // block_q / FJ_BLOCK_M
   int bm_kv_ratio;  // block_kv / FJ_BLOCK_N
+  // Serving layouts (docs/serving.md); each null or 0 when off.
+  const int *seqlens_k;     // [B]: sequence b's kv length (else sz.Lk)
+  const int *block_table;   // [B][bt_stride]: kv rows [j * page_size, (j + 1) *
+                            // page_size) of sequence b are pool page
+                            // block_table[b * bt_stride + j] (k_sb, v_sb: the
+                            // page stride; k_ss, v_ss: the row stride)
+  const int *cu_seqlens_q;  // [B + 1]: sequence b's q / o rows start at row
+                            // cu_seqlens_q[b] (q_sb, o_sb unused); its Lq is
+                            // the difference; lse is [Hq][total_q]
+  const int *cu_seqlens_k;  // [B + 1]: the same for k and v
+  long long bt_stride;
+  int page_size;
+  // Skip Softmax: log2 of the threshold lambda (< 0), or 0: off. A tile is
+  // skipped when every row's tile max (scaled, log2 units) lies more than
+  // -skip_log2 below its running max.
+  float skip_log2;
+  // The decode kernel's split-KV partial results (runtime/decode.c), null
+  // when it writes o and lse itself: fp32 [num_splits][B][Hq][Lq][D] and
+  // [num_splits][B][Hq][Lq].
+  float *part_o;
+  float *part_lse;
+  int num_splits;
   fj_user_params user;
 };
