@@ -341,3 +341,47 @@ fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *a
   return fail(err, errlen, FJ_EINVAL,
               "unknown template '%s' (known: sm80, sm90)", template_name);
 }
+
+/* Must equal templates/sm80/decode_config.cuh's FJD_SMEM_BYTES: the Q rows
+ * and each warp's ring of K and V slices of 16 rows. */
+static int decode_smem_bytes(const fjg_config *c) {
+  return (c->block_m + c->num_warps * c->num_stages * 2 * 16) * c->head_dim * 2;
+}
+
+fj_status fjg_config_choose_decode(int head_dim, fj_dtype dtype, const char *arch, int rows,
+                                   int stages, fjg_config *out, char *err, size_t errlen) {
+  fj_status st = config_start(head_dim, dtype, arch, out, err, errlen);
+  if (st != FJ_OK) return st;
+  if (head_dim == 256)
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "the decode kernel has head dims 64 and 128, not 256 (%s)", out->arch);
+  out->template_name = "sm80";
+  out->num_warps = 4;
+  out->block_n = 16 * out->num_warps;
+  out->block_m = rows > 16 ? 32 : 16;
+  /* Slices in flight: 3 at D=128 (two CTAs a multiprocessor with 227 KiB),
+   * 4 at D=64; 2 on parts with about 100 KiB. */
+  out->num_stages = stages > 0                               ? stages
+                    : small_smem(out->sm)                    ? 2
+                    : out->head_dim == 128                   ? 3
+                                                             : 4;
+  if (out->num_stages < 2)
+    return fail(err, errlen, FJ_EUNSUPPORTED, "the decode kernel needs 2 or more stages");
+  out->threads = out->num_warps * 32;
+  out->smem_bytes = decode_smem_bytes(out);
+  if (out->smem_bytes > max_smem_per_block(out->sm))
+    return fail(err, errlen, FJ_EUNSUPPORTED,
+                "decode configuration needs %d bytes of shared memory, more than %s "
+                "allows", out->smem_bytes, out->arch);
+  return FJ_OK;
+}
+
+fj_status fjg_config_choose_util(fj_dtype dtype, const char *arch, fjg_config *out, char *err,
+                                 size_t errlen) {
+  fj_status st = config_start(64, dtype, arch, out, err, errlen);
+  if (st != FJ_OK) return st;
+  out->template_name = "common";
+  out->num_warps = 4;
+  out->threads = 128;
+  return FJ_OK;
+}

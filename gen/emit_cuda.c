@@ -737,3 +737,12 @@ fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
   put_config_defines(out, g, cfg);
   return emit_parts(g, parts, 1, out);
 }
+
+fj_status fjg_emit_kernel_tu(const fjg_graph *g, const fjg_config *cfg, const char *kernel,
+                             fjg_buf *out) {
+  if (!cfg || !cfg->template_name || !kernel) return FJ_EINVAL;
+  const char *const *parts = fjg_template_parts(cfg->template_name, kernel);
+  if (!parts) return FJ_ENOTFOUND;
+  put_config_defines(out, g, cfg);
+  return emit_parts(g, parts, 0, out);
+}

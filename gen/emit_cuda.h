@@ -87,6 +87,12 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out);
 fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
                                fjg_buf *out);
 
+/* Any other kernel's translation unit but the banner: the configuration
+ * #defines, then the parts of cfg->template_name's `kernel` (gen/
+ * templates.c: "decode", "util"). FJ_ENOTFOUND without such a kernel. */
+fj_status fjg_emit_kernel_tu(const fjg_graph *g, const fjg_config *cfg, const char *kernel,
+                             fjg_buf *out);
+
 /* Host layout of struct fj_user_params (natural alignment; x86-64 and CUDA
  * agree): 8-byte fj_reserved_, then the arguments in declaration order. */
 size_t fjg_user_params_size(const fjg_graph *g);

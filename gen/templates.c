@@ -40,6 +40,14 @@ static const char *const sm90_forward[] = {
     "sm90/tile_walk.cuh", "sm90/pipeline.cuh", "sm90/producer.cuh", "sm90/softmax.cuh",
     "sm90/mainloop.cuh", "sm90/epilogue.cuh", "sm90/scheduler.cuh", "sm90/fwd.cuh", NULL};
 
+/* The decode kernel (mma.sync, every target from sm_80: docs/serving.md). */
+static const char *const sm80_decode[] = {
+    "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
+    "sm80/ptx.cuh", "sm80/decode_config.cuh", "sm80/decode.cuh", NULL};
+/* The spec-independent serving kernels: LSE merge, CSR to block table. */
+static const char *const common_util[] = {"common/fj_common.cuh", "common/ptx.cuh",
+                                          "common/merge.cuh", NULL};
+
 static const struct {
   const char *template_name, *kernel;
   const char *const *parts;
@@ -49,6 +57,8 @@ static const struct {
     {"sm80", "backward", sm80_backward},
     {"sm90", "forward", sm90_forward},
     {"sm90", "backward", sm90_backward},
+    {"sm80", "decode", sm80_decode},
+    {"common", "util", common_util},
 };
 
 const char *const *fjg_template_parts(const char *template_name, const char *kernel) {

@@ -52,6 +52,7 @@ fj_status fj_context_create(const fj_context_options *opts, fj_context **out) {
 
 void fj_context_destroy(fj_context *ctx) {
   if (!ctx) return;
+  fj_spec_destroy(ctx->builtin);
   if (ctx->store) fjc_store_close(ctx->store);
   for (int i = 0; i < ctx->num_packs; i++) fjc_pack_close(ctx->packs[i]);
   /* Released once the last counter taken from it is freed. */

@@ -34,6 +34,10 @@ struct fj_context {
    * device's default pool then). */
   CUmemoryPool pool;
   int pool_state;
+  /* A spec without mask or score_mod that holds the spec-independent
+   * kernels (runtime/decode.c: the LSE merge, the CSR conversion); made at
+   * their first use, destroyed with the context. */
+  struct fj_spec *builtin;
 };
 
 struct fj_spec {

@@ -16,6 +16,7 @@
 #include "gen/emit_cuda.h"
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
+#include "runtime/decode.h"
 #include "runtime/forward.h"
 #include "runtime/kernels.h"
 #include "runtime/launch_params.h"
@@ -253,9 +254,11 @@ static fj_status work_counter(fj_context *ctx, const fj_forward_args *a, CUstrea
   return FJ_OK;
 }
 
+/* The persistent kernel's counter, or the decode kernel's partials: a
+ * launch uses one or the other. */
 size_t fj_forward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
-  (void)B, (void)Hq, (void)Lq, (void)D;
-  return sizeof(int32_t);
+  const size_t decode = fjr_decode_workspace_size(B, Hq, Lq, D);
+  return decode > sizeof(int32_t) ? decode : sizeof(int32_t);
 }
 
 /* Checks q, k, v, o and lse and fills the fixed part of the parameter
@@ -375,6 +378,10 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                     "bytes, 256-byte aligned (fj_forward_workspace_size)",
                     args->workspace_bytes, (size_t)((uintptr_t)args->workspace % 256), need);
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
+  /* Short queries go to the decode kernel, which classifies its own tiles
+   * (a block mask, if any, is not needed there). */
+  if (fjr_decode_applies(args))
+    return fjr_decode_launch(ctx, (fj_spec *)spec, args, dtype, pbuf, total);
 
   fj_block_mask_info mi = {0};
   if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)

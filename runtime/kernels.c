@@ -473,3 +473,13 @@ void fjr_kernels_release(fj_context *ctx, fjr_kernel *k) {
     k = next;
   }
 }
+
+int fjr_kernel_occupancy(fj_context *ctx, fjr_kernel *k) {
+  if (k->occupancy > 0) return k->occupancy;
+  int n = 0;
+  if (ctx->drv->cuOccupancyMaxActiveBlocksPerMultiprocessor(
+          &n, k->fn[0], k->cfg.threads, (size_t)k->cfg.smem_bytes) != CUDA_SUCCESS ||
+      n < 1)
+    n = 1;
+  return k->occupancy = n;
+}

@@ -64,6 +64,9 @@ typedef struct fjr_kernel {
   size_t cubin_size;
   CUmodule module;    /* NULL until loaded */
   CUfunction fn[FJR_MAX_ENTRIES];
+  /* CTAs of fn[0] one multiprocessor holds (the decode launch's split
+   * choice), 0 until asked (fjr_kernel_occupancy). */
+  int occupancy;
   struct fjr_kernel *next;
 } fjr_kernel;
 
@@ -87,6 +90,10 @@ fj_status fjr_kernel_source(fj_context *ctx, const fj_spec *spec,
  * device cannot give. The cubin is freed afterwards (the driver keeps a
  * copy). */
 fj_status fjr_kernel_load(fj_context *ctx, fjr_kernel *k);
+/* CTAs of the loaded k's main entry that one multiprocessor holds at its
+ * launch shape (threads, dynamic shared memory), asked once; 1 when the
+ * driver cannot say. */
+int fjr_kernel_occupancy(fj_context *ctx, fjr_kernel *k);
 
 /* Fills info from k; a resident kernel (found in the table) counts as
  * from the cache, with no compile time. */

@@ -235,8 +235,9 @@ static int run_case(fj_context *ctx, const fjr_driver *drv, int idx) {
       goto done;
     }
   }
-  fj_forward_args fa = {&io.tq.t, &io.tk.t, &io.tv.t, &io.to.t, &io.tlse.t, 0.0f,
-                        io.vals.args, io.vals.n, NULL, io.bm, NULL, 0};
+  fj_forward_args fa = {.q = &io.tq.t, .k = &io.tk.t, .v = &io.tv.t, .o = &io.to.t,
+                        .lse = &io.tlse.t, .args = io.vals.args, .num_args = io.vals.n,
+                        .block_mask = io.bm};
   if (fj_attention_forward(ctx, spec, &fa) != FJ_OK) {
     printf("forward: %s ", fj_context_last_error(ctx));
     goto done;

@@ -250,8 +250,9 @@ static void forward_case(fj_context *ctx, const fjr_driver *drv,
   o.block_q = c->bq, o.block_kv = c->bk;
   o.args = io.vals.args, o.num_args = io.vals.n;
   ok = ok && fj_block_mask_build(ctx, specs[c->spec], &o, &bm) == FJ_OK;
-  fj_forward_args a = {&io.dq.t, &io.dk.t, &io.dv.t, &io.dout.t, &io.dlse.t,
-                       0.0f, io.vals.args, io.vals.n, NULL, bm, NULL, 0};
+  fj_forward_args a = {.q = &io.dq.t, .k = &io.dk.t, .v = &io.dv.t, .o = &io.dout.t,
+                       .lse = &io.dlse.t, .args = io.vals.args, .num_args = io.vals.n,
+                       .block_mask = bm};
   ok = ok && fj_attention_forward(ctx, specs[c->spec], &a) == FJ_OK;
   if (!ok) printf("(%s) ", fj_context_last_error(ctx));
   ok = ok && gpu_cu_ok(drv, drv->cuCtxSynchronize(), "the kernel") &&
@@ -319,8 +320,8 @@ static void test_mismatch(fj_context *ctx, const fjr_driver *drv) {
     o.block_q = bad[i].bq, o.block_kv = bad[i].bk;
     o.args = io.vals.args, o.num_args = io.vals.n;
     ok = fj_block_mask_build(ctx, specs[0], &o, &bm) == FJ_OK;
-    fj_forward_args a = {&io.dq.t, &io.dk.t, &io.dv.t, &io.dout.t, NULL,
-                         0.0f, io.vals.args, io.vals.n, NULL, bm, NULL, 0};
+    fj_forward_args a = {.q = &io.dq.t, .k = &io.dk.t, .v = &io.dv.t, .o = &io.dout.t,
+                         .args = io.vals.args, .num_args = io.vals.n, .block_mask = bm};
     ok = ok && fj_attention_forward(ctx, specs[0], &a) == FJ_EINVAL &&
          strstr(fj_context_last_error(ctx), bad[i].needle) != NULL;
     printf("[misfit] %s\n", fj_context_last_error(ctx));

@@ -299,8 +299,8 @@ static int case_launch(fj_context *ctx, const fjr_driver *drv,
       !gpu_values_fill(drv, spec, c->Hq, c->Lq, c->Lk, &s, &io->vals) ||
       !gpu_poison(drv, &io->dout, c->dt, &io->dlse))
     return 0;
-  fj_forward_args a = {&io->dq.t, &io->dk.t, &io->dv.t, &io->dout.t,
-                       &io->dlse.t, 0.0f, io->vals.args, io->vals.n, NULL, NULL, NULL, 0};
+  fj_forward_args a = {.q = &io->dq.t, .k = &io->dk.t, .v = &io->dv.t, .o = &io->dout.t,
+                       .lse = &io->dlse.t, .args = io->vals.args, .num_args = io->vals.n};
   if (fj_attention_forward(ctx, spec, &a) != FJ_OK) {
     printf("      launch failed: %s\n", fj_context_last_error(ctx));
     return 0;

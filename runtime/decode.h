@@ -1,0 +1,36 @@
+/*
+ * runtime/decode.h: the decode kernel's launch, which fj_attention_forward
+ * hands short query lengths to (docs/serving.md), and its scratch.
+ */
+#ifndef FJR_DECODE_H
+#define FJR_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flexjit.h"
+#include "runtime/kernels.h"
+
+/* 1 when a forward launch with these arguments runs the decode kernel:
+ * 4-D q (not varlen) of 1 to FJ_DECODE_MAX_Q tokens, head dim 64 or 128. */
+int fjr_decode_applies(const fj_forward_args *a);
+
+/* Bytes of scratch the decode launch may use for its split-KV partials (0
+ * for shapes it does not take). */
+size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
+
+/* The decode launch: pbuf holds the forward's parameter struct as
+ * fj_attention_forward checked and filled it (psize bytes, the user
+ * params included); the plan (row blocks, splits) is made here, the
+ * partials taken from a->workspace (checked by the caller) or the
+ * context's pool, and merged by the util kernel when split. */
+fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_args *a,
+                            fj_dtype dtype, void *pbuf, size_t psize);
+
+/* The decode kernel of spec for options o and `rows` packed query rows a
+ * KV group (what it is specialized on: 16 or 32-row blocks), compiled or
+ * found in the cache, not loaded (precompile, tests). */
+fj_status fjr_decode_source(fj_context *ctx, const fj_spec *spec, const fj_kernel_options *o,
+                            int rows, fjr_kernel **out, fj_kernel_info *info);
+
+#endif /* FJR_DECODE_H */

@@ -1,0 +1,485 @@
+// templates/sm80/decode.cuh: the decode kernel (contract and design:
+// decode_config.cuh): a CTA's rows and kv run, each warp's slice stream with
+// its online softmax, and the epilogue that merges the warps' states.
+#pragma once
+
+// What a CTA works on: sequence b, KV head hkv, its row block's query rows
+// and the sequence's sizes as the spec sees them (Lk its own).
+struct fjd_cta {
+  int b, hkv, G, Lq, Lk;
+  int row0;   // the row block's first packed row (g * Lq + t)
+  int h0, nh; // its query heads: h0 .. h0 + nh - 1
+  fj_sizes z;
+};
+
+// Row r of the block: query head and token (clamped into range for padded
+// rows, whose results are never stored).
+__device__ __forceinline__ void fjd_row(const fjd_cta &c, int r, int *h, int *t, bool *valid) {
+  const int gr = c.row0 + r;
+  *valid = gr < c.G * c.Lq;
+  const int gc = min(gr, c.G * c.Lq - 1);
+  *h = c.hkv * c.G + gc / c.Lq;
+  *t = gc % c.Lq;
+}
+
+#if FJ_HAS_MASK
+// The class of kv rows [kv0, kv1] for every query row of the block: each of
+// the block's heads over tokens [0, Lq) (a superset of its rows: sound).
+// Lanes take heads; a warp-uniform result.
+__device__ __forceinline__ int fjd_class(const fj_fwd_params &p, const fjd_cta &c, int kv0,
+                                         int kv1) {
+  bool empty = true, full = true;
+  for (int i = threadIdx.x & 31; i < c.nh; i += 32) {
+    const int cls = fj_tile_class(p.user, c.z, c.b, c.h0 + i, 0, c.Lq - 1, kv0, kv1);
+    empty &= cls == FJ_TILE_EMPTY;
+    full &= cls == FJ_TILE_FULL;
+  }
+  if (__all_sync(0xffffffffu, empty)) return FJ_TILE_EMPTY;
+  return __all_sync(0xffffffffu, full) ? FJ_TILE_FULL : FJ_TILE_PARTIAL;
+}
+
+// First and last tile in [0, nt) that is not EMPTY for the block's rows
+// (lo > hi: none). Threads take tiles, each looping over the heads; the
+// CTA reduces through shared memory.
+__device__ __forceinline__ void fjd_tile_range(const fj_fwd_params &p, const fjd_cta &c, int nt,
+                                               int *lo, int *hi) {
+  __shared__ int range[2];
+  if (threadIdx.x == 0) range[0] = nt, range[1] = -1;
+  __syncthreads();
+  int f = nt, l = -1;
+  for (int j = threadIdx.x; j < nt; j += FJD_THREADS) {
+    const int kv0 = j * FJ_BLOCK_N, kv1 = min(kv0 + FJ_BLOCK_N, c.Lk) - 1;
+    bool any = false;
+    for (int i = 0; i < c.nh && !any; ++i)
+      any = fj_tile_class(p.user, c.z, c.b, c.h0 + i, 0, c.Lq - 1, kv0, kv1) != FJ_TILE_EMPTY;
+    if (any) f = min(f, j), l = j;
+  }
+  f = __reduce_min_sync(0xffffffffu, f);
+  l = __reduce_max_sync(0xffffffffu, l);
+  if ((threadIdx.x & 31) == 0) {
+    atomicMin(&range[0], f);
+    atomicMax(&range[1], l);
+  }
+  __syncthreads();
+  *lo = range[0];
+  *hi = range[1];
+}
+#endif
+
+// The class of warp slice j (rows j * FJ_BLOCK_N + 16 w ..): EMPTY past Lk.
+__device__ __forceinline__ int fjd_slice_class(const fj_fwd_params &p, const fjd_cta &c,
+                                               int j, int warp) {
+  const int kv0 = j * FJ_BLOCK_N + warp * FJD_SLICE;
+  if (kv0 >= c.Lk) return FJ_TILE_EMPTY;
+#if FJ_HAS_MASK
+  return fjd_class(p, c, kv0, min(kv0 + FJD_SLICE, c.Lk) - 1);
+#else
+  (void)p;
+  return FJ_TILE_FULL;
+#endif
+}
+
+// The next slice after j below j_end that is not EMPTY (j_end: none).
+__device__ __forceinline__ int fjd_next(const fj_fwd_params &p, const fjd_cta &c, int j,
+                                        int j_end, int warp, int *cls) {
+  for (++j; j < j_end; ++j) {
+    *cls = fjd_slice_class(p, c, j, warp);
+    if (*cls != FJ_TILE_EMPTY) break;
+  }
+  return j;
+}
+
+// The first row of slice j of K (or V: base and strides given) for KV head
+// hkv: through the block table when the cache is paged (a slice never
+// crosses a page).
+__device__ __forceinline__ const fj_u16 *fjd_slice_rows(const fj_fwd_params &p,
+                                                       const fjd_cta &c, const void *base,
+                                                       long long sb, long long sh, int kv0) {
+  const fj_u16 *g = (const fj_u16 *)base + (long long)c.hkv * sh;
+  if (p.block_table == nullptr) return g + (long long)c.b * sb;
+  const int page = __ldg(p.block_table + (long long)c.b * p.bt_stride + kv0 / p.page_size);
+  return g + (long long)page * sb;
+}
+
+// Copies slice rows kv0 .. kv0 + 15 (row r at g + (row within its page or
+// sequence) * ss) into swizzled shared memory at s: chunk c of row r lands
+// at chunk c ^ (r & 7). Rows at or past Lk are zero-filled, not read (V
+// rows must be finite: P = 0 times NaN would still be NaN).
+__device__ __forceinline__ void fjd_load_slice(const fj_fwd_params &p, const fjd_cta &c,
+                                               unsigned s, const void *base, long long sb,
+                                               long long sh, long long ss, int kv0) {
+  const int lane = threadIdx.x & 31;
+  constexpr int ROWS_PER_PASS = 32 / FJD_CHUNKS;
+  const int r0 = lane / FJD_CHUNKS, ch = lane % FJD_CHUNKS;
+  const fj_u16 *g = fjd_slice_rows(p, c, base, sb, sh, kv0);
+  // Row offset of kv0 within the sequence or within its page.
+  const int off0 = p.block_table == nullptr ? kv0 : kv0 % p.page_size;
+#pragma unroll
+  for (int i = 0; i < FJD_SLICE / ROWS_PER_PASS; ++i) {
+    const int r = r0 + i * ROWS_PER_PASS;
+    const bool in = kv0 + r < c.Lk;
+    const fj_u16 *src = g + (long long)(off0 + (in ? r : 0)) * ss + ch * 8;
+    fjk_cp_async16(s + r * FJD_ROW_BYTES + ((ch ^ (r & 7)) << 4), src, in ? 16 : 0);
+  }
+}
+
+// K and V of slice j into stage st of this warp's ring at s_w.
+__device__ __forceinline__ void fjd_load_stage(const fj_fwd_params &p, const fjd_cta &c,
+                                               unsigned s_w, int st, int j, int warp,
+                                               bool with_v) {
+  const int kv0 = j * FJ_BLOCK_N + warp * FJD_SLICE;
+  const unsigned sk = s_w + st * FJD_STAGE_BYTES;
+  fjd_load_slice(p, c, sk, p.k, p.k_sb, p.k_sh, p.k_ss, kv0);
+  if (with_v) fjd_load_slice(p, c, sk + FJD_SLICE_BYTES, p.v, p.v_sb, p.v_sh, p.v_ss, kv0);
+}
+
+// A warp's stream over its slices of tiles [j_begin, j_end): for each, S =
+// Q K^T, score_mod, the mask and the kv bound, the online softmax and O +=
+// P V, with the next FJ_NUM_STAGES - 1 slices in flight. SKIP: Skip Softmax
+// (p.skip_log2 < 0): V is loaded only for a slice that is kept, after the
+// decision, so a skipped slice costs its K alone.
+template <bool SKIP>
+__device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta &c,
+                                           int j_begin, int j_end, unsigned s_q, unsigned s_w,
+                                           float (&acc)[FJD_MT][FJD_DT][4],
+                                           float (&row_m)[FJD_MT][2],
+                                           float (&row_l)[FJD_MT][2]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g8 = lane >> 2, t4 = lane & 3;
+  // ldmatrix addressing (sm80/pipeline.cuh's scheme on 16-row slices).
+  const int x_q = (lane >> 4) ^ (lane & 7);
+  const unsigned q_row = (((lane >> 3) & 1) * 8 + (lane & 7)) * FJD_ROW_BYTES;
+  const int x_k = ((lane >> 3) & 1) ^ (lane & 7);
+  const unsigned k_row = (((lane >> 4) * 8) + (lane & 7)) * FJD_ROW_BYTES;
+  const int x_v = x_q;
+  const unsigned v_row = q_row;
+
+  // This lane's rows (g8 and g8 + 8 of each row tile): head, token, valid.
+  int rh[FJD_MT][2], rt[FJD_MT][2];
+  bool rv[FJD_MT][2];
+#pragma unroll
+  for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      fjd_row(c, mt * 16 + g8 + 8 * hh, &rh[mt][hh], &rt[mt][hh], &rv[mt][hh]);
+
+#if FJD_Q_IN_REGISTERS
+  unsigned qf[FJD_KT][4];
+#pragma unroll
+  for (int kk = 0; kk < FJD_KT; ++kk) fjk_ldsm_x4(qf[kk], s_q + q_row + (((2 * kk) ^ x_q) << 4));
+#endif
+#if FJ_HAS_SCORE_MOD
+  const float exp_scale = 1.0f;
+#else
+  const float exp_scale = p.scale_log2;
+#endif
+
+  // Prologue: the first FJ_NUM_STAGES - 1 slices.
+  int cls_l = FJ_TILE_FULL, cls_c = FJ_TILE_FULL;
+  int jl = fjd_next(p, c, j_begin - 1, j_end, warp, &cls_l);
+  int jc = jl;
+  cls_c = cls_l;
+#pragma unroll
+  for (int st = 0; st < FJ_NUM_STAGES - 1; ++st) {
+    if (jl < j_end) {
+      fjd_load_stage(p, c, s_w, st, jl, warp, !SKIP);
+      jl = fjd_next(p, c, jl, j_end, warp, &cls_l);
+    }
+    fjk_cp_async_commit();
+  }
+
+  for (int st = 0; jc < j_end; st = st + 1 == FJ_NUM_STAGES ? 0 : st + 1) {
+    // The stage consumed last iteration takes the next slice in flight.
+    const int st_load = st == 0 ? FJ_NUM_STAGES - 1 : st - 1;
+    if (jl < j_end) {
+      fjd_load_stage(p, c, s_w, st_load, jl, warp, !SKIP);
+      jl = fjd_next(p, c, jl, j_end, warp, &cls_l);
+    }
+    fjk_cp_async_commit();
+    fjk_cp_async_wait<FJ_NUM_STAGES - 1>();
+    __syncwarp();
+
+    const unsigned sk = s_w + st * FJD_STAGE_BYTES, sv = sk + FJD_SLICE_BYTES;
+    const int kv0 = jc * FJ_BLOCK_N + warp * FJD_SLICE;
+
+    // ---- S = Q K^T: FJD_MT x (16 rows x 16 kv) ----
+    float s[FJD_MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < FJD_KT; ++kk) {
+      unsigned kb[4];
+      fjk_ldsm_x4(kb, sk + k_row + (((2 * kk) ^ x_k) << 4));
+#pragma unroll
+      for (int mt = 0; mt < FJD_MT; ++mt) {
+#if FJD_Q_IN_REGISTERS
+        const unsigned(&qa)[4] = qf[kk];
+#else
+        unsigned qa[4];
+        fjk_ldsm_x4(qa, s_q + q_row + mt * 16 * FJD_ROW_BYTES + (((2 * kk) ^ x_q) << 4));
+#endif
+        fjk_mma(s[mt][0], qa, kb[0], kb[1]);
+        fjk_mma(s[mt][1], qa, kb[2], kb[3]);
+      }
+    }
+
+    // ---- score_mod, then the mask and the kv bound ----
+#pragma unroll
+    for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hh = e >> 1;
+          (void)hh;
+          const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
+          float v = s[mt][nt][e];
+#if FJ_HAS_SCORE_MOD
+          v = fj_score_mod(p.user, c.z, v * p.scale, c.b, rh[mt][hh], rt[mt][hh], ki) *
+              FJD_LOG2E;
+#endif
+          bool keep = ki < c.Lk;
+#if FJ_HAS_MASK
+          if (cls_c == FJ_TILE_PARTIAL)
+            keep &= fj_mask(p.user, c.z, c.b, rh[mt][hh], rt[mt][hh], ki);
+#endif
+          s[mt][nt][e] = keep ? v : fj_neg_inf();
+        }
+
+    // ---- the online softmax: rows g8 and g8 + 8 of each row tile ----
+    float m_new[FJD_MT][2];
+    bool skip = SKIP;
+#pragma unroll
+    for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = fmaxf(fmaxf(s[mt][0][2 * hh], s[mt][0][2 * hh + 1]),
+                         fmaxf(s[mt][1][2 * hh], s[mt][1][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        m_new[mt][hh] = mx * exp_scale;
+        // Skip Softmax: every valid row's tile max lies more than
+        // -skip_log2 below its running max (a row with no running max yet
+        // keeps the slice, unless the slice has nothing for it either).
+        if (SKIP && rv[mt][hh])
+          skip &= m_new[mt][hh] == fj_neg_inf() ||
+                  m_new[mt][hh] < row_m[mt][hh] + p.skip_log2;
+      }
+    if (SKIP) {
+      skip = __all_sync(0xffffffffu, skip);
+      if (!skip) {
+        fjd_load_slice(p, c, sv, p.v, p.v_sb, p.v_sh, p.v_ss, kv0);
+        fjk_cp_async_commit();
+      }
+    }
+    if (!skip) {
+      float alpha[FJD_MT][2], shift[FJD_MT][2];
+      bool grow_any = false;
+#pragma unroll
+      for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float m_old = row_m[mt][hh];
+          const bool grow = m_new[mt][hh] > m_old;
+          alpha[mt][hh] = grow ? fj_exp2(m_old - m_new[mt][hh]) : 1.0f;
+          const float m_use = grow ? m_new[mt][hh] : m_old;
+          row_m[mt][hh] = m_use;
+          shift[mt][hh] = m_use == fj_neg_inf() ? 0.f : m_use;
+          row_l[mt][hh] *= alpha[mt][hh];
+          grow_any |= grow;
+        }
+      if (__any_sync(0xffffffffu, grow_any)) {
+#pragma unroll
+        for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+          for (int dt = 0; dt < FJD_DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][dt][e] *= alpha[mt][e >> 1];
+      }
+      unsigned pf[FJD_MT][4];
+#pragma unroll
+      for (int mt = 0; mt < FJD_MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[mt][nt][e] = fj_exp2(fmaf(s[mt][nt][e], exp_scale, -shift[mt][e >> 1]));
+        pf[mt][0] = fj_pack2(s[mt][0][0], s[mt][0][1]);
+        pf[mt][1] = fj_pack2(s[mt][0][2], s[mt][0][3]);
+        pf[mt][2] = fj_pack2(s[mt][1][0], s[mt][1][1]);
+        pf[mt][3] = fj_pack2(s[mt][1][2], s[mt][1][3]);
+        row_l[mt][0] += s[mt][0][0] + s[mt][0][1] + s[mt][1][0] + s[mt][1][1];
+        row_l[mt][1] += s[mt][0][2] + s[mt][0][3] + s[mt][1][2] + s[mt][1][3];
+      }
+      if (SKIP) {
+        fjk_cp_async_wait<0>();
+        __syncwarp();
+      }
+      // ---- O += P V ----
+#pragma unroll
+      for (int dp = 0; dp < FJD_DT / 2; ++dp) {
+        unsigned vb[4];
+        fjk_ldsm_x4_trans(vb, sv + v_row + (((2 * dp) ^ x_v) << 4));
+#pragma unroll
+        for (int mt = 0; mt < FJD_MT; ++mt) {
+          fjk_mma(acc[mt][2 * dp], pf[mt], vb[0], vb[1]);
+          fjk_mma(acc[mt][2 * dp + 1], pf[mt], vb[2], vb[3]);
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with stage st before it is reloaded
+    jc = fjd_next(p, c, jc, j_end, warp, &cls_c);
+  }
+  fjk_cp_async_wait<0>();
+}
+
+// Two CTAs a multiprocessor at least (what the stages' shared memory
+// allows at D=128): registers up to 255 a thread.
+extern "C" __global__ void __launch_bounds__(FJD_THREADS, 2)
+fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
+  extern __shared__ __align__(128) unsigned char fjd_smem[];
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g8 = lane >> 2, t4 = lane & 3;
+
+  fjd_cta c;
+  c.b = blockIdx.z;
+  c.hkv = blockIdx.y;
+  c.G = p.kv_group;
+  c.Lq = p.sz.Lq;
+  c.Lk = p.sz.Lk;
+  if (p.seqlens_k != nullptr) c.Lk = min(max(__ldg(p.seqlens_k + c.b), 0), p.sz.Lk);
+  c.z = p.sz;
+  c.z.Lk = c.Lk;
+  const int row_blocks = (c.G * c.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  const int rb = blockIdx.x % row_blocks, split = blockIdx.x / row_blocks;
+  c.row0 = rb * FJ_BLOCK_M;
+  const int last_row = min(c.row0 + FJ_BLOCK_M, c.G * c.Lq) - 1;
+  c.h0 = c.hkv * c.G + c.row0 / c.Lq;
+  c.nh = c.hkv * c.G + last_row / c.Lq - c.h0 + 1;
+
+  // The kv run of this split: an equal share of the non-EMPTY tiles.
+  const int nt = (c.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+  int lo = 0, hi = nt - 1;
+#if FJ_HAS_MASK
+  fjd_tile_range(p, c, nt, &lo, &hi);
+#endif
+  const int n = max(hi - lo + 1, 0);
+  const int j_begin = lo + (int)((long long)n * split / p.num_splits);
+  const int j_end = lo + (int)((long long)n * (split + 1) / p.num_splits);
+
+  // Q rows into shared memory (swizzled like a slice), zeros for padding.
+  const unsigned s_q = fj_smem_u32(fjd_smem);
+  const unsigned s_w = s_q + FJD_Q_BYTES + warp * FJD_WARP_BYTES;
+  for (int i = tid; i < FJ_BLOCK_M * FJD_CHUNKS; i += FJD_THREADS) {
+    const int r = i / FJD_CHUNKS, ch = i % FJD_CHUNKS;
+    int h, t;
+    bool valid;
+    fjd_row(c, r, &h, &t, &valid);
+    const fj_u16 *src = (const fj_u16 *)p.q + (long long)c.b * p.q_sb + (long long)h * p.q_sh +
+                        (long long)t * p.q_ss + ch * 8;
+    fjk_cp_async16(s_q + r * FJD_ROW_BYTES + ((ch ^ (r & 7)) << 4), src, valid ? 16 : 0);
+  }
+  fjk_cp_async_commit();
+  fjk_cp_async_wait<0>();
+  __syncthreads();
+
+  float acc[FJD_MT][FJD_DT][4];
+  float row_m[FJD_MT][2], row_l[FJD_MT][2];  // running max (log2 units), sum
+#pragma unroll
+  for (int mt = 0; mt < FJD_MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < FJD_DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) row_m[mt][hh] = fj_neg_inf(), row_l[mt][hh] = 0.f;
+  }
+  if (p.skip_log2 < 0.f)
+    fjd_stream<true>(p, c, j_begin, j_end, s_q, s_w, acc, row_m, row_l);
+  else
+    fjd_stream<false>(p, c, j_begin, j_end, s_q, s_w, acc, row_m, row_l);
+
+  // ---- epilogue: merge the warps' states through shared memory ----
+  __syncthreads();  // every warp is done with its stages
+  float *red_m = (float *)(fjd_smem + FJD_Q_BYTES);  // [warp][row]
+  float *red_l = red_m + FJ_NUM_WARPS * FJ_BLOCK_M;
+  float *red_lse = red_l + FJ_NUM_WARPS * FJ_BLOCK_M;  // [row]
+  float *red_o = red_lse + FJ_BLOCK_M;                  // [row][d]
+#pragma unroll
+  for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = row_l[mt][hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      row_l[mt][hh] = l;
+      if (t4 == 0) {
+        const int r = mt * 16 + g8 + 8 * hh;
+        red_m[warp * FJ_BLOCK_M + r] = row_m[mt][hh];
+        red_l[warp * FJ_BLOCK_M + r] = l;
+      }
+    }
+  for (int i = tid; i < FJ_BLOCK_M * FJ_HEAD_DIM; i += FJD_THREADS) red_o[i] = 0.f;
+  __syncthreads();
+  // Each warp adds its O, scaled to the rows' common max and divided by
+  // their total sum, into red_o.
+#pragma unroll
+  for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = mt * 16 + g8 + 8 * hh;
+      float m = fj_neg_inf();
+#pragma unroll
+      for (int w = 0; w < FJ_NUM_WARPS; ++w) m = fmaxf(m, red_m[w * FJ_BLOCK_M + r]);
+      float l = 0.f;
+#pragma unroll
+      for (int w = 0; w < FJ_NUM_WARPS; ++w) {
+        const float mw = red_m[w * FJ_BLOCK_M + r];
+        l += mw == fj_neg_inf() ? 0.f : red_l[w * FJ_BLOCK_M + r] * fj_exp2(mw - m);
+      }
+      const float mine = row_m[mt][hh];
+      const float f = (mine == fj_neg_inf() || l == 0.f) ? 0.f : fj_exp2(mine - m) / l;
+#pragma unroll
+      for (int dt = 0; dt < FJD_DT; ++dt) {
+        const int d = dt * 8 + 2 * t4;
+        atomicAdd(&red_o[r * FJ_HEAD_DIM + d], acc[mt][dt][2 * hh] * f);
+        atomicAdd(&red_o[r * FJ_HEAD_DIM + d + 1], acc[mt][dt][2 * hh + 1] * f);
+      }
+      // The row's LSE (natural log), kept where the store below finds it.
+      if (warp == 0 && t4 == 0)
+        red_lse[r] = l == 0.f ? fj_neg_inf() : (m + __log2f(l)) * FJD_LN2;
+    }
+  __syncthreads();
+
+  // ---- out: O and LSE, or this split's partials ----
+  const bool part = p.num_splits > 1;
+  for (int i = tid; i < FJ_BLOCK_M * (FJ_HEAD_DIM / 8); i += FJD_THREADS) {
+    const int r = i / (FJ_HEAD_DIM / 8), d = (i % (FJ_HEAD_DIM / 8)) * 8;
+    int h, t;
+    bool valid;
+    fjd_row(c, r, &h, &t, &valid);
+    if (!valid) continue;
+    const float *o = red_o + r * FJ_HEAD_DIM + d;
+    const float lse = red_lse[r];
+    if (part) {
+      const long long row =
+          (((long long)split * p.sz.B + c.b) * p.sz.Hq + h) * p.sz.Lq + t;
+      float4 *dst = (float4 *)(p.part_o + row * FJ_HEAD_DIM + d);
+      dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+      dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+      if (d == 0) p.part_lse[row] = lse;
+    } else {
+      fj_u16 *dst = (fj_u16 *)p.o + (long long)c.b * p.o_sb + (long long)h * p.o_sh +
+                    (long long)t * p.o_ss + d;
+      fj_st_global_v4(dst, fj_pack2(o[0], o[1]), fj_pack2(o[2], o[3]), fj_pack2(o[4], o[5]),
+                      fj_pack2(o[6], o[7]));
+      if (d == 0 && p.lse != nullptr)
+        p.lse[(long long)c.b * p.lse_sb + (long long)h * p.lse_sh + t] = lse;
+    }
+  }
+}

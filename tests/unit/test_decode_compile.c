@@ -1,0 +1,209 @@
+/*
+ * tests/unit/test_decode_compile.c: the decode kernel's configuration
+ * (fjg_config_choose_decode), its part list, and its translation unit
+ * compiled with NVRTC (CPU only): sm_80, sm_86 and sm_90a, head dims 64 and
+ * 128, bf16 and fp16, 16 and 32-row blocks, with and without a mask and a
+ * score_mod, without spills, within the target's shared memory, the
+ * template's shared-memory map equal to the configuration's; and the
+ * serving utility unit (LSE merge, CSR conversion). Set
+ * FJ_TEST_NVRTC_DUMP=DIR to write the translation units and logs.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <nvrtc.h>
+
+#include "gen/config.h"
+#include "tests/unit/template_tu.h"
+
+static int smem_limit(const char *arch) {
+  if (!strcmp(arch, "sm_80")) return 163 * 1024;
+  if (!strcmp(arch, "sm_86") || !strcmp(arch, "sm_89") || !strcmp(arch, "sm_120"))
+    return 99 * 1024;
+  return 227 * 1024;
+}
+
+static void test_config(void **state) {
+  (void)state;
+  static const char *archs[] = {"sm_80", "sm_86", "sm_90a", "sm_100a", "sm_120"};
+  for (size_t a = 0; a < sizeof archs / sizeof *archs; a++)
+    for (int d = 64; d <= 128; d *= 2)
+      for (int rows = 1; rows <= 64; rows *= 2) {
+        fjg_config c;
+        char err[256];
+        if (fjg_config_choose_decode(d, FJ_DTYPE_BF16, archs[a], rows, 0, &c, err,
+                                     sizeof err) != FJ_OK)
+          fail_msg("%s D=%d rows %d: %s", archs[a], d, rows, err);
+        assert_string_equal(c.template_name, "sm80");
+        assert_int_equal(c.block_m, rows > 16 ? 32 : 16);
+        assert_int_equal(c.block_n, 16 * c.num_warps);
+        assert_int_equal(c.threads, 32 * c.num_warps);
+        assert_true(c.num_stages >= 2);
+        assert_true(c.smem_bytes > 0 && c.smem_bytes <= smem_limit(archs[a]));
+        assert_int_equal(c.uses_tma, 0);
+      }
+  fjg_config c;
+  char err[256];
+  assert_int_equal(fjg_config_choose_decode(256, FJ_DTYPE_BF16, "sm_90a", 4, 0, &c, err,
+                                            sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_non_null(strstr(err, "64 and 128"));
+  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_90a", 4, 1, &c, err,
+                                            sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_90a", 4, 40, &c, err,
+                                            sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_non_null(strstr(err, "shared memory"));
+  assert_int_equal(fjg_config_choose_util(FJ_DTYPE_BF16, "sm_90a", &c, err, sizeof err), FJ_OK);
+  assert_string_equal(c.template_name, "common");
+}
+
+static void test_parts(void **state) {
+  (void)state;
+  const char *const *kinds[] = {fjg_template_parts("sm80", "decode"),
+                                fjg_template_parts("common", "util")};
+  for (int i = 0; i < 2; i++) {
+    assert_non_null(kinds[i]);
+    for (const char *const *p = kinds[i]; *p; p++)
+      if (strcmp(*p, FJG_PART_PROLOGUE) != 0 && !fjg_template_text(*p, NULL))
+        fail_msg("part %s is not embedded", *p);
+  }
+}
+
+static int count_spill_lines(const char *log, const char *what) {
+  int lines = 0;
+  for (const char *p = strstr(log, "bytes spill stores"); p;
+       p = strstr(p + 1, "bytes spill stores")) {
+    const char *line = p;
+    while (line > log && line[-1] != '\n') line--;
+    unsigned long st = 0, ld = 0;
+    const char *comma = strchr(line, ',');
+    assert_non_null(comma);
+    if (sscanf(comma + 1, " %lu bytes spill stores, %lu bytes spill loads", &st, &ld) != 2)
+      fail_msg("%s: cannot parse ptxas line: %.80s", what, line);
+    if (st || ld) fail_msg("%s spills: %.100s", what, line);
+    lines++;
+  }
+  return lines;
+}
+
+static void dump(const char *name, const char *text) {
+  const char *dir = getenv("FJ_TEST_NVRTC_DUMP");
+  if (!dir || !*dir) return;
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+}
+
+/* Compiles tu for arch; returns the PTX (malloc'd) after checking spills. */
+static char *compile(const char *tu, const char *arch, const char *what, int kernels) {
+  char name[160];
+  snprintf(name, sizeof name, "%s.cu", what);
+  dump(name, tu);
+  char archopt[64];
+  snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+  const char *opts[] = {"-std=c++17", "-default-device", archopt, "--ptxas-options=-v"};
+  const double t0 = fjt_now_ms();
+  nvrtcProgram prog;
+  assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_dec.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+  nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+  const double ms = fjt_now_ms() - t0;
+  char *log = fjt_program_log(prog);
+  snprintf(name, sizeof name, "%s.log", what);
+  dump(name, log);
+  if (r != NVRTC_SUCCESS) {
+    fprintf(stderr, "NVRTC log (%s):\n%s\n", what, log);
+    fail_msg("nvrtcCompileProgram: %s", nvrtcGetErrorString(r));
+  }
+  assert_int_equal(count_spill_lines(log, what), kernels);
+  const char *regs = strstr(log, "Used ");
+  printf("  %-36s %6.0f ms  %.40s\n", what, ms, regs ? regs : "");
+  size_t ptx_size = 0;
+  assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
+  char *ptx = malloc(ptx_size);
+  assert_non_null(ptx);
+  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  free(log);
+  nvrtcDestroyProgram(&prog);
+  return ptx;
+}
+
+static void compile_decode(const char *arch, int head_dim, fj_dtype dt, int rows, int mask,
+                           int mod) {
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose_decode(head_dim, dt, arch, rows, 0, &c, err, sizeof err) != FJ_OK)
+    fail_msg("config: %s", err);
+  char tail[256];
+  snprintf(tail, sizeof tail,
+           "static_assert(FJD_SMEM_BYTES == %d, \"smem: template vs gen/config.c\");\n"
+           "static_assert(FJD_THREADS == %d, \"threads: template vs gen/config.c\");\n",
+           c.smem_bytes, c.threads);
+  const char *prologue = mod ? fjt_softcap_bias : fjt_causal;
+  char *tu = fjt_build_kernel_tu(&c, "decode", mask, mod, prologue, tail);
+  char what[128];
+  snprintf(what, sizeof what, "dec_m%d_s%d_d%d_r%d_%s_%s", mask, mod, head_dim, c.block_m,
+           dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
+  char *ptx = compile(tu, arch, what, 1);
+  assert_non_null(strstr(ptx, ".entry fj_attention_decode("));
+  assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16"));
+  assert_non_null(strstr(ptx, "cp.async.cg.shared.global"));
+  free(ptx);
+  free(tu);
+}
+
+static void test_decode_sm80(void **state) {
+  (void)state;
+  for (int d = 64; d <= 128; d *= 2)
+    for (int mask = 0; mask < 2; mask++)
+      for (int mod = 0; mod < 2; mod++)
+        compile_decode("sm_80", d, mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask ? 32 : 4, mask, mod);
+}
+
+static void test_decode_sm90a(void **state) {
+  (void)state;
+  for (int d = 64; d <= 128; d *= 2)
+    for (int rows = 4; rows <= 32; rows *= 8)
+      for (int mask = 0; mask < 2; mask++)
+        for (int mod = 0; mod < 2; mod++)
+          compile_decode("sm_90a", d, FJ_DTYPE_BF16, rows, mask, mod);
+}
+
+static void test_decode_sm86(void **state) {
+  (void)state;
+  compile_decode("sm_86", 128, FJ_DTYPE_BF16, 32, 1, 1);
+}
+
+static void test_util(void **state) {
+  (void)state;
+  fjg_config c;
+  char err[256];
+  assert_int_equal(fjg_config_choose_util(FJ_DTYPE_BF16, "sm_80", &c, err, sizeof err), FJ_OK);
+  char *tu = fjt_build_kernel_tu(&c, "util", 0, 0, "", "");
+  char *ptx = compile(tu, "sm_80", "util_sm_80", 2);
+  assert_non_null(strstr(ptx, ".entry fj_merge_states_kernel("));
+  assert_non_null(strstr(ptx, ".entry fj_paged_from_csr_kernel("));
+  free(ptx);
+  free(tu);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_config),      cmocka_unit_test(test_parts),
+      cmocka_unit_test(test_util),        cmocka_unit_test(test_decode_sm86),
+      cmocka_unit_test(test_decode_sm80), cmocka_unit_test(test_decode_sm90a),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
