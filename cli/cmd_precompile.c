@@ -54,8 +54,10 @@ static const char precompile_usage[] =
     "128 x 128 blocks takes; at head dim 64 on sm_90a not the plain one),\n"
     "blockmask (the kernels that build a spec's block masks, as flexjit run\n"
     "does for masks that read buffers; one per spec and target), backward\n"
-    "(the backward pass's kernels) and backward_deterministic (its\n"
-    "deterministic variant; refused for specs with trainable buffers).\n"
+    "(the backward pass's kernels), backward_deterministic (its\n"
+    "deterministic variant; refused for specs with trainable buffers) and\n"
+    "decode (what launches of 1 to 16 query tokens run: the decode kernel\n"
+    "and the LSE merge; head dims 64 and 128).\n"
     "Needs no GPU.\n"
     "\n"
     "options:\n"
@@ -224,14 +226,16 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
    * pack holds it once. */
   const int builder = strcmp(j.pass, "blockmask") == 0;
   const int backward = strncmp(j.pass, "backward", 8) == 0;
+  const int decode = strcmp(j.pass, "decode") == 0;
   if (strcmp(j.pass, "forward_blockmask") == 0) {
     ko.block_mask_block_q = 128;
   } else if (strcmp(j.pass, "backward_deterministic") == 0) {
     ko.deterministic = 1;
-  } else if (strcmp(j.pass, "forward") != 0 && strcmp(j.pass, "backward") != 0 && !builder) {
+  } else if (strcmp(j.pass, "forward") != 0 && strcmp(j.pass, "backward") != 0 && !builder &&
+             !decode) {
     r->status = FJ_EUNSUPPORTED;
     r->error = job_error(&j, "pass '%s' is not supported (forward, forward_blockmask, "
-                         "blockmask, backward, backward_deterministic)", j.pass);
+                         "blockmask, backward, backward_deterministic, decode)", j.pass);
     return;
   }
   r->status = FJ_ENOMEM;
@@ -245,6 +249,7 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
   if (r->status == FJ_OK)
     r->status = builder    ? fj_compile_block_mask(ctx, spec, j.arch, &r->info)
                 : backward ? fj_compile_backward(ctx, spec, &ko, &r->info)
+                : decode   ? fj_compile_decode(ctx, spec, &ko, &r->info)
                            : fj_compile_forward(ctx, spec, &ko, &r->info);
   if (r->status != FJ_OK)
     r->error = job_error(&j, "%s", fj_context_last_error(ctx));

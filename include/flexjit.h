@@ -298,6 +298,15 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
  * for decode launches (Lq <= FJ_DECODE_MAX_Q) the split-KV partial results. */
 size_t fj_forward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
 
+/* Compiles (or finds in the cache) what a decode launch (below) runs for
+ * spec and opts: the decode kernel in its two row blocks (16 and 32 packed
+ * query rows a KV group) and the serving utility kernels (the LSE merge,
+ * the CSR conversion). As fj_compile_forward: needs NVRTC on a miss, never
+ * a GPU; `info` (may be NULL) describes the 32-row kernel. For deployments
+ * that precompile (`flexjit precompile`'s "decode" pass). */
+fj_status fj_compile_decode(fj_context *ctx, const fj_spec *spec,
+                            const fj_kernel_options *opts, fj_kernel_info *info);
+
 /* Query lengths up to this run the decode kernel (docs/serving.md): the
  * query heads of a KV group packed into one tile's rows, the KV sequence
  * split across CTAs when B x Hkv is small and the parts merged by their

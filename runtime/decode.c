@@ -77,23 +77,44 @@ typedef struct csr_params {
 
 enum { MERGE_F32 = 0, MERGE_BF16 = 1, MERGE_F16 = 2 };
 
-/* The util kernels, loaded: compiled once per target into the context's
- * builtin spec. */
-static fj_status util_kernel(fj_context *ctx, fjr_kernel **out) {
+/* The util kernels for arch (NULL: the context's), compiled once per
+ * target into the context's builtin spec, not loaded. */
+static fj_status util_kernel_get(fj_context *ctx, const char *arch, fjr_kernel **out,
+                                 int *resident) {
   fj_status st;
   if (!ctx->builtin) {
-    static const char src[] = "return { name = \"builtin\" }";
+    static const char src[] = "return { name = \"builtin\", mask_mod = noop_mask() }";
     if ((st = fj_spec_load_string(ctx, src, sizeof src - 1, "builtin", &ctx->builtin)) != FJ_OK)
       return st;
   }
-  const char *arch = NULL;
-  if ((st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
+  if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
   fjg_config cfg;
   char err[512];
   if ((st = fjg_config_choose_util(FJ_DTYPE_BF16, arch, &cfg, err, sizeof err)) != FJ_OK)
     return fjr_fail(ctx, st, "%s", err);
-  if ((st = fjr_kernel_get(ctx, ctx->builtin, &util_kind, &cfg, out, NULL)) != FJ_OK) return st;
-  return fjr_kernel_load(ctx, *out);
+  return fjr_kernel_get(ctx, ctx->builtin, &util_kind, &cfg, out, resident);
+}
+
+/* The util kernels, loaded. */
+static fj_status util_kernel(fj_context *ctx, fjr_kernel **out) {
+  fj_status st = util_kernel_get(ctx, NULL, out, NULL);
+  return st == FJ_OK ? fjr_kernel_load(ctx, *out) : st;
+}
+
+/* The decode kernel of spec for o and a group of `rows` packed rows, not
+ * loaded. */
+static fj_status decode_kernel_get(fj_context *ctx, const fj_spec *spec,
+                                   const fj_kernel_options *o, int rows, fjr_kernel **out,
+                                   int *resident) {
+  const char *arch = o->arch;
+  fj_status st;
+  if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
+  fjg_config cfg;
+  char err[512];
+  if ((st = fjg_config_choose_decode(o->head_dim, o->dtype, arch, rows, 0, &cfg, err,
+                                     sizeof err)) != FJ_OK)
+    return fjr_fail(ctx, st, "%s", err);
+  return fjr_kernel_get(ctx, (fj_spec *)spec, &decode_kind, &cfg, out, resident);
 }
 
 static fj_status launch_util(fj_context *ctx, fjr_kernel *k, int entry, const void *params,
@@ -156,18 +177,14 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
   const int64_t B = p->sz.B, Hq = p->sz.Hq, Hkv = p->sz.Hkv, Lq = p->sz.Lq, Lk = p->sz.Lk;
   const int D = (int)a->q->shape[3];
   const int64_t rows = (int64_t)p->kv_group * Lq;
-  const char *arch = NULL;
-  fj_status st;
-  if ((st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
-  fjg_config cfg;
-  char err[512];
-  if ((st = fjg_config_choose_decode(D, dtype, arch, (int)(rows < 32 ? rows : 32), 0, &cfg, err,
-                                     sizeof err)) != FJ_OK)
-    return fjr_fail(ctx, st, "%s", err);
+  const fj_kernel_options ko = {.head_dim = D, .dtype = dtype};
   fjr_kernel *k = NULL;
-  if ((st = fjr_kernel_get(ctx, spec, &decode_kind, &cfg, &k, NULL)) != FJ_OK ||
+  fj_status st;
+  if ((st = decode_kernel_get(ctx, spec, &ko, (int)(rows < 32 ? rows : 32), &k, NULL)) !=
+          FJ_OK ||
       (st = fjr_kernel_load(ctx, k)) != FJ_OK)
     return st;
+  const fjg_config cfg = k->cfg;
 
   const int64_t row_blocks = (rows + cfg.block_m - 1) / cfg.block_m;
   const int64_t ctas = row_blocks * Hkv * B;
@@ -226,19 +243,17 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
   return st;
 }
 
-fj_status fjr_decode_source(fj_context *ctx, const fj_spec *spec, const fj_kernel_options *o,
-                            int rows, fjr_kernel **out, fj_kernel_info *info) {
-  const char *arch = o->arch;
-  fj_status st;
-  if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
-  fjg_config cfg;
-  char err[512];
-  if ((st = fjg_config_choose_decode(o->head_dim, o->dtype, arch, rows, 0, &cfg, err,
-                                     sizeof err)) != FJ_OK)
-    return fjr_fail(ctx, st, "%s", err);
+fj_status fj_compile_decode(fj_context *ctx, const fj_spec *spec, const fj_kernel_options *o,
+                            fj_kernel_info *info) {
+  if (!ctx) return FJ_EINVAL;
+  fjr_clear_error(ctx);
+  if (!spec || !o) return fjr_fail(ctx, FJ_EINVAL, "fj_compile_decode: NULL argument");
+  fjr_kernel *k = NULL, *u = NULL;
   int resident = 0;
-  st = fjr_kernel_get(ctx, (fj_spec *)spec, &decode_kind, &cfg, out, &resident);
-  if (st == FJ_OK && info) fjr_kernel_info(*out, resident, info);
+  fj_status st = decode_kernel_get(ctx, spec, o, 16, &k, NULL);
+  if (st == FJ_OK) st = util_kernel_get(ctx, o->arch, &u, NULL);
+  if (st == FJ_OK) st = decode_kernel_get(ctx, spec, o, 32, &k, &resident);
+  if (st == FJ_OK && info) fjr_kernel_info(k, resident, info);
   return st;
 }
 

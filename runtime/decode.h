@@ -27,10 +27,4 @@ size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
 fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_args *a,
                             fj_dtype dtype, void *pbuf, size_t psize);
 
-/* The decode kernel of spec for options o and `rows` packed query rows a
- * KV group (what it is specialized on: 16 or 32-row blocks), compiled or
- * found in the cache, not loaded (precompile, tests). */
-fj_status fjr_decode_source(fj_context *ctx, const fj_spec *spec, const fj_kernel_options *o,
-                            int rows, fjr_kernel **out, fj_kernel_info *info);
-
 #endif /* FJR_DECODE_H */

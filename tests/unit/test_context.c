@@ -240,8 +240,9 @@ static void good_tensors(tensors *t) {
 static void expect_bad_ws(fj_context *ctx, fj_spec *spec, tensors *t,
                           const fj_arg *args, int nargs, void *workspace,
                           size_t workspace_bytes, fj_status status, const char *text) {
-  fj_forward_args a = {&t->q, &t->k, &t->v, &t->o, &t->lse, 0.0f, args, nargs,
-                       NULL, NULL, workspace, workspace_bytes};
+  fj_forward_args a = {.q = &t->q, .k = &t->k, .v = &t->v, .o = &t->o, .lse = &t->lse,
+                       .args = args, .num_args = nargs, .workspace = workspace,
+                       .workspace_bytes = workspace_bytes};
   fj_status st = fj_attention_forward(ctx, spec, &a);
   if (st != status || !strstr(fj_context_last_error(ctx), text))
     fail_msg("expected %s with '%s', got %s: %s", fj_status_name(status),

@@ -45,7 +45,7 @@ static int setup(void **state) {
   fjt_write_text("deploy.lua", kCausal);
   fjt_write_text("manifest.lua",
                  "return { specs = {'deploy.lua'}, head_dims = {64}, dtypes = {'bf16'},\n"
-                 "  archs = {'sm_80'}, passes = {'forward', 'blockmask', 'backward'} }\n");
+                 "  archs = {'sm_80'}, passes = {'forward', 'blockmask', 'backward', 'decode'} }\n");
   return 0;
 }
 
@@ -122,6 +122,14 @@ static void test_cache_directory_without_nvrtc(void **state) {
   fjt_expect_in(info.name, "fj_bwd_deploy_d64_bf16_sm80_sm_80");
   ko.head_dim = 128;
   assert_int_equal(fj_compile_backward(ctx, spec, &ko, &info), FJ_ENONVRTC);
+  /* And the decode kernels (both row blocks) and the merge with "decode". */
+  ko.head_dim = 64;
+  if (fj_compile_decode(ctx, spec, &ko, &info) != FJ_OK)
+    fail_msg("%s", fj_context_last_error(ctx));
+  assert_true(info.from_cache);
+  fjt_expect_in(info.name, "fj_dec_deploy_d64_bf16_m32");
+  ko.head_dim = 128;
+  assert_int_equal(fj_compile_decode(ctx, spec, &ko, &info), FJ_ENONVRTC);
   fj_spec_destroy(spec);
   fj_context_destroy(ctx);
 }
