@@ -159,16 +159,26 @@ size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
 
 /* Splits of each CTA's kv run: the count that minimizes waves x tiles per
  * CTA, a split costing about one tile more (its partials and the merge), at
- * most max_splits and the tile count. */
+ * most `cap` and the tile count; fewer splits unless more save 5%. */
 static int choose_splits(int64_t ctas, int slots, int64_t tiles, int64_t cap) {
   int best = 1;
   double best_cost = 0;
   for (int s = 1; s <= cap && s <= tiles; s++) {
     const int64_t waves = (ctas * s + slots - 1) / slots;
     const double cost = (double)waves * (double)((tiles + s - 1) / s) + (s > 1 ? 1.0 : 0.0);
-    if (s == 1 || cost < best_cost * 0.98) best = s, best_cost = cost;
+    if (s == 1 || cost < best_cost * 0.95) best = s, best_cost = cost;
   }
   return best;
+}
+
+void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int block_m,
+                     int block_n, int slots, int64_t *row_blocks, int *splits) {
+  const int64_t rows = Hq / Hkv * Lq;
+  *row_blocks = (rows + block_m - 1) / block_m;
+  const int64_t tiles = (Lk + block_n - 1) / block_n;
+  int64_t cap = max_splits(B, Hq, Lq);
+  if (*row_blocks * cap > 65535) cap = 65535 / *row_blocks;
+  *splits = Lk > 0 ? choose_splits(*row_blocks * Hkv * B, slots > 0 ? slots : 1, tiles, cap) : 1;
 }
 
 fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_args *a,
@@ -186,13 +196,11 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
     return st;
   const fjg_config cfg = k->cfg;
 
-  const int64_t row_blocks = (rows + cfg.block_m - 1) / cfg.block_m;
-  const int64_t ctas = row_blocks * Hkv * B;
-  const int64_t tiles = (Lk + cfg.block_n - 1) / cfg.block_n;
-  const int slots = fjr_kernel_occupancy(ctx, k) * (ctx->num_sms > 0 ? ctx->num_sms : 1);
-  int64_t cap = max_splits(B, Hq, Lq);
-  if (row_blocks * cap > 65535) cap = 65535 / row_blocks;
-  const int splits = Lk > 0 ? choose_splits(ctas, slots, tiles, cap) : 1;
+  int64_t row_blocks = 1;
+  int splits = 1;
+  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, cfg.block_m, cfg.block_n,
+                  fjr_kernel_occupancy(ctx, k) * (ctx->num_sms > 0 ? ctx->num_sms : 1),
+                  &row_blocks, &splits);
   CUstream stream = (CUstream)a->stream;
 
   CUdeviceptr parts = 0;
