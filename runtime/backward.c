@@ -131,7 +131,7 @@ static fj_status check_tensors(fj_context *ctx, const fj_backward_args *a, fj_dt
                                fjr_bwd_params_fixed *p) {
   const DLTensor *q = a->q;
   DLDataType dl;
-  fj_status st = fjr_tensor_query(ctx, q, dtype, &dl);
+  fj_status st = fjr_tensor_query(ctx, q, 4, dtype, &dl);
   if (st != FJ_OK) return st;
   const struct {
     const char *name;
