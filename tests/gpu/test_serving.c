@@ -360,6 +360,39 @@ static int test_d256_refused(fj_context *ctx, const fjr_driver *drv, fj_spec *sp
   return ok;
 }
 
+/* A context that names the sm90 template gets a refusal for a serving
+ * layout, not a run of a kernel that ignores it. */
+static int test_sm90_refused(const fjr_driver *drv) {
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.kernel_template = "sm90";
+  fj_context *ctx = NULL;
+  fj_spec *spec = NULL;
+  const DLDataType t16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1};
+  gpu_tensor q, sl;
+  memset(&q, 0, sizeof q);
+  memset(&sl, 0, sizeof sl);
+  const int64_t qs[4] = {2, 2, 64, 128}, ss[1] = {2};
+  const int lens[2] = {64, 30};
+  const char src[] = "return { mask_mod = causal() }";
+  int ok = fj_context_create(&o, &ctx) == FJ_OK &&
+           fj_spec_load_string(ctx, src, strlen(src), "c", &spec) == FJ_OK &&
+           upload(drv, &q, NULL, 2 * 2 * 2 * 64 * 128, 4, qs, t16) &&
+           upload(drv, &sl, lens, sizeof lens, 1, ss, i32);
+  fj_status st = FJ_OK;
+  if (ok) {
+    fj_forward_args a = {.q = &q.t, .k = &q.t, .v = &q.t, .o = &q.t, .seqlens_k = &sl.t};
+    st = fj_attention_forward(ctx, spec, &a);
+    ok = st != FJ_OK && strstr(fj_context_last_error(ctx), "sm90") != NULL;
+  }
+  printf("[sm90] seqlens_k with the sm90 template named: %s: %s  %s\n", fj_status_name(st),
+         ctx ? fj_context_last_error(ctx) : "", ok ? "PASS" : "FAIL");
+  gpu_free(drv, &q), gpu_free(drv, &sl);
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+  return ok;
+}
+
 int main(void) {
   const fjr_driver *drv = NULL;
   fj_context *ctx = gpu_open(&drv);
@@ -373,6 +406,7 @@ int main(void) {
       printf("spec %s: %s\n", spec_src[s][0], fj_context_last_error(ctx));
   for (int i = 0; i < NCASES; i++) run_case(ctx, drv, loaded, i) ? passed++ : failed++;
   test_d256_refused(ctx, drv, loaded[0]) ? passed++ : failed++;
+  test_sm90_refused(drv) ? passed++ : failed++;
   clock_gettime(CLOCK_MONOTONIC, &t1);
   printf("%d passed, %d failed (%.1f s)\n", passed, failed,
          (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
