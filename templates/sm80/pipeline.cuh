@@ -32,7 +32,9 @@ __device__ __forceinline__ void fjk_load_tile_paged(unsigned s, const fj_u16 *g,
   const int tid = fj_tid();
   const int r = tid / FJK_CHUNKS, c = tid % FJK_CHUNKS;
   const unsigned dst = s + r * FJK_ROW_BYTES + ((c ^ (r & 7)) << 4);
-#pragma unroll
+  // Not unrolled: the paged path is a second copy of every K/V load site,
+  // and unrolled it added about 1200 instructions to each kernel.
+#pragma unroll 1
   for (int i = 0; i < ROWS / FJK_LOAD_ROWS; ++i) {
     const int row = r + i * FJK_LOAD_ROWS;
     const int pos = kv0 + min(row, valid - 1);
