@@ -131,7 +131,7 @@ static fj_status check_tensors(fj_context *ctx, const fj_backward_args *a, fj_dt
                                fjr_bwd_params_fixed *p) {
   const DLTensor *q = a->q;
   DLDataType dl;
-  fj_status st = fjr_tensor_query(ctx, q, dtype, &dl);
+  fj_status st = fjr_tensor_query(ctx, q, 4, dtype, &dl);
   if (st != FJ_OK) return st;
   const struct {
     const char *name;
@@ -287,6 +287,10 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
     return fjr_fail(ctx, FJ_EUNSUPPORTED, "kernel parameters too large");
   memset(pbuf, 0, total);
   fjr_bwd_params_fixed *p = (fjr_bwd_params_fixed *)pbuf;
+  if (args->cu_seqlens_q || args->cu_seqlens_k || args->max_seqlen_q || args->max_seqlen_k)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "the backward does not take packed batches (cu_seqlens_q, "
+                    "cu_seqlens_k, max_seqlen_q, max_seqlen_k) yet: leave them NULL and 0");
   fj_dtype dtype = FJ_DTYPE_BF16;
   fj_status st = check_tensors(ctx, args, &dtype, p);
   if (st != FJ_OK) return st;

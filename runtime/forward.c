@@ -20,6 +20,7 @@
 #include "runtime/forward.h"
 #include "runtime/kernels.h"
 #include "runtime/launch_params.h"
+#include "runtime/serving.h"
 #include "runtime/tensor.h"
 #include "runtime/tma.h"
 
@@ -67,13 +68,14 @@ static int sm90_fits_mask(int head_dim, fj_dtype dtype, int block_q, int block_k
 }
 
 /* The template: the caller's, else the context's, else sm90 (wgmma + TMA)
- * on sm_90a unless a block mask's blocks are not whole sm90 tiles, else
+ * on sm_90a unless a block mask's blocks are not whole sm90 tiles or the
+ * launch uses a serving layout (which only the sm80 kernel takes), else
  * sm80. */
 static const char *choose_template(const fj_context *ctx, const fj_kernel_options *o,
-                                   const char *arch, int mask_block_kv) {
+                                   const char *arch, int mask_block_kv, int serving) {
   if (o->kernel_template) return o->kernel_template;
   if (ctx->opts.kernel_template) return ctx->opts.kernel_template;
-  if (strcmp(arch, "sm_90a") != 0) return "sm80";
+  if (strcmp(arch, "sm_90a") != 0 || serving) return "sm80";
   return sm90_fits_mask(o->head_dim, o->dtype, o->block_mask_block_q, mask_block_kv)
              ? "sm90"
              : "sm80";
@@ -100,18 +102,25 @@ static int sm90_block_m(const fj_context *ctx, const fjg_config *cfg, int block_
 
 /* The one place a forward kernel's configuration is decided: from the
  * options, the context's settings and, for a launch with a block mask, its
- * block_kv (0 when not known: compile and emit). */
+ * block_kv (0 when not known: compile and emit); serving: the launch uses
+ * seqlens_k, block_table or cu_seqlens (runtime/serving.c), which the sm90
+ * kernel does not take. */
 static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
-                                int mask_block_kv, fjg_config *cfg) {
+                                int mask_block_kv, int serving, fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
   const char *arch = o->arch;
   fj_status st;
   if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
   char err[1024];
   st = fjg_config_choose_template(o->head_dim, o->dtype, arch,
-                                  choose_template(ctx, o, arch, mask_block_kv), cfg, err,
-                                  sizeof err);
+                                  choose_template(ctx, o, arch, mask_block_kv, serving), cfg,
+                                  err, sizeof err);
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
+  if (serving && cfg->uses_tma)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "the %s forward does not take seqlens_k, block_table or cu_seqlens "
+                    "(the sm80 template does: leave the template to the runtime)",
+                    cfg->template_name);
   if (!cfg->uses_tma) return FJ_OK;
   if (ctx->opts.stages && fjg_config_set_stages(cfg, ctx->opts.stages) != 0)
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
@@ -149,7 +158,7 @@ static fj_status compile_forward(fj_context *ctx, const fj_spec *spec,
   fjg_config cfg;
   int resident = 0;
   fj_status st = check_kernel_options(ctx, spec, o);
-  if (st == FJ_OK) st = forward_config(ctx, o, 0, &cfg);
+  if (st == FJ_OK) st = forward_config(ctx, o, 0, 0, &cfg);
   if (st == FJ_OK) st = fjr_kernel_get(ctx, (fj_spec *)spec, &forward_kind, &cfg, k, &resident);
   if (st == FJ_OK && info) fjr_kernel_info(*k, resident, info);
   return st;
@@ -186,7 +195,7 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
   if (!path) return fjr_fail(ctx, FJ_EINVAL, "fj_emit_forward_source: path is NULL");
   fjg_config cfg;
   fj_status st = check_kernel_options(ctx, spec, opts);
-  if (st == FJ_OK) st = forward_config(ctx, opts, 0, &cfg);
+  if (st == FJ_OK) st = forward_config(ctx, opts, 0, 0, &cfg);
   if (st != FJ_OK) return st;
   fjg_buf src;
   fjc_key source_key;
@@ -261,62 +270,97 @@ size_t fj_forward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
   return decode > sizeof(int32_t) ? decode : sizeof(int32_t);
 }
 
-/* Checks q, k, v, o and lse and fills the fixed part of the parameter
- * struct; *dtype receives the inputs' dtype. */
-static fj_status check_tensors(fj_context *ctx, const fj_forward_args *a, fj_dtype *dtype,
-                               fjr_fwd_params_fixed *p) {
-  const DLTensor *q = a->q;
-  DLDataType dl;
-  fj_status st = fjr_tensor_query(ctx, q, dtype, &dl);
+fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *a, fj_dtype *dtype,
+                            fjr_fwd_params_fixed *p) {
+  fjr_layout l;
+  fj_status st = fjr_serving_layout(ctx, a, &l);
   if (st != FJ_OK) return st;
+  const DLTensor *q = a->q, *k = a->k, *v = a->v, *o = a->o;
+  /* q and o: [B, Hq, Lq, D], or packed [total_q, Hq, D]; k and v: [B, Hkv,
+   * Lk, D], packed [total_k, Hkv, D] or page pools [num_pages, page_size,
+   * Hkv, D]. */
+  const int qnd = l.q_packed ? 3 : 4, knd = l.kv_packed ? 3 : 4;
+  DLDataType dl;
+  if ((st = fjr_tensor_query(ctx, q, qnd, dtype, &dl)) != FJ_OK) return st;
   int64_t qs[4], ks[4], vs[4], os[4], ls[3] = {0, 0, 1};
-  if ((st = fjr_tensor_check(ctx, "q", q, 4, dl, qs)) != FJ_OK ||
-      (st = fjr_tensor_check(ctx, "k", a->k, 4, dl, ks)) != FJ_OK ||
-      (st = fjr_tensor_check(ctx, "v", a->v, 4, dl, vs)) != FJ_OK ||
-      (st = fjr_tensor_check(ctx, "o", a->o, 4, dl, os)) != FJ_OK)
+  if ((st = fjr_tensor_check(ctx, "q", q, qnd, dl, qs)) != FJ_OK ||
+      (st = fjr_tensor_check(ctx, "k", k, knd, dl, ks)) != FJ_OK ||
+      (st = fjr_tensor_check(ctx, "v", v, knd, dl, vs)) != FJ_OK ||
+      (st = fjr_tensor_check(ctx, "o", o, qnd, dl, os)) != FJ_OK)
     return st;
-  const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], D = q->shape[3];
-  const int64_t Hkv = a->k->shape[1], Lk = a->k->shape[2];
+  const int64_t Hq = q->shape[1], D = q->shape[qnd - 1];
+  const int64_t Hkv = k->shape[l.kv_paged ? 2 : 1];
   if (D != 64 && D != 128 && D != 256)
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
                     "head dim %lld is not supported (64, 128, or 256 on sm_90a)",
                     (long long)D);
-  const int64_t kshape[4] = {B, Hkv, Lk, D};
-  if ((st = fjr_tensor_check_shape(ctx, "k", a->k, kshape)) != FJ_OK ||
-      (st = fjr_tensor_check_shape(ctx, "v", a->v, kshape)) != FJ_OK ||
-      (st = fjr_tensor_check_shape(ctx, "o", a->o, q->shape)) != FJ_OK)
+  int64_t B = q->shape[0], Lq = l.q_packed ? a->max_seqlen_q : q->shape[2];
+  int64_t Lk = l.kv_packed ? a->max_seqlen_k : k->shape[2];
+  if (l.q_packed &&
+      (st = fjr_varlen_bind(ctx, a->cu_seqlens_q, a->cu_seqlens_k, a->max_seqlen_q,
+                            a->max_seqlen_k, &B, &p->cu_seqlens_q, &p->cu_seqlens_k)) !=
+          FJ_OK)
     return st;
+  int64_t kshape[4] = {B, Hkv, Lk, D};
+  if (l.kv_packed) /* [total_k, Hkv, D] */
+    kshape[0] = k->shape[0], kshape[1] = Hkv, kshape[2] = D;
+  else if (l.kv_paged) /* [num_pages, page_size, Hkv, D] */
+    kshape[0] = k->shape[0], kshape[1] = k->shape[1], kshape[2] = Hkv;
+  if ((st = fjr_tensor_check_shape(ctx, "k", k, kshape)) != FJ_OK ||
+      (st = fjr_tensor_check_shape(ctx, "v", v, kshape)) != FJ_OK ||
+      (st = fjr_tensor_check_shape(ctx, "o", o, q->shape)) != FJ_OK)
+    return st;
+  if ((st = fjr_serving_bind(ctx, a, &l, B, &Lk, p)) != FJ_OK) return st;
   if (Hq % Hkv != 0)
     return fjr_fail(ctx, FJ_ETENSOR,
                     "query heads (%lld) must be a multiple of key/value heads (%lld)",
                     (long long)Hq, (long long)Hkv);
-  if (Lq > INT32_MAX || Lk > INT32_MAX || B > 65535 || Hq > 65535)
-    return fjr_fail(ctx, FJ_ETENSOR, "sizes too large: B <= 65535, H <= 65535, L < 2^31");
+  if (Lq > INT32_MAX || Lk > INT32_MAX || q->shape[0] > INT32_MAX ||
+      k->shape[0] > INT32_MAX || B > 65535 || Hq > 65535)
+    return fjr_fail(ctx, FJ_ETENSOR,
+                    "sizes too large: B <= 65535, H <= 65535, L and packed rows < 2^31");
   if ((st = fjr_tensor_check_aligned16(ctx, "q", q, qs)) != FJ_OK ||
-      (st = fjr_tensor_check_aligned16(ctx, "k", a->k, ks)) != FJ_OK ||
-      (st = fjr_tensor_check_aligned16(ctx, "v", a->v, vs)) != FJ_OK ||
-      (st = fjr_tensor_check_aligned16(ctx, "o", a->o, os)) != FJ_OK)
+      (st = fjr_tensor_check_aligned16(ctx, "k", k, ks)) != FJ_OK ||
+      (st = fjr_tensor_check_aligned16(ctx, "v", v, vs)) != FJ_OK ||
+      (st = fjr_tensor_check_aligned16(ctx, "o", o, os)) != FJ_OK)
     return st;
   if (a->lse) {
+    /* [B, Hq, Lq], or [Hq, total_q] packed: its last dimension contiguous. */
     const DLDataType f32 = {kDLFloat, 32, 1};
-    const int64_t lshape[3] = {B, Hq, Lq};
-    if ((st = fjr_tensor_check(ctx, "lse", a->lse, 3, f32, ls)) != FJ_OK ||
+    const int64_t lshape[3] = {l.q_packed ? Hq : B, l.q_packed ? q->shape[0] : Hq, Lq};
+    if ((st = fjr_tensor_check(ctx, "lse", a->lse, l.q_packed ? 2 : 3, f32, ls)) != FJ_OK ||
         (st = fjr_tensor_check_shape(ctx, "lse", a->lse, lshape)) != FJ_OK)
       return st;
+    if (l.q_packed) ls[1] = ls[0], ls[0] = 0;
   }
   float scale = a->scale;
   if (scale == 0.0f) scale = 1.0f / sqrtf((float)D);
   if (!isfinite(scale)) return fjr_fail(ctx, FJ_EINVAL, "scale must be finite");
 
   p->q = fjr_tensor_ptr(q);
-  p->k = fjr_tensor_ptr(a->k);
-  p->v = fjr_tensor_ptr(a->v);
-  p->o = fjr_tensor_ptr(a->o);
+  p->k = fjr_tensor_ptr(k);
+  p->v = fjr_tensor_ptr(v);
+  p->o = fjr_tensor_ptr(o);
   p->lse = a->lse ? fjr_tensor_ptr(a->lse) : 0;
-  p->q_sb = qs[0], p->q_sh = qs[1], p->q_ss = qs[2];
-  p->k_sb = ks[0], p->k_sh = ks[1], p->k_ss = ks[2];
-  p->v_sb = vs[0], p->v_sh = vs[1], p->v_ss = vs[2];
-  p->o_sb = os[0], p->o_sh = os[1], p->o_ss = os[2];
+  /* Packed: rows are dimension 0 and a sequence's first row comes from
+   * cu_seqlens (batch stride 0); paged: dimension 0 is the page. */
+  if (l.q_packed) {
+    p->q_sb = 0, p->q_sh = qs[1], p->q_ss = qs[0];
+    p->o_sb = 0, p->o_sh = os[1], p->o_ss = os[0];
+  } else {
+    p->q_sb = qs[0], p->q_sh = qs[1], p->q_ss = qs[2];
+    p->o_sb = os[0], p->o_sh = os[1], p->o_ss = os[2];
+  }
+  if (l.kv_packed) {
+    p->k_sb = 0, p->k_sh = ks[1], p->k_ss = ks[0];
+    p->v_sb = 0, p->v_sh = vs[1], p->v_ss = vs[0];
+  } else if (l.kv_paged) {
+    p->k_sb = ks[0], p->k_sh = ks[2], p->k_ss = ks[1];
+    p->v_sb = vs[0], p->v_sh = vs[2], p->v_ss = vs[1];
+  } else {
+    p->k_sb = ks[0], p->k_sh = ks[1], p->k_ss = ks[2];
+    p->v_sb = vs[0], p->v_sh = vs[1], p->v_ss = vs[2];
+  }
   p->lse_sb = ls[0], p->lse_sh = ls[1];
   p->sz = (fjr_sizes){(int32_t)B, (int32_t)Hq, (int32_t)Hkv, (int32_t)Lq, (int32_t)Lk};
   p->kv_group = (int32_t)(Hq / Hkv);
@@ -328,11 +372,11 @@ static fj_status check_tensors(fj_context *ctx, const fj_forward_args *a, fj_dty
 /* The loaded kernel of a launch: from the spec's launch memo, else decided
  * (forward_config), made or found (runtime/kernels.c) and remembered. */
 static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_dtype dtype,
-                               int block_q, int block_kv, fjr_kernel **out) {
+                               int block_q, int block_kv, int serving, fjr_kernel **out) {
   for (int i = 0; i < spec->num_launches; i++) {
     const struct fjr_launch_memo *m = &spec->launches[i];
     if (m->head_dim == head_dim && m->dtype == (int)dtype && m->block_q == block_q &&
-        m->block_kv == block_kv) {
+        m->block_kv == block_kv && m->serving == serving) {
       *out = m->kernel;
       return FJ_OK;
     }
@@ -341,13 +385,14 @@ static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_
                                 .block_mask_block_q = block_q};
   fjg_config cfg;
   fj_status st;
-  if ((st = forward_config(ctx, &ko, block_kv, &cfg)) != FJ_OK ||
+  if ((st = forward_config(ctx, &ko, block_kv, serving, &cfg)) != FJ_OK ||
       (st = fjr_kernel_get(ctx, spec, &forward_kind, &cfg, out, NULL)) != FJ_OK ||
       (st = fjr_kernel_load(ctx, *out)) != FJ_OK)
     return st;
   const int n = sizeof spec->launches / sizeof spec->launches[0];
   const int slot = spec->num_launches < n ? spec->num_launches++ : n - 1;
-  spec->launches[slot] = (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, *out};
+  spec->launches[slot] =
+      (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, serving, *out};
   return FJ_OK;
 }
 
@@ -364,19 +409,24 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   memset(pbuf, 0, total);
   fjr_fwd_params_fixed *p = (fjr_fwd_params_fixed *)pbuf;
   fj_dtype dtype = FJ_DTYPE_BF16;
-  fj_status st = check_tensors(ctx, args, &dtype, p);
+  fj_status st = fjr_forward_check(ctx, args, &dtype, p);
   if (st != FJ_OK) return st;
   st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
                      pbuf + FJR_FWD_USER_OFFSET);
   if (st != FJ_OK) return st;
   const size_t need = fj_forward_workspace_size(p->sz.B, p->sz.Hq, p->sz.Lq,
-                                                args->q->shape[3]);
+                                                args->q->shape[args->q->ndim - 1]);
   if (args->workspace && ((uintptr_t)args->workspace % 256 != 0 ||
                           args->workspace_bytes < need))
     return fjr_fail(ctx, FJ_EINVAL,
                     "workspace: %zu bytes at an address %% 256 = %zu; the forward needs %zu "
                     "bytes, 256-byte aligned (fj_forward_workspace_size)",
                     args->workspace_bytes, (size_t)((uintptr_t)args->workspace % 256), need);
+  const int serving = p->seqlens_k || p->block_table || p->cu_seqlens_q;
+  if (serving && args->block_mask)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "a block mask with seqlens_k, block_table or cu_seqlens is not "
+                    "supported (the mask_mod sees each sequence's own lengths instead)");
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   /* Short queries go to the decode kernel, which classifies its own tiles
    * (a block mask, if any, is not needed there). */
@@ -387,8 +437,8 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)
     return fjr_fail(ctx, FJ_EINVAL, "fj_attention_forward: bad block mask");
   fjr_kernel *k = NULL;
-  if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[3], dtype, mi.block_q,
-                          mi.block_kv, &k)) != FJ_OK)
+  if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[args->q->ndim - 1], dtype, mi.block_q,
+                          mi.block_kv, serving, &k)) != FJ_OK)
     return st;
   /* The block mask, if any: validated against this launch (blockmask.c). */
   st = fjr_block_mask_bind(ctx, args->block_mask, p->sz.B, p->sz.Hq, p->sz.Lq, p->sz.Lk,

@@ -10,6 +10,7 @@
 
 #include "flexjit.h"
 #include "gen/config.h"
+#include "runtime/launch_params.h"
 
 /* The cubin of a spec's forward kernel (compiled, or found in the cache, as
  * fj_compile_forward does), borrowed from the spec until the kernel is
@@ -24,5 +25,16 @@ fj_status fjr_forward_cubin(fj_context *ctx, const fj_spec *spec,
  * 1, 1). Returns the number of work items (query blocks x heads x batch). */
 int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t Hq,
                          int64_t Lq, unsigned grid[3]);
+
+/* The checks of a forward launch's tensors and serving fields (every
+ * layout: BHSD/BSHD, packed varlen, paged KV; runtime/serving.c), each
+ * failure naming the tensor and the rule; fills the fixed part of the
+ * parameter struct (pointers, strides, sizes, scale, serving fields; not
+ * the block mask) and *dtype, the inputs' element type. With packed q,
+ * B = len(cu_seqlens_q) - 1 and Lq = max_seqlen_q; with packed k and v,
+ * Lk = max_seqlen_k; with paged KV, Lk = max_pages * page_size. Touches no
+ * device. The forward kernel's and the decode kernel's launches share it. */
+fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *args, fj_dtype *dtype,
+                            fjr_fwd_params_fixed *p);
 
 #endif /* FJR_FORWARD_H */

@@ -165,10 +165,13 @@ fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
   return FJ_OK;
 }
 
-fj_status fjr_tensor_query(fj_context *ctx, const DLTensor *q, fj_dtype *dtype,
+fj_status fjr_tensor_query(fj_context *ctx, const DLTensor *q, int ndim, fj_dtype *dtype,
                            DLDataType *dl) {
-  if (!q || q->ndim != 4 || !q->shape)
-    return fjr_fail(ctx, FJ_ETENSOR, "q: expected a 4-D tensor [B, Hq, Lq, D]");
+  if (!q || q->ndim != ndim || !q->shape)
+    return fjr_fail(ctx, FJ_ETENSOR,
+                    ndim == 3 ? "q: expected a 3-D tensor [total_q, Hq, D] (packed: "
+                                "cu_seqlens_q is set)"
+                              : "q: expected a 4-D tensor [B, Hq, Lq, D]");
   if (fjr_tensor_is(q, kDLBfloat, 16)) {
     *dtype = FJ_DTYPE_BF16;
     *dl = (DLDataType){kDLBfloat, 16, 1};

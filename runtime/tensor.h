@@ -29,10 +29,11 @@ const char *fjr_dtype_text(DLDataType t, char *buf, size_t n);
 fj_status fjr_tensor_check(fj_context *ctx, const char *what, const DLTensor *t,
                            int ndim, DLDataType dtype, int64_t *strides);
 
-/* An attention launch's q: a 4-D tensor of bfloat16 or float16, whose
- * element type goes to *dtype and *dl (what k, v, o, ... must match);
- * FJ_ETENSOR naming what is wrong otherwise. */
-fj_status fjr_tensor_query(fj_context *ctx, const DLTensor *q, fj_dtype *dtype,
+/* An attention launch's q: an ndim-D tensor (4: [B, Hq, Lq, D]; 3: packed
+ * [total_q, Hq, D]) of bfloat16 or float16, whose element type goes to
+ * *dtype and *dl (what k, v, o, ... must match); FJ_ETENSOR naming what is
+ * wrong otherwise. */
+fj_status fjr_tensor_query(fj_context *ctx, const DLTensor *q, int ndim, fj_dtype *dtype,
                            DLDataType *dl);
 
 /* Checks that t's shape is `want` (t->ndim entries). */

@@ -15,8 +15,13 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
   const int g = lane >> 2, t4 = lane & 3;  // mma fragment row group, column pair
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z;
-  const int Lq = p.sz.Lq, Lk = p.sz.Lk;
+  // The sequence's sizes and first rows (fj_seq_of: p.sz unless serving
+  // layouts are in use); a query block past a shorter sequence's end has
+  // nothing to do.
+  const fj_seq sq = fj_seq_of(p, b);
+  const int Lq = sq.sz.Lq, Lk = sq.sz.Lk;
   const int q0 = m_block * FJ_BLOCK_M;
+  if (q0 >= Lq) return;
   const int q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
   const int wq0 = q0 + warp * FJK_WARP_ROWS;  // this warp's first query row
   const int wq1 = min(wq0 + FJK_WARP_ROWS, Lq) - 1;
@@ -36,7 +41,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
     hi = fjk_bm_tile(p, bm_row, &ti, &hi_cls);
   } else {
 #if FJ_HAS_MASK
-    fj_tile_range(p, b, h, q0, q1, &lo, &hi, &hi_cls);
+    fj_tile_range(p, sq.sz, b, h, q0, q1, &lo, &hi, &hi_cls);
 #endif
   }
   int tc = ti;
@@ -70,10 +75,16 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
 #endif
 
   if (lo <= hi) {
-    const fj_u16 *gq = (const fj_u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_ss;
+    const fj_u16 *gq =
+        (const fj_u16 *)p.q + b * p.q_sb + h * p.q_sh + (sq.q_row0 + q0) * p.q_ss;
     const int hk = h / p.kv_group;
-    const fj_u16 *gk = (const fj_u16 *)p.k + b * p.k_sb + hk * p.k_sh;
-    const fj_u16 *gv = (const fj_u16 *)p.v + b * p.v_sb + hk * p.v_sh;
+    // Paged KV: the head's rows of the pool, each tile row's page from the
+    // sequence's row of the block table (fjk_load_kv).
+    const int *bt = p.block_table != nullptr ? p.block_table + b * p.bt_stride : nullptr;
+    const long long kb = bt != nullptr ? 0 : b * p.k_sb + sq.k_row0 * p.k_ss;
+    const long long vb = bt != nullptr ? 0 : b * p.v_sb + sq.k_row0 * p.v_ss;
+    const fj_u16 *gk = (const fj_u16 *)p.k + kb + hk * p.k_sh;
+    const fj_u16 *gv = (const fj_u16 *)p.v + vb + hk * p.v_sh;
 
     // cp.async groups, in commit order: Q, then one group per kv tile (K and V
     // together). Empty groups keep the count uniform so that wait_group can
@@ -85,8 +96,8 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
 #pragma unroll
     for (int st = 0; st < FJ_NUM_STAGES - 1; ++st) {
       if (ji >= lo) {
-        fjk_load_kv(p, s_k, s_v, st, gk, gv, ji, Lk);
-        ji = fjk_advance(p, bm_row, b, h, q0, q1, ji, lo, &ti, &ji_cls);
+        fjk_load_kv(p, s_k, s_v, st, gk, gv, bt, ji, Lk);
+        ji = fjk_advance(p, sq.sz, bm_row, b, h, q0, q1, ji, lo, &ti, &ji_cls);
       }
       fjk_cp_async_commit();
     }
@@ -122,12 +133,12 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
       int jn = -1, jn_cls = FJ_TILE_EMPTY;
 #endif
       if (ji >= lo) {
-        fjk_load_kv(p, s_k, s_v, stage_i, gk, gv, ji, Lk);
+        fjk_load_kv(p, s_k, s_v, stage_i, gk, gv, bt, ji, Lk);
 #if FJ_NUM_STAGES == 2
         jn = ji;
         jn_cls = ji_cls;
 #endif
-        ji = fjk_advance(p, bm_row, b, h, q0, q1, ji, lo, &ti, &ji_cls);
+        ji = fjk_advance(p, sq.sz, bm_row, b, h, q0, q1, ji, lo, &ti, &ji_cls);
       }
       fjk_cp_async_commit();
 
@@ -145,14 +156,14 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
         bool need_mask = false;
 #if FJ_HAS_MASK
         if (run && jc_cls == FJ_TILE_PARTIAL) {
-          const int wc = fj_tile_class(p.user, p.sz, b, h, wq0, wq1, skv0,
+          const int wc = fj_tile_class(p.user, sq.sz, b, h, wq0, wq1, skv0,
                                        min(skv0 + FJK_SUB_N, Lk) - 1);
           run = wc != FJ_TILE_EMPTY;
           need_mask = wc == FJ_TILE_PARTIAL;
         }
 #endif
         if (run)
-          fjk_tile_step(p, b, h, wq0, skv0, need_mask, skv0 + FJK_SUB_N > Lk,
+          fjk_tile_step(p, sq.sz, b, h, wq0, skv0, need_mask, skv0 + FJK_SUB_N > Lk,
                         sk + sub * FJK_SUB_N * FJK_ROW_BYTES,
                         sv + sub * FJK_SUB_N * FJK_ROW_BYTES, s_q, exp_scale,
 #if FJK_Q_IN_REGISTERS
@@ -167,10 +178,10 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
         jc = jn;
         jc_cls = jn_cls;
       } else {
-        jc = fjk_advance(p, bm_row, b, h, q0, q1, jc, lo, &tc, &jc_cls);
+        jc = fjk_advance(p, sq.sz, bm_row, b, h, q0, q1, jc, lo, &tc, &jc_cls);
       }
 #else
-      jc = fjk_advance(p, bm_row, b, h, q0, q1, jc, lo, &tc, &jc_cls);
+      jc = fjk_advance(p, sq.sz, bm_row, b, h, q0, q1, jc, lo, &tc, &jc_cls);
 #endif
     }
     fjk_cp_async_wait<0>();
@@ -206,7 +217,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
     }
   __syncwarp();
   {
-    fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+    fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh + sq.q_row0 * p.o_ss;
 #pragma unroll
     for (int i = 0; i < FJK_WARP_ROWS * FJK_CHUNKS / 32; ++i) {
       const int idx = i * 32 + lane;
@@ -221,7 +232,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
     }
   }
   if (p.lse != nullptr && t4 == 0) {
-    float *gl = p.lse + b * p.lse_sb + h * p.lse_sh;
+    float *gl = p.lse + b * p.lse_sb + h * p.lse_sh + sq.q_row0;
 #pragma unroll
     for (int mt = 0; mt < FJK_MT; ++mt)
 #pragma unroll

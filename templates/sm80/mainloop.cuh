@@ -19,7 +19,7 @@
 // kv0, K and V rows at sk / sv in shared memory: S = Q K^T, score_mod, mask,
 // running max and sum, O += P V.
 __device__ __forceinline__ void fjk_tile_step(
-    const fj_fwd_params &p, int b, int h, int wq0, int kv0, bool need_mask,
+    const fj_fwd_params &p, const fj_sizes &sz, int b, int h, int wq0, int kv0, bool need_mask,
     bool ragged, unsigned sk, unsigned sv, unsigned s_q, float exp_scale,
 #if FJK_Q_IN_REGISTERS
     const unsigned (&qf)[FJK_MT][FJK_KT][4],
@@ -29,7 +29,7 @@ __device__ __forceinline__ void fjk_tile_step(
   const int lt = fj_tid();
   const int warp = lt >> 5, lane = lt & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int Lk = p.sz.Lk;
+  const int Lk = sz.Lk;
   FJK_LANE_ADDRESSING(lane)
   (void)s_q;
   (void)h;
@@ -81,7 +81,7 @@ __device__ __forceinline__ void fjk_tile_step(
         const int qi = wq0 + mt * 16 + g + (e >> 1) * 8;
         const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
         s[mt][nt][e] =
-            fj_score_mod(p.user, p.sz, s[mt][nt][e] * p.scale, b, h, qi, ki) * FJK_LOG2E;
+            fj_score_mod(p.user, sz, s[mt][nt][e] * p.scale, b, h, qi, ki) * FJK_LOG2E;
       }
 #endif
   // The mask is evaluated on every element, past Lk too (fj_mask is total;
@@ -98,7 +98,7 @@ __device__ __forceinline__ void fjk_tile_step(
         for (int e = 0; e < 4; ++e) {
           const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
           const int qi = wq0 + mt * 16 + g + (e >> 1) * 8;
-          const bool keep = (ki < Lk) & fj_mask(p.user, p.sz, b, h, qi, ki);
+          const bool keep = (ki < Lk) & fj_mask(p.user, sz, b, h, qi, ki);
           s[mt][nt][e] = keep ? s[mt][nt][e] : fj_neg_inf();
         }
   } else

@@ -19,13 +19,46 @@
   const unsigned v_row = ((((lane_) >> 3) & 1) * 8 + ((lane_) & 7)) * FJK_ROW_BYTES;    \
   (void)x_q, (void)q_row, (void)x_k, (void)k_row, (void)x_v, (void)v_row;
 
+// Rows [0, ROWS) of the kv tile at kv0 from a page pool (paged KV): kv row
+// kv0 + r lies in page bt[(kv0 + r) / page_size], at row (kv0 + r) %
+// page_size of it (g: the head's base in the pool; pstride, ss: the page and
+// row strides). Rows >= valid (>= 1) are zero-filled from the last valid
+// row's address, as fjk_load_tile does: no block-table entry past the
+// sequence's length is read, and a page's unwritten tail never reaches P V.
+template <int ROWS>
+__device__ __forceinline__ void fjk_load_tile_paged(unsigned s, const fj_u16 *g, const int *bt,
+                                                    int page_size, long long pstride,
+                                                    long long ss, int kv0, int valid) {
+  const int tid = fj_tid();
+  const int r = tid / FJK_CHUNKS, c = tid % FJK_CHUNKS;
+  const unsigned dst = s + r * FJK_ROW_BYTES + ((c ^ (r & 7)) << 4);
+  // Not unrolled: the paged path is a second copy of every K/V load site,
+  // and unrolled it added about 1200 instructions to each kernel.
+#pragma unroll 1
+  for (int i = 0; i < ROWS / FJK_LOAD_ROWS; ++i) {
+    const int row = r + i * FJK_LOAD_ROWS;
+    const int pos = kv0 + min(row, valid - 1);
+    const int page = __ldg(bt + pos / page_size);
+    const fj_u16 *src = g + page * pstride + (pos % page_size) * ss + c * 8;
+    fjk_cp_async16(dst + i * FJK_LOAD_ROWS * FJK_ROW_BYTES, src, row < valid ? 16 : 0);
+  }
+}
+
 // K and V of kv tile j (rows j * FJ_BLOCK_N ..; gk, gv: the head's first
-// rows; Lk: the sequence's) into stage st of the K and V tiles at s_k and
-// s_v.
+// rows, or with paged KV its base in the pools and bt the sequence's row of
+// the block table, else null; Lk: the sequence's) into stage st of the K and
+// V tiles at s_k and s_v.
 __device__ __forceinline__ void fjk_load_kv(const fj_fwd_params &p, unsigned s_k, unsigned s_v,
-                                            int st, const fj_u16 *gk, const fj_u16 *gv, int j,
-                                            int Lk) {
+                                            int st, const fj_u16 *gk, const fj_u16 *gv,
+                                            const int *bt, int j, int Lk) {
   const int kv0 = j * FJ_BLOCK_N;
+  if (bt != nullptr) {
+    fjk_load_tile_paged<FJ_BLOCK_N>(s_k + st * FJK_TILE_BYTES, gk, bt, p.page_size, p.k_sb,
+                                    p.k_ss, kv0, Lk - kv0);
+    fjk_load_tile_paged<FJ_BLOCK_N>(s_v + st * FJK_TILE_BYTES, gv, bt, p.page_size, p.v_sb,
+                                    p.v_ss, kv0, Lk - kv0);
+    return;
+  }
   fjk_load_tile<FJ_BLOCK_N>(s_k + st * FJK_TILE_BYTES, gk + kv0 * p.k_ss, p.k_ss, Lk - kv0);
   fjk_load_tile<FJ_BLOCK_N>(s_v + st * FJK_TILE_BYTES, gv + kv0 * p.v_ss, p.v_ss, Lk - kv0);
 }

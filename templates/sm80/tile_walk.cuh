@@ -34,13 +34,13 @@ __device__ __forceinline__ int fjk_bm_tile(const fj_fwd_params &p, int row,
 
 // The tile after j: the block mask's next (bm_row >= 0, *t its position),
 // else the classifier's next non-EMPTY block below j.
-__device__ __forceinline__ int fjk_advance(const fj_fwd_params &p, int bm_row,
-                                           int b, int h, int q0, int q1, int j,
+__device__ __forceinline__ int fjk_advance(const fj_fwd_params &p, const fj_sizes &sz,
+                                           int bm_row, int b, int h, int q0, int q1, int j,
                                            int lo, int *t, int *cls) {
   if (bm_row >= 0) {
     ++*t;
     return fjk_bm_tile(p, bm_row, t, cls);
   }
-  return fj_next_block(p, b, h, q0, q1, j, lo, cls);
+  return fj_next_block(p, sz, b, h, q0, q1, j, lo, cls);
 }
 

@@ -66,7 +66,7 @@ struct fjh_sched_one_tile {
       hi = fjh_bm_tile(p, fjh_item{w.b, w.h, q0, q1, 0, 0, 0, 0, 0}, &t, &hi_cls);
     } else {
 #if FJ_HAS_MASK
-      fj_tile_range(p, w.b, w.h, q0, q1, &lo, &hi, &hi_cls);
+      fj_tile_range(p, p.sz, w.b, w.h, q0, q1, &lo, &hi, &hi_cls);
 #endif
     }
     __syncthreads();
@@ -304,7 +304,7 @@ struct fjh_sched_persistent {
       } else {
 #if FJ_HAS_MASK
         int first, last;
-        fj_tile_scan_warp(p, w.b, w.h, q0, q1, (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N, lane, 32,
+        fj_tile_scan_warp(p, p.sz, w.b, w.h, q0, q1, (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N, lane, 32,
                           &first, &last);
         fj_tile_range_of(first, last, &lo, &hi, &hi_cls);
 #endif

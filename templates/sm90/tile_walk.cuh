@@ -109,7 +109,7 @@ __device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, const fjh_ite
     ++*t;
     return fjh_bm_tile(p, it, t, cls);
   }
-  return fj_next_block(p, it.b, it.h, it.q0, it.q1, j, it.lo, cls);
+  return fj_next_block(p, p.sz, it.b, it.h, it.q0, it.q1, j, it.lo, cls);
 }
 
 // What a consumer does to the scores of a tile: 0 nothing (FULL for its

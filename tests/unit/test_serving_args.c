@@ -1,0 +1,444 @@
+/*
+ * tests/unit/test_serving_args.c: the forward's checks of the serving
+ * layouts without a GPU (runtime/serving.c, fjr_forward_check): packed
+ * variable-length batches, per-sequence kv lengths, paged KV and Skip
+ * Softmax's threshold. Each bad input must fail with an error that names
+ * the tensor or field and the rule; good inputs must fill the parameter
+ * struct's strides, sizes and serving fields as the kernels read them.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flexjit.h"
+#include "runtime/forward.h"
+#include "runtime/launch_params.h"
+
+static const DLDataType bf16 = {kDLBfloat, 16, 1}, f32 = {kDLFloat, 32, 1},
+                        i32 = {kDLInt, 32, 1}, i64 = {kDLInt, 64, 1};
+
+static fj_context *new_context(void) {
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.cache_dir = ""; /* memory only */
+  fj_context *ctx = NULL;
+  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+  return ctx;
+}
+
+static DLTensor make(int64_t *shape, int ndim, DLDataType dt, uintptr_t addr) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = (void *)addr; /* never dereferenced on the host */
+  t.device = (DLDevice){kDLCUDA, 0};
+  t.ndim = ndim;
+  t.dtype = dt;
+  t.shape = shape;
+  return t;
+}
+
+/* A packed batch of 3 sequences (300 query rows, 280 kv rows in all), 8
+ * query heads over 2 kv heads at D = 128, and the same queries over a page
+ * pool of 40 pages of 64 rows with a [3, 10] block table. */
+typedef struct launch {
+  int64_t qs[3], ks[3], ls[2], cus[1], cuks[1], pools[4], bts[2], sls[1];
+  DLTensor q, k, v, o, lse, cu_q, cu_k, pool_k, pool_v, bt, seqlens;
+  fj_forward_args a;
+} launch;
+
+static void packed(launch *t) {
+  memset(t, 0, sizeof *t);
+  const int64_t qs[3] = {300, 8, 128}, ks[3] = {280, 2, 128}, ls[2] = {8, 300};
+  memcpy(t->qs, qs, sizeof qs);
+  memcpy(t->ks, ks, sizeof ks);
+  memcpy(t->ls, ls, sizeof ls);
+  t->cus[0] = t->cuks[0] = 4;
+  t->q = make(t->qs, 3, bf16, 0x10000);
+  t->k = make(t->ks, 3, bf16, 0x20000);
+  t->v = make(t->ks, 3, bf16, 0x30000);
+  t->o = make(t->qs, 3, bf16, 0x40000);
+  t->lse = make(t->ls, 2, f32, 0x50000);
+  t->cu_q = make(t->cus, 1, i32, 0x60000);
+  t->cu_k = make(t->cuks, 1, i32, 0x61000);
+  t->a = (fj_forward_args){.q = &t->q, .k = &t->k, .v = &t->v, .o = &t->o,
+                           .lse = &t->lse, .cu_seqlens_q = &t->cu_q,
+                           .cu_seqlens_k = &t->cu_k, .max_seqlen_q = 150,
+                           .max_seqlen_k = 140};
+}
+
+/* packed(), with k and v page pools, a block table and kv lengths. */
+static void paged(launch *t) {
+  packed(t);
+  const int64_t pools[4] = {40, 64, 2, 128}, bts[2] = {3, 10};
+  memcpy(t->pools, pools, sizeof pools);
+  memcpy(t->bts, bts, sizeof bts);
+  t->sls[0] = 3;
+  t->pool_k = make(t->pools, 4, bf16, 0x80000);
+  t->pool_v = make(t->pools, 4, bf16, 0x90000);
+  t->bt = make(t->bts, 2, i32, 0xa0000);
+  t->seqlens = make(t->sls, 1, i32, 0xa1000);
+  t->a.k = &t->pool_k;
+  t->a.v = &t->pool_v;
+  t->a.cu_seqlens_k = NULL;
+  t->a.max_seqlen_k = 0;
+  t->a.block_table = &t->bt;
+  t->a.seqlens_k = &t->seqlens;
+}
+
+/* fjr_forward_check on t->a must fail with `status` and `text`. */
+static void expect_bad(fj_context *ctx, launch *t, fj_status status, const char *text) {
+  fjr_fwd_params_fixed p;
+  memset(&p, 0, sizeof p);
+  fj_dtype dt;
+  fj_status st = fjr_forward_check(ctx, &t->a, &dt, &p);
+  if (st != status || !strstr(fj_context_last_error(ctx), text))
+    fail_msg("expected %s with '%s', got %s: %s", fj_status_name(status), text,
+             fj_status_name(st), fj_context_last_error(ctx));
+}
+
+static void expect_good(fj_context *ctx, launch *t, fjr_fwd_params_fixed *p) {
+  memset(p, 0, sizeof *p);
+  fj_dtype dt;
+  fj_status st = fjr_forward_check(ctx, &t->a, &dt, p);
+  if (st != FJ_OK) fail_msg("%s: %s", fj_status_name(st), fj_context_last_error(ctx));
+  assert_int_equal(dt, FJ_DTYPE_BF16);
+}
+
+static void test_packed_fills_params(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  launch t;
+  fjr_fwd_params_fixed p;
+  packed(&t);
+  expect_good(ctx, &t, &p);
+  assert_int_equal(p.sz.B, 3);
+  assert_int_equal(p.sz.Hq, 8);
+  assert_int_equal(p.sz.Hkv, 2);
+  assert_int_equal(p.sz.Lq, 150);
+  assert_int_equal(p.sz.Lk, 140);
+  assert_int_equal(p.kv_group, 4);
+  /* Rows are dimension 0: the row stride is Hq * D, the batch stride 0. */
+  assert_int_equal(p.q_sb, 0);
+  assert_int_equal(p.q_ss, 8 * 128);
+  assert_int_equal(p.q_sh, 128);
+  assert_int_equal(p.o_ss, 8 * 128);
+  assert_int_equal(p.k_sb, 0);
+  assert_int_equal(p.k_ss, 2 * 128);
+  assert_int_equal(p.k_sh, 128);
+  assert_int_equal(p.v_ss, 2 * 128);
+  assert_int_equal(p.lse_sb, 0);
+  assert_int_equal(p.lse_sh, 300);
+  assert_int_equal(p.cu_seqlens_q, 0x60000);
+  assert_int_equal(p.cu_seqlens_k, 0x61000);
+  assert_int_equal(p.seqlens_k, 0);
+  assert_int_equal(p.block_table, 0);
+  assert_true(p.skip_log2 == 0.0f);
+
+  /* Packed queries over kv of [B, Hkv, Lk, D] with per-sequence lengths. */
+  int64_t ks4[4] = {3, 2, 500, 128}, sls[1] = {3};
+  DLTensor k4 = make(ks4, 4, bf16, 0x20000), sl = make(sls, 1, i32, 0x62000);
+  t.a.k = t.a.v = &k4;
+  t.a.cu_seqlens_k = NULL;
+  t.a.max_seqlen_k = 0;
+  t.a.seqlens_k = &sl;
+  expect_good(ctx, &t, &p);
+  assert_int_equal(p.sz.Lk, 500);
+  assert_int_equal(p.k_sb, 2 * 500 * 128);
+  assert_int_equal(p.k_ss, 128);
+  assert_int_equal(p.seqlens_k, 0x62000);
+  assert_int_equal(p.cu_seqlens_k, 0);
+
+  /* Skip Softmax's threshold as log2. */
+  t.a.skip_softmax_threshold = 0.25f;
+  expect_good(ctx, &t, &p);
+  assert_true(p.skip_log2 == -2.0f);
+  fj_context_destroy(ctx);
+}
+
+static void test_paged_fills_params(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  launch t;
+  fjr_fwd_params_fixed p;
+  paged(&t);
+  expect_good(ctx, &t, &p);
+  assert_int_equal(p.sz.B, 3);
+  assert_int_equal(p.sz.Hkv, 2);
+  assert_int_equal(p.sz.Lk, 10 * 64);
+  assert_int_equal(p.page_size, 64);
+  assert_int_equal(p.bt_stride, 10);
+  assert_int_equal(p.block_table, 0xa0000);
+  assert_int_equal(p.seqlens_k, 0xa1000);
+  /* The batch stride is the page stride, rows then heads. */
+  assert_int_equal(p.k_sb, 64 * 2 * 128);
+  assert_int_equal(p.k_ss, 2 * 128);
+  assert_int_equal(p.k_sh, 128);
+  assert_int_equal(p.v_sb, 64 * 2 * 128);
+
+  /* Dense queries [B, Hq, Lq, D] over the pool, without kv lengths. */
+  int64_t qs4[4] = {3, 8, 33, 128}, ls3[3] = {3, 8, 33};
+  DLTensor q4 = make(qs4, 4, bf16, 0x10000), o4 = make(qs4, 4, bf16, 0x40000),
+           l3 = make(ls3, 3, f32, 0x50000);
+  t.a.q = &q4, t.a.o = &o4, t.a.lse = &l3;
+  t.a.cu_seqlens_q = NULL;
+  t.a.max_seqlen_q = 0;
+  t.a.seqlens_k = NULL;
+  expect_good(ctx, &t, &p);
+  assert_int_equal(p.sz.Lq, 33);
+  assert_int_equal(p.q_sb, 8 * 33 * 128);
+  assert_int_equal(p.lse_sb, 8 * 33);
+  assert_int_equal(p.seqlens_k, 0);
+  assert_int_equal(p.block_table, 0xa0000);
+  fj_context_destroy(ctx);
+}
+
+static void test_packed_rejects_bad_input(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  launch t;
+
+  packed(&t);
+  t.cu_q.dtype = i64;
+  expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: dtype int64, expected int32");
+
+  packed(&t);
+  int64_t cu2[2] = {2, 2};
+  t.cu_q.shape = cu2;
+  t.cu_q.ndim = 2;
+  expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: expected 1 dimensions");
+
+  packed(&t);
+  int64_t stride2[1] = {2};
+  t.cu_k.strides = stride2;
+  expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_k: the last dimension must be contiguous");
+
+  packed(&t);
+  t.cu_q.device.device_type = kDLCPU;
+  expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: tensor is not on a CUDA device");
+
+  packed(&t);
+  t.cu_q.data = (void *)0x60002;
+  expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: data must be 4-byte aligned");
+
+  packed(&t);
+  t.cuks[0] = 5;
+  expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_k has 5 entries and cu_seqlens_q 4");
+
+  packed(&t);
+  t.cus[0] = t.cuks[0] = 1;
+  expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: 1 entries; it is [B + 1] with B >= 1");
+
+  packed(&t);
+  t.a.max_seqlen_q = 0;
+  expect_bad(ctx, &t, FJ_EINVAL, "max_seqlen_q is 0");
+
+  packed(&t);
+  t.a.max_seqlen_k = -3;
+  expect_bad(ctx, &t, FJ_EINVAL, "max_seqlen_k is -3");
+
+  packed(&t);
+  t.a.cu_seqlens_q = NULL;
+  t.a.max_seqlen_q = 0;
+  expect_bad(ctx, &t, FJ_EINVAL, "cu_seqlens_k is set but cu_seqlens_q is NULL");
+
+  packed(&t);
+  t.a.cu_seqlens_q = NULL;
+  t.a.cu_seqlens_k = NULL;
+  t.a.max_seqlen_k = 0;
+  expect_bad(ctx, &t, FJ_EINVAL, "max_seqlen_q is 150 but cu_seqlens_q is NULL");
+
+  packed(&t);
+  t.a.cu_seqlens_k = NULL;
+  expect_bad(ctx, &t, FJ_EINVAL, "max_seqlen_k is 140 but cu_seqlens_k is NULL");
+
+  packed(&t);
+  int64_t q4[4] = {3, 8, 100, 128};
+  t.q.shape = q4;
+  t.q.ndim = 4;
+  expect_bad(ctx, &t, FJ_ETENSOR, "q: expected a 3-D tensor [total_q, Hq, D]");
+
+  packed(&t);
+  int64_t k4[4] = {3, 2, 100, 128};
+  t.k.shape = k4;
+  t.k.ndim = 4;
+  expect_bad(ctx, &t, FJ_ETENSOR, "k: expected 3 dimensions");
+
+  packed(&t);
+  int64_t v3[3] = {281, 2, 128};
+  t.v.shape = v3;
+  expect_bad(ctx, &t, FJ_ETENSOR, "v: shape [281, 2, 128] does not match the expected "
+                                  "[280, 2, 128]");
+
+  packed(&t);
+  int64_t o3[3] = {300, 4, 128};
+  t.o.shape = o3;
+  expect_bad(ctx, &t, FJ_ETENSOR, "o: shape");
+
+  packed(&t);
+  int64_t l3[3] = {3, 8, 150};
+  t.lse.shape = l3;
+  t.lse.ndim = 3;
+  expect_bad(ctx, &t, FJ_ETENSOR, "lse: expected 2 dimensions");
+
+  packed(&t);
+  t.ls[1] = 299;
+  expect_bad(ctx, &t, FJ_ETENSOR, "lse: shape [8, 299] does not match the expected [8, 300]");
+
+  packed(&t);
+  t.ks[1] = 3;
+  expect_bad(ctx, &t, FJ_ETENSOR, "query heads (8) must be a multiple of key/value heads (3)");
+
+  packed(&t);
+  int64_t badq[3] = {8 * 128, 128, 2};
+  t.q.strides = badq;
+  expect_bad(ctx, &t, FJ_ETENSOR, "q: the last dimension must be contiguous");
+
+  packed(&t);
+  int64_t sls[1] = {3};
+  DLTensor sl = make(sls, 1, i32, 0x62000);
+  t.a.seqlens_k = &sl;
+  expect_bad(ctx, &t, FJ_EINVAL, "seqlens_k and cu_seqlens_k are both set");
+
+  fj_context_destroy(ctx);
+}
+
+static void test_paged_rejects_bad_input(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  launch t;
+
+  static const int64_t bad_pages[] = {24, 8, 272, 512};
+  for (size_t i = 0; i < sizeof bad_pages / sizeof bad_pages[0]; i++) {
+    paged(&t);
+    t.pools[1] = bad_pages[i];
+    char want[96];
+    snprintf(want, sizeof want, "k: page size %lld", (long long)bad_pages[i]);
+    expect_bad(ctx, &t, FJ_ETENSOR, want);
+    assert_non_null(strstr(fj_context_last_error(ctx), "multiple of 16, at most 256"));
+  }
+
+  paged(&t);
+  t.bt.dtype = i64;
+  expect_bad(ctx, &t, FJ_ETENSOR, "block_table: dtype int64, expected int32");
+
+  paged(&t);
+  t.bt.ndim = 1;
+  expect_bad(ctx, &t, FJ_ETENSOR, "block_table: expected 2 dimensions");
+
+  paged(&t);
+  t.bts[0] = 4;
+  expect_bad(ctx, &t, FJ_ETENSOR, "block_table: 4 rows for a batch of 3 sequences");
+
+  paged(&t);
+  int64_t bt_strides[2] = {1, 3};
+  t.bt.strides = bt_strides;
+  expect_bad(ctx, &t, FJ_ETENSOR, "block_table: the last dimension must be contiguous");
+
+  paged(&t);
+  t.sls[0] = 2;
+  expect_bad(ctx, &t, FJ_ETENSOR, "seqlens_k: 2 entries for a batch of 3 sequences");
+
+  paged(&t);
+  t.seqlens.dtype = f32;
+  expect_bad(ctx, &t, FJ_ETENSOR, "seqlens_k: dtype float32, expected int32");
+
+  paged(&t);
+  t.seqlens.data = (void *)0xa1002;
+  expect_bad(ctx, &t, FJ_ETENSOR, "seqlens_k: data must be 4-byte aligned");
+
+  paged(&t);
+  t.a.cu_seqlens_k = &t.cu_k;
+  t.a.seqlens_k = NULL;
+  t.a.max_seqlen_k = 140;
+  expect_bad(ctx, &t, FJ_EINVAL, "block_table and cu_seqlens_k are both set");
+
+  paged(&t);
+  t.a.max_seqlen_k = 640;
+  expect_bad(ctx, &t, FJ_EINVAL, "max_seqlen_k is 640 but cu_seqlens_k is NULL");
+
+  paged(&t);
+  t.pool_k.ndim = 3;
+  expect_bad(ctx, &t, FJ_ETENSOR, "k: expected 4 dimensions");
+
+  paged(&t);
+  int64_t vpool[4] = {40, 32, 2, 128};
+  t.pool_v.shape = vpool;
+  expect_bad(ctx, &t, FJ_ETENSOR, "v: shape [40, 32, 2, 128] does not match the expected "
+                                  "[40, 64, 2, 128]");
+
+  paged(&t);
+  int64_t kpool[4] = {40, 64, 2, 64};
+  t.pool_k.shape = kpool;
+  expect_bad(ctx, &t, FJ_ETENSOR, "k: shape [40, 64, 2, 64]");
+
+  paged(&t);
+  t.pools[2] = 3;
+  expect_bad(ctx, &t, FJ_ETENSOR, "multiple of key/value heads (3)");
+
+  paged(&t);
+  t.pool_k.data = (void *)0x80008;
+  expect_bad(ctx, &t, FJ_ETENSOR, "k: data must be 16-byte aligned");
+
+  fj_context_destroy(ctx);
+}
+
+static void test_threshold(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  launch t;
+  const float bad[] = {-0.1f, 1.0f, 2.0f, NAN, INFINITY};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    packed(&t);
+    t.a.skip_softmax_threshold = bad[i];
+    expect_bad(ctx, &t, FJ_EINVAL, "skip_softmax_threshold");
+    assert_non_null(strstr(fj_context_last_error(ctx), "outside [0, 1)"));
+  }
+  fj_context_destroy(ctx);
+}
+
+/* The public entry point runs the same checks before touching a device. */
+static void test_public_entry_checks(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  const char src[] = "return { mask_mod = causal() }\n";
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, src, strlen(src), "c.lua", &spec), FJ_OK);
+  launch t;
+  paged(&t);
+  t.pools[1] = 40;
+  assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_ETENSOR);
+  assert_non_null(strstr(fj_context_last_error(ctx), "k: page size 40"));
+  packed(&t);
+  t.a.max_seqlen_q = 0;
+  assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "max_seqlen_q is 0"));
+  /* The backward refuses packed batches by name. */
+  fj_backward_args ba = {.q = t.a.q, .k = t.a.k, .v = t.a.v, .o = t.a.o, .dout = t.a.o,
+                         .dq = t.a.q, .dk = t.a.k, .dv = t.a.v, .lse = t.a.lse,
+                         .cu_seqlens_q = &t.cu_q, .cu_seqlens_k = &t.cu_k,
+                         .max_seqlen_q = 150, .max_seqlen_k = 140};
+  assert_int_equal(fj_attention_backward(ctx, spec, &ba), FJ_EUNSUPPORTED);
+  assert_non_null(strstr(fj_context_last_error(ctx), "cu_seqlens_q"));
+  fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_packed_fills_params),
+      cmocka_unit_test(test_paged_fills_params),
+      cmocka_unit_test(test_packed_rejects_bad_input),
+      cmocka_unit_test(test_paged_rejects_bad_input),
+      cmocka_unit_test(test_threshold),
+      cmocka_unit_test(test_public_entry_checks),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
