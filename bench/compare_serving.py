@@ -108,12 +108,13 @@ def varlen_lengths():
 # ---- plan --------------------------------------------------------------
 
 
-def plan(groups, thresholds):
+def plan(groups, thresholds, decode_shapes=None):
     """The cases: dicts with name, group, sizes and the flexjit variants
-    (label, extra `flexjit run` options)."""
+    (label, extra `flexjit run` options); decode_shapes: the decode and
+    paged groups' B x Lk (default DECODE_SHAPES)."""
     cases = []
     if "decode" in groups or "paged" in groups:
-        for B, Lk in DECODE_SHAPES:
+        for B, Lk in decode_shapes or DECODE_SHAPES:
             variants = [("contiguous", [])]
             if "paged" in groups:
                 variants += [("paged %d" % p, ["--page-size", str(p)])
@@ -619,6 +620,9 @@ def main(argv=None):
     ap.add_argument("--examples", default=os.path.join(C.REPO, "examples"))
     ap.add_argument("--cases", default=",".join(GROUPS),
                     help="groups to run: " + ",".join(GROUPS))
+    ap.add_argument("--decode-shapes", default=None,
+                    help="B x Lk list for decode and paged, e.g. "
+                    "64x2048,16x8192 (default: the four of issue 23)")
     ap.add_argument("--skip-thresholds", default="0.01,0.1,0.3",
                     help="Skip Softmax thresholds of the skip group "
                     "(0, exact, is always run)")
@@ -647,8 +651,18 @@ def main(argv=None):
                  args.skip_thresholds)
     if args.repeat < 1 or args.warmup_ms <= 0 or args.rep_ms <= 0:
         ap.error("--repeat, --warmup-ms and --rep-ms must be positive")
+    shapes = None
+    if args.decode_shapes:
+        try:
+            shapes = [tuple(int(x) for x in t.split("x"))
+                      for t in args.decode_shapes.split(",")]
+        except ValueError:
+            shapes = [()]
+        if any(len(t) != 2 or min(t) < 1 for t in shapes):
+            ap.error("--decode-shapes %r: expected BxLk[,BxLk...]" %
+                     args.decode_shapes)
     budgets = (args.warmup_ms, args.rep_ms)
-    cases = plan(groups, thresholds)
+    cases = plan(groups, thresholds, shapes)
     if args.list:
         return list_plan(args, cases, budgets)
     import torch
