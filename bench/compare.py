@@ -39,6 +39,8 @@ FLOPs: 2.5x the forward's for the backward, 3.5x for forward+backward.
     python3 bench/compare.py --only flexjit  # skip the PyTorch baselines
     python3 bench/compare.py --backward      # forward+backward, issue 21
     python3 bench/compare.py --backward --list  # the plan; no GPU, no torch
+    python3 bench/compare.py --serving --cases decode,paged  # issue 23's
+                                             # serving cases: compare_serving.py
 """
 import argparse
 import json
@@ -841,6 +843,12 @@ def report_backward(rows):
 
 
 def main():
+    if "--serving" in sys.argv[1:]:
+        # The serving cases (issue 23) have their own shapes, columns and
+        # figures: bench/compare_serving.py, on this file's machinery.
+        import compare_serving
+        return compare_serving.main([a for a in sys.argv[1:]
+                                     if a != "--serving"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flexjit", default=os.path.join(REPO, "build",
                                                       "flexjit"))

@@ -87,7 +87,23 @@ typedef struct run_config {
   /* --block-mask: build a block mask and launch with it. Auto (0, the
    * default): when the mask reads buffers (not index-only). */
   enum { CLI_BM_AUTO = 0, CLI_BM_ON = 1, CLI_BM_OFF = 2 } block_mask;
+  /* Serving layouts (cli/run_serving.h builds them; docs/serving.md):
+   * --page-size: K/V in page pools with a shuffled block table (0: off);
+   * --seqlens-k: per-sequence kv lengths, CLI_SEQLENS_RANDOM or a length
+   * (0: none; with --page-size every sequence is kv-len long); --varlen:
+   * a packed batch of varlen_n sequences of random lengths, or of the
+   * lengths read from a .npy (varlen_lens, owned; varlen_n its count). */
+  int page_size;
+  int seqlens_k;
+  int varlen_n;
+  npy_array varlen_lens;
+  const char *varlen_text; /* --varlen as typed, for messages */
+  /* --skip-softmax: fj_forward_args.skip_softmax_threshold (0: exact). */
+  double skip_softmax;
 } run_config;
+
+/* run_config.seqlens_k: each sequence's kv length drawn in [1, Lk]. */
+#define CLI_SEQLENS_RANDOM (-1)
 
 /* Defaults: B 1, D 128, bf16, BHSD; --bench with do_bench's budgets, 25 ms
  * of warm-up and 100 ms of timed calls. */

@@ -19,6 +19,7 @@
 
 #include "cli/bench.h"
 #include "cli/cli.h"
+#include "cli/run_serving.h"
 #include "gen/config.h"
 #include "gen/interval.h"
 #include "gen/reference.h"
@@ -68,6 +69,12 @@ typedef struct run_state {
   dev_tensor d_gout, d_gq, d_gk, d_gv;
   dev_tensor d_grads[CLI_MAX_VALUES];
   float *grads[CLI_MAX_VALUES];
+  /* Each sequence's lengths and the serving layouts (cli/run_serving.h);
+   * serving: a layout with per-sequence lengths is in use. The device's
+   * seqlens_k, block table and cu_seqlens (unallocated when not used). */
+  cli_seqs L;
+  int serving;
+  dev_tensor d_seqlens_k, d_block_table, d_cu_q, d_cu_k;
 } run_state;
 
 static double now_s(void) {
@@ -151,7 +158,6 @@ static int bind_buffer(run_state *s, int a, const fjg_arg *decl,
   return -1;
 }
 
-static uint64_t splitmix(uint64_t *x);
 static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt);
 
 /* A buffer the command line does not give is generated, so that every
@@ -171,7 +177,7 @@ static int generate_buffer(run_state *s, int a, const fjg_arg *decl) {
     int32_t *ids = (int32_t *)data, doc = 0;
     size_t lo = n / 16 > 0 ? n / 16 : 1, span = n / 2 > lo ? n / 2 - lo : 1;
     for (size_t i = 0; i < n;) {
-      size_t len = lo + splitmix(&st) % span;
+      size_t len = lo + cli_splitmix64(&st) % span;
       for (size_t j = 0; j < len && i < n; j++) ids[i++] = doc;
       doc++;
     }
@@ -238,18 +244,11 @@ static int bind_values(run_state *s) {
 
 /* ---- host inputs ---- */
 
-static uint64_t splitmix(uint64_t *x) {
-  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* Standard normal values (Box-Muller), rounded to the kernel's dtype. */
 static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt) {
   for (size_t i = 0; i < n; i += 2) {
-    double u = ((splitmix(st) >> 11) + 0.5) * 0x1p-53;
-    double v = ((splitmix(st) >> 11) + 0.5) * 0x1p-53;
+    double u = ((cli_splitmix64(st) >> 11) + 0.5) * 0x1p-53;
+    double v = ((cli_splitmix64(st) >> 11) + 0.5) * 0x1p-53;
     double r = sqrt(-2.0 * log(u));
     x[i] = fjg_round_to_dtype((float)(r * cos(6.283185307179586 * v)), dt);
     if (i + 1 < n)
@@ -258,22 +257,41 @@ static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt) {
   }
 }
 
-static int read_input(run_state *s, const char *name, int H, int L,
-                      float **out) {
+/* The shape of the host q (is_q) or k and v: [B, H, L, D], or with
+ * --varlen the packed [total, H, D]. Returns the dimension count. */
+static int host_shape(const run_state *s, int is_q, int64_t *shape) {
   const run_config *c = s->c;
-  char path[4096], err[512];
+  const int H = is_q ? c->Hq : c->Hkv;
+  if (s->L.varlen) {
+    shape[0] = is_q ? s->L.total_q : s->L.total_k, shape[1] = H, shape[2] = c->D;
+    return 3;
+  }
+  shape[0] = c->B, shape[1] = H, shape[2] = is_q ? c->Lq : c->Lk;
+  shape[3] = c->D;
+  return 4;
+}
+
+static int read_input(run_state *s, const char *name, int is_q, float **out) {
+  const run_config *c = s->c;
+  char path[4096], err[512], want_text[128];
   npy_array a;
+  int64_t want[4];
+  int nd = host_shape(s, is_q, want);
   snprintf(path, sizeof path, "%s/%s.npy", c->inputs_dir, name);
   if (npy_read(path, &a, err, sizeof err) != 0) {
     cli_error("run", "--inputs: %s", err);
     return CLI_FAIL;
   }
-  int64_t want[4] = {c->B, H, L, c->D};
-  int ok = a.ndim == 4;
-  for (int i = 0; ok && i < 4; i++) ok = a.shape[i] == want[i];
+  int ok = a.ndim == nd;
+  for (int i = 0; ok && i < nd; i++) ok = a.shape[i] == want[i];
   if (!ok) {
-    cli_error("run", "--inputs: %s must have shape [%d, %d, %d, %d]", path,
-              c->B, H, L, c->D);
+    int at = snprintf(want_text, sizeof want_text, "[");
+    for (int i = 0; i < nd; i++)
+      at += snprintf(want_text + at, sizeof want_text - (size_t)at, "%s%lld",
+                     i ? ", " : "", (long long)want[i]);
+    snprintf(want_text + at, sizeof want_text - (size_t)at, "]");
+    cli_error("run", "--inputs: %s must have shape %s%s", path, want_text,
+              s->L.varlen ? " (--varlen packs the sequences' tokens)" : "");
     npy_free(&a);
     return CLI_USAGE;
   }
@@ -288,14 +306,14 @@ static int read_input(run_state *s, const char *name, int H, int L,
 
 static int make_inputs(run_state *s) {
   const run_config *c = s->c;
-  s->nq = (size_t)c->B * c->Hq * c->Lq * c->D;
-  s->nk = (size_t)c->B * c->Hkv * c->Lk * c->D;
-  s->nl = (size_t)c->B * c->Hq * c->Lq;
+  s->nq = cli_seqs_nq(&s->L, c);
+  s->nk = cli_seqs_nk(&s->L, c);
+  s->nl = cli_seqs_nl(&s->L, c);
   if (c->inputs_dir) {
     int rc;
-    if ((rc = read_input(s, "q", c->Hq, c->Lq, &s->q)) >= 0 ||
-        (rc = read_input(s, "k", c->Hkv, c->Lk, &s->k)) >= 0 ||
-        (rc = read_input(s, "v", c->Hkv, c->Lk, &s->v)) >= 0)
+    if ((rc = read_input(s, "q", 1, &s->q)) >= 0 ||
+        (rc = read_input(s, "k", 0, &s->k)) >= 0 ||
+        (rc = read_input(s, "v", 0, &s->v)) >= 0)
       return rc;
     return -1;
   }
@@ -396,25 +414,97 @@ static int upload_buffers(run_state *s) {
   return 1;
 }
 
+/* A contiguous tensor of `shape` (at most 4 dimensions) and dtype dt,
+ * holding x (host values in that order; NULL: left unset): 16-bit floats
+ * converted from float x, or int32 and float32 copied as they are. */
+static int dev_dense(run_state *s, dev_tensor *t, int ndim,
+                     const int64_t *shape, DLDataType dt, const void *x) {
+  size_t n = 1, esz = dt.bits / 8;
+  for (int i = ndim - 1; i >= 0; i--) {
+    t->shape[i] = shape[i];
+    t->strides[i] = (int64_t)n;
+    n *= (size_t)shape[i];
+  }
+  if (!dev_alloc(s, t, n * esz)) return 0;
+  describe(t, ndim, dt, 0);
+  if (!x || !n) return 1;
+  if (esz != 2)
+    return cu_ok(s, s->drv->cuMemcpyHtoD(t->ptr, x, n * esz), "cuMemcpyHtoD");
+  uint16_t *h = malloc(n * 2);
+  if (!h) {
+    cli_error("run", "out of host memory for an upload");
+    return 0;
+  }
+  for (size_t i = 0; i < n; i++) h[i] = to_bits(((const float *)x)[i], s->c->dtype);
+  int ok = cu_ok(s, s->drv->cuMemcpyHtoD(t->ptr, h, n * 2), "cuMemcpyHtoD");
+  free(h);
+  return ok;
+}
+
+/* K or V as page pools [num_pages, page_size, Hkv, D] (cli/run_serving.h). */
+static int dev_pool(run_state *s, dev_tensor *t, const float *x, DLDataType dt) {
+  const run_config *c = s->c;
+  size_t n = cli_seqs_pool_elems(&s->L, c);
+  float *pool = malloc(sizeof(float) * (n ? n : 1));
+  if (!pool) {
+    cli_error("run", "out of host memory for the page pools");
+    return 0;
+  }
+  cli_seqs_fill_pool(&s->L, c, x, pool);
+  int64_t shape[4] = {s->L.num_pages, s->L.page_size, c->Hkv, c->D};
+  int ok = dev_dense(s, t, 4, shape, dt, pool);
+  free(pool);
+  return ok;
+}
+
+/* The serving layouts' extra tensors: seqlens_k, the block table and
+ * cu_seqlens, where the run uses them. */
+static int setup_serving(run_state *s) {
+  const cli_seqs *L = &s->L;
+  const DLDataType i32 = {kDLInt, 32, 1};
+  int64_t n = L->n, n1 = L->n + 1, bt[2] = {L->n, L->max_pages};
+  if (L->per_seq_k && !dev_dense(s, &s->d_seqlens_k, 1, &n, i32, L->lk)) return 0;
+  if (L->page_size && !dev_dense(s, &s->d_block_table, 2, bt, i32, L->block_table))
+    return 0;
+  if (L->varlen && !dev_dense(s, &s->d_cu_q, 1, &n1, i32, L->cu_q)) return 0;
+  if (L->varlen && !L->page_size && !dev_dense(s, &s->d_cu_k, 1, &n1, i32, L->cu_k))
+    return 0;
+  return 1;
+}
+
 static int setup_device(run_state *s) {
   const run_config *c = s->c;
-  if (!dev_qkvo(s, &s->dq, c->Hq, c->Lq) || !dev_qkvo(s, &s->dk, c->Hkv, c->Lk) ||
-      !dev_qkvo(s, &s->dv, c->Hkv, c->Lk) || !dev_qkvo(s, &s->dout, c->Hq, c->Lq))
+  const DLDataType dt = {c->dtype == FJ_DTYPE_F16 ? kDLFloat : kDLBfloat, 16, 1};
+  const DLDataType f32 = {kDLFloat, 32, 1};
+  if (s->L.varlen) {
+    int64_t qs[3] = {s->L.total_q, c->Hq, c->D}, ks[3] = {s->L.total_k, c->Hkv, c->D};
+    int64_t ls[2] = {c->Hq, s->L.total_q};
+    if (!dev_dense(s, &s->dq, 3, qs, dt, s->q) || !dev_dense(s, &s->dout, 3, qs, dt, NULL) ||
+        !dev_dense(s, &s->dlse, 2, ls, f32, NULL))
+      return 0;
+    if (!s->L.page_size &&
+        (!dev_dense(s, &s->dk, 3, ks, dt, s->k) || !dev_dense(s, &s->dv, 3, ks, dt, s->v)))
+      return 0;
+  } else {
+    if (!dev_qkvo(s, &s->dq, c->Hq, c->Lq) || !dev_qkvo(s, &s->dout, c->Hq, c->Lq) ||
+        !upload(s, &s->dq, s->q, c->Hq, c->Lq))
+      return 0;
+    int64_t ls[3] = {c->B, c->Hq, c->Lq};
+    if (!dev_dense(s, &s->dlse, 3, ls, f32, NULL)) return 0;
+    if (!s->L.page_size &&
+        (!dev_qkvo(s, &s->dk, c->Hkv, c->Lk) || !dev_qkvo(s, &s->dv, c->Hkv, c->Lk) ||
+         !upload(s, &s->dk, s->k, c->Hkv, c->Lk) || !upload(s, &s->dv, s->v, c->Hkv, c->Lk)))
+      return 0;
+  }
+  if (s->L.page_size && (!dev_pool(s, &s->dk, s->k, dt) || !dev_pool(s, &s->dv, s->v, dt)))
     return 0;
-  int64_t lshape[3] = {c->B, c->Hq, c->Lq};
-  int64_t lstr[3] = {(int64_t)c->Hq * c->Lq, c->Lq, 1};
-  memcpy(s->dlse.shape, lshape, sizeof lshape);
-  memcpy(s->dlse.strides, lstr, sizeof lstr);
-  if (!dev_alloc(s, &s->dlse, s->nl * 4)) return 0;
-  describe(&s->dlse, 3, (DLDataType){kDLFloat, 32, 1}, 0);
-  return upload(s, &s->dq, s->q, c->Hq, c->Lq) &&
-         upload(s, &s->dk, s->k, c->Hkv, c->Lk) &&
-         upload(s, &s->dv, s->v, c->Hkv, c->Lk) && upload_buffers(s);
+  return setup_serving(s) && upload_buffers(s);
 }
 
 static void free_device(run_state *s) {
   dev_tensor *all[] = {&s->dq,   &s->dk,   &s->dv,   &s->dout, &s->dlse,
-                       &s->d_gout, &s->d_gq, &s->d_gk, &s->d_gv};
+                       &s->d_gout, &s->d_gq, &s->d_gk, &s->d_gv,
+                       &s->d_seqlens_k, &s->d_block_table, &s->d_cu_q, &s->d_cu_k};
   if (!s->drv) return;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (all[i]->ptr) s->drv->cuMemFree(all[i]->ptr);
@@ -447,6 +537,12 @@ static int launch(run_state *s) {
   a.args = s->args, a.num_args = s->nargs;
   a.stream = NULL;
   a.block_mask = s->bm;
+  a.seqlens_k = s->d_seqlens_k.ptr ? &s->d_seqlens_k.t : NULL;
+  a.block_table = s->d_block_table.ptr ? &s->d_block_table.t : NULL;
+  a.cu_seqlens_q = s->d_cu_q.ptr ? &s->d_cu_q.t : NULL;
+  a.cu_seqlens_k = s->d_cu_k.ptr ? &s->d_cu_k.t : NULL;
+  if (s->L.varlen) a.max_seqlen_q = s->L.max_q, a.max_seqlen_k = s->L.max_k;
+  a.skip_softmax_threshold = (float)s->c->skip_softmax;
   if (fj_attention_forward(s->ctx, s->spec, &a) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
     return 0;
@@ -472,8 +568,20 @@ static float *download_bhld(run_state *s, const dev_tensor *t, int H, int L) {
   return ok ? x : NULL;
 }
 
+/* A packed 16-bit tensor of n elements into floats, in its own order. */
+static float *download_packed(run_state *s, const dev_tensor *t, size_t n) {
+  uint16_t *h = malloc(2 * n + 2);
+  float *x = malloc(sizeof(float) * n + 4);
+  int ok = h && x && cu_ok(s, s->drv->cuMemcpyDtoH(h, t->ptr, 2 * n), "cuMemcpyDtoH");
+  for (size_t i = 0; ok && i < n; i++) x[i] = from_bits(h[i], s->c->dtype);
+  free(h);
+  if (!ok) free(x);
+  return ok ? x : NULL;
+}
+
 static int download(run_state *s) {
-  s->o = download_bhld(s, &s->dout, s->c->Hq, s->c->Lq);
+  s->o = s->L.varlen ? download_packed(s, &s->dout, s->nq)
+                     : download_bhld(s, &s->dout, s->c->Hq, s->c->Lq);
   s->lse = malloc(sizeof(float) * (s->nl ? s->nl : 1));
   return s->o && s->lse &&
          cu_ok(s, s->drv->cuMemcpyDtoH(s->lse, s->dlse.ptr, s->nl * 4), "cuMemcpyDtoH");
@@ -505,7 +613,7 @@ static int report_kernel(run_state *s) {
 static int build_block_mask(run_state *s) {
   const run_config *c = s->c;
   int root = fjg_mask_root(s->g);
-  if (c->block_mask == CLI_BM_OFF || root < 0 ||
+  if (c->block_mask == CLI_BM_OFF || root < 0 || s->serving ||
       (c->block_mask == CLI_BM_AUTO && fjg_mask_is_index_only(s->g)))
     return 1;
   unsigned deps = fjg_input_deps(s->g, root);
@@ -567,48 +675,99 @@ static void print_check(const run_state *s, const char *what,
            r->worst, out[r->worst], ref[r->worst]);
 }
 
-static int check(run_state *s, int *pass) {
-  fjg_ref_problem p = ref_problem(s);
-  double *q = to_double(s->q, s->nq), *k = to_double(s->k, s->nk);
-  double *v = to_double(s->v, s->nk);
-  double *ro = malloc(sizeof(double) * s->nq);
-  double *rl = malloc(sizeof(double) * (s->nl ? s->nl : 1));
-  float *lo = malloc(sizeof(float) * s->nq);
-  float *ll = malloc(sizeof(float) * (s->nl ? s->nl : 1));
-  uint8_t *skip = malloc(s->nl ? s->nl : 1);
-  int ok = 0;
-  double t0 = now_s();
-  fjg_check_report ro_rep, rl_rep;
-  if (!q || !k || !v || !ro || !rl || !lo || !ll || !skip) {
-    cli_error("run", "out of host memory for the reference");
-    goto fail;
+/* --skip-softmax: the error against exact attention, reported; only what
+ * no threshold excuses fails (NaN or Inf where the reference is finite, a
+ * fully masked row's LSE not -inf or its output not 0). */
+static int print_skip_check(const run_state *s, const char *what,
+                            const fjg_check_report *r) {
+  int pass = !r->nonfinite && !r->inf_mismatch && !r->zero_mismatch;
+  printf("check %-4s skip softmax %g: max err %.3e, rel L2 %.3e against exact "
+         "attention (float64); exact kernels' tolerance %.3e: %s  %s\n",
+         what, s->c->skip_softmax, r->max_err, r->rel_l2, r->tolerance,
+         r->max_err <= r->tolerance ? "within" : "beyond",
+         pass ? "PASS" : "FAIL");
+  if (r->nonfinite)
+    printf("      %zu NaN/Inf values where the reference is finite\n", r->nonfinite);
+  if (r->inf_mismatch)
+    printf("      %zu rows not -inf where the reference is -inf\n", r->inf_mismatch);
+  if (r->zero_mismatch)
+    printf("      %zu values of fully masked rows are not 0\n", r->zero_mismatch);
+  return pass;
+}
+
+/* The float64 reference of the whole problem, or of each sequence at its
+ * own lengths (serving layouts); skip_o and skip_l: the rows the CPU cannot
+ * decide, per row of o and per LSE value. 0 on failure (said). */
+static int reference(run_state *s, const double *q, const double *k,
+                     const double *v, double *ro, double *rl, float *lo,
+                     float *ll, uint8_t *skip_o, uint8_t *skip_l) {
+  char err[256];
+  if (s->serving) {
+    if (cli_seqs_reference(&s->L, s->c, s->g, &s->env, s->scale, s->q, s->k,
+                           s->v, ro, lo, rl, ll, skip_o, skip_l, err,
+                           sizeof err) == 0)
+      return 1;
+    cli_error("run", "%s", err);
+    return 0;
   }
-  int64_t uncertain = fjg_reference_uncertain_rows(&p, skip);
+  fjg_ref_problem p = ref_problem(s);
+  int64_t uncertain = fjg_reference_uncertain_rows(&p, skip_o);
   if (fjg_reference_dense(&p, q, k, v, ro, rl) != FJ_OK ||
       fjg_reference_lowp(&p, s->c->dtype, q, k, v, lo, ll) != FJ_OK ||
       uncertain < 0) {
     cli_error("run", "the CPU reference failed (out of memory?)");
+    return 0;
+  }
+  memcpy(skip_l, skip_o, s->nl); /* the same rows, the same order */
+  return 1;
+}
+
+static int check(run_state *s, int *pass) {
+  /* The serving reference reads the float inputs itself. */
+  double *q = s->serving ? NULL : to_double(s->q, s->nq);
+  double *k = s->serving ? NULL : to_double(s->k, s->nk);
+  double *v = s->serving ? NULL : to_double(s->v, s->nk);
+  double *ro = malloc(sizeof(double) * (s->nq ? s->nq : 1));
+  double *rl = malloc(sizeof(double) * (s->nl ? s->nl : 1));
+  float *lo = malloc(sizeof(float) * (s->nq ? s->nq : 1));
+  float *ll = malloc(sizeof(float) * (s->nl ? s->nl : 1));
+  uint8_t *skip_o = calloc(s->nl ? s->nl : 1, 1);
+  uint8_t *skip_l = calloc(s->nl ? s->nl : 1, 1);
+  int ok = 0;
+  double t0 = now_s();
+  fjg_check_report ro_rep, rl_rep;
+  if ((!s->serving && (!q || !k || !v)) || !ro || !rl || !lo || !ll || !skip_o ||
+      !skip_l) {
+    cli_error("run", "out of host memory for the reference");
     goto fail;
   }
+  if (!reference(s, q, k, v, ro, rl, lo, ll, skip_o, skip_l)) goto fail;
+  size_t uncertain = 0;
+  for (size_t r = 0; r < s->nl; r++) uncertain += skip_o[r];
   /* Rows where the kernel's float32 exp/log/tanh may decide the mask either
    * way are not compared (docs/precision.md). */
   if (uncertain)
-    printf("check: %lld of %zu rows not compared: their mask or score_mod has "
+    printf("check: %zu of %zu rows not compared: their mask or score_mod has "
            "elements the CPU cannot decide the kernel's way\n",
-           (long long)uncertain, s->nl);
-  int po = fjg_ref_check_rows(ro, lo, s->o, s->nq, (size_t)s->c->D, skip,
+           uncertain, s->nl);
+  int po = fjg_ref_check_rows(ro, lo, s->o, s->nq, (size_t)s->c->D, skip_o,
                               CHECK_FLOOR_O, &ro_rep);
-  int pl = fjg_ref_check_rows(rl, ll, s->lse, s->nl, 1, skip, CHECK_FLOOR_LSE,
+  int pl = fjg_ref_check_rows(rl, ll, s->lse, s->nl, 1, skip_l, CHECK_FLOOR_LSE,
                               &rl_rep);
-  print_check(s, "o", &ro_rep, ro, s->o);
-  print_check(s, "lse", &rl_rep, rl, s->lse);
+  if (s->c->skip_softmax > 0) {
+    po = print_skip_check(s, "o", &ro_rep);
+    pl = print_skip_check(s, "lse", &rl_rep);
+  } else {
+    print_check(s, "o", &ro_rep, ro, s->o);
+    print_check(s, "lse", &rl_rep, rl, s->lse);
+  }
   *pass = po && pl;
-  printf("check: %s (reference %.1f s on the CPU)\n", *pass ? "PASS" : "FAIL",
-         now_s() - t0);
+  printf("check: %s (reference %.1f s on the CPU%s)\n", *pass ? "PASS" : "FAIL",
+         now_s() - t0, s->serving ? ", each sequence at its own lengths" : "");
   ok = 1;
 fail:
   free(q), free(k), free(v), free(ro), free(rl), free(lo), free(ll);
-  free(skip);
+  free(skip_o), free(skip_l);
   return ok;
 }
 
@@ -624,14 +783,22 @@ static int dump_one(const char *dir, const char *name, const float *x,
 static int dump(run_state *s) {
   const run_config *c = s->c;
   const char *dir = c->dump_dir;
-  int64_t qs[4] = {c->B, c->Hq, c->Lq, c->D}, ks[4] = {c->B, c->Hkv, c->Lk, c->D};
+  /* The host layouts: [B, H, L, D] and lse [B, Hq, Lq], or packed [total,
+   * H, D] and lse [Hq, total_q] (--varlen). K and V are the logical ones,
+   * never the page pools. */
+  int64_t qs[4], ks[4], ls[3];
+  int qd = host_shape(s, 1, qs), kd = host_shape(s, 0, ks), ld = 3;
+  if (s->L.varlen)
+    ls[0] = c->Hq, ls[1] = s->L.total_q, ld = 2;
+  else
+    ls[0] = c->B, ls[1] = c->Hq, ls[2] = c->Lq;
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
     cli_error("run", "--dump: cannot create %s: %s", dir, strerror(errno));
     return 0;
   }
-  return dump_one(dir, "q", s->q, 4, qs) && dump_one(dir, "k", s->k, 4, ks) &&
-         dump_one(dir, "v", s->v, 4, ks) && dump_one(dir, "o", s->o, 4, qs) &&
-         dump_one(dir, "lse", s->lse, 3, qs);
+  return dump_one(dir, "q", s->q, qd, qs) && dump_one(dir, "k", s->k, kd, ks) &&
+         dump_one(dir, "v", s->v, kd, ks) && dump_one(dir, "o", s->o, qd, qs) &&
+         dump_one(dir, "lse", s->lse, ld, ls);
 }
 
 static int launch_call(void *s) { return launch(s); }
@@ -657,15 +824,37 @@ static int bench(run_state *s) {
   char method[512];
   if (!cli_bench_run(s->drv, "run", launch_call, s, &o, &r)) return 0;
   fjg_ref_problem p = ref_problem(s);
-  int64_t pairs = fjg_reference_count_allowed(&p);
-  double all = (double)c->B * c->Hq * c->Lq * c->Lk;
+  /* Serving layouts: each sequence's pairs at its own lengths, out of its
+   * own lq x lk. */
+  int64_t pairs = s->serving ? cli_seqs_pairs(&s->L, c, s->g, &s->env)
+                             : fjg_reference_count_allowed(&p);
+  double all = 0;
+  for (int b = 0; b < s->L.n; b++) all += (double)c->Hq * s->L.lq[b] * s->L.lk[b];
+  if (pairs < 0) {
+    cli_error("run", "counting the allowed pairs failed (out of memory?)");
+    return 0;
+  }
   double tflops = 4.0 * c->D * (double)pairs / (r.median_ms * 1e-3) / 1e12;
   cli_bench_describe(&o, &r, method, sizeof method);
   printf("bench   %s\n", method);
   printf("bench: %.4f ms median of %d launches (min %.4f ms, max %.4f ms), "
          "%.1f TFLOP/s, %.2f%% of pairs allowed\n",
          r.median_ms, r.n_repeat, r.min_ms, r.max_ms, tflops,
-         100.0 * (double)pairs / all);
+         all > 0 ? 100.0 * (double)pairs / all : 0.0);
+  if (s->L.max_q <= FJ_DECODE_MAX_Q) {
+    /* Decode is bound by reading K and V: each sequence's attended kv
+     * positions, once per KV head, K and V, 2-byte elements. */
+    int64_t rows = cli_seqs_kv_read(&s->L, c, s->g, &s->env);
+    if (rows < 0) {
+      cli_error("run", "counting the kv positions read failed (out of memory?)");
+      return 0;
+    }
+    double bytes = (double)rows * c->Hkv * c->D * 2.0 * 2.0;
+    printf("bench kv: %.0f bytes of K and V (%lld kv positions x Hkv %d x D %d "
+           "x 2 x 2 bytes), %.3f TB/s\n",
+           bytes, (long long)rows, c->Hkv, c->D,
+           bytes / (r.median_ms * 1e-3) / 1e12);
+  }
   if (!s->bm) return 1;
   if (!cli_bench_run(s->drv, "run", rebuild_block_mask, s, &o, &r)) return 0;
   cli_bench_describe(&o, &r, method, sizeof method);
@@ -892,7 +1081,24 @@ static void print_header(const run_state *s) {
   printf("run     %s (%s): B=%d Hq=%d Hkv=%d Lq=%d Lk=%d D=%d %s %s\n",
          fj_spec_name(s->spec), c->spec_path, c->B, c->Hq, c->Hkv, c->Lq,
          c->Lk, c->D, c->dtype == FJ_DTYPE_F16 ? "fp16" : "bf16",
-         c->bshd ? "bshd" : "bhsd");
+         s->L.varlen ? "packed" : c->bshd ? "bshd" : "bhsd");
+  if (s->L.varlen)
+    printf("varlen  %d sequences, %lld query and %lld kv tokens, longest %d "
+           "and %d (cu_seqlens)\n",
+           s->L.n, (long long)s->L.total_q, (long long)s->L.total_k,
+           s->L.max_q, s->L.max_k);
+  if (s->L.page_size)
+    printf("paged   %d pages of %d tokens, block table [%d, %d], pages "
+           "shuffled (seed %llu)\n",
+           s->L.num_pages, s->L.page_size, s->L.n, s->L.max_pages,
+           (unsigned long long)c->seed);
+  if (s->L.per_seq_k && !s->L.varlen) {
+    int lo = s->L.lk[0], hi = s->L.lk[0];
+    for (int b = 1; b < s->L.n; b++)
+      lo = s->L.lk[b] < lo ? s->L.lk[b] : lo, hi = s->L.lk[b] > hi ? s->L.lk[b] : hi;
+    printf("seqlens_k %d to %d\n", lo, hi);
+  }
+  if (c->skip_softmax > 0) printf("skip softmax threshold %g\n", c->skip_softmax);
 }
 
 static int run_on_device(run_state *s) {
@@ -942,6 +1148,26 @@ static int check_options(const run_state *s) {
   return -1;
 }
 
+/* Each sequence's lengths (and the block table); a spec that reads b is
+ * refused in the serving layouts, whose reference and counts take one
+ * sequence at a time. */
+static int make_layout(run_state *s) {
+  const run_config *c = s->c;
+  char err[256];
+  s->serving = cli_seqs_wanted(c);
+  if (s->serving && cli_graph_reads_batch(s->g)) {
+    cli_error("run", "spec '%s' reads b (or the batch size): --page-size, "
+              "--seqlens-k and --varlen check and count each sequence alone, "
+              "which such a spec cannot be", fj_spec_name(s->spec));
+    return CLI_USAGE;
+  }
+  if (cli_seqs_build(&s->L, c, err, sizeof err) != 0) {
+    cli_error("run", "%s", err);
+    return CLI_FAIL;
+  }
+  return -1;
+}
+
 int cli_run(const run_config *c) {
   run_state s;
   int rc;
@@ -951,7 +1177,8 @@ int cli_run(const run_config *c) {
   /* Everything the command line names is checked before the GPU, so a
    * machine without one still reports a bad option or input file. */
   if ((rc = check_options(&s)) >= 0 || (rc = open_spec(&s)) >= 0 ||
-      (rc = bind_values(&s)) >= 0 || (rc = make_inputs(&s)) >= 0)
+      (rc = bind_values(&s)) >= 0 || (rc = make_layout(&s)) >= 0 ||
+      (rc = make_inputs(&s)) >= 0)
     goto done;
   if (fjr_context_device(s.ctx, &s.drv) != FJ_OK) {
     cli_error("run", "no GPU: %s", fj_context_last_error(s.ctx));
@@ -964,6 +1191,7 @@ int cli_run(const run_config *c) {
 done:
   fj_block_mask_destroy(s.bm);
   free_device(&s);
+  cli_seqs_free(&s.L);
   for (int a = 0; a < CLI_MAX_VALUES; a++) free(s.bconv[a]), free(s.grads[a]);
   free(s.q), free(s.k), free(s.v), free(s.o), free(s.lse);
   free(s.g_out), free(s.g_q), free(s.g_k), free(s.g_v);

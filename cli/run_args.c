@@ -2,6 +2,7 @@
  * cli/run_args.c: `flexjit run SPEC.lua [options]`: the command line, turned
  * into a run_config for cli_run (cli/run.c).
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,30 @@ static const char run_usage[] =
     "  --inputs DIR        read DIR/q.npy, k.npy, v.npy (float32, [B, H, L, D])\n"
     "  --dump DIR          write q, k, v, o, lse to DIR as float32 .npy\n"
     "  --seed N            random seed (default 0)\n"
+    "serving layouts (docs/serving.md; --check compares each sequence with\n"
+    "its own float64 reference, at its own lengths):\n"
+    "  --q-len 1..16       (no option) runs the decode kernel; with --kv-len\n"
+    "                      longer, the spec aligns the queries (e.g.\n"
+    "                      causal{align = \"bottom_right\"})\n"
+    "  --page-size N       K and V in page pools [num_pages, N, Hkv, D]\n"
+    "                      (N 16..256, a multiple of 16) read through a block\n"
+    "                      table of shuffled pages (--seed); each sequence's\n"
+    "                      kv length is passed as seqlens_k\n"
+    "  --seqlens-k L       per-sequence kv lengths: 'random' (each drawn in\n"
+    "                      [1, Lk], --seed) or one length L <= Lk (default:\n"
+    "                      Lk); contiguous K/V, or paged with --page-size\n"
+    "  --varlen N|FILE.npy a packed batch (cu_seqlens): N sequences of random\n"
+    "                      lengths (--seed; each >= 1, not all equal) or the\n"
+    "                      lengths in a 1-D int32 .npy, summing to B*Lq query\n"
+    "                      tokens; each sequence's kv length is its query\n"
+    "                      length + (Lk - Lq), so its queries are its last\n"
+    "                      keys (Lk >= Lq). q and o are [B*Lq, Hq, D], k and v\n"
+    "                      [total_k, Hkv, D] (or pools with --page-size), lse\n"
+    "                      [Hq, B*Lq]; --inputs and --dump use these shapes\n"
+    "  --skip-softmax T    Skip Softmax threshold, 0 <= T < 1 (0: exact).\n"
+    "                      --check then reports the error against exact\n"
+    "                      attention (float64) and fails only on NaN/Inf or\n"
+    "                      a wrong fully masked row\n"
     "what to do:\n"
     "  --check             compare with a float64 CPU reference; the kernel\n"
     "                      passes when its error is at most 2x that of the\n"
@@ -51,7 +76,10 @@ static const char run_usage[] =
     "                      its own two CUDA events, no sync until the last;\n"
     "                      prints their median (min, max). Outputs are not\n"
     "                      poisoned while timing. TFLOP/s counts\n"
-    "                      4*D*(allowed (b, h, q, kv) pairs)\n"
+    "                      4*D*(allowed (b, h, q, kv) pairs); at --q-len <=\n"
+    "                      16 also TB/s of K and V read: each sequence's kv\n"
+    "                      positions that some query of it attends, x Hkv x\n"
+    "                      D x 2 (K and V) x 2 bytes\n"
     "  --backward          also run the backward pass on a random dO: with\n"
     "                      --check its dq, dk, dv and trainable buffers'\n"
     "                      gradients against the float64 reference (3x the\n"
@@ -137,6 +165,45 @@ static int ms_opt(const char *name, const char *v, double *out) {
   return CLI_USAGE;
 }
 
+/* --varlen N (a count of random lengths) or --varlen FILE.npy (the
+ * lengths: 1-D int32, each >= 1), read now. */
+static int varlen_opt(run_config *c, const char *v) {
+  char err[512];
+  long n;
+  c->varlen_text = v;
+  npy_free(&c->varlen_lens);
+  c->varlen_n = 0;
+  if (cli_parse_int(v, 1, 65535, &n) == 0) {
+    c->varlen_n = (int)n;
+    return -1;
+  }
+  if (v[0] >= '0' && v[0] <= '9' && cli_parse_int(v, 0, 1L << 62, &n) == 0) {
+    cli_error("run", "--varlen: %s sequences: give 1 to 65535", v);
+    return CLI_USAGE;
+  }
+  if (npy_read(v, &c->varlen_lens, err, sizeof err) != 0) {
+    cli_error("run", "--varlen: '%s' is not a count of sequences (1 to 65535) "
+              "and not a readable .npy: %s", v, err);
+    return CLI_USAGE;
+  }
+  const npy_array *a = &c->varlen_lens;
+  if (a->dtype != NPY_I32 || a->ndim != 1 || a->count < 1 || a->count > 65535) {
+    cli_error("run", "--varlen %s: the lengths must be a 1-D int32 .npy of 1 to "
+              "65535 values (it holds '%s', %d dimensions, %zu values)",
+              v, npy_dtype_descr(a->dtype), a->ndim, a->count);
+    return CLI_USAGE;
+  }
+  const int32_t *len = a->data;
+  for (size_t i = 0; i < a->count; i++)
+    if (len[i] < 1) {
+      cli_error("run", "--varlen %s: sequence %zu has length %d (each must be "
+                ">= 1)", v, i, (int)len[i]);
+      return CLI_USAGE;
+    }
+  c->varlen_n = (int)a->count;
+  return -1;
+}
+
 /* One option that takes a value; -1 to go on, else an exit status. */
 static int value_opt(run_config *c, const char *name, const char *v) {
   const long big = 1L << 30;
@@ -185,6 +252,23 @@ static int value_opt(run_config *c, const char *name, const char *v) {
     cli_error("run", "--block-mask: '%s' is not auto, on or off", v);
     return CLI_USAGE;
   }
+  if (!strcmp(name, "--page-size"))
+    return int_opt(name, v, 16, 256, &c->page_size);
+  if (!strcmp(name, "--seqlens-k")) {
+    if (!strcmp(v, "random")) return c->seqlens_k = CLI_SEQLENS_RANDOM, -1;
+    long x;
+    if (cli_parse_int(v, 1, 1L << 30, &x) == 0) return c->seqlens_k = (int)x, -1;
+    cli_error("run", "--seqlens-k: '%s' is not 'random' or a length in [1, 2^30]", v);
+    return CLI_USAGE;
+  }
+  if (!strcmp(name, "--varlen")) return varlen_opt(c, v);
+  if (!strcmp(name, "--skip-softmax")) {
+    if (cli_parse_float(v, &c->skip_softmax) == 0 && c->skip_softmax >= 0 &&
+        c->skip_softmax < 1)
+      return -1;
+    cli_error("run", "--skip-softmax: '%s' is not a threshold in [0, 1)", v);
+    return CLI_USAGE;
+  }
   if (!strcmp(name, "--param")) return add_value(c, v, 0);
   if (!strcmp(name, "--buffer")) return add_value(c, v, 1);
   if (!strcmp(name, "--inputs")) c->inputs_dir = v;
@@ -206,7 +290,8 @@ static const char *const value_opts[] = {
     "--head-dim", "--dtype", "--layout", "--scale",  "--param",
     "--buffer", "--inputs", "--dump",     "--iters",  "--warmup",
     "--warmup-ms", "--rep-ms", "--seed",  "--arch",   "--cache-dir",
-    "--block-mask", "--pack", NULL};
+    "--block-mask", "--pack", "--page-size", "--seqlens-k", "--varlen",
+    "--skip-softmax", NULL};
 
 /* -1 to go on, else an exit status. */
 static int parse_one(int argc, char **argv, int *i, run_config *c) {
@@ -239,6 +324,71 @@ static int parse_one(int argc, char **argv, int *i, run_config *c) {
   return -1;
 }
 
+/* The serving options against each other and the sizes. */
+static int check_serving(run_config *c) {
+  const int serving = c->page_size || c->seqlens_k || c->varlen_n;
+  if (c->page_size % 16 != 0) {
+    cli_error("run", "--page-size %d is not a multiple of 16", c->page_size);
+    return CLI_USAGE;
+  }
+  if (c->seqlens_k > c->Lk) {
+    cli_error("run", "--seqlens-k %d is longer than --kv-len %d", c->seqlens_k,
+              c->Lk);
+    return CLI_USAGE;
+  }
+  if ((serving || c->skip_softmax > 0) && c->backward) {
+    cli_error("run", "--backward runs the contiguous layout only: drop it, or "
+              "--page-size, --seqlens-k, --varlen and --skip-softmax");
+    return CLI_USAGE;
+  }
+  if (serving && c->block_mask == CLI_BM_ON) {
+    cli_error("run", "--block-mask on: a block mask covers one Lq x Lk grid; "
+              "with --page-size, --seqlens-k or --varlen the kernel classifies "
+              "tiles itself (use --block-mask auto or off)");
+    return CLI_USAGE;
+  }
+  if (!c->varlen_n) return -1;
+  if (c->seqlens_k) {
+    cli_error("run", "--seqlens-k with --varlen: the kv lengths of a packed "
+              "batch follow its query lengths (see --help)");
+    return CLI_USAGE;
+  }
+  if (c->bshd) {
+    cli_error("run", "--layout bshd with --varlen: a packed batch is [total, H, "
+              "D] (--layout applies to the [B, H, L, D] tensors)");
+    return CLI_USAGE;
+  }
+  if (c->Lk < c->Lq) {
+    cli_error("run", "--varlen with --kv-len %d < --q-len %d: each sequence's "
+              "kv length is its query length + (Lk - Lq), which must not be "
+              "negative", c->Lk, c->Lq);
+    return CLI_USAGE;
+  }
+  const int64_t total_q = (int64_t)c->B * c->Lq;
+  const int64_t total_k = total_q + (int64_t)c->varlen_n * (c->Lk - c->Lq);
+  if (total_k > INT32_MAX) {
+    cli_error("run", "--varlen: %lld kv tokens in all do not fit cu_seqlens' "
+              "int32", (long long)total_k);
+    return CLI_USAGE;
+  }
+  if (c->varlen_lens.data) {
+    const int32_t *len = c->varlen_lens.data;
+    int64_t sum = 0;
+    for (int i = 0; i < c->varlen_n; i++) sum += len[i];
+    if (sum != total_q) {
+      cli_error("run", "--varlen %s: the lengths sum to %lld, not --batch x "
+                "--q-len = %lld", c->varlen_text, (long long)sum,
+                (long long)total_q);
+      return CLI_USAGE;
+    }
+  } else if (c->varlen_n > total_q) {
+    cli_error("run", "--varlen %d: more sequences than the %lld query tokens "
+              "(--batch x --q-len) to share", c->varlen_n, (long long)total_q);
+    return CLI_USAGE;
+  }
+  return -1;
+}
+
 static int check_config(run_config *c) {
   if (!c->spec_path) {
     cli_error("run", "no spec given (usage: flexjit run SPEC.lua ...)");
@@ -259,7 +409,7 @@ static int check_config(run_config *c) {
               c->Hkv);
     return CLI_USAGE;
   }
-  return -1;
+  return check_serving(c);
 }
 
 void cli_run_config_init(run_config *c) {
@@ -281,5 +431,6 @@ int cmd_run(int argc, char **argv) {
   if (rc < 0) rc = check_config(&c);
   if (rc < 0) rc = cli_run(&c);
   cli_values_free(c.values, c.num_values);
+  npy_free(&c.varlen_lens);
   return rc;
 }

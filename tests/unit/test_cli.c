@@ -417,6 +417,103 @@ static void test_cache_maintenance_reports_failures(void **state) {
   fjt_expect_in(fjt_out, "fj_fwd_test_causal_d64_bf16");
 }
 
+/* A 1-D int32 .npy of n values in the test's folder (format 1.0). */
+static const char *write_npy_i32(const char *name, const int32_t *x, int n) {
+  const char *path = fjt_path(name);
+  char header[128];
+  int len = snprintf(header, sizeof header,
+                     "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }", n);
+  while ((10 + len + 1) % 64) header[len++] = ' ';
+  header[len++] = '\n';
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                           (unsigned char)(len & 255), (unsigned char)(len >> 8)};
+  fwrite(pre, 1, 10, f);
+  fwrite(header, 1, (size_t)len, f);
+  fwrite(x, 4, (size_t)n, f);
+  fclose(f);
+  return path;
+}
+
+/* The serving options (--page-size, --seqlens-k, --varlen, --skip-softmax):
+ * checked against each other and the sizes before the GPU; good ones get
+ * as far as the missing GPU. */
+static void test_run_serving_options(void **state) {
+  (void)state;
+  char spec[400], lens[400], bad_lens[400], with_b[400];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  snprintf(with_b, sizeof with_b, "%s",
+           fjt_write_text("with_b.lua",
+                          "return { mask_mod = function(b, h, q, kv) "
+                          "return ge(q + b, kv) end }\n"));
+  const int32_t good[3] = {5, 20, 7}, zero[3] = {5, 0, 27};
+  snprintf(lens, sizeof lens, "%s", write_npy_i32("lens.npy", good, 3));
+  snprintf(bad_lens, sizeof bad_lens, "%s", write_npy_i32("zero.npy", zero, 3));
+  static const char *const bad[][2] = {
+      {"--page-size 24", "--page-size 24 is not a multiple of 16"},
+      {"--page-size 8", "--page-size: '8' is not an integer in [16, 256]"},
+      {"--page-size 272", "--page-size: '272'"},
+      {"--seqlens-k 65", "--seqlens-k 65 is longer than --kv-len 64"},
+      {"--seqlens-k some", "--seqlens-k: 'some' is not 'random' or a length"},
+      {"--varlen 0", "--varlen: 0 sequences"},
+      {"--varlen 33", "--varlen 33: more sequences than the 32 query tokens"},
+      {"--varlen missing.npy", "not a readable .npy"},
+      {"--varlen 4 --seqlens-k 9", "--seqlens-k with --varlen"},
+      {"--varlen 4 --layout bshd", "--layout bshd with --varlen"},
+      {"--varlen 4 --kv-len 8", "--varlen with --kv-len 8 < --q-len 16"},
+      {"--skip-softmax 1", "--skip-softmax: '1' is not a threshold in [0, 1)"},
+      {"--skip-softmax -1", "--skip-softmax: '-1'"},
+      {"--page-size 16 --backward", "--backward runs the contiguous layout only"},
+      {"--skip-softmax 0.5 --backward", "--backward runs the contiguous layout only"},
+      {"--seqlens-k 4 --block-mask on", "--block-mask on: a block mask covers"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --kv-heads 2 "
+                                         "--q-len 16 --kv-len 64 %s", spec, bad[i][0]),
+                     2);
+    fjt_expect_in(fjt_err, bad[i][1]);
+    fjt_expect_not_in(fjt_err, "no GPU");
+  }
+  /* A lengths file: int32 >= 1, summing to B * Lq. */
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --q-len 16 "
+                                       "--varlen %s", spec, bad_lens), 2);
+  fjt_expect_in(fjt_err, "sequence 1 has length 0");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 1 --heads 4 --q-len 16 "
+                                       "--varlen %s", spec, lens), 2);
+  fjt_expect_in(fjt_err, "the lengths sum to 32, not --batch x --q-len = 16");
+  /* --inputs with --varlen are packed [total, H, D]. */
+  assert_int_not_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --q-len 16 "
+                                           "--varlen 3 --inputs %s", spec, fjt_tmpdir), 0);
+  fjt_expect_in(fjt_err, "q.npy");
+  fjt_expect_not_in(fjt_err, "no GPU");
+  /* A spec that reads b cannot be checked one sequence at a time. */
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 4 --q-len 16 --page-size 16",
+                               with_b), 2);
+  fjt_expect_in(fjt_err, "reads b (or the batch size)");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 4 --q-len 16", with_b), 2);
+  fjt_expect_in(fjt_err, "no GPU");
+  static const char *const good_opts[] = {
+      "--page-size 16", "--page-size 256 --seqlens-k random", "--seqlens-k 9",
+      "--varlen 3", "--varlen 3 --kv-len 80 --page-size 32",
+      "--q-len 1 --skip-softmax 0.25 --check --bench",
+  };
+  for (size_t i = 0; i < sizeof good_opts / sizeof good_opts[0]; i++) {
+    assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --kv-heads 2 "
+                                         "--q-len 16 --kv-len 64 %s", spec, good_opts[i]),
+                     2);
+    fjt_expect_in(fjt_err, "no GPU");
+  }
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --q-len 16 "
+                                       "--varlen=%s", spec, lens), 2);
+  fjt_expect_in(fjt_err, "no GPU");
+  assert_int_equal(fjt_flexjit(NULL, "run --help"), 0);
+  fjt_expect_in(fjt_out, "--page-size N");
+  fjt_expect_in(fjt_out, "--varlen N|FILE.npy");
+  fjt_expect_in(fjt_out, "--skip-softmax T");
+  fjt_expect_in(fjt_out, "TB/s of K and V read");
+}
+
 /* ---- options are checked before anything runs ---- */
 
 static void test_run_checks_options_before_the_gpu(void **state) {
@@ -507,6 +604,7 @@ int main(void) {
       cmocka_unit_test(test_warnings_reach_stderr),
       cmocka_unit_test(test_cache_maintenance_reports_failures),
       cmocka_unit_test(test_run_checks_options_before_the_gpu),
+      cmocka_unit_test(test_run_serving_options),
       cmocka_unit_test(test_precompile_checks_output_first),
       cmocka_unit_test(test_demo_without_gpu),
   };
