@@ -77,6 +77,23 @@ static int max_smem_per_block(int sm) {
 
 static int small_smem(int sm) { return max_smem_per_block(sm) < 128 * 1024; }
 
+/* Shared memory of one multiprocessor, by architecture (what several CTAs
+ * share). */
+static int smem_per_sm(int sm) {
+  switch (sm) {
+  case 80:
+  case 87:
+    return 164 * 1024;
+  case 86:
+  case 89:
+  case 120:
+  case 121:
+    return 100 * 1024;
+  default:
+    return 228 * 1024;
+  }
+}
+
 /* The sm80 shapes (see the comment at the top). */
 static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
   const int sm = out->sm, head_dim = out->head_dim;
@@ -359,12 +376,16 @@ fj_status fjg_config_choose_decode(int head_dim, fj_dtype dtype, const char *arc
   out->num_warps = 4;
   out->block_n = 16 * out->num_warps;
   out->block_m = rows > 16 ? 32 : 16;
-  /* Slices in flight: 3 at D=128 (two CTAs a multiprocessor with 227 KiB),
-   * 4 at D=64; 2 on parts with about 100 KiB. */
-  out->num_stages = stages > 0                               ? stages
-                    : small_smem(out->sm)                    ? 2
-                    : out->head_dim == 128                   ? 3
-                                                             : 4;
+  /* Slices in flight: as many as keep two CTAs on a multiprocessor (8
+   * warps streaming), 2 to 4: 3 at D=128 and 4 at D=64 on sm_90 (228 KiB a
+   * multiprocessor), 2 and 4 on sm_80 (164 KiB), 2 on parts with 100 KiB. */
+  if (stages > 0) {
+    out->num_stages = stages;
+  } else {
+    const int per_stage = out->num_warps * 2 * 16 * head_dim * 2;
+    const int fit = (smem_per_sm(out->sm) / 2 - 1024 - out->block_m * head_dim * 2) / per_stage;
+    out->num_stages = fit < 2 ? 2 : fit > 4 ? 4 : fit;
+  }
   if (out->num_stages < 2)
     return fail(err, errlen, FJ_EUNSUPPORTED, "the decode kernel needs 2 or more stages");
   out->threads = out->num_warps * 32;

@@ -187,6 +187,10 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
   const int64_t B = p->sz.B, Hq = p->sz.Hq, Hkv = p->sz.Hkv, Lq = p->sz.Lq, Lk = p->sz.Lk;
   const int D = (int)a->q->shape[3];
   const int64_t rows = (int64_t)p->kv_group * Lq;
+  /* The kernel's kv indices are 32-bit, and run a tile past Lk. */
+  if (Lk > INT32_MAX - 128)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED, "kv length %lld: the decode kernel takes below 2^31 - 128",
+                    (long long)Lk);
   const fj_kernel_options ko = {.head_dim = D, .dtype = dtype};
   fjr_kernel *k = NULL;
   fj_status st;
@@ -203,6 +207,10 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
                   &row_blocks, &splits);
   CUstream stream = (CUstream)a->stream;
 
+  /* The merge is ready before anything is launched: a launch that cannot
+   * finish does not start. */
+  fjr_kernel *u = NULL;
+  if (splits > 1 && (st = util_kernel(ctx, &u)) != FJ_OK) return st;
   CUdeviceptr parts = 0;
   int owned = 0;
   size_t lse_off = 0;
@@ -229,21 +237,18 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
                                         (unsigned)cfg.smem_bytes, stream, NULL, extra);
   if (r != CUDA_SUCCESS) st = fjr_cu_fail(ctx, "cuLaunchKernel", r);
   if (st == FJ_OK && splits > 1) {
-    fjr_kernel *u = NULL;
-    st = util_kernel(ctx, &u);
-    if (st == FJ_OK) {
-      const int64_t rs = Lq, hs = Lq * Hq, bs = Lq * Hq * B;
-      const merge_params m = {
-          .o_parts = p->part_o, .lse_parts = p->part_lse, .o = p->o, .lse = p->lse,
-          .op_sn = bs * D, .op_sb = hs * D, .op_sh = rs * D, .op_sl = D,
-          .lp_sn = bs, .lp_sb = hs, .lp_sh = rs, .lp_sl = 1,
-          .o_sb = p->o_sb, .o_sh = p->o_sh, .o_sl = p->o_ss,
-          .l_sb = p->lse_sb, .l_sh = p->lse_sh, .l_sl = 1,
-          .N = splits, .B = (int32_t)B, .H = (int32_t)Hq, .L = (int32_t)Lq, .D = D,
-          .in_dtype = MERGE_F32, .out_dtype = dtype == FJ_DTYPE_BF16 ? MERGE_BF16 : MERGE_F16};
-      st = launch_util(ctx, u, 0, &m, sizeof m, (unsigned)((B * Hq * Lq + 3) / 4), 1, stream);
-    }
+    const int64_t rs = Lq, hs = Lq * Hq, bs = Lq * Hq * B;
+    const merge_params m = {
+        .o_parts = p->part_o, .lse_parts = p->part_lse, .o = p->o, .lse = p->lse,
+        .op_sn = bs * D, .op_sb = hs * D, .op_sh = rs * D, .op_sl = D,
+        .lp_sn = bs, .lp_sb = hs, .lp_sh = rs, .lp_sl = 1,
+        .o_sb = p->o_sb, .o_sh = p->o_sh, .o_sl = p->o_ss,
+        .l_sb = p->lse_sb, .l_sh = p->lse_sh, .l_sl = 1,
+        .N = splits, .B = (int32_t)B, .H = (int32_t)Hq, .L = (int32_t)Lq, .D = D,
+        .in_dtype = MERGE_F32, .out_dtype = dtype == FJ_DTYPE_BF16 ? MERGE_BF16 : MERGE_F16};
+    st = launch_util(ctx, u, 0, &m, sizeof m, (unsigned)((B * Hq * Lq + 3) / 4), 1, stream);
   }
+
   if (owned) {
     CUresult rf = ctx->drv->cuMemFreeAsync(parts, stream);
     if (st == FJ_OK && rf != CUDA_SUCCESS) st = fjr_cu_fail(ctx, "cuMemFreeAsync", rf);
@@ -304,6 +309,11 @@ fj_status fj_merge_states(fj_context *ctx, const fj_merge_args *a) {
   if (a->lse && ((st = fjr_tensor_check(ctx, "lse", a->lse, 3, f32, ls)) != FJ_OK ||
                  (st = fjr_tensor_check_shape(ctx, "lse", a->lse, l3)) != FJ_OK))
     return st;
+  const int esz = in == MERGE_F32 ? 4 : 2;
+  if (fjr_tensor_ptr(op) % (uint64_t)esz || fjr_tensor_ptr(lp) % 4 || fjr_tensor_ptr(o) % 2 ||
+      (a->lse && fjr_tensor_ptr(a->lse) % 4))
+    return fjr_fail(ctx, FJ_ETENSOR, "fj_merge_states: a tensor's address is not a multiple of "
+                    "its element size");
   if (D % 8 != 0 || D > 256)
     return fjr_fail(ctx, FJ_EUNSUPPORTED, "head dim %lld: fj_merge_states takes multiples of 8 "
                     "up to 256", (long long)D);
@@ -352,10 +362,11 @@ fj_status fj_paged_from_csr(fj_context *ctx, const fj_paged_csr_args *a) {
       (st = fjr_tensor_check_shape(ctx, "kv_last_page_len", a->kv_last_page_len, b1)) != FJ_OK ||
       (st = fjr_tensor_check_shape(ctx, "seqlens_k", a->seqlens_k, b1)) != FJ_OK)
     return st;
-  if (a->page_size < 1 || max_pages * (int64_t)a->page_size > INT32_MAX || B > 65535)
+  if (a->page_size < 16 || a->page_size > 256 || a->page_size % 16 != 0 ||
+      max_pages * (int64_t)a->page_size > INT32_MAX || B > 65535)
     return fjr_fail(ctx, FJ_EINVAL,
-                    "fj_paged_from_csr: page_size %d must be >= 1, max_pages x page_size below "
-                    "2^31 and B at most 65535",
+                    "fj_paged_from_csr: page_size %d must be a multiple of 16 up to 256 (what "
+                    "the kernels take), max_pages x page_size below 2^31 and B at most 65535",
                     a->page_size);
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   fjr_kernel *u = NULL;

@@ -335,7 +335,12 @@ fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *a, fj_dtype 
   }
   float scale = a->scale;
   if (scale == 0.0f) scale = 1.0f / sqrtf((float)D);
-  if (!isfinite(scale)) return fjr_fail(ctx, FJ_EINVAL, "scale must be finite");
+  /* The kernels take each row's running max on q.k before scaling it
+   * (when there is no score_mod): a negative scale would turn it into the
+   * minimum. */
+  if (!isfinite(scale) || scale < 0.0f)
+    return fjr_fail(ctx, FJ_EINVAL, "scale %g must be positive and finite (0: 1/sqrt(D))",
+                    (double)a->scale);
 
   p->q = fjr_tensor_ptr(q);
   p->k = fjr_tensor_ptr(k);
@@ -427,11 +432,18 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
                     "a block mask with seqlens_k, block_table or cu_seqlens is not "
                     "supported (the mask_mod sees each sequence's own lengths instead)");
-  if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   /* Short queries go to the decode kernel, which classifies its own tiles
    * (a block mask, if any, is not needed there). */
-  if (fjr_decode_applies(args))
-    return fjr_decode_launch(ctx, (fj_spec *)spec, args, dtype, pbuf, total);
+  const int decode = fjr_decode_applies(args);
+  if (!decode && args->skip_softmax_threshold > 0.0f)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "skip_softmax_threshold: Skip Softmax is implemented by the decode kernel "
+                    "(1 to %d query tokens, head dim 64 or 128, not packed); this launch has "
+                    "%lld query tokens%s",
+                    FJ_DECODE_MAX_Q, (long long)p->sz.Lq,
+                    args->cu_seqlens_q ? " in a packed batch" : "");
+  if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
+  if (decode) return fjr_decode_launch(ctx, (fj_spec *)spec, args, dtype, pbuf, total);
 
   fj_block_mask_info mi = {0};
   if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)

@@ -48,10 +48,18 @@ fj_merge_states_kernel(const __grid_constant__ fj_merge_params p) {
   if (row >= (long long)p.B * p.H * p.L) return;
   const int l = (int)(row % p.L), h = (int)(row / p.L % p.H), b = (int)(row / p.L / p.H);
   const long long lp0 = b * p.lp_sb + h * p.lp_sh + l * p.lp_sl;
+  // A NaN LSE (NaN in a segment's inputs) makes the row NaN, as the
+  // unsplit computation would be: fmaxf alone would drop it.
   float m = fj_neg_inf();
-  for (int i = lane; i < p.N; i += 32) m = fmaxf(m, p.lse_parts[lp0 + i * p.lp_sn]);
+  bool nan = false;
+  for (int i = lane; i < p.N; i += 32) {
+    const float li = p.lse_parts[lp0 + i * p.lp_sn];
+    nan |= li != li;
+    m = fmaxf(m, li);
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (__any_sync(0xffffffffu, nan)) m = __int_as_float(0x7fffffff);
   float sum = 0.f;
   for (int i = lane; i < p.N; i += 32) {
     const float li = p.lse_parts[lp0 + i * p.lp_sn];
@@ -59,7 +67,7 @@ fj_merge_states_kernel(const __grid_constant__ fj_merge_params p) {
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const bool none = m == fj_neg_inf() || !(sum > 0.f);
+  const bool none = m == fj_neg_inf();
   const long long op0 = b * p.op_sb + h * p.op_sh + l * p.op_sl;
   unsigned short *o = (unsigned short *)p.o + b * p.o_sb + h * p.o_sh + l * p.o_sl;
   for (int d = lane; d < p.D; d += 32) {

@@ -137,7 +137,8 @@ __device__ __forceinline__ void fjd_load_stage(const fj_fwd_params &p, const fjd
 // Q K^T, score_mod, the mask and the kv bound, the online softmax and O +=
 // P V, with the next FJ_NUM_STAGES - 1 slices in flight. SKIP: Skip Softmax
 // (p.skip_log2 < 0): V is loaded only for a slice that is kept, after the
-// decision, so a skipped slice costs its K alone.
+// decision, so a skipped slice costs its K alone; its latency is paid once
+// a kept slice (the next K loads meanwhile, and other warps run).
 template <bool SKIP>
 __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta &c,
                                            int j_begin, int j_end, unsigned s_q, unsigned s_w,
@@ -189,14 +190,21 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
   }
 
   for (int st = 0; jc < j_end; st = st + 1 == FJ_NUM_STAGES ? 0 : st + 1) {
-    // The stage consumed last iteration takes the next slice in flight.
+    // The stage consumed last iteration takes the next slice in flight:
+    // before this slice's wait, or with SKIP after its V load (below).
     const int st_load = st == 0 ? FJ_NUM_STAGES - 1 : st - 1;
-    if (jl < j_end) {
-      fjd_load_stage(p, c, s_w, st_load, jl, warp, !SKIP);
-      jl = fjd_next(p, c, jl, j_end, warp, &cls_l);
+    if (!SKIP) {
+      if (jl < j_end) {
+        fjd_load_stage(p, c, s_w, st_load, jl, warp, true);
+        jl = fjd_next(p, c, jl, j_end, warp, &cls_l);
+      }
+      fjk_cp_async_commit();
+      fjk_cp_async_wait<FJ_NUM_STAGES - 1>();
+    } else {
+      // Pending: this slice's K and the FJ_NUM_STAGES - 2 after it (every
+      // V load was waited for in its own iteration).
+      fjk_cp_async_wait<FJ_NUM_STAGES - 2>();
     }
-    fjk_cp_async_commit();
-    fjk_cp_async_wait<FJ_NUM_STAGES - 1>();
     __syncwarp();
 
     const unsigned sk = s_w + st * FJD_STAGE_BYTES, sv = sk + FJD_SLICE_BYTES;
@@ -270,11 +278,17 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
                   m_new[mt][hh] < row_m[mt][hh] + p.skip_log2;
       }
     if (SKIP) {
+      // V of a kept slice, then the next slice's K, each its own group.
       skip = __all_sync(0xffffffffu, skip);
       if (!skip) {
         fjd_load_slice(p, c, sv, p.v, p.v_sb, p.v_sh, p.v_ss, kv0);
         fjk_cp_async_commit();
       }
+      if (jl < j_end) {
+        fjd_load_stage(p, c, s_w, st_load, jl, warp, false);
+        jl = fjd_next(p, c, jl, j_end, warp, &cls_l);
+      }
+      fjk_cp_async_commit();
     }
     if (!skip) {
       float alpha[FJD_MT][2], shift[FJD_MT][2];
@@ -315,8 +329,8 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
         row_l[mt][0] += s[mt][0][0] + s[mt][0][1] + s[mt][1][0] + s[mt][1][1];
         row_l[mt][1] += s[mt][0][2] + s[mt][0][3] + s[mt][1][2] + s[mt][1][3];
       }
-      if (SKIP) {
-        fjk_cp_async_wait<0>();
+      if (SKIP) {  // this slice's V: all but the newest group (the next K)
+        fjk_cp_async_wait<1>();
         __syncwarp();
       }
       // ---- O += P V ----
@@ -362,7 +376,8 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   c.h0 = c.hkv * c.G + c.row0 / c.Lq;
   c.nh = c.hkv * c.G + last_row / c.Lq - c.h0 + 1;
 
-  // The kv run of this split: an equal share of the non-EMPTY tiles.
+  // The kv run of this split: an equal share of the span [lo, hi] from the
+  // first to the last non-EMPTY tile (EMPTY tiles inside it are skipped).
   const int nt = (c.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
   int lo = 0, hi = nt - 1;
 #if FJ_HAS_MASK

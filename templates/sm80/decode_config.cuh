@@ -15,8 +15,9 @@
 //    barrier between warps until the epilogue merges their states. A slice
 //    lies inside one page of a paged cache (pages are multiples of 16 rows),
 //    so it costs one block-table read.
-//  - Split-KV: the non-EMPTY kv tiles of a (sequence, KV head, row block)
-//    are dealt to p.num_splits CTAs in equal runs; with more than one, each
+//  - Split-KV: the span from the first to the last non-EMPTY kv tile of a
+//    (sequence, KV head, row block) is dealt to p.num_splits CTAs in equal
+//    runs; with more than one, each
 //    writes its normalized partial O and its LSE (fp32, p.part_o and
 //    p.part_lse) and the merge kernel (common/merge.cuh) combines them.
 //

@@ -427,7 +427,66 @@ static void test_public_entry_checks(void **state) {
                          .max_seqlen_q = 150, .max_seqlen_k = 140};
   assert_int_equal(fj_attention_backward(ctx, spec, &ba), FJ_EUNSUPPORTED);
   assert_non_null(strstr(fj_context_last_error(ctx), "cu_seqlens_q"));
+  /* Skip Softmax is the decode kernel's: refused by name on the forward
+   * path (a packed batch here; 150 query tokens). */
+  packed(&t);
+  t.a.skip_softmax_threshold = 0.01f;
+  assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_EUNSUPPORTED);
+  assert_non_null(strstr(fj_context_last_error(ctx), "Skip Softmax is implemented by the "
+                                                     "decode kernel"));
+  /* A negative scale would turn the kernels' running max into a minimum. */
+  packed(&t);
+  t.a.scale = -0.1f;
+  assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "must be positive"));
   fj_spec_destroy(spec);
+  fj_context_destroy(ctx);
+}
+
+/* fj_merge_states and fj_paged_from_csr check their tensors before touching
+ * a device. */
+static void test_merge_and_csr_checks(void **state) {
+  (void)state;
+  fj_context *ctx = new_context();
+  int64_t ps[5] = {3, 2, 4, 5, 64}, ls[4] = {3, 2, 4, 5}, os[4] = {2, 4, 5, 64};
+  DLTensor parts = make(ps, 5, f32, 0x10000), lse = make(ls, 4, f32, 0x20000),
+           o = make(os, 4, bf16, 0x30000);
+  fj_merge_args m = {.o_parts = &parts, .lse_parts = &lse, .o = &o};
+  o.dtype = f32;
+  assert_int_equal(fj_merge_states(ctx, &m), FJ_ETENSOR);
+  assert_non_null(strstr(fj_context_last_error(ctx), "o must be a 4-D"));
+  o.dtype = bf16;
+  os[3] = 72;
+  assert_int_equal(fj_merge_states(ctx, &m), FJ_ETENSOR);
+  assert_non_null(strstr(fj_context_last_error(ctx), "o:"));
+  os[3] = 64;
+  parts.data = (void *)0x10002; /* not float-aligned */
+  assert_int_equal(fj_merge_states(ctx, &m), FJ_ETENSOR);
+  assert_non_null(strstr(fj_context_last_error(ctx), "element size"));
+  parts.data = (void *)0x10000;
+  ps[4] = 60, os[3] = 60; /* not a multiple of 8 */
+  assert_int_equal(fj_merge_states(ctx, &m), FJ_EUNSUPPORTED);
+  assert_non_null(strstr(fj_context_last_error(ctx), "head dim 60"));
+  m.o_parts = NULL;
+  assert_int_equal(fj_merge_states(ctx, &m), FJ_EINVAL);
+
+  int64_t ip[1] = {4}, ix[1] = {9}, ll[1] = {3}, bt[2] = {3, 4}, sl[1] = {3};
+  DLTensor indptr = make(ip, 1, i32, 0x40000), indices = make(ix, 1, i32, 0x41000),
+           last = make(ll, 1, i32, 0x42000), table = make(bt, 2, i32, 0x43000),
+           lens = make(sl, 1, i32, 0x44000);
+  fj_paged_csr_args c = {.kv_indptr = &indptr, .kv_indices = &indices,
+                         .kv_last_page_len = &last, .page_size = 24,
+                         .block_table = &table, .seqlens_k = &lens};
+  assert_int_equal(fj_paged_from_csr(ctx, &c), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "page_size 24"));
+  c.page_size = 16;
+  ip[0] = 3;
+  assert_int_equal(fj_paged_from_csr(ctx, &c), FJ_ETENSOR);
+  assert_non_null(strstr(fj_context_last_error(ctx), "kv_indptr"));
+  ip[0] = 4;
+  indices.dtype = i64;
+  assert_int_equal(fj_paged_from_csr(ctx, &c), FJ_ETENSOR);
+  assert_non_null(strstr(fj_context_last_error(ctx), "kv_indices"));
   fj_context_destroy(ctx);
 }
 
@@ -439,6 +498,7 @@ int main(void) {
       cmocka_unit_test(test_paged_rejects_bad_input),
       cmocka_unit_test(test_threshold),
       cmocka_unit_test(test_public_entry_checks),
+      cmocka_unit_test(test_merge_and_csr_checks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
