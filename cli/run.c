@@ -594,7 +594,11 @@ static int report_kernel(run_state *s) {
   if (s->bm && fj_block_mask_get_info(s->bm, &bmi) == FJ_OK)
     ko.block_mask_block_q = bmi.block_q;
   fj_kernel_info info;
-  if (fj_compile_forward(s->ctx, s->spec, &ko, &info) != FJ_OK) {
+  /* What the launch runs: the decode kernel for short, unpacked queries
+   * (runtime/decode.c's rule), else the forward. */
+  const int decode = s->c->Lq <= FJ_DECODE_MAX_Q && !s->c->varlen_n &&
+                     (s->c->D == 64 || s->c->D == 128);
+  if ((decode ? fj_compile_decode : fj_compile_forward)(s->ctx, s->spec, &ko, &info) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
     return 0;
   }
