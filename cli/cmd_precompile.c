@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "cli/manifest.h"
 #include "flexjit.h"
+#include "runtime/decode.h"
 
 enum { PC_OK = 0, PC_FAIL = 1, PC_USAGE = 2 };
 
@@ -76,6 +77,10 @@ typedef struct pc_opts {
 typedef struct job_result {
   fj_status status;
   fj_kernel_info info;
+  /* Other kernels of the job, in separate cubins (the decode pass's 16-row
+   * kernel and util kernels), packed with it. */
+  fj_kernel_info more[2];
+  int n_more;
   char *error; /* malloc'd, when status != FJ_OK */
 } job_result;
 
@@ -216,6 +221,19 @@ static char *job_error(const job *j, const char *fmt, ...) {
   return out;
 }
 
+/* The decode pass: its three kernels (runtime/decode.h), the 32-row one
+ * as the job's. */
+static fj_status compile_decode(fj_context *ctx, const fj_spec *spec,
+                                const fj_kernel_options *ko, job_result *r) {
+  fj_kernel_info all[3];
+  fj_status st = fjr_compile_decode_all(ctx, spec, ko, all);
+  if (st != FJ_OK) return st;
+  r->info = all[2];
+  r->more[0] = all[0], r->more[1] = all[1];
+  r->n_more = 2;
+  return FJ_OK;
+}
+
 static void run_job(fj_context *ctx, const cli_manifest *m, int index,
                     job_result *r) {
   job j = decode_job(m, index);
@@ -249,11 +267,12 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
   if (r->status == FJ_OK)
     r->status = builder    ? fj_compile_block_mask(ctx, spec, j.arch, &r->info)
                 : backward ? fj_compile_backward(ctx, spec, &ko, &r->info)
-                : decode   ? fj_compile_decode(ctx, spec, &ko, &r->info)
+                : decode   ? compile_decode(ctx, spec, &ko, r)
                            : fj_compile_forward(ctx, spec, &ko, &r->info);
   if (r->status != FJ_OK)
     r->error = job_error(&j, "%s", fj_context_last_error(ctx));
-  else if (!r->info.cubin_path[0]) {
+  else if (!r->info.cubin_path[0] || (r->n_more > 0 && !r->more[0].cubin_path[0]) ||
+           (r->n_more > 1 && !r->more[1].cubin_path[0])) {
     /* Kept in memory only: the cache directory could not be written (the
      * store's warning was printed). */
     r->status = FJ_ECACHE;
@@ -400,25 +419,25 @@ static void print_summary(const run_state *rs, double seconds, int jobs) {
   printf("\n");
 }
 
-/* Adds the kernel of one result, read back from the temp store, to the
+/* Adds one kernel of a result, read back from the temp store, to the
  * pack. The source key comes from the entry's sidecar. */
 static int add_to_pack(fjc_pack_writer *w, fjc_store *store,
-                       const job_result *r, int *warned_source_key) {
+                       const fj_kernel_info *r, int *warned_source_key) {
   fjc_pack_entry e;
   char meta[1100], hex[64] = "", err[1024];
   void *data = NULL;
   size_t size = 0;
   int rc = -1;
   memset(&e, 0, sizeof e);
-  if (fjc_key_from_hex(r->info.key, &e.full_key) != 0 ||
-      fjc_store_get(store, r->info.arch, &e.full_key, &data, &size, NULL, 0,
+  if (fjc_key_from_hex(r->key, &e.full_key) != 0 ||
+      fjc_store_get(store, r->arch, &e.full_key, &data, &size, NULL, 0,
                     NULL, 0) != FJ_OK) {
-    pc_error("cannot read back %s (key %s) from %s", r->info.name,
-             r->info.key, fjc_store_root(store));
+    pc_error("cannot read back %s (key %s) from %s", r->name,
+             r->key, fjc_store_root(store));
     return -1;
   }
   snprintf(meta, sizeof meta, "%.*s.json",
-           (int)strlen(r->info.cubin_path) - 6, r->info.cubin_path);
+           (int)strlen(r->cubin_path) - 6, r->cubin_path);
   if (fjc_meta_file_string(meta, 65536, "source_key", hex, sizeof hex) != 0 ||
       fjc_key_from_hex(hex, &e.source_key) != 0) {
     if (!(*warned_source_key)++)
@@ -428,8 +447,8 @@ static int add_to_pack(fjc_pack_writer *w, fjc_store *store,
     e.source_key = e.full_key;
   }
   fjc_meta_file_string(meta, 65536, "nvrtc", e.nvrtc, sizeof e.nvrtc);
-  snprintf(e.arch, sizeof e.arch, "%s", r->info.arch);
-  snprintf(e.name, sizeof e.name, "%s", r->info.name);
+  snprintf(e.arch, sizeof e.arch, "%s", r->arch);
+  snprintf(e.name, sizeof e.name, "%s", r->name);
   e.data = data;
   e.size = size;
   if (fjc_pack_writer_add(w, &e, err, sizeof err) != FJ_OK)
@@ -453,12 +472,17 @@ static int write_pack(const run_state *rs, fjc_pack_writer *w,
     fjc_pack_writer_abort(w);
     return PC_FAIL;
   }
-  for (int i = 0; i < rs->n_jobs; i++)
-    if (add_to_pack(w, store, &rs->results[i], &warned) != 0) {
+  for (int i = 0; i < rs->n_jobs; i++) {
+    const job_result *r = &rs->results[i];
+    int bad = add_to_pack(w, store, &r->info, &warned) != 0;
+    for (int j = 0; j < r->n_more && !bad; j++)
+      bad = add_to_pack(w, store, &r->more[j], &warned) != 0;
+    if (bad) {
       fjc_pack_writer_abort(w);
       fjc_store_close(store);
       return PC_FAIL;
     }
+  }
   int count = fjc_pack_writer_count(w);
   fjc_store_close(store);
   if (fjc_pack_writer_finish(w, err, sizeof err) != FJ_OK) {

@@ -256,17 +256,27 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
   return st;
 }
 
+fj_status fjr_compile_decode_all(fj_context *ctx, const fj_spec *spec,
+                                 const fj_kernel_options *o, fj_kernel_info info[3]) {
+  fjr_kernel *k = NULL;
+  int resident = 0;
+  fj_status st = FJ_OK;
+  for (int i = 0; i < 3 && st == FJ_OK; i++) {
+    st = i == 1 ? util_kernel_get(ctx, o->arch, &k, &resident)
+                : decode_kernel_get(ctx, spec, o, i == 0 ? 16 : 32, &k, &resident);
+    if (st == FJ_OK) fjr_kernel_info(k, resident, &info[i]);
+  }
+  return st;
+}
+
 fj_status fj_compile_decode(fj_context *ctx, const fj_spec *spec, const fj_kernel_options *o,
                             fj_kernel_info *info) {
   if (!ctx) return FJ_EINVAL;
   fjr_clear_error(ctx);
   if (!spec || !o) return fjr_fail(ctx, FJ_EINVAL, "fj_compile_decode: NULL argument");
-  fjr_kernel *k = NULL, *u = NULL;
-  int resident = 0;
-  fj_status st = decode_kernel_get(ctx, spec, o, 16, &k, NULL);
-  if (st == FJ_OK) st = util_kernel_get(ctx, o->arch, &u, NULL);
-  if (st == FJ_OK) st = decode_kernel_get(ctx, spec, o, 32, &k, &resident);
-  if (st == FJ_OK && info) fjr_kernel_info(k, resident, info);
+  fj_kernel_info all[3];
+  fj_status st = fjr_compile_decode_all(ctx, spec, o, all);
+  if (st == FJ_OK && info) *info = all[2];
   return st;
 }
 

@@ -36,4 +36,9 @@ void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk,
 fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_args *a,
                             fj_dtype dtype, void *pbuf, size_t psize);
 
+/* fj_compile_decode's kernels, each described: the 16-row decode kernel,
+ * the util kernels, the 32-row decode kernel (precompile packs all three). */
+fj_status fjr_compile_decode_all(fj_context *ctx, const fj_spec *spec,
+                                 const fj_kernel_options *o, fj_kernel_info info[3]);
+
 #endif /* FJR_DECODE_H */

@@ -151,6 +151,17 @@ static void test_packs_from_the_environment(void **state) {
   assert_true(info.from_cache);
   assert_string_equal(info.cubin_path, pack);
   expect_missing(ctx);
+  /* The decode pass packed all three of its kernels: both row blocks and
+   * the merge (fj_compile_decode needs each; without NVRTC a missing one
+   * fails). */
+  fj_spec *spec = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, kCausal, strlen(kCausal), "deploy.lua", &spec),
+                   FJ_OK);
+  fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16, .arch = "sm_80"};
+  if (fj_compile_decode(ctx, spec, &ko, &info) != FJ_OK)
+    fail_msg("%s", fj_context_last_error(ctx));
+  assert_string_equal(info.cubin_path, pack);
+  fj_spec_destroy(spec);
   fj_context_destroy(ctx);
   /* One pack of the list that does not open fails every request, naming it. */
   setenv("FLEXJIT_PACKS", list, 1);
