@@ -34,7 +34,7 @@ def _mods(core, q, k, buffers, ints):
     return mask, score
 
 
-def _cpu_fwd(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size):
+def _cpu_fwd(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size, *serving):
     mask, score = _mods(core_by_id(spec), q, k, buffers, ints)
     with torch.no_grad():
         o, lse = dense_attention(q.double(), k.double(), v.double(), mask, score,
@@ -43,7 +43,7 @@ def _cpu_fwd(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size
 
 
 def _cpu_bwd(dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, block_mask,
-             block_size):
+             block_size, *varlen):
     core = core_by_id(spec)
     mask, score = _mods(core, q, k, [b.double() for b in buffers], ints)
     dq, dk, dv, ds = dense_backward(q.double(), k.double(), v.double(), dout.double(),
@@ -155,7 +155,7 @@ def test_compile_fullgraph_forward_and_backward():
 def test_opcheck():
     spec = flexjit.Spec(example("causal.lua"))
     q, k, v = _inputs(grad=True)
-    args = (q, k, v, spec._core.id, 0.0, [], [], [], [], [])
+    args = (q, k, v, spec._core.id, 0.0, [], [], [], [], []) + fjt.NO_SERVING
     torch.library.opcheck(torch.ops.flexjit.attention_fwd.default, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
@@ -173,4 +173,4 @@ def test_library_errors_become_exceptions():
     spec = flexjit.Spec(example("causal.lua"))
     q, k, v = _inputs(grad=False)
     with pytest.raises(flexjit.FlexjitError, match="q: tensor is not on a CUDA device"):
-        fjt.forward_impl(q, k, v, spec._core.id, 0.0, [], [], [], [], [])
+        fjt.forward_impl(q, k, v, spec._core.id, 0.0, [], [], [], [], [], *fjt.NO_SERVING)
