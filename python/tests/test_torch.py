@@ -33,7 +33,7 @@ def _mods_for(core, Hq, Lq, Lk, buffers, ints):
         bias = buffers[0]
         return (lambda b, h, qi, ki: qi >= ki), (lambda s, b, h, qi, ki: s + bias[ki])
     name = {"sliding_window": "sliding_window", "causal": "causal",
-            "causal_bottom_right": "causal_bottom_right"}[core.name]
+            "causal_bottom_right": "causal_bottom_right", "alibi_causal": "alibi"}[core.name]
     mask, score, _, _ = example_mods(name, Hq, Lq, Lk, "cpu")
     if name == "sliding_window":
         w = ints[0]
@@ -51,7 +51,7 @@ def _cpu_fwd(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size
             o, lse = dense_attention(q.double(), k.double(), v.double(), mask, score,
                                      scale or None)
         else:
-            mods = lambda lq, lk: _mods_for(core, q.shape[-2], lq, lk, buffers, ints)  # noqa
+            mods = lambda lq, lk: _mods_for(core, q.shape[1], lq, lk, buffers, ints)  # noqa
             o, lse = serving_attention(q.double(), k.double(), v.double(), mods, seqlens_k,
                                        block_table, cu_seqlens_q, cu_seqlens_k, scale or None)
     return torch.empty_like(q).copy_(o), lse.float().contiguous()
@@ -216,9 +216,11 @@ def test_library_errors_become_exceptions():
 # ---- serving (docs/python.md, "Serving") ----
 
 def _cpu_merge(o_parts, lse_parts, out_dtype):
+    # An empty segment (LSE -inf) adds nothing, whatever its O holds.
     lse = torch.logsumexp(lse_parts.double(), dim=0)
-    w = torch.exp(lse_parts.double() - lse.masked_fill(torch.isinf(lse), 0))
-    o = (w.unsqueeze(-1) * o_parts.double()).sum(0)
+    empty = torch.isinf(lse_parts).unsqueeze(-1)
+    w = torch.exp(lse_parts.double() - lse.masked_fill(torch.isinf(lse), 0)).unsqueeze(-1)
+    o = torch.where(empty, 0.0, w * o_parts.double()).sum(0)
     return o.to(fjs._OUT_DTYPES[out_dtype]), lse.float()
 
 
