@@ -140,20 +140,21 @@ class _Forward:
         # workspace 256-byte aligned in the same float32 allocation.
         self.lse_shape, self.lse_strides = lse.shape, lse.stride()
         self.lse_at = (lse.numel() + 63) & ~63
-        self.packed = q.dim() == 3
+        self.packed = serving is not None and serving[2] is not None
         self.ws = {}
 
     def workspace_bytes(self, q, cu_seqlens_q, max_seqlen_q):
         """fj_forward_workspace_size for this launch (at least 256): by the
-        shapes, and for packed queries by max_seqlen_q too (the launch's Lq)."""
-        lq = max_seqlen_q if self.packed else q.shape[2]
+        shapes, and for packed queries by max_seqlen_q too (the launch's Lq).
+        A q of neither layout gets 256 (the library refuses it, naming q)."""
+        lq = max_seqlen_q if self.packed else q.shape[2] if q.dim() == 4 else 0
         ws = self.ws.get(lq)
         if ws is None:
             if self.packed:
-                B, H, D = cu_seqlens_q.shape[0] - 1, q.shape[1], q.shape[2]
+                B, H, D = cu_seqlens_q.shape[0] - 1, q.shape[1], q.shape[-1]
             else:
-                B, H, D = q.shape[0], q.shape[1], q.shape[3]
-            n = lib.fj_forward_workspace_size(B, H, lq, D)
+                B, H, D = q.shape[0], q.shape[1], q.shape[-1]
+            n = lib.fj_forward_workspace_size(B, H, lq, D) if q.dim() >= 3 else 0
             ws = self.ws[lq] = max(256, (n + 255) & ~255)
             if len(self.ws) > 64:
                 self.ws.clear()
@@ -274,10 +275,12 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, spec: int, scale: float,
 
 def _lse_like(q):
     """An LSE tensor of q's launch: [B, Hq, Lq], or [Hq, total_q] for packed
-    q [total_q, Hq, D] (float32, contiguous)."""
+    q [total_q, Hq, D] (float32, contiguous); for a q of neither layout,
+    which the library refuses, q's shape without its last dimension."""
     if q.dim() == 3:
         return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    return q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+    return q.new_empty(tuple(q.shape[:3] if q.dim() >= 4 else q.shape[:-1]),
+                       dtype=torch.float32)
 
 
 def _new_forward(ctx, key, spec, q, k, v, o, buffers, serving):

@@ -449,3 +449,14 @@ def test_decode_paged_compiles_without_graph_breaks():
     torch.testing.assert_close(out.double(), ro, atol=2e-2, rtol=2e-2)
     # The sequence of one key with two queries: its first query sees none.
     assert out[0, :, 0].abs().sum() == 0
+
+
+def test_bad_query_layouts_reach_the_library():
+    """A q of neither layout (3-D without cu_seqlens_q, 2-D) is refused by
+    the library with its message, not a Python error on the way."""
+    spec = flexjit.Spec(example("causal.lua"))
+    q, k, v = _inputs(grad=False)
+    for bad in (q[0], q[0, 0]):
+        with pytest.raises(flexjit.FlexjitError, match="q: "):
+            fjt.forward_impl(bad, k, v, spec._core.id, 0.0, [], [], [], [], [],
+                             *fjt.NO_SERVING)
