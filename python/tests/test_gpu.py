@@ -289,8 +289,9 @@ def test_decode_gqa_seqlens_k(name, Lq, D):
     q = _randn(B, Hq, Lq, D, g=g)
     k = _randn(B, Lk, Hkv, D, g=g).transpose(1, 2)
     v = _randn(B, Lk, Hkv, D, g=g).transpose(1, 2)
-    lens = torch.tensor([0, 1, Lk, 333, int(torch.randint(2, Lk, (1,)))], dtype=torch.int32,
-                        device="cuda")
+    lens = torch.tensor([0, 1, Lk, 333, int(torch.randint(2, Lk, (1,), generator=g,
+                                                          device="cuda"))],
+                        dtype=torch.int32, device="cuda")
     for b, n in enumerate(lens.tolist()):
         k[b, :, n:] = NAN
         v[b, :, n:] = NAN
