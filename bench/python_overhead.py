@@ -110,7 +110,8 @@ def main():
         args.iters)))
     op = torch.ops.flexjit.attention_fwd.default
     rows.append(("op (dispatcher)", per_call_us(
-        lambda: op(q, k, v, core.id, 0.0, ints, floats, bufs, [], []), args.iters)))
+        lambda: op(q, k, v, core.id, 0.0, ints, floats, bufs, [], [], *fjt.NO_SERVING),
+        args.iters)))
 
     dout = torch.randn_like(q)
 

@@ -5,7 +5,8 @@ as small Lua functions (FlexAttention-style mask_mod and score_mod).
     spec = flexjit.Spec("examples/sliding_window.lua")
     out = flexjit.attention(q, k, v, spec, params={"window": 1024})
 
-Everything but attention and block masks works without PyTorch (loading
+Everything but attention, block masks and the serving utilities
+(merge_states, paged_from_csr) works without PyTorch (loading
 specs, compiling and caching kernels for any target, precompiling, packs).
 docs/python.md has the whole API.
 """
@@ -24,12 +25,22 @@ except ImportError:
     def attention(*args, **kwargs):
         raise ImportError(_TORCH_ERROR.format("attention"))
 
-    def block_mask(*args, **kwargs):
-        raise ImportError(_TORCH_ERROR.format("block_mask"))
+    def _needs_torch(name):
+        def f(*args, **kwargs):
+            raise ImportError(_TORCH_ERROR.format(name))
+        f.__name__ = name
+        return f
 
+    attention = _needs_torch("attention")
+    varlen_attention = _needs_torch("varlen_attention")
+    block_mask = _needs_torch("block_mask")
+    merge_states = _needs_torch("merge_states")
+    paged_from_csr = _needs_torch("paged_from_csr")
     BlockMask = None
 else:
-    from ._torch import BlockMask, attention, block_mask
+    from ._serving import merge_states, paged_from_csr
+    from ._torch import BlockMask, attention, block_mask, varlen_attention
 
-__all__ = ["Spec", "SpecArg", "KernelInfo", "FlexjitError", "attention", "block_mask",
-           "BlockMask", "precompile", "mount_pack", "version", "library_path", "cli_path"]
+__all__ = ["Spec", "SpecArg", "KernelInfo", "FlexjitError", "attention", "varlen_attention",
+           "block_mask", "BlockMask", "merge_states", "paged_from_csr", "precompile",
+           "mount_pack", "version", "library_path", "cli_path"]

@@ -121,18 +121,48 @@ class _Values:
 
 
 class _Forward:
-    def __init__(self, core, q, k, v, o, lse, bufs):
+    def __init__(self, core, q, k, v, o, lse, bufs, serving):
         self.q, self.k, self.v, self.o, self.lse = (_DL(x) for x in (q, k, v, o, lse))
         self.values = _Values(core, bufs)
         a = self.a = _lib.ForwardArgs()
         a.q, a.k, a.v, a.o, a.lse = (x.addr for x in (self.q, self.k, self.v, self.o, self.lse))
         a.args = self.values.addr
         a.num_args = self.values.n
+        # seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k: a DLTensor for
+        # each one given (None: the field stays NULL).
+        self.serving = None
+        if serving is not None:
+            self.serving = [None if t is None else _DL(t) for t in serving]
+            (a.seqlens_k, a.block_table, a.cu_seqlens_q, a.cu_seqlens_k) = (
+                None if d is None else d.addr for d in self.serving)
         self.addr = ctypes.addressof(a)
+        # LSE [B, Hq, Lq], or [Hq, total_q] for packed queries, then the
+        # workspace 256-byte aligned in the same float32 allocation.
+        self.lse_shape, self.lse_strides = lse.shape, lse.stride()
+        self.lse_at = (lse.numel() + 63) & ~63
+        self.packed = serving is not None and serving[2] is not None
+        self.ws = {}
+
+    def workspace_bytes(self, q, cu_seqlens_q, max_seqlen_q):
+        """fj_forward_workspace_size for this launch (at least 256): by the
+        shapes, and for packed queries by max_seqlen_q too (the launch's Lq).
+        A q of neither layout gets 256 (the library refuses it, naming q)."""
+        lq = max_seqlen_q if self.packed else q.shape[2] if q.dim() == 4 else 0
+        ws = self.ws.get(lq)
+        if ws is None:
+            if self.packed:
+                B, H, D = cu_seqlens_q.shape[0] - 1, q.shape[1], q.shape[-1]
+            else:
+                B, H, D = q.shape[0], q.shape[1], q.shape[-1]
+            n = lib.fj_forward_workspace_size(B, H, lq, D) if q.dim() >= 3 else 0
+            ws = self.ws[lq] = max(256, (n + 255) & ~255)
+            if len(self.ws) > 64:
+                self.ws.clear()
+        return ws
 
 
 class _Backward:
-    def __init__(self, core, ts, dlse, bufs, grads):
+    def __init__(self, core, ts, dlse, bufs, grads, cu):
         self.ts = [_DL(x) for x in ts]  # q, k, v, o, lse, dout, dq, dk, dv
         self.dlse = _DL(dlse) if dlse is not None else None
         self.values = _Values(core, bufs, grads)
@@ -141,6 +171,9 @@ class _Backward:
         a.dlse = self.dlse.addr if self.dlse else None
         a.args = self.values.addr
         a.num_args = self.values.n
+        # cu_seqlens_q, cu_seqlens_k of a packed batch (None: NULL).
+        self.cu = [None if t is None else _DL(t) for t in cu]
+        a.cu_seqlens_q, a.cu_seqlens_k = (None if d is None else d.addr for d in self.cu)
         self.addr = ctypes.addressof(a)
 
 
@@ -185,27 +218,34 @@ def _wrap_mask(ctx, bm, bs, Lq, Lk):
 
 def forward_impl(q: Tensor, k: Tensor, v: Tensor, spec: int, scale: float,
                  ints: List[int], floats: List[float], buffers: List[Tensor],
-                 block_mask: List[Tensor], block_size: List[int]) -> Tuple[Tensor, Tensor]:
+                 block_mask: List[Tensor], block_size: List[int],
+                 seqlens_k: Optional[Tensor], block_table: Optional[Tensor],
+                 cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                 max_seqlen_q: int, max_seqlen_k: int,
+                 skip_softmax_threshold: float) -> Tuple[Tensor, Tensor]:
     # The hot path: one flat key, two allocations, pointer writes, one call.
     dev = q.get_device()
     ctx = _runtime.context(dev if dev > 0 else 0)
-    qs = q.shape
-    key = (spec, qs, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+    key = (spec, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
            k.dtype, v.dtype, dev)
     if buffers:
         key += tuple(_sig(b) for b in buffers)
-    B, H, Lq = qs[0], qs[1], qs[2]
+    serving = None
+    if (seqlens_k is not None or block_table is not None or cu_seqlens_q is not None or
+            cu_seqlens_k is not None):
+        serving = (seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k)
+        key += tuple(None if t is None else _sig(t) for t in serving)
     o = torch.empty_like(q)
-    # LSE [B, Hq, Lq] (float32, contiguous) and after it, 256-byte aligned in
-    # the same allocation, the forward's 256 bytes of scratch.
-    at = (B * H * Lq + 63) & ~63
-    buf = torch.empty(at + 64, dtype=torch.float32, device=q.device)
-    lse = buf.as_strided((B, H, Lq), (H * Lq, Lq, 1))
+    L = ctx.forward_launches.get(key)
+    if L is None:
+        with ctx.lock:
+            L = _new_forward(ctx, key, spec, q, k, v, o, buffers, serving)
+    at = L.lse_at
+    ws = L.workspace_bytes(q, cu_seqlens_q, max_seqlen_q)
+    buf = torch.empty(at + ws // 4, dtype=torch.float32, device=q.device)
+    lse = buf.as_strided(L.lse_shape, L.lse_strides)
     stream = _stream(q)
     with ctx.lock:
-        L = ctx.forward_launches.get(key)
-        if L is None:
-            L = _new_forward(ctx, key, spec, q, k, v, o, lse, buffers)
         a = L.a
         L.q.t.data = q.data_ptr()
         L.k.t.data = k.data_ptr()
@@ -214,26 +254,42 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, spec: int, scale: float,
         L.lse.t.data = lse.data_ptr()
         if L.values.any:
             L.values.set(ints, floats, buffers)
+        if serving is not None:
+            for d, t in zip(L.serving, serving):
+                if d is not None:
+                    d.t.data = t.data_ptr()
+        a.max_seqlen_q = max_seqlen_q
+        a.max_seqlen_k = max_seqlen_k
+        a.skip_softmax_threshold = skip_softmax_threshold
         a.scale = scale
         a.stream = stream
-        a.block_mask = _wrap_mask(ctx, block_mask, block_size, Lq, k.shape[2]) \
+        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[-2], k.shape[2]) \
             if block_mask else None
         a.workspace = buf.data_ptr() + at * 4
+        a.workspace_bytes = ws
         st = lib.fj_attention_forward(ctx.ptr, L.handle, L.addr)
         if st:
             raise ctx.error(st)
     return o, lse
 
 
-def _new_forward(ctx, key, spec, q, k, v, o, lse, buffers):
+def _lse_like(q):
+    """An LSE tensor of q's launch: [B, Hq, Lq], or [Hq, total_q] for packed
+    q [total_q, Hq, D] (float32, contiguous); for a q of neither layout,
+    which the library refuses, q's shape without its last dimension."""
+    if q.dim() == 3:
+        return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty(tuple(q.shape[:3] if q.dim() >= 4 else q.shape[:-1]),
+                       dtype=torch.float32)
+
+
+def _new_forward(ctx, key, spec, q, k, v, o, buffers, serving):
+    L = ctx.forward_launches.get(key)
+    if L is not None:
+        return L
     core = core_by_id(spec)
-    L = _Forward(core, q, k, v, o, lse, buffers)
+    L = _Forward(core, q, k, v, o, _lse_like(q), buffers, serving)
     L.handle = core.handle(ctx)
-    ws = lib.fj_forward_workspace_size(q.shape[0], q.shape[1], q.shape[2], q.shape[3])
-    if ws > 256:
-        raise RuntimeError(f"flexjit: the forward needs {ws} bytes of scratch, "
-                           "the package passes 256")
-    L.a.workspace_bytes = ws
     return _cache_put(ctx.forward_launches, key, L)
 
 
@@ -250,7 +306,9 @@ def _launchable(t):
 def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
                   out: Tensor, lse: Tensor, spec: int, scale: float, ints: List[int],
                   floats: List[float], buffers: List[Tensor], block_mask: List[Tensor],
-                  block_size: List[int]) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+                  block_size: List[int], cu_seqlens_q: Optional[Tensor],
+                  cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+                  max_seqlen_k: int) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
     core = core_by_id(spec)
     ctx = _context(q)
     h = core.handle(ctx)
@@ -260,26 +318,38 @@ def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grads = [torch.zeros(b.shape[0], dtype=torch.float32, device=b.device)
              for b, tr in zip(buffers, core.trainable) if tr]
-    B, H, L, D = q.shape
+    if cu_seqlens_q is not None:
+        # A packed batch: the launch's rows are B x Hq x max_seqlen_q, as the
+        # forward sizes it.
+        B, H, L, D = cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, q.shape[2]
+    else:
+        B, H, L, D = q.shape
     ws_bytes = lib.fj_backward_workspace_size(B, H, L, D)
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device)
     ts = (q, k, v, out, lse, dout, dq, dk, dv)
+    cu = (cu_seqlens_q, cu_seqlens_k)
     key = (spec, tuple(_sig(t) for t in ts), None if dlse is None else _sig(dlse),
-           tuple(_sig(b) for b in buffers))
+           tuple(_sig(b) for b in buffers), tuple(None if t is None else _sig(t) for t in cu))
     with ctx.lock:
         cache = ctx.backward_launches
         Lb = cache.get(key)
         if Lb is None:
-            Lb = _cache_put(cache, key, _Backward(core, ts, dlse, buffers, grads))
+            Lb = _cache_put(cache, key, _Backward(core, ts, dlse, buffers, grads, cu))
         for d, t in zip(Lb.ts, ts):
             d.t.data = t.data_ptr()
         if dlse is not None:
             Lb.dlse.t.data = dlse.data_ptr()
+        for d, t in zip(Lb.cu, cu):
+            if d is not None:
+                d.t.data = t.data_ptr()
         Lb.values.set(ints, floats, buffers, grads)
         a = Lb.a
         a.scale = scale
         a.stream = _stream(q)
-        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[2], k.shape[2])
+        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[-2], k.shape[-2]) \
+            if block_mask else None
+        a.max_seqlen_q = max_seqlen_q
+        a.max_seqlen_k = max_seqlen_k
         a.workspace = ws.data_ptr()
         a.workspace_bytes = ws_bytes
         st = lib.fj_attention_backward(ctx.ptr, h, Lb.addr)
@@ -341,14 +411,15 @@ block_mask_op = torch.library.custom_op("flexjit::block_mask", mutates_args=())(
 
 
 @attention_fwd.register_fake
-def _(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size):
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], q.shape[2]),
-                                            dtype=torch.float32)
+def _(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size, seqlens_k,
+      block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      skip_softmax_threshold):
+    return torch.empty_like(q), _lse_like(q)
 
 
 @attention_bwd.register_fake
 def _(dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, block_mask,
-      block_size):
+      block_size, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     core = core_by_id(spec)
     grads = [b.new_zeros((b.shape[0],), dtype=torch.float32)
              for b, tr in zip(buffers, core.trainable) if tr]
@@ -369,27 +440,52 @@ def _buffer_grads(spec, grads, n):
     return [next(it) if tr else None for tr in core_by_id(spec).trainable[:n]]
 
 
+# The serving inputs of attention_fwd, after block_size: seqlens_k,
+# block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+# skip_softmax_threshold. NO_SERVING leaves them off.
+NO_SERVING = (None, None, None, None, 0, 0, 0.0)
+
+INFERENCE_ONLY = ("no gradient flows through attention with seqlens_k, block_table or "
+                  "skip_softmax_threshold (inference only; the backward takes packed "
+                  "batches, cu_seqlens): run it under torch.no_grad() or "
+                  "torch.inference_mode(), or detach q, k, v and the buffers")
+
+
+def _inference_only(serving):
+    return serving[0] is not None or serving[1] is not None or serving[6] != 0.0
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, spec, scale, ints, floats, buffers, bm, bs = inputs
+    q, k, v, spec, scale, ints, floats, buffers, bm, bs = inputs[:10]
+    serving = tuple(inputs[10:])
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *buffers, *bm)
-    ctx.flexjit = (spec, scale, ints, floats, len(buffers), bs)
+    cu = [t for t in serving[2:4] if t is not None]
+    ctx.save_for_backward(q, k, v, out, lse, *buffers, *bm, *cu)
+    ctx.flexjit = (spec, scale, ints, floats, len(buffers), len(bm), bs,
+                   serving[2] is not None, serving[3] is not None, serving[4], serving[5],
+                   _inference_only(serving))
 
 
 def _op_backward(ctx, dout, dlse):
-    spec, scale, ints, floats, nb, bs = ctx.flexjit
+    spec, scale, ints, floats, nb, nm, bs, has_cq, has_ck, mq, mk, inference = ctx.flexjit
+    if inference:
+        raise RuntimeError("flexjit: " + INFERENCE_ONLY)
     saved = ctx.saved_tensors
     q, k, v, out, lse = saved[:5]
-    buffers, bm = list(saved[5:5 + nb]), list(saved[5 + nb:])
+    buffers, bm = list(saved[5:5 + nb]), list(saved[5 + nb:5 + nb + nm])
+    cu = iter(saved[5 + nb + nm:])
+    cq = next(cu) if has_cq else None
+    ck = next(cu) if has_ck else None
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv, grads = torch.ops.flexjit.attention_bwd.default(
-        dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, bm, bs)
+        dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, bm, bs, cq, ck,
+        mq, mk)
     # One entry per input, in the inputs' structure as torch.library sees
     # it: a list of tensors gets a list, a list of numbers None (or [] when
     # empty, which it cannot tell from a list of tensors).
     return (dq, dk, dv, None, None, _no_grad(ints), _no_grad(floats),
-            _buffer_grads(spec, grads, nb), [None] * len(bm), _no_grad(bs))
+            _buffer_grads(spec, grads, nb), [None] * len(bm), _no_grad(bs)) + (None,) * 7
 
 
 def _no_grad(numbers):
@@ -404,23 +500,27 @@ class _Attention(torch.autograd.Function):
     directly (same formula as _op_backward)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, scale, ints, floats, bm, bs, *buffers):
-        out, lse = forward_impl(q, k, v, spec, scale, ints, floats, list(buffers), bm, bs)
+    def forward(ctx, q, k, v, spec, scale, ints, floats, bm, bs, serving, *buffers):
+        out, lse = forward_impl(q, k, v, spec, scale, ints, floats, list(buffers), bm, bs,
+                                *serving)
         ctx.save_for_backward(q, k, v, out, lse, *buffers)
-        ctx.flexjit = (spec, scale, ints, floats, bm, bs)
+        ctx.flexjit = (spec, scale, ints, floats, bm, bs, serving)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
-        spec, scale, ints, floats, bm, bs = ctx.flexjit
+        spec, scale, ints, floats, bm, bs, serving = ctx.flexjit
+        if _inference_only(serving):
+            raise RuntimeError("flexjit: " + INFERENCE_ONLY)
         q, k, v, out, lse, *buffers = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv, grads = backward_impl(dout, dlse, q, k, v, out, lse, spec, scale, ints,
-                                          floats, buffers, bm, bs)
-        return (dq, dk, dv, None, None, None, None, None, None,
+                                          floats, buffers, bm, bs, serving[2], serving[3],
+                                          serving[4], serving[5])
+        return (dq, dk, dv, None, None, None, None, None, None, None,
                 *_buffer_grads(spec, grads, len(buffers)))
 
 
@@ -523,8 +623,72 @@ def _eager(q):
             (_dispatch_modes is None or _dispatch_modes() == 0))
 
 
+def _shape(t):
+    return list(t.shape)
+
+
+def _int32(name, t, dims, q):
+    """Checks a serving index array: an int32 tensor of len(dims) dimensions
+    (dims names them, for the message) on q's device."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be an int32 tensor {dims}, not {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32 (got {t.dtype}): pass "
+                         f"{name}.to(torch.int32)")
+    if t.dim() != len(dims.split(",")):
+        raise ValueError(f"{name} must be {dims} (got shape {_shape(t)})")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} and q on {q.device}: one device")
+
+
+def _check_serving(q, k, v, B, seqlens_k, block_table, block_mask, skip):
+    """The checks the serving options share (batch size B): seqlens_k [B],
+    block_table [B, max_pages] with k and v page pools, no block mask, the
+    skip threshold's range."""
+    if seqlens_k is not None:
+        _int32("seqlens_k", seqlens_k, "[B]", q)
+        if seqlens_k.shape[0] != B:
+            raise ValueError(f"seqlens_k has {seqlens_k.shape[0]} entries for a batch of "
+                             f"{B} sequences (it is [B])")
+    if block_table is not None:
+        _int32("block_table", block_table, "[B, max_pages]", q)
+        if block_table.shape[0] != B:
+            raise ValueError(f"block_table has {block_table.shape[0]} rows for a batch of "
+                             f"{B} sequences (it is [B, max_pages])")
+        if k.dim() != 4 or k.shape != v.shape:
+            raise ValueError("with block_table, k and v are page pools [num_pages, "
+                             f"page_size, Hkv, D] of one shape (got k {_shape(k)}, "
+                             f"v {_shape(v)})")
+    if block_mask is not None:
+        raise ValueError("block_mask cannot be combined with seqlens_k, block_table or "
+                         "cu_seqlens: the spec's mask_mod sees each sequence's own lengths")
+    if not 0.0 <= skip < 1.0:
+        raise ValueError(f"skip_softmax_threshold {skip} is outside [0, 1) (0: exact "
+                         "attention)")
+
+
+def _needs_grad(q, k, v, bufs):
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                        v.requires_grad or any(b.requires_grad for b in bufs))
+
+
+def _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, serving):
+    for b, a in zip(bufs, core.buffers):
+        if b.requires_grad and not a.trainable:
+            raise ValueError(f"buffer '{a.name}' requires grad, but spec '{core.name}' "
+                             f"declares it without {{grad = true}}")
+    if _eager(q):
+        if _needs_grad(q, k, v, bufs):
+            return _Attention.apply(q, k, v, core.id, sc, ints, floats, bm, bs, serving,
+                                    *bufs)
+        return forward_impl(q, k, v, core.id, sc, ints, floats, bufs, bm, bs, *serving)
+    return attention_fwd(q, k, v, core.id, sc, ints, floats, bufs, bm, bs, *serving)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=None,
-              block_mask=None, scale: Optional[float] = None, return_lse: bool = False):
+              block_mask=None, scale: Optional[float] = None, return_lse: bool = False, *,
+              seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
+              skip_softmax_threshold: float = 0.0):
     """Attention with spec's mask_mod and score_mod, as FlexAttention's
     flex_attention: q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D] (bf16 or fp16,
     contiguous last dimension, any other strides; Hq a multiple of Hkv).
@@ -532,22 +696,97 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
     tensor} for its buffer()s (a trainable one gets a gradient). block_mask:
     flexjit.block_mask's or FlexAttention's. scale: None is 1/sqrt(D).
     Returns O (shaped and strided like q), and LSE [B, Hq, Lq] (float32,
-    natural log) with return_lse. Runs on torch's current stream."""
+    natural log) with return_lse. Runs on torch's current stream.
+
+    Serving (inference only: no gradient flows through these): seqlens_k,
+    int32 [B], the kv length of each sequence (kv positions [0, seqlens_k[b])
+    are attended, and the spec sees Lk = seqlens_k[b]); block_table, int32
+    [B, max_pages], makes k and v page pools [num_pages, page_size, Hkv, D]
+    (page_size a multiple of 16, at most 256; Lk = max_pages x page_size,
+    seqlens_k the lengths in use); skip_softmax_threshold in [0, 1), 0 exact,
+    else Skip Softmax's approximation. Up to 16 query tokens run the decode
+    kernel."""
     core = spec._core
     ints, floats, bufs = core.values(params, buffers)
     bm, bs = _mask_args(block_mask)
     sc = 0.0 if scale is None else float(scale)
-    for b, a in zip(bufs, core.buffers):
-        if b.requires_grad and not a.trainable:
-            raise ValueError(f"buffer '{a.name}' requires grad, but spec '{core.name}' "
-                             f"declares it without {{grad = true}}")
-    if _eager(q):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
-                                        v.requires_grad or
-                                        any(b.requires_grad for b in bufs)):
-            out, lse = _Attention.apply(q, k, v, core.id, sc, ints, floats, bm, bs, *bufs)
-        else:
-            out, lse = forward_impl(q, k, v, core.id, sc, ints, floats, bufs, bm, bs)
+    serving = NO_SERVING
+    if seqlens_k is not None or block_table is not None or skip_softmax_threshold:
+        skip = float(skip_softmax_threshold)
+        if q.dim() != 4:
+            raise ValueError(f"q must be [B, Hq, Lq, D] (got shape {_shape(q)}); packed "
+                             "queries [total_q, Hq, D] go to flexjit.varlen_attention")
+        _check_serving(q, k, v, q.shape[0], seqlens_k, block_table, block_mask, skip)
+        if _needs_grad(q, k, v, bufs):
+            raise ValueError(INFERENCE_ONLY)
+        serving = (seqlens_k, block_table, None, None, 0, 0, skip)
+    out, lse = _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, serving)
+    return (out, lse) if return_lse else out
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, cu_seqlens_q: Tensor,
+                     cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+                     max_seqlen_k: Optional[int], params=None, buffers=None,
+                     scale: Optional[float] = None, return_lse: bool = False, *,
+                     seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
+                     skip_softmax_threshold: float = 0.0):
+    """Attention over a packed batch of variable-length sequences, as
+    FlashAttention's flash_attn_varlen_func: q [total_q, Hq, D], sequence b's
+    queries rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (int32 [B + 1],
+    nondecreasing from 0); k and v [total_k, Hkv, D] split by cu_seqlens_k
+    likewise. max_seqlen_q, max_seqlen_k: at least the longest sequence
+    (they size the grid). Each sequence is attended on its own: the spec's
+    mask_mod and score_mod see its b, positions from 0 and its own Lq and Lk,
+    so a packed batch needs no document mask.
+
+    cu_seqlens_k None (max_seqlen_k None or 0): k and v are [B, Hkv, Lk, D],
+    or page pools [num_pages, page_size, Hkv, D] with block_table (a chunked
+    prefill into a paged cache), seqlens_k giving the kv lengths. Those and
+    skip_softmax_threshold are inference only, as in flexjit.attention; a
+    packed batch alone is differentiable (the backward takes cu_seqlens).
+
+    Returns O [total_q, Hq, D], and LSE [Hq, total_q] (float32) with
+    return_lse."""
+    core = spec._core
+    ints, floats, bufs = core.values(params, buffers)
+    sc = 0.0 if scale is None else float(scale)
+    skip = float(skip_softmax_threshold)
+    if q.dim() != 3:
+        raise ValueError(f"q must be packed [total_q, Hq, D] (got shape {_shape(q)})")
+    _int32("cu_seqlens_q", cu_seqlens_q, "[B + 1]", q)
+    B = cu_seqlens_q.shape[0] - 1
+    if B < 1:
+        raise ValueError("cu_seqlens_q must have B + 1 >= 2 entries (offsets from 0)")
+    if max_seqlen_q < 1:
+        raise ValueError(f"max_seqlen_q is {max_seqlen_q}: it must be at least the longest "
+                         "query sequence (>= 1)")
+    if cu_seqlens_k is not None:
+        _int32("cu_seqlens_k", cu_seqlens_k, "[B + 1]", q)
+        if cu_seqlens_k.shape[0] != B + 1:
+            raise ValueError(f"cu_seqlens_k has {cu_seqlens_k.shape[0]} entries and "
+                             f"cu_seqlens_q {B + 1}: both are [B + 1]")
+        if max_seqlen_k is None or max_seqlen_k < 1:
+            raise ValueError(f"max_seqlen_k is {max_seqlen_k}: with cu_seqlens_k it must be "
+                             "at least the longest key/value sequence (>= 1)")
+        if seqlens_k is not None or block_table is not None:
+            raise ValueError("cu_seqlens_k cannot be combined with seqlens_k or block_table: "
+                             "with paged or [B, Hkv, Lk, D] k and v, pass cu_seqlens_k=None "
+                             "and the kv lengths as seqlens_k")
+        if k.dim() != 3 or v.dim() != 3:
+            raise ValueError(f"with cu_seqlens_k, k and v are packed [total_k, Hkv, D] (got "
+                             f"k {_shape(k)}, v {_shape(v)})")
     else:
-        out, lse = attention_fwd(q, k, v, core.id, sc, ints, floats, bufs, bm, bs)
+        if max_seqlen_k:
+            raise ValueError(f"max_seqlen_k is {max_seqlen_k} but cu_seqlens_k is None: it "
+                             "sizes packed k and v only (pass None or 0)")
+        max_seqlen_k = 0
+        if k.dim() != 4 or v.dim() != 4:
+            raise ValueError("without cu_seqlens_k, k and v are [B, Hkv, Lk, D] or page "
+                             f"pools with block_table (got k {_shape(k)}, v {_shape(v)})")
+    _check_serving(q, k, v, B, seqlens_k, block_table, None, skip)
+    serving = (seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+               max_seqlen_k, skip)
+    if _inference_only(serving) and _needs_grad(q, k, v, bufs):
+        raise ValueError(INFERENCE_ONLY)
+    out, lse = _run(q, k, v, core, sc, ints, floats, bufs, [], [], serving)
     return (out, lse) if return_lse else out

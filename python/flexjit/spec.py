@@ -202,8 +202,10 @@ class Spec:
         """Compiles one kernel of this spec (or finds it in a pack or the
         cache) and returns its KernelInfo. Needs NVRTC on a miss, never a GPU
         when `arch` is given ("sm_80", "sm_90a", ...; None: the device's).
-        kind: "forward", "backward" or "blockmask" (the block-mask builder;
-        head_dim and dtype do not apply)."""
+        kind: "forward", "backward", "decode" (what launches of up to 16
+        query tokens run: the decode kernel's two row blocks and the LSE
+        merge; the KernelInfo describes the 32-row kernel) or "blockmask"
+        (the block-mask builder; head_dim and dtype do not apply)."""
         ctx = _runtime.context(device)
         h = self._core.handle(ctx)
         info = _lib.KernelInfo()
@@ -218,9 +220,11 @@ class Spec:
                     st = lib.fj_compile_forward(ctx.ptr, h, ctypes.byref(ko), ctypes.byref(info))
                 elif kind == "backward":
                     st = lib.fj_compile_backward(ctx.ptr, h, ctypes.byref(ko), ctypes.byref(info))
+                elif kind == "decode":
+                    st = lib.fj_compile_decode(ctx.ptr, h, ctypes.byref(ko), ctypes.byref(info))
                 else:
-                    raise ValueError(f"kind must be 'forward', 'backward' or 'blockmask', "
-                                     f"not {kind!r}")
+                    raise ValueError(f"kind must be 'forward', 'backward', 'decode' or "
+                                     f"'blockmask', not {kind!r}")
             ctx.check(st)
         return KernelInfo(info.key.decode(), info.source_key.decode(), info.name.decode(),
                           info.cubin_path.decode(), info.arch.decode(),

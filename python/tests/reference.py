@@ -117,3 +117,60 @@ def dense_backward(q, k, v, dout, dlse, mask_mod, score_mod, scale=None):
     dk = (scale * ds.transpose(-1, -2) @ q).view(B, Hkv, g, -1, D).sum(2)
     dv = (p.transpose(-1, -2) @ dout).view(B, Hkv, g, -1, D).sum(2)
     return dq, dk, dv, ds
+
+
+# ---- serving layouts (docs/python.md, "Serving") ----
+
+def gather_paged(pool, table_row, length):
+    """kv rows [0, length) of one sequence from a page pool [num_pages,
+    page_size, H, D] through its block-table row: [H, length, D]. Position
+    j is row j % page_size of page table_row[j // page_size]."""
+    ps = pool.shape[1]
+    j = torch.arange(length, device=pool.device)
+    pages = table_row.to(pool.device).long()[j // ps]
+    return pool[pages, j % ps].transpose(0, 1)
+
+
+def split_sequences(q, k, v, seqlens_k=None, block_table=None, cu_seqlens_q=None,
+                    cu_seqlens_k=None):
+    """The batch of a serving launch as lists of sequences, each [H, L_b, D]:
+    q [B, Hq, Lq, D] or packed [total_q, Hq, D] (cu_seqlens_q); k and v
+    [B, Hkv, Lk, D], packed (cu_seqlens_k) or page pools (block_table), cut to
+    seqlens_k where given."""
+    cq = None if cu_seqlens_q is None else cu_seqlens_q.tolist()
+    ck = None if cu_seqlens_k is None else cu_seqlens_k.tolist()
+    lens = None if seqlens_k is None else seqlens_k.tolist()
+    B = len(cq) - 1 if cq is not None else q.shape[0]
+    qs, ks, vs = [], [], []
+    for b in range(B):
+        qs.append(q[cq[b]:cq[b + 1]].transpose(0, 1) if cq is not None else q[b])
+        if ck is not None:
+            ks.append(k[ck[b]:ck[b + 1]].transpose(0, 1))
+            vs.append(v[ck[b]:ck[b + 1]].transpose(0, 1))
+        elif block_table is not None:
+            n = lens[b] if lens is not None else block_table.shape[1] * k.shape[1]
+            ks.append(gather_paged(k, block_table[b], n))
+            vs.append(gather_paged(v, block_table[b], n))
+        else:
+            n = lens[b] if lens is not None else k.shape[2]
+            ks.append(k[b, :, :n])
+            vs.append(v[b, :, :n])
+    return qs, ks, vs
+
+
+def serving_attention(q, k, v, mods, seqlens_k=None, block_table=None, cu_seqlens_q=None,
+                      cu_seqlens_k=None, scale=None):
+    """dense_attention of every sequence on its own (in q's dtype; float64
+    for a reference; differentiable), assembled as the launch returns it: O
+    like q, LSE [B, Hq, Lq] or [Hq, total_q] for packed q. mods(Lq, Lk) gives
+    the (mask_mod, score_mod) of a sequence of those lengths."""
+    qs, ks, vs = split_sequences(q, k, v, seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k)
+    os_, ls = [], []
+    for qb, kb, vb in zip(qs, ks, vs):
+        mask, score = mods(qb.shape[1], kb.shape[1])
+        o, lse = dense_attention(qb[None], kb[None], vb[None], mask, score, scale)
+        os_.append(o[0])
+        ls.append(lse[0])
+    if cu_seqlens_q is not None:
+        return torch.cat([o.transpose(0, 1) for o in os_]), torch.cat(ls, dim=1)
+    return torch.stack(os_), torch.stack(ls)

@@ -72,6 +72,9 @@ def test_compile_for_named_targets():
     assert b.cubin_size > 0 and b.key not in (a.key, h.key)
     m = flexjit.Spec(example("document.lua")).compile(arch="sm_90a", kind="blockmask")
     assert m.name.startswith("fj_blockmask_")
+    d = s.compile(head_dim=64, arch="sm_80", kind="decode")
+    assert d.name.startswith("fj_dec_causal_d64_bf16") and d.cubin_size > 0
+    assert d.key not in (a.key, b.key)
 
 
 def test_compile_errors():
@@ -84,7 +87,7 @@ def test_compile_errors():
     assert "sm_70" in str(e.value)
     with pytest.raises(ValueError):
         s.compile(dtype="fp32", arch="sm_80")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'decode'"):
         s.compile(arch="sm_80", kind="sideways")
 
 
@@ -110,20 +113,21 @@ _PACK_CHECK = textwrap.dedent("""
     import sys, flexjit
     pack = sys.argv[1]
     s = flexjit.Spec(sys.argv[2])
+    kind = sys.argv[3]
     if pack != "-":
         flexjit.mount_pack(pack)
     try:
-        k = s.compile(head_dim=64, dtype="bf16", arch="sm_80")
+        k = s.compile(head_dim=64, dtype="bf16", arch="sm_80", kind=kind)
         print("found", k.from_cache, k.name)
     except flexjit.FlexjitError as e:
         print("error", e.status_name, e)
     """)
 
 
-def _run_without_nvrtc(tmp_path, pack, spec):
+def _run_without_nvrtc(tmp_path, pack, spec, kind="forward"):
     env = dict(os.environ, FLEXJIT_NVRTC="/nonexistent/libnvrtc.so",
                FLEXJIT_CACHE_DIR=str(tmp_path / "empty-cache"))
-    r = subprocess.run([sys.executable, "-c", _PACK_CHECK, pack, spec], env=env,
+    r = subprocess.run([sys.executable, "-c", _PACK_CHECK, pack, spec, kind], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
@@ -141,6 +145,17 @@ def test_precompile_pack_and_mount(tmp_path):
         "found True fj_fwd_prefix_lm_d64_bf16_sm80")
     missing = _run_without_nvrtc(tmp_path, "-", spec)
     assert missing.startswith("error") and "fj_fwd_prefix_lm_d64_bf16_sm80" in missing
+
+
+def test_precompile_decode_pass_to_pack(tmp_path):
+    """The decode pass: what launches of up to 16 query tokens run, found in
+    the pack on a machine without NVRTC."""
+    pack = tmp_path / "decode.fjpack"
+    spec = example("prefix_lm.lua")
+    flexjit.precompile([spec], pack, head_dims=[64], archs=["sm_80"], passes=["decode"])
+    assert _run_without_nvrtc(tmp_path, "-", spec, "decode").startswith("error")
+    assert _run_without_nvrtc(tmp_path, str(pack), spec, "decode").startswith(
+        "found True fj_dec_prefix_lm_d64_bf16")
 
 
 def test_precompile_manifest_to_directory(tmp_path):
@@ -168,7 +183,9 @@ def test_attention_without_torch_says_so():
     try:
         import torch  # noqa: F401
     except ImportError:
-        with pytest.raises(ImportError, match="needs PyTorch"):
-            flexjit.attention(None, None, None, None)
+        for name in ("attention", "varlen_attention", "block_mask", "merge_states",
+                     "paged_from_csr"):
+            with pytest.raises(ImportError, match=f"flexjit.{name} needs PyTorch"):
+                getattr(flexjit, name)(None, None, None, None)
     else:
         pytest.skip("PyTorch is installed")
