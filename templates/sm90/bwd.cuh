@@ -126,7 +126,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
   fjhb_smem sm;
   sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
   const int hk = blockIdx.y;
-  const fjb_walk w(p, blockIdx.x, hk, blockIdx.z);
+  const fjb_walk w(p, p.sz, blockIdx.x, hk, blockIdx.z);
   if (threadIdx.x == 0) {
     fjh_mbar_init(sm.kv_full(), 1);
     for (int s = 0; s < FJ_NUM_STAGES; ++s) {
