@@ -30,11 +30,11 @@ static fj_status emit_backward(const fjg_graph *g, const fjg_config *cfg, fjg_bu
 }
 
 /* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>, then _det for the
- * deterministic variant. */
+ * deterministic variant and _varlen for the packed-batch one. */
 static void backward_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
-  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s", spec, cfg->head_dim,
+  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s%s", spec, cfg->head_dim,
            cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch,
-           cfg->deterministic ? "_det" : "");
+           cfg->deterministic ? "_det" : "", cfg->varlen ? "_varlen" : "");
 }
 
 /* The main kernel first: it is the one given cfg.smem_bytes. */
@@ -56,18 +56,16 @@ static const fjr_kernel_kind backward_kind = {
  * forward), else sm90 (wgmma + TMA) on sm_90a and sm80 (mma.sync) on every
  * other target; the deterministic variant when asked for, which only sm80
  * has (so it is the default there on every target). Both templates take
- * 64 x 128 tiles, so a block mask that fits one fits the other. packed: the
- * launch is a packed batch (cu_seqlens), which only the sm80 kernels take
- * (so they are the default for it on every target). */
-static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o, int packed,
+ * 64 x 128 tiles, so a block mask that fits one fits the other. The
+ * packed-batch variant (FJ_VARLEN) when asked for, which both have. */
+static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                                  fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
   const char *arch = o->arch;
   fj_status st;
   if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
   const char *tmpl = o->kernel_template ? o->kernel_template : ctx->opts.kernel_template;
-  if (!tmpl)
-    tmpl = strcmp(arch, "sm_90a") == 0 && !o->deterministic && !packed ? "sm90" : "sm80";
+  if (!tmpl) tmpl = strcmp(arch, "sm_90a") == 0 && !o->deterministic ? "sm90" : "sm80";
   char err[1024];
   st = fjg_config_choose_backward(o->head_dim, o->dtype, arch, tmpl, cfg, err, sizeof err);
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
@@ -75,12 +73,8 @@ static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o, in
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
                     "the %s backward has no deterministic mode (the sm80 one has)",
                     cfg->template_name);
-  if (packed && strcmp(cfg->template_name, "sm80") != 0)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                    "the %s backward does not take packed batches (cu_seqlens_q, "
-                    "cu_seqlens_k); the sm80 one does: leave the template to the runtime",
-                    cfg->template_name);
   cfg->deterministic = o->deterministic ? 1 : 0;
+  cfg->varlen = o->varlen ? 1 : 0;
   return FJ_OK;
 }
 
@@ -94,7 +88,7 @@ fj_status fj_compile_backward(fj_context *ctx, const fj_spec *spec,
   fjg_config cfg;
   fjr_kernel *k = NULL;
   int resident = 0;
-  fj_status st = backward_config(ctx, opts, 0, &cfg);
+  fj_status st = backward_config(ctx, opts, &cfg);
   if (st == FJ_OK)
     st = fjr_kernel_get(ctx, (fj_spec *)spec, &backward_kind, &cfg, &k, &resident);
   if (st == FJ_OK && info) fjr_kernel_info(k, resident, info);
@@ -350,10 +344,11 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
 
   const fj_kernel_options ko = {.head_dim = (int)D, .dtype = dtype,
-                                .deterministic = args->deterministic ? 1 : 0};
+                                .deterministic = args->deterministic ? 1 : 0,
+                                .varlen = packed};
   fjg_config cfg;
   fjr_kernel *k = NULL;
-  if ((st = backward_config(ctx, &ko, packed, &cfg)) != FJ_OK ||
+  if ((st = backward_config(ctx, &ko, &cfg)) != FJ_OK ||
       (st = fjr_kernel_get(ctx, (fj_spec *)spec, &backward_kind, &cfg, &k, NULL)) != FJ_OK ||
       (st = fjr_kernel_load(ctx, k)) != FJ_OK)
     return st;
@@ -375,7 +370,8 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   _Alignas(128) fjr_tma_bwd_maps maps;
   if (k->cfg.uses_tma) {
     char err[512];
-    st = fjr_tma_bwd_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof err);
+    st = fjr_tma_bwd_maps_build(ctx->drv, &k->cfg, p, args->q->shape[0], args->k->shape[0],
+                                &maps, err, sizeof err);
     if (st != FJ_OK) {
       if (!args->workspace) ctx->drv->cuMemFreeAsync(scratch, stream);
       return fjr_fail(ctx, st, "%s", err);

@@ -54,11 +54,14 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
   const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
   const int h = blockIdx.y, b = blockIdx.z;
   // The sequence's rows (fjb_seq_of: p.sz unless packed); a row block past
-  // a shorter sequence's end has nothing to do.
+  // a shorter sequence's end has nothing to do (without FJ_VARLEN the grid
+  // holds none).
   const fjb_seq sq = fjb_seq_of(p, b);
   const int Lq = sq.sz.Lq;
   const int q0 = blockIdx.x * FJB_ROW_BLOCK;
+#if FJ_VARLEN
   if (q0 >= Lq) return;
+#endif
   const fj_u16 *go = (const fj_u16 *)p.o + b * p.o_sb + h * p.o_sh +
                      (long long)sq.q_row0 * p.o_ss + c * 8;
   const fj_u16 *gd = (const fj_u16 *)p.dout + b * p.do_sb + h * p.do_sh +
@@ -110,7 +113,9 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
   const fjb_seq sq = fjb_seq_of(p, b);
   const int Lq = sq.sz.Lq;
   const int q0 = blockIdx.x * FJB_ROW_BLOCK;
+#if FJ_VARLEN
   if (q0 >= Lq) return;
+#endif
   const float *acc = p.dq_accum + fjb_acc_row(p, sq, h) * FJ_HEAD_DIM + c * 8;
   fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + (long long)sq.q_row0 * p.dq_ss +
                c * 8;

@@ -125,20 +125,31 @@ __device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, const fj_si
 // A CTA's walk: kv tile n_block of kv head hk, batch b, over the query
 // heads of hk's group, for kernels whose roles each walk on their own (the
 // sm90 producer warps and consumers) and must see the same items in the
-// same order. (The sm80 kernel calls fjb_find itself: with these fields
-// held across its loop it spilled at D=128.)
+// same order. The sequence's sizes are read at each step from its record in
+// shared memory (s_seq: fjb_seq_sts, written by every thread before), not
+// held in registers across the roles' loops. (The sm80 kernel calls
+// fjb_find itself: with these fields held across its loop it spilled at
+// D=128.)
 struct fjb_walk {
-  fj_sizes z;  // the sequence's sizes (fjb_seq_of)
+  unsigned s_seq;
   int b, n_block, h0, h_end, kv0, kv1;
-  __device__ __forceinline__ fjb_walk(const fj_bwd_params &p, const fj_sizes &z_,
-                                      int n_block_, int hk, int b_)
-      : z(z_), b(b_), n_block(n_block_), h0(hk * p.kv_group), h_end((hk + 1) * p.kv_group),
-        kv0(n_block_ * FJ_BLOCK_N), kv1(fjb_kv_last(z_, n_block_)) {}
+  __device__ __forceinline__ fjb_walk(const fj_bwd_params &p, unsigned s_seq_, int n_block_,
+                                      int hk, int b_)
+      : s_seq(s_seq_), b(b_), n_block(n_block_), h0(hk * p.kv_group),
+        h_end((hk + 1) * p.kv_group), kv0(n_block_ * FJ_BLOCK_N),
+        kv1(fjb_kv_last(fjb_seq_lds_sizes(p, s_seq_), n_block_)) {}
+  // The sequence's sizes and rows, read from shared memory.
+  __device__ __forceinline__ fj_sizes sizes(const fj_bwd_params &p) const {
+    return fjb_seq_lds_sizes(p, s_seq);
+  }
+  __device__ __forceinline__ fjb_seq seq(const fj_bwd_params &p) const {
+    return fjb_seq_lds(p, s_seq, b);
+  }
   __device__ __forceinline__ fjb_item first(const fj_bwd_params &p) const {
-    return fjb_find(p, z, b, n_block, h0, 0, h_end, kv0, kv1);
+    return fjb_find(p, sizes(p), b, n_block, h0, 0, h_end, kv0, kv1);
   }
   __device__ __forceinline__ fjb_item next(const fj_bwd_params &p, const fjb_item &it) const {
-    return fjb_find(p, z, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+    return fjb_find(p, sizes(p), b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
   }
   __device__ __forceinline__ bool done(const fjb_item &it) const { return it.h >= h_end; }
 };

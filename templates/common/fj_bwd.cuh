@@ -23,6 +23,13 @@
 #ifndef FJ_DETERMINISTIC
 #define FJ_DETERMINISTIC 0
 #endif
+// FJ_VARLEN (0 unless the generator defines it 1; part of the key): the
+// packed-batch variant, launched with cu_seqlens_q, which finds each
+// sequence's sizes and rows at run time (fjb_seq_of); without it they are
+// the launch's, constants of the parameter.
+#ifndef FJ_VARLEN
+#define FJ_VARLEN 0
+#endif
 
 #if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
     !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \
@@ -159,14 +166,14 @@ struct fjb_seq {
 };
 __device__ __forceinline__ fjb_seq fjb_seq_of(const fj_bwd_params &p, int b) {
   fjb_seq s{p.sz, 0, 0, b * p.sz.Hq, 0};
-  if (p.cu_seqlens_q != nullptr) {
+  if (FJ_VARLEN && p.cu_seqlens_q != nullptr) {
     const int a = __ldg(p.cu_seqlens_q + b), e = __ldg(p.cu_seqlens_q + b + 1);
     s.q_row0 = a;
     s.sz.Lq = max(0, min(e - a, p.sz.Lq));
     s.acc_h0 = 0;
     s.acc_q0 = (int)(((long long)a + (long long)b * FJB_SEQ_PAD) / FJB_SEQ_PAD * FJB_SEQ_PAD);
   }
-  if (p.cu_seqlens_k != nullptr) {
+  if (FJ_VARLEN && p.cu_seqlens_k != nullptr) {
     const int a = __ldg(p.cu_seqlens_k + b), e = __ldg(p.cu_seqlens_k + b + 1);
     s.k_row0 = a;
     s.sz.Lk = max(0, min(e - a, p.sz.Lk));
@@ -174,9 +181,61 @@ __device__ __forceinline__ fjb_seq fjb_seq_of(const fj_bwd_params &p, int b) {
   return s;
 }
 
+// A sequence's record in shared memory (FJB_SEQ_WORDS words at s, a
+// shared-memory address), for kernels that read it where they use it
+// rather than hold it in registers across their item loops: fjb_seq_sts
+// writes it (every thread of a CTA may write the same record: each reads
+// back its own writes), fjb_seq_lds reads it back, p.sz's B and heads from
+// the parameter. Without FJ_VARLEN nothing is stored and the reads are
+// fjb_seq_of's constants (b: the batch index).
+enum { FJB_SEQ_WORDS = 6 };
+__device__ __forceinline__ void fjb_seq_sts(unsigned s, const fjb_seq &q) {
+#if !FJ_VARLEN
+  (void)s, (void)q;
+#else
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(s), "r"(q.sz.Lq), "r"(q.sz.Lk)
+               : "memory");
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(s + 8), "r"(q.q_row0), "r"(q.k_row0)
+               : "memory");
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(s + 16), "r"(q.acc_h0),
+               "r"(q.acc_q0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ fj_sizes fjb_seq_lds_sizes(const fj_bwd_params &p, unsigned s) {
+  fj_sizes z = p.sz;
+#if !FJ_VARLEN
+  (void)s;
+#else
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(z.Lq), "=r"(z.Lk) : "r"(s));
+#endif
+  return z;
+}
+__device__ __forceinline__ fjb_seq fjb_seq_lds(const fj_bwd_params &p, unsigned s, int b) {
+#if !FJ_VARLEN
+  (void)s;
+  return fjb_seq_of(p, b);
+#else
+  (void)b;
+  fjb_seq q;
+  q.sz = fjb_seq_lds_sizes(p, s);
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(q.q_row0), "=r"(q.k_row0)
+               : "r"(s + 8));
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(q.acc_h0), "=r"(q.acc_q0)
+               : "r"(s + 16));
+  return q;
+#endif
+}
+
 // The scratch row (of delta; times FJ_HEAD_DIM, of dq_accum) of query 0 of
 // query head h of sequence s.
 __device__ __forceinline__ long long fjb_acc_row(const fj_bwd_params &p, const fjb_seq &s,
                                                  int h) {
+#if FJ_VARLEN
   return (long long)(s.acc_h0 + h) * p.acc_sh + s.acc_q0;
+#else
+  // acc_sh is Lq here: the int operand keeps the multiply narrower (with
+  // acc_sh the masked D=128 sm80 kernel spilled on sm_90a).
+  return ((long long)s.acc_h0 + h) * p.sz.Lq + s.acc_q0;
+#endif
 }

@@ -140,7 +140,6 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, const fj_sizes 
   const int g = lane >> 2, t4 = lane & 3;
   unsigned dsa[FJB_QK][4];  // dS^T as A fragments (of dK += dS^T Q)
   if (run) {
-    const int Lq = z.Lq, Lk = z.Lk;
     float s[FJB_QT][4], dp[FJB_QT][4];
     fjb_gemm_rows_d(s, s_k + warp * 16 * FJK_ROW_BYTES, s_q, lane);
     fjb_gemm_rows_d(dp, s_v + warp * 16 * FJK_ROW_BYTES, s_do, lane);
@@ -172,7 +171,7 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, const fj_sizes 
 #if FJ_HAS_MASK
         if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
 #endif
-        if (edge) keep = keep & (qi < Lq) & (ki < Lk);
+        if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
         const float pr = keep ? fj_exp2(x - lse2[e & 1]) : 0.f;
         float ds = pr * (dp[nt][e] - dlt[e & 1]);
 #if FJ_HAS_SCORE_MOD

@@ -13,8 +13,9 @@
  * dLSE, the deterministic mode (three runs bitwise equal), and k and v of
  * [B, Hkv, Lk, D] under packed queries. O and LSE come from the packed
  * forward. dq, dk and dv are poisoned with NaN, and each is followed by a
- * guard of 64 poisoned rows that must stay untouched. A context that names
- * the sm90 template is refused packed batches by name.
+ * guard of 64 poisoned rows that must stay untouched. Every case runs with
+ * the runtime's template (sm90 on sm_90a, but for the deterministic mode)
+ * and again with the sm80 template named.
  *
  * Exits 77 (skipped) without a GPU. Prints one line per case and "N passed,
  * N failed"; exit status 1 when any failed.
@@ -419,57 +420,37 @@ done:
   return pass;
 }
 
-/* A context that names the sm90 template is refused a packed batch by name
- * (on sm_90a the sm90 backward's refusal, elsewhere the template's own),
- * not a run of a kernel that ignores cu_seqlens. */
-static int test_sm90_refused(const fjr_driver *drv) {
-  fj_context_options o;
-  fj_context_options_init(&o);
-  o.kernel_template = "sm90";
-  fj_context *ctx = NULL;
-  fj_spec *spec = NULL;
-  const DLDataType t16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
-  gpu_tensor q, lse, cu;
-  memset(&q, 0, sizeof q), memset(&lse, 0, sizeof lse), memset(&cu, 0, sizeof cu);
-  const int64_t qs[3] = {64, 2, 128}, ls[2] = {2, 64}, cs[1] = {3};
-  const int cuv[3] = {0, 30, 64};
-  const char src[] = "return { mask_mod = causal() }";
-  int ok = fj_context_create(&o, &ctx) == FJ_OK &&
-           fj_spec_load_string(ctx, src, strlen(src), "c", &spec) == FJ_OK &&
-           upload(drv, &q, NULL, 2 * 64 * 2 * 128, 0, 3, qs, t16) &&
-           upload(drv, &lse, NULL, 4 * 2 * 64, 0, 2, ls, f32) &&
-           upload(drv, &cu, cuv, sizeof cuv, 0, 1, cs, i32);
-  fj_status st = FJ_OK;
-  if (ok) {
-    fj_backward_args a = {.q = &q.t, .k = &q.t, .v = &q.t, .o = &q.t, .dout = &q.t,
-                          .dq = &q.t, .dk = &q.t, .dv = &q.t, .lse = &lse.t,
-                          .cu_seqlens_q = &cu.t, .cu_seqlens_k = &cu.t,
-                          .max_seqlen_q = 34, .max_seqlen_k = 34};
-    st = fj_attention_backward(ctx, spec, &a);
-    ok = st != FJ_OK && (strstr(fj_context_last_error(ctx), "sm90") != NULL ||
-                         strstr(fj_context_last_error(ctx), "sm_90a") != NULL);
-  }
-  printf("[sm90] packed backward with the sm90 template named: %s: %s  %s\n",
-         fj_status_name(st), ctx ? fj_context_last_error(ctx) : "", ok ? "PASS" : "FAIL");
-  gpu_free(drv, &q), gpu_free(drv, &lse), gpu_free(drv, &cu);
-  fj_spec_destroy(spec);
-  fj_context_destroy(ctx);
-  return ok;
+/* Every case in a context: the runtime's choice of template (tmpl NULL) or
+ * the one named. */
+static void run_all(const fjr_driver *drv, fj_context *ctx, const char *tmpl, int *passed,
+                    int *failed) {
+  fj_spec *loaded[NSPECS] = {0};
+  printf("-- template: %s\n", tmpl ? tmpl : "the runtime's");
+  for (int s = 0; s < NSPECS; s++)
+    if (fj_spec_load_string(ctx, spec_src[s][1], strlen(spec_src[s][1]), spec_src[s][0],
+                            &loaded[s]) != FJ_OK)
+      printf("spec %s: %s\n", spec_src[s][0], fj_context_last_error(ctx));
+  for (int i = 0; i < NCASES; i++) run_case(ctx, drv, loaded, i) ? (*passed)++ : (*failed)++;
+  for (int s = 0; s < NSPECS; s++) fj_spec_destroy(loaded[s]);
 }
 
 int main(void) {
   const fjr_driver *drv = NULL;
   fj_context *ctx = gpu_open(&drv);
-  fj_spec *loaded[NSPECS] = {0};
   int passed = 0, failed = 0;
-  for (int s = 0; s < NSPECS; s++)
-    if (fj_spec_load_string(ctx, spec_src[s][1], strlen(spec_src[s][1]), spec_src[s][0],
-                            &loaded[s]) != FJ_OK)
-      printf("spec %s: %s\n", spec_src[s][0], fj_context_last_error(ctx));
-  for (int i = 0; i < NCASES; i++) run_case(ctx, drv, loaded, i) ? passed++ : failed++;
-  test_sm90_refused(drv) ? passed++ : failed++;
+  run_all(drv, ctx, NULL, &passed, &failed);
+  fj_context_options o;
+  fj_context_options_init(&o);
+  o.kernel_template = "sm80";
+  fj_context *ctx80 = NULL;
+  if (fj_context_create(&o, &ctx80) == FJ_OK) {
+    run_all(drv, ctx80, "sm80", &passed, &failed);
+  } else {
+    printf("context with the sm80 template: FAIL\n");
+    failed++;
+  }
   printf("%d passed, %d failed\n", passed, failed);
-  for (int s = 0; s < NSPECS; s++) fj_spec_destroy(loaded[s]);
+  fj_context_destroy(ctx80);
   fj_context_destroy(ctx);
   return failed ? 1 : 0;
 }
