@@ -13,8 +13,8 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
   const int lane = fj_tid() & 31;
   // Packed tensors' maps are (D, total, H, 1): the sequence's first row and
   // batch 0 (rows past its end are masked by the consumers).
-  const int qb = p.cu_seqlens_q != nullptr ? 0 : w.b;
-  const int kb = p.cu_seqlens_k != nullptr ? 0 : w.b;
+  const int qb = FJ_VARLEN && p.cu_seqlens_q != nullptr ? 0 : w.b;
+  const int kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : w.b;
   fjb_item it = w.first(p);
   if (!w.done(it) && lane == 0) {
     fjh_tma_prefetch_desc(&maps.q);

@@ -383,9 +383,9 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   // A packed sequence's rows past its Lk are the next sequence's: a tile
   // that reaches past it is stored by the threads, its own rows only (a
   // TMA box would write all 64; the maps of unpacked k stop at Lk).
-  const bool by_threads = p.cu_seqlens_k != nullptr && wkv0 + FJHB_WG_KV > Lk;
+  const bool by_threads = FJ_VARLEN && p.cu_seqlens_k != nullptr && wkv0 + FJHB_WG_KV > Lk;
   if (leader && wkv0 < Lk && !by_threads) {
-    const int kr = sq.k_row0 + wkv0, kb = p.cu_seqlens_k != nullptr ? 0 : b;
+    const int kr = sq.k_row0 + wkv0, kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : b;
 #pragma unroll
     for (int x = 0; x < FJHB_CHUNKS64; ++x) {
       fjh_tma_store_4d(&maps.dk, sm.dq(c, 0) + x * (64 * 128), 64 * x, kr, hk, kb);
@@ -393,7 +393,9 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     }
     fjh_bulk_commit();
     fjh_bulk_wait_read();
-  } else if (by_threads && wkv0 < Lk) {
+  }
+#if FJ_VARLEN
+  else if (by_threads && wkv0 < Lk) {
     // 16 bytes a thread: chunk x of row r is at x ^ (r & 7) in its
     // 64-column block, as fjhb_store_rows writes it.
     constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks a row
@@ -414,4 +416,5 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fj_st_global_v4(gdv + r * p.dv_ss + x * 8, v0, v1, v2, v3);
     }
   }
+#endif
 }
