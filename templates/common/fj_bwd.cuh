@@ -152,8 +152,9 @@ static_assert(FJB_SEQ_PAD % FJ_BLOCK_M == 0, "backward: query tiles divide FJB_S
 // its scratch rows lie: query row q of head h is scratch row
 // fjb_acc_row(p, s, h) + q. Values read from cu_seqlens are clamped, as
 // the forward's fj_seq_of clamps them: Lq to [0, max_seqlen_q], Lk to
-// [0, max_seqlen_k]. Without cu_seqlens this is p.sz, decided by branches
-// on null pointers, uniform across the grid. A packed sequence's scratch
+// [0, max_seqlen_k]. Without FJ_VARLEN this is p.sz and the launch's rows,
+// constants; in the FJ_VARLEN unit cu_seqlens_k may be null (k [B, Hkv,
+// Lk, D]: Lk and k's rows are the launch's). A packed sequence's scratch
 // rows start at floor((cu_seqlens_q[b] + FJB_SEQ_PAD b) / FJB_SEQ_PAD)
 // FJB_SEQ_PAD: at most cu_seqlens_q[b] + FJB_SEQ_PAD b, and the next
 // sequence's start lies at least its length rounded up to FJB_SEQ_PAD
@@ -186,8 +187,8 @@ __device__ __forceinline__ fjb_seq fjb_seq_of(const fj_bwd_params &p, int b) {
 // rather than hold it in registers across their item loops: fjb_seq_sts
 // writes it (every thread of a CTA may write the same record: each reads
 // back its own writes), fjb_seq_lds reads it back, p.sz's B and heads from
-// the parameter. Without FJ_VARLEN nothing is stored and the reads are
-// fjb_seq_of's constants (b: the batch index).
+// the parameter. s must be 8-byte aligned. Without FJ_VARLEN nothing is
+// stored and the reads are fjb_seq_of's constants (b: the batch index).
 enum { FJB_SEQ_WORDS = 6 };
 __device__ __forceinline__ void fjb_seq_sts(unsigned s, const fjb_seq &q) {
 #if !FJ_VARLEN
