@@ -56,7 +56,8 @@ static const char precompile_usage[] =
     "blockmask (the kernels that build a spec's block masks, as flexjit run\n"
     "does for masks that read buffers; one per spec and target), backward\n"
     "(the backward pass's kernels), backward_deterministic (its\n"
-    "deterministic variant; refused for specs with trainable buffers) and\n"
+    "deterministic variant; refused for specs with trainable buffers),\n"
+    "backward_varlen (its variant for packed batches, cu_seqlens) and\n"
     "decode (what launches of 1 to 16 query tokens run: the decode kernel\n"
     "and the LSE merge; head dims 64 and 128).\n"
     "Needs no GPU.\n"
@@ -249,11 +250,14 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
     ko.block_mask_block_q = 128;
   } else if (strcmp(j.pass, "backward_deterministic") == 0) {
     ko.deterministic = 1;
+  } else if (strcmp(j.pass, "backward_varlen") == 0) {
+    ko.varlen = 1;
   } else if (strcmp(j.pass, "forward") != 0 && strcmp(j.pass, "backward") != 0 && !builder &&
              !decode) {
     r->status = FJ_EUNSUPPORTED;
     r->error = job_error(&j, "pass '%s' is not supported (forward, forward_blockmask, "
-                         "blockmask, backward, backward_deterministic, decode)", j.pass);
+                         "blockmask, backward, backward_deterministic, backward_varlen, "
+                         "decode)", j.pass);
     return;
   }
   r->status = FJ_ENOMEM;

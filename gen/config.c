@@ -310,11 +310,12 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
 /* Must equal templates/sm90/bwd_config.cuh's FJHB_SMEM_BYTES: 1024 to align
  * the base; K and V; two stages of Q and dO; two dS^T buffers (block_n x
  * block_m); each consumer's two fp32 dQ buffers (block_m x head_dim / 2);
- * two stages of LSE and delta; 1 + 3 * stages + 8 mbarriers. */
+ * two stages of LSE and delta; 1 + 3 * stages + 8 mbarriers; the
+ * sequence's record (6 int32: its sizes and rows in a packed batch). */
 static int sm90_bwd_smem_bytes(const fjg_config *c) {
   return 1024 + (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
          2 * c->block_n * c->block_m * 2 + 4 * c->block_m * (c->head_dim / 2) * 4 +
-         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 8);
+         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 8) + 4 * 6;
 }
 
 /* The sm90 backward (templates/sm90/bwd_*.cuh), FlashAttention-3's shape: a

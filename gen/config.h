@@ -60,6 +60,11 @@ typedef struct fjg_config {
    * in a fixed order; 0 otherwise and for every other kind. Set by the
    * runtime after fjg_config_choose_backward. */
   int deterministic;
+  /* Backward only: 1 is the packed-batch variant (FJ_VARLEN, a macro of the
+   * unit and of its key: docs/backward.md), which reads each sequence's
+   * sizes and rows from cu_seqlens; 0 otherwise, where the kernels keep the
+   * launch's sizes as constants. Set by the runtime, as deterministic. */
+  int varlen;
 } fjg_config;
 
 /* Asks for (on = 1) or against the persistent kernel; only the sm90
@@ -175,5 +180,10 @@ fj_status fjg_config_choose_util(fj_dtype dtype, const char *arch, fjg_config *o
  * FJB_SEM_ROWS): the scratch holds one per this many query rows, enough
  * for every query tile of a multiple of it. */
 #define FJG_BWD_SEM_ROWS 16
+/* The backward's scratch rows of a packed sequence start at a multiple of
+ * this many rows, with that many free before the next sequence's
+ * (templates/common/fj_bwd.cuh: FJB_SEQ_PAD): a query head holds total_q +
+ * FJG_BWD_SEQ_PAD * B rows. */
+#define FJG_BWD_SEQ_PAD 64
 
 #endif /* FJG_CONFIG_H */

@@ -194,6 +194,10 @@ typedef struct fj_kernel_options {
    * kernel fj_backward_args.deterministic launches (a kernel of its own,
    * with its own key). The forward ignores it. */
   int deterministic;
+  /* fj_compile_backward only: 1 compiles the packed-batch variant, the
+   * kernel a backward with fj_backward_args.cu_seqlens_q launches (its own
+   * key; combines with deterministic). The forward ignores it. */
+  int varlen;
 } fj_kernel_options;
 
 typedef struct fj_kernel_info {
@@ -390,8 +394,12 @@ typedef struct fj_backward_args {
   int deterministic;
   void *stream;
   /* Packed variable-length batches, as the forward took them
-   * (fj_forward_args.cu_seqlens_q ...); dq, dk, dv are packed like q, k,
-   * v. NULL: off. */
+   * (fj_forward_args.cu_seqlens_q ...; docs/backward.md): q, o, dout and dq
+   * [total_q, Hq, D], k, v, dk and dv [total_k, Hkv, D] with cu_seqlens_k
+   * (else [B, Hkv, Lk, D]), lse and dlse [Hq, total_q]. Each sequence's
+   * gradients are its own (masked as its own, positions from 0); rows of
+   * dq, dk, dv that belong to no sequence are not written. Not with a
+   * block mask. NULL: off. */
   const DLTensor *cu_seqlens_q, *cu_seqlens_k;
   int max_seqlen_q, max_seqlen_k;
 } fj_backward_args;
@@ -402,7 +410,9 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 /* Bytes of scratch a backward over B x Hq x Lq rows of head dim D needs
  * (fp32 delta and dq accumulator, and the deterministic mode's int32
  * semaphores, one per 16 query rows), for callers that pass their own. 0
- * when a size is below 1. */
+ * when a size is below 1. A packed batch of B sequences needs at most
+ * fj_backward_workspace_size(B, Hq, max_seqlen_q + 64, D) when q holds only
+ * its sequences' rows (total_q <= B * max_seqlen_q). */
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
 
 /* Compiles (or finds in the cache) the backward kernels of spec for opts

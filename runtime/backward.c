@@ -11,10 +11,12 @@
 #include <string.h>
 
 #include "gen/emit_cuda.h"
+#include "runtime/backward.h"
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
 #include "runtime/kernels.h"
 #include "runtime/launch_params.h"
+#include "runtime/serving.h"
 #include "runtime/tensor.h"
 #include "runtime/tma.h"
 
@@ -28,11 +30,11 @@ static fj_status emit_backward(const fjg_graph *g, const fjg_config *cfg, fjg_bu
 }
 
 /* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>, then _det for the
- * deterministic variant. */
+ * deterministic variant and _varlen for the packed-batch one. */
 static void backward_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
-  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s", spec, cfg->head_dim,
+  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s%s", spec, cfg->head_dim,
            cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch,
-           cfg->deterministic ? "_det" : "");
+           cfg->deterministic ? "_det" : "", cfg->varlen ? "_varlen" : "");
 }
 
 /* The main kernel first: it is the one given cfg.smem_bytes. */
@@ -54,7 +56,8 @@ static const fjr_kernel_kind backward_kind = {
  * forward), else sm90 (wgmma + TMA) on sm_90a and sm80 (mma.sync) on every
  * other target; the deterministic variant when asked for, which only sm80
  * has (so it is the default there on every target). Both templates take
- * 64 x 128 tiles, so a block mask that fits one fits the other. */
+ * 64 x 128 tiles, so a block mask that fits one fits the other. The
+ * packed-batch variant (FJ_VARLEN) when asked for, which both have. */
 static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                                  fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
@@ -71,6 +74,7 @@ static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                     "the %s backward has no deterministic mode (the sm80 one has)",
                     cfg->template_name);
   cfg->deterministic = o->deterministic ? 1 : 0;
+  cfg->varlen = o->varlen ? 1 : 0;
   return FJ_OK;
 }
 
@@ -97,42 +101,51 @@ static size_t align_up(size_t n) {
   return (n + FJR_SCRATCH_ALIGN - 1) / FJR_SCRATCH_ALIGN * FJR_SCRATCH_ALIGN;
 }
 
-/* Bytes of the deterministic mode's semaphores: an int32 per
- * FJG_BWD_SEM_ROWS query rows of every (batch, query head). */
-static size_t sem_bytes(int64_t B, int64_t Hq, int64_t Lq) {
-  const size_t tiles = (size_t)((Lq + FJG_BWD_SEM_ROWS - 1) / FJG_BWD_SEM_ROWS);
-  return (size_t)B * (size_t)Hq * tiles * 4;
-}
-
-/* The scratch's layout, the one place it is decided: delta (fp32
- * [B][Hq][Lq]) at 0, dq_accum (fp32 [B][Hq][Lq][D]) at at[0], the
+/* The scratch's layout, the one place it is decided: delta (fp32, one
+ * float a row) at 0, dq_accum (fp32, D floats a row) at at[0], the
  * semaphores (int32, zeroed by the pre kernel of a deterministic launch;
  * unused otherwise) at at[1], each at a 256-byte boundary; the total at
- * at[2]. */
-static void scratch_layout(int64_t B, int64_t Hq, int64_t Lq, int64_t D, size_t at[3]) {
-  const size_t rows = (size_t)B * (size_t)Hq * (size_t)Lq;
-  at[0] = align_up(rows * 4);
-  at[1] = at[0] + align_up(rows * (size_t)D * 4);
-  at[2] = at[1] + align_up(sem_bytes(B, Hq, Lq));
+ * at[2]. `rows`: B * Hq * Lq, or for a packed batch Hq * (total_q +
+ * FJG_BWD_SEQ_PAD * B) (fj_bwd_params.acc_sh rows a query head); the
+ * semaphores: an int32 per FJG_BWD_SEM_ROWS query rows of every (batch,
+ * query head), Lq being max_seqlen_q for a packed batch. */
+static void scratch_layout(int64_t rows, int64_t B, int64_t Hq, int64_t Lq, int64_t D,
+                           size_t at[3]) {
+  const size_t tiles = (size_t)((Lq + FJG_BWD_SEM_ROWS - 1) / FJG_BWD_SEM_ROWS);
+  at[0] = align_up((size_t)rows * 4);
+  at[1] = at[0] + align_up((size_t)rows * (size_t)D * 4);
+  at[2] = at[1] + align_up((size_t)B * (size_t)Hq * tiles * 4);
 }
 
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
   if (B < 1 || Hq < 1 || Lq < 1 || D < 1) return 0;
   size_t at[3];
-  scratch_layout(B, Hq, Lq, D, at);
+  scratch_layout(B * Hq * Lq, B, Hq, Lq, D, at);
   return at[2];
 }
 
 /* ---- checks ---- */
 
-/* The forward's tensors and the gradients' outputs, into the fixed part of
- * the parameter struct; *dtype receives the inputs' dtype. */
-static fj_status check_tensors(fj_context *ctx, const fj_backward_args *a, fj_dtype *dtype,
-                               fjr_bwd_params_fixed *p) {
+/* The forward's tensors and the gradients' outputs (backward.h). */
+fj_status fjr_backward_check(fj_context *ctx, const fj_backward_args *a, fj_dtype *dtype,
+                             fjr_bwd_params_fixed *p) {
+  /* Which packed-batch fields go together: the forward's rules. */
+  const fj_forward_args fa = {.cu_seqlens_q = a->cu_seqlens_q,
+                              .cu_seqlens_k = a->cu_seqlens_k,
+                              .max_seqlen_q = a->max_seqlen_q,
+                              .max_seqlen_k = a->max_seqlen_k};
+  fjr_layout l;
+  fj_status st = fjr_serving_layout(ctx, &fa, &l);
+  if (st != FJ_OK) return st;
+  if (l.q_packed && a->block_mask)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "a block mask cannot be combined with a packed batch (cu_seqlens_q): "
+                    "each sequence is masked as its own, so a packed batch needs no "
+                    "document mask");
+  const int qnd = l.q_packed ? 3 : 4, knd = l.kv_packed ? 3 : 4;
   const DLTensor *q = a->q;
   DLDataType dl;
-  fj_status st = fjr_tensor_query(ctx, q, 4, dtype, &dl);
-  if (st != FJ_OK) return st;
+  if ((st = fjr_tensor_query(ctx, q, qnd, dtype, &dl)) != FJ_OK) return st;
   const struct {
     const char *name;
     const DLTensor *t;
@@ -150,11 +163,12 @@ static fj_status check_tensors(fj_context *ctx, const fj_backward_args *a, fj_dt
       {"dv", a->dv, &p->dv, &p->dv_sb, &p->dv_sh, &p->dv_ss, 1},
   };
   int64_t s[4];
-  if ((st = fjr_tensor_check(ctx, "q", q, 4, dl, s)) != FJ_OK ||
-      (st = fjr_tensor_check(ctx, "k", a->k, 4, dl, s)) != FJ_OK)
+  if ((st = fjr_tensor_check(ctx, "q", q, qnd, dl, s)) != FJ_OK ||
+      (st = fjr_tensor_check(ctx, "k", a->k, knd, dl, s)) != FJ_OK)
     return st;
-  const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], D = q->shape[3];
-  const int64_t Hkv = a->k->shape[1], Lk = a->k->shape[2];
+  const int64_t Hq = q->shape[1], D = q->shape[qnd - 1], Hkv = a->k->shape[1];
+  int64_t B = q->shape[0], Lq = l.q_packed ? a->max_seqlen_q : q->shape[2];
+  const int64_t Lk = l.kv_packed ? a->max_seqlen_k : a->k->shape[2];
   if (D != 64 && D != 128)
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
                     "head dim %lld is not supported by the backward (64 or 128)",
@@ -163,33 +177,52 @@ static fj_status check_tensors(fj_context *ctx, const fj_backward_args *a, fj_dt
     return fjr_fail(ctx, FJ_ETENSOR,
                     "query heads (%lld) must be a multiple of key/value heads (%lld)",
                     (long long)Hq, (long long)Hkv);
-  if (Lq > INT32_MAX || Lk > INT32_MAX || B > 65535 || Hq > 65535)
-    return fjr_fail(ctx, FJ_ETENSOR, "sizes too large: B <= 65535, H <= 65535, L < 2^31");
+  if (l.q_packed &&
+      (st = fjr_varlen_bind(ctx, a->cu_seqlens_q, a->cu_seqlens_k, a->max_seqlen_q,
+                            a->max_seqlen_k, &B, &p->cu_seqlens_q, &p->cu_seqlens_k)) != FJ_OK)
+    return st;
+  /* Packed rows: their scratch rows too (total_q + FJG_BWD_SEQ_PAD * B a
+   * query head) are indexed by int. */
+  const int64_t tq = l.q_packed ? q->shape[0] : 0, tk = l.kv_packed ? a->k->shape[0] : 0;
+  if (Lq > INT32_MAX || Lk > INT32_MAX || B > 65535 || Hq > 65535 ||
+      tq + FJG_BWD_SEQ_PAD * B > INT32_MAX || tk > INT32_MAX)
+    return fjr_fail(ctx, FJ_ETENSOR,
+                    "sizes too large: B <= 65535, H <= 65535, L and packed rows < 2^31");
   const int64_t qshape[4] = {B, Hq, Lq, D}, kshape[4] = {B, Hkv, Lk, D};
+  const int64_t qpacked[3] = {tq, Hq, D}, kpacked[3] = {tk, Hkv, D};
   for (size_t i = 0; i < sizeof four / sizeof four[0]; i++) {
-    if ((st = fjr_tensor_check(ctx, four[i].name, four[i].t, 4, dl, s)) != FJ_OK ||
-        (st = fjr_tensor_check_shape(ctx, four[i].name, four[i].t,
-                                     four[i].kv ? kshape : qshape)) != FJ_OK ||
+    const int packed = four[i].kv ? l.kv_packed : l.q_packed;
+    const int64_t *shape = four[i].kv ? (packed ? kpacked : kshape) : (packed ? qpacked : qshape);
+    if ((st = fjr_tensor_check(ctx, four[i].name, four[i].t, packed ? 3 : 4, dl, s)) != FJ_OK ||
+        (st = fjr_tensor_check_shape(ctx, four[i].name, four[i].t, shape)) != FJ_OK ||
         (st = fjr_tensor_check_aligned16(ctx, four[i].name, four[i].t, s)) != FJ_OK)
       return st;
     *four[i].ptr = fjr_tensor_ptr(four[i].t);
-    *four[i].sb = s[0], *four[i].sh = s[1], *four[i].ss = s[2];
+    /* Packed: rows are dimension 0, a sequence's first row comes from
+     * cu_seqlens (batch stride 0). */
+    if (packed)
+      *four[i].sb = 0, *four[i].sh = s[1], *four[i].ss = s[0];
+    else
+      *four[i].sb = s[0], *four[i].sh = s[1], *four[i].ss = s[2];
   }
+  /* lse and dlse: [B, Hq, Lq], or [Hq, total_q] packed; last dimension
+   * contiguous. */
   const DLDataType f32 = {kDLFloat, 32, 1};
-  const int64_t lshape[3] = {B, Hq, Lq};
+  const int64_t lshape[3] = {l.q_packed ? Hq : B, l.q_packed ? tq : Hq, Lq};
+  const int lnd = l.q_packed ? 2 : 3;
   int64_t ls[3];
   if (!a->lse) return fjr_fail(ctx, FJ_ETENSOR, "lse: the forward's LSE is required");
-  if ((st = fjr_tensor_check(ctx, "lse", a->lse, 3, f32, ls)) != FJ_OK ||
+  if ((st = fjr_tensor_check(ctx, "lse", a->lse, lnd, f32, ls)) != FJ_OK ||
       (st = fjr_tensor_check_shape(ctx, "lse", a->lse, lshape)) != FJ_OK)
     return st;
   p->lse = fjr_tensor_ptr(a->lse);
-  p->lse_sb = ls[0], p->lse_sh = ls[1];
+  p->lse_sb = l.q_packed ? 0 : ls[0], p->lse_sh = l.q_packed ? ls[0] : ls[1];
   if (a->dlse) {
-    if ((st = fjr_tensor_check(ctx, "dlse", a->dlse, 3, f32, ls)) != FJ_OK ||
+    if ((st = fjr_tensor_check(ctx, "dlse", a->dlse, lnd, f32, ls)) != FJ_OK ||
         (st = fjr_tensor_check_shape(ctx, "dlse", a->dlse, lshape)) != FJ_OK)
       return st;
     p->dlse = fjr_tensor_ptr(a->dlse);
-    p->dlse_sb = ls[0], p->dlse_sh = ls[1];
+    p->dlse_sb = l.q_packed ? 0 : ls[0], p->dlse_sh = l.q_packed ? ls[0] : ls[1];
   }
   float scale = a->scale;
   if (scale == 0.0f) scale = 1.0f / sqrtf((float)D);
@@ -198,6 +231,7 @@ static fj_status check_tensors(fj_context *ctx, const fj_backward_args *a, fj_dt
   p->kv_group = (int32_t)(Hq / Hkv);
   p->scale = scale;
   p->scale_log2 = scale * 1.4426950408889634f;
+  p->acc_sh = l.q_packed ? tq + FJG_BWD_SEQ_PAD * B : Lq;
   return FJ_OK;
 }
 
@@ -287,31 +321,31 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
     return fjr_fail(ctx, FJ_EUNSUPPORTED, "kernel parameters too large");
   memset(pbuf, 0, total);
   fjr_bwd_params_fixed *p = (fjr_bwd_params_fixed *)pbuf;
-  if (args->cu_seqlens_q || args->cu_seqlens_k || args->max_seqlen_q || args->max_seqlen_k)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                    "the backward does not take packed batches (cu_seqlens_q, "
-                    "cu_seqlens_k, max_seqlen_q, max_seqlen_k) yet: leave them NULL and 0");
   fj_dtype dtype = FJ_DTYPE_BF16;
-  fj_status st = check_tensors(ctx, args, &dtype, p);
+  fj_status st = fjr_backward_check(ctx, args, &dtype, p);
   if (st != FJ_OK) return st;
+  const int packed = p->cu_seqlens_q != 0;
   if ((st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
                           pbuf + FJR_BWD_USER_OFFSET)) != FJ_OK ||
       (st = bind_grads(ctx, spec, args->args, args->num_args, pbuf + grads_at)) != FJ_OK)
     return st;
-  const int64_t B = p->sz.B, Hq = p->sz.Hq, Lq = p->sz.Lq, D = args->q->shape[3];
+  const int64_t B = p->sz.B, Hq = p->sz.Hq, Lq = p->sz.Lq;
+  const int64_t D = args->q->shape[args->q->ndim - 1];
   size_t at[3];
-  scratch_layout(B, Hq, Lq, D, at);
+  scratch_layout(packed ? Hq * p->acc_sh : B * Hq * Lq, B, Hq, Lq, D, at);
   const size_t need = at[2];
   if (args->workspace && ((uintptr_t)args->workspace % FJR_SCRATCH_ALIGN != 0 ||
                           args->workspace_bytes < need))
     return fjr_fail(ctx, FJ_EINVAL,
                     "workspace: %zu bytes at an address %% 256 = %zu; the backward needs %zu "
-                    "bytes, 256-byte aligned (fj_backward_workspace_size)",
-                    args->workspace_bytes, (size_t)((uintptr_t)args->workspace % 256), need);
+                    "bytes, 256-byte aligned (fj_backward_workspace_size%s)",
+                    args->workspace_bytes, (size_t)((uintptr_t)args->workspace % 256), need,
+                    packed ? "; for a packed batch, of B, Hq, max_seqlen_q + 64 and D" : "");
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
 
   const fj_kernel_options ko = {.head_dim = (int)D, .dtype = dtype,
-                                .deterministic = args->deterministic ? 1 : 0};
+                                .deterministic = args->deterministic ? 1 : 0,
+                                .varlen = packed};
   fjg_config cfg;
   fjr_kernel *k = NULL;
   if ((st = backward_config(ctx, &ko, &cfg)) != FJ_OK ||
@@ -336,7 +370,8 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   _Alignas(128) fjr_tma_bwd_maps maps;
   if (k->cfg.uses_tma) {
     char err[512];
-    st = fjr_tma_bwd_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof err);
+    st = fjr_tma_bwd_maps_build(ctx->drv, &k->cfg, p, args->q->shape[0], args->k->shape[0],
+                                &maps, err, sizeof err);
     if (st != FJ_OK) {
       if (!args->workspace) ctx->drv->cuMemFreeAsync(scratch, stream);
       return fjr_fail(ctx, st, "%s", err);

@@ -54,8 +54,8 @@ typedef struct fjr_fwd_params_fixed {
 typedef struct fjr_bwd_params_fixed {
   uint64_t q, k, v, o, dout;
   uint64_t lse, dlse; /* dlse 0: none */
-  uint64_t delta;     /* scratch: fp32 [B][Hq][Lq] */
-  uint64_t dq_accum;  /* scratch: fp32 [B][Hq][Lq][D], 16-byte aligned */
+  uint64_t delta;     /* scratch: fp32 [B * Hq][acc_sh] */
+  uint64_t dq_accum;  /* scratch: fp32 [B * Hq][acc_sh][D], 16-byte aligned */
   uint64_t dq, dk, dv;
   int64_t q_sb, q_sh, q_ss;
   int64_t k_sb, k_sh, k_ss;
@@ -85,6 +85,11 @@ typedef struct fjr_bwd_params_fixed {
   uint64_t bm_kv_num, bm_kv_idx, bm_full_kv_num, bm_full_kv_idx;
   int32_t bm_qb_stride, bm_qh_stride;
   int32_t bm_nkv;
+  /* Packed batches (docs/serving.md): int32 [B + 1] device arrays, 0 when
+   * off; the scratch's rows a query head (Lq, or total_q +
+   * FJG_BWD_SEQ_PAD * B packed; B = 1 for delta and dq_accum then). */
+  uint64_t cu_seqlens_q, cu_seqlens_k;
+  int64_t acc_sh;
 } fjr_bwd_params_fixed;
 
 /* The offsets templates/common/fj_bwd.cuh asserts for the device struct. */
@@ -104,10 +109,14 @@ _Static_assert(offsetof(fjr_bwd_params_fixed, bm_qb_stride) == 448,
                "fjr_bwd_params_fixed layout");
 _Static_assert(offsetof(fjr_bwd_params_fixed, bm_nkv) == 456,
                "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, cu_seqlens_q) == 464,
+               "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, acc_sh) == 480,
+               "fjr_bwd_params_fixed layout");
 
 /* Offset of `user` in the device struct: its first member is a long long. */
 #define FJR_BWD_USER_OFFSET \
   ((sizeof(fjr_bwd_params_fixed) + 7u) & ~(size_t)7u)
-_Static_assert(FJR_BWD_USER_OFFSET == 464, "fjr_bwd_params_fixed layout");
+_Static_assert(FJR_BWD_USER_OFFSET == 488, "fjr_bwd_params_fixed layout");
 
 #endif /* FJR_LAUNCH_PARAMS_H */

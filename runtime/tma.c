@@ -104,13 +104,15 @@ static fj_status maps_start(const fjr_driver *drv, const fjg_config *cfg, int ar
   return FJ_OK;
 }
 
-/* The backward's fp32 dq_accum, [B * Hq][Lq][D] contiguous, as (D, Lq,
- * B * Hq) with boxes of 32 x 64 (128 bytes x 64 rows). */
+/* The backward's fp32 dq_accum, [heads][acc_sh][D] contiguous (heads B *
+ * Hq, or Hq for a packed batch, whose sequences' rows lie in each head's
+ * acc_sh rows), as (D, acc_sh, heads) with boxes of 32 x 64 (128 bytes x
+ * 64 rows). */
 static fj_status encode_dq_accum(const fjr_driver *drv, const fjr_bwd_params_fixed *p,
                                  int64_t D, CUtensorMap *out, char *err, size_t errlen) {
-  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)p->sz.Lq,
-                              (cuuint64_t)p->sz.B * (cuuint64_t)p->sz.Hq};
-  const cuuint64_t strides[2] = {(cuuint64_t)D * 4, (cuuint64_t)D * 4 * (cuuint64_t)p->sz.Lq};
+  const cuuint64_t heads = (cuuint64_t)p->sz.Hq * (p->cu_seqlens_q ? 1u : (cuuint64_t)p->sz.B);
+  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)p->acc_sh, heads};
+  const cuuint64_t strides[2] = {(cuuint64_t)D * 4, (cuuint64_t)D * 4 * (cuuint64_t)p->acc_sh};
   const cuuint32_t box[3] = {32, 64, 1}, estride[3] = {1, 1, 1};
   CUresult r = drv->cuTensorMapEncodeTiled(
       out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)(uintptr_t)p->dq_accum, dims, strides,
@@ -126,20 +128,26 @@ static fj_status encode_dq_accum(const fjr_driver *drv, const fjr_bwd_params_fix
 }
 
 fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
-                                 const fjr_bwd_params_fixed *p, fjr_tma_bwd_maps *out,
-                                 char *err, size_t errlen) {
+                                 const fjr_bwd_params_fixed *p, int64_t total_q,
+                                 int64_t total_k, fjr_tma_bwd_maps *out, char *err,
+                                 size_t errlen) {
   fj_status st = maps_start(drv, cfg, p && out, "fjr_tma_bwd_maps_build", err, errlen);
   if (st != FJ_OK) return st;
   memset(out, 0, sizeof *out);
   const int64_t D = cfg->head_dim;
   const uint32_t bm = (uint32_t)cfg->block_m, bn = (uint32_t)cfg->block_n;
+  /* Packed tensors are (D, total, H, 1): a sequence's rows are found from
+   * cu_seqlens by the kernel (batch stride 0, normalized for the extent of
+   * 1). */
+  const int64_t lq = p->cu_seqlens_q ? total_q : p->sz.Lq, bq = p->cu_seqlens_q ? 1 : p->sz.B;
+  const int64_t lk = p->cu_seqlens_k ? total_k : p->sz.Lk, bk = p->cu_seqlens_k ? 1 : p->sz.B;
   tma_tensor t[] = {
-      {"q", p->q, {D, p->sz.Lq, p->sz.Hq, p->sz.B}, {p->q_ss, p->q_sh, p->q_sb}, bm},
-      {"k", p->k, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->k_ss, p->k_sh, p->k_sb}, bn},
-      {"v", p->v, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->v_ss, p->v_sh, p->v_sb}, bn},
-      {"dout", p->dout, {D, p->sz.Lq, p->sz.Hq, p->sz.B}, {p->do_ss, p->do_sh, p->do_sb}, bm},
-      {"dk", p->dk, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->dk_ss, p->dk_sh, p->dk_sb}, 64},
-      {"dv", p->dv, {D, p->sz.Lk, p->sz.Hkv, p->sz.B}, {p->dv_ss, p->dv_sh, p->dv_sb}, 64},
+      {"q", p->q, {D, lq, p->sz.Hq, bq}, {p->q_ss, p->q_sh, p->q_sb}, bm},
+      {"k", p->k, {D, lk, p->sz.Hkv, bk}, {p->k_ss, p->k_sh, p->k_sb}, bn},
+      {"v", p->v, {D, lk, p->sz.Hkv, bk}, {p->v_ss, p->v_sh, p->v_sb}, bn},
+      {"dout", p->dout, {D, lq, p->sz.Hq, bq}, {p->do_ss, p->do_sh, p->do_sb}, bm},
+      {"dk", p->dk, {D, lk, p->sz.Hkv, bk}, {p->dk_ss, p->dk_sh, p->dk_sb}, 64},
+      {"dv", p->dv, {D, lk, p->sz.Hkv, bk}, {p->dv_ss, p->dv_sh, p->dv_sb}, 64},
   };
   CUtensorMap *maps[] = {&out->q, &out->k, &out->v, &out->dout, &out->dk, &out->dv};
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)

@@ -64,11 +64,12 @@ fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
 
 /* Host mirror of the sm90 backward's struct fj_bwd_maps (templates/sm90/
  * bwd_config.cuh; 896 bytes, 128-byte aligned): q, k, v, dout, dk, dv over
- * the 4-D tensors (D, L, H, B) of the element type, 128-byte swizzle, boxes
- * of 64 x block_m (q, dout), 64 x block_n (k, v) and 64 x 64 (dk, dv: one
- * consumer's rows, stored); then dq_accum, the fp32 scratch [B * Hq][Lq][D]
- * as (D, Lq, B * Hq) with boxes of 32 x 64 and 128-byte swizzle, the target
- * of the kernel's reduce-adds. */
+ * the 4-D tensors (D, L, H, B) of the element type (packed ones as (D,
+ * total, H, 1)), 128-byte swizzle, boxes of 64 x block_m (q, dout), 64 x
+ * block_n (k, v) and 64 x 64 (dk, dv: one consumer's rows, stored); then
+ * dq_accum, the fp32 scratch [heads][acc_sh][D] as (D, acc_sh, heads), heads
+ * B * Hq (Hq for a packed batch), with boxes of 32 x 64 and 128-byte
+ * swizzle, the target of the kernel's reduce-adds. */
 typedef struct fjr_tma_bwd_maps {
   _Alignas(128) CUtensorMap q;
   CUtensorMap k, v, dout, dk, dv, dq_accum;
@@ -77,10 +78,13 @@ typedef struct fjr_tma_bwd_maps {
 /*
  * Encodes the backward's maps from its packed parameters (pointers,
  * strides and sizes, dq_accum already placed in the scratch) and its
- * configuration. Fails as fjr_tma_maps_build does; err gets why.
+ * configuration; total_q and total_k are the rows of packed q-side and
+ * k-side tensors (read where p's cu_seqlens_q, cu_seqlens_k are set).
+ * Fails as fjr_tma_maps_build does; err gets why.
  */
 fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
-                                 const fjr_bwd_params_fixed *p, fjr_tma_bwd_maps *out,
-                                 char *err, size_t errlen);
+                                 const fjr_bwd_params_fixed *p, int64_t total_q,
+                                 int64_t total_k, fjr_tma_bwd_maps *out, char *err,
+                                 size_t errlen);
 
 #endif /* FJR_TMA_H */

@@ -22,7 +22,10 @@
 // counts exactly the walks that hold (h, i), with the walk's classification
 // (fjb_pair_class) or, with a block mask, the mask's lists per query block
 // (the transposes of the lists the walk reads; fj_block_mask_build
-// compacts both from one classification).
+// compacts both from one classification). In a packed batch nk is the
+// launch's (max_seqlen_k); the CTAs of kv tiles past a shorter sequence's
+// end return at once, and the rank counts only tiles below the sequence's
+// own, which all run.
 //
 // Why descending: under causal, sliding-window and document masks the kv
 // tiles above n begin their walks at later query tiles and have no more
@@ -44,19 +47,22 @@ constexpr int FJB_SEM_ROWS = 16;
 static_assert(FJ_BLOCK_M % FJB_SEM_ROWS == 0,
               "deterministic backward: the semaphores are sized for 16-row query tiles");
 
-// The semaphore of query tile i of query head h, batch b.
+// The semaphore of query tile i of query head h, batch b: p.sz.Lq (the
+// launch's, max_seqlen_q for a packed batch) spaces the heads, so every
+// sequence's tiles have their own.
 __device__ __forceinline__ int *fjb_order_sem(const fj_bwd_params &p, int b, int h, int i) {
   const int nq = (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
   return p.dq_sem + ((long long)b * p.sz.Hq + h) * nq + i;
 }
 
 // Zeroes the semaphores of head h's query tiles that start in rows
-// [q0, q0 + rows) (rows [q0, Lq) at the end): each tile starts in the rows
-// of exactly one pre CTA. Thread tid of `threads` threads.
-__device__ __forceinline__ void fjb_order_zero(const fj_bwd_params &p, int b, int h, int q0,
-                                               int rows, int tid, int threads) {
+// [q0, q0 + rows) (rows [q0, Lq) at the end; Lq the sequence's): each tile
+// starts in the rows of exactly one pre CTA. Thread tid of `threads`
+// threads.
+__device__ __forceinline__ void fjb_order_zero(const fj_bwd_params &p, int Lq, int b, int h,
+                                               int q0, int rows, int tid, int threads) {
   const int i0 = (q0 + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
-  const int i1 = (min(q0 + rows, p.sz.Lq) + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  const int i1 = (min(q0 + rows, Lq) + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
   int *sem = fjb_order_sem(p, b, h, 0);
   for (int i = i0 + tid; i < i1; i += threads) sem[i] = 0;
 }
@@ -91,7 +97,8 @@ __device__ __forceinline__ void fjb_sem_release_thread(int *sem, int value) {
 }
 
 // The rank of kv tile n on query tile i of query head h, batch b: how many
-// kv tiles above n (n + 1 .. nk - 1) hold (h, i) in their walks. It is also
+// kv tiles above n (n + 1 .. nk - 1, nk those of the sequence's Lk in z)
+// hold (h, i) in their walks. It is also
 // a barrier of the whole CTA (__syncthreads_count, one a round of NT kv
 // tiles or list entries: one round up to NT * FJ_BLOCK_N keys); all NT
 // threads call it with the same arguments.
@@ -103,9 +110,9 @@ __device__ __forceinline__ void fjb_sem_release_thread(int *sem, int value) {
 //   bm_kv_ratio kv tiles (those below nk), and thread k takes tile k %
 //   bm_kv_ratio of entry k / bm_kv_ratio.
 template <int NT>
-__device__ __forceinline__ int fjb_order_rank(const fj_bwd_params &p, int b, int n, int h,
-                                              int i) {
-  const int nk = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+__device__ __forceinline__ int fjb_order_rank(const fj_bwd_params &p, const fj_sizes &z,
+                                              int b, int n, int h, int i) {
+  const int nk = (z.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
   const int tid = fj_tid();
   int rank = 0;
   if (p.bm_q_num != nullptr) {
@@ -137,7 +144,8 @@ __device__ __forceinline__ int fjb_order_rank(const fj_bwd_params &p, int b, int
       bool before = t < nk;
 #if FJ_HAS_MASK
       if (before)
-        before = fjb_pair_class(p, b, h, i, t * FJ_BLOCK_N, fjb_kv_last(p, t)) != FJ_TILE_EMPTY;
+        before =
+            fjb_pair_class(p, z, b, h, i, t * FJ_BLOCK_N, fjb_kv_last(z, t)) != FJ_TILE_EMPTY;
 #endif
       rank += __syncthreads_count(before);
       if (t0 + NT >= nk) break;

@@ -7,7 +7,9 @@
 //                          FJ_DETERMINISTIC, the semaphores of the query
 //                          tiles that start in its rows: common/bwd_order.cuh)
 //   fj_attention_bwd_post: dq = dq_accum in the element type
-// Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B), FJB_ROW_THREADS threads,
+// Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B) (Lq: max_seqlen_q for a
+// packed batch, whose shorter sequences' CTAs past their rows return at
+// once), FJB_ROW_THREADS threads,
 // no dynamic shared memory (gen/config.h's FJG_BWD_ROW_BLOCK and
 // FJG_BWD_ROW_THREADS name the same numbers for the host).
 // A row of D elements is read by FJB_ROW_LANES lanes, 16 bytes each (o,
@@ -51,12 +53,21 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
   const int tid = threadIdx.x;
   const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
   const int h = blockIdx.y, b = blockIdx.z;
-  const int Lq = p.sz.Lq;
+  // The sequence's rows (fjb_seq_of: p.sz unless packed); a row block past
+  // a shorter sequence's end has nothing to do (without FJ_VARLEN the grid
+  // holds none).
+  const fjb_seq sq = fjb_seq_of(p, b);
+  const int Lq = sq.sz.Lq;
   const int q0 = blockIdx.x * FJB_ROW_BLOCK;
-  const fj_u16 *go = (const fj_u16 *)p.o + b * p.o_sb + h * p.o_sh + c * 8;
-  const fj_u16 *gd = (const fj_u16 *)p.dout + b * p.do_sb + h * p.do_sh + c * 8;
+#if FJ_VARLEN
+  if (q0 >= Lq) return;
+#endif
+  const fj_u16 *go = (const fj_u16 *)p.o + b * p.o_sb + h * p.o_sh +
+                     (long long)sq.q_row0 * p.o_ss + c * 8;
+  const fj_u16 *gd = (const fj_u16 *)p.dout + b * p.do_sb + h * p.do_sh +
+                     (long long)sq.q_row0 * p.do_ss + c * 8;
   // This head's row 0 in delta and dq_accum.
-  const long long row0 = ((long long)b * p.sz.Hq + h) * Lq;
+  const long long row0 = fjb_acc_row(p, sq, h);
 #pragma unroll
   for (int i = 0; i < FJB_ROW_BLOCK / FJB_ROW_PASS; ++i) {
     const int q = q0 + i * FJB_ROW_PASS + r;
@@ -78,8 +89,9 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
     for (int off = FJB_ROW_LANES / 2; off > 0; off >>= 1)
       dot += __shfl_xor_sync(0xffffffffu, dot, off);
     if (c == 0 && q < Lq) {
-      const float L = p.lse[b * p.lse_sb + h * p.lse_sh + q];
-      const float dl = p.dlse != nullptr ? p.dlse[b * p.dlse_sb + h * p.dlse_sh + q] : 0.f;
+      const int qr = sq.q_row0 + q;
+      const float L = p.lse[b * p.lse_sb + h * p.lse_sh + qr];
+      const float dl = p.dlse != nullptr ? p.dlse[b * p.dlse_sb + h * p.dlse_sh + qr] : 0.f;
       p.delta[row0 + q] = L == fj_neg_inf() ? 0.f : dot - dl;
     }
   }
@@ -89,7 +101,7 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
   for (int k = tid; k < rows * (FJ_HEAD_DIM / 4); k += FJB_ROW_THREADS)
     fj_st_global_v4(acc + 4 * k, 0u, 0u, 0u, 0u);
 #if FJ_DETERMINISTIC
-  fjb_order_zero(p, b, h, q0, FJB_ROW_BLOCK, tid, FJB_ROW_THREADS);
+  fjb_order_zero(p, Lq, b, h, q0, FJB_ROW_BLOCK, tid, FJB_ROW_THREADS);
 #endif
 }
 
@@ -98,10 +110,15 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
   const int tid = threadIdx.x;
   const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
   const int h = blockIdx.y, b = blockIdx.z;
-  const int Lq = p.sz.Lq;
+  const fjb_seq sq = fjb_seq_of(p, b);
+  const int Lq = sq.sz.Lq;
   const int q0 = blockIdx.x * FJB_ROW_BLOCK;
-  const float *acc = p.dq_accum + ((long long)b * p.sz.Hq + h) * Lq * FJ_HEAD_DIM + c * 8;
-  fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + c * 8;
+#if FJ_VARLEN
+  if (q0 >= Lq) return;
+#endif
+  const float *acc = p.dq_accum + fjb_acc_row(p, sq, h) * FJ_HEAD_DIM + c * 8;
+  fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + (long long)sq.q_row0 * p.dq_ss +
+               c * 8;
 #pragma unroll
   for (int i = 0; i < FJB_ROW_BLOCK / FJB_ROW_PASS; ++i) {
     const int q = q0 + i * FJB_ROW_PASS + r;

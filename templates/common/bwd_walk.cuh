@@ -5,7 +5,9 @@
 // tiles of FJ_BLOCK_M rows in ascending order, from the block mask's
 // transposed lists (its PARTIAL blocks, then its FULL blocks) or, without
 // one, from fj_tile_class. Every thread of the CTA walks the same items
-// (each warp computes them for itself; nothing is shared). Needs
+// (each warp computes them for itself; nothing is shared). `z` is the
+// sequence's sizes (fjb_seq_of: p.sz, or its own Lq and Lk in a packed
+// batch), which bound its tiles and which fj_tile_class sees. Needs
 // fj_bwd_params, fj_tile_class (when FJ_HAS_MASK), FJ_BLOCK_M and
 // FJ_BLOCK_N.
 #pragma once
@@ -19,8 +21,8 @@ struct fjb_item {
 };
 
 // The last kv row of kv tile n (its first is n * FJ_BLOCK_N).
-__device__ __forceinline__ int fjb_kv_last(const fj_bwd_params &p, int n) {
-  return min(n * FJ_BLOCK_N + FJ_BLOCK_N, p.sz.Lk) - 1;
+__device__ __forceinline__ int fjb_kv_last(const fj_sizes &z, int n) {
+  return min(n * FJ_BLOCK_N + FJ_BLOCK_N, z.Lk) - 1;
 }
 
 #if FJ_HAS_MASK
@@ -28,10 +30,10 @@ __device__ __forceinline__ int fjb_kv_last(const fj_bwd_params &p, int n) {
 // tile: n * FJ_BLOCK_N and fjb_kv_last): the one classification of a pair
 // of tiles that the walk and the deterministic order (common/bwd_order.cuh)
 // both use, so that they agree on every pair.
-__device__ __forceinline__ int fjb_pair_class(const fj_bwd_params &p, int b, int h, int i,
-                                              int kv0, int kv1) {
+__device__ __forceinline__ int fjb_pair_class(const fj_bwd_params &p, const fj_sizes &z,
+                                              int b, int h, int i, int kv0, int kv1) {
   const int q0 = i * FJ_BLOCK_M;
-  return fj_tile_class(p.user, p.sz, b, h, q0, min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1, kv0, kv1);
+  return fj_tile_class(p.user, z, b, h, q0, min(q0 + FJ_BLOCK_M, z.Lq) - 1, kv0, kv1);
 }
 
 // The first query tile >= i below nq that is not EMPTY for kv rows
@@ -39,13 +41,13 @@ __device__ __forceinline__ int fjb_pair_class(const fj_bwd_params &p, int b, int
 // tile i + l, 32 tiles a round, so a long run of EMPTY tiles (the rows
 // above a causal diagonal) costs a round per 32 of them. Every lane of the
 // warp must call it with the same arguments.
-__device__ __forceinline__ int fjb_scan_q(const fj_bwd_params &p, int b, int h, int i,
-                                          int nq, int kv0, int kv1, int *cls) {
+__device__ __forceinline__ int fjb_scan_q(const fj_bwd_params &p, const fj_sizes &z, int b,
+                                          int h, int i, int nq, int kv0, int kv1, int *cls) {
   const int lane = fj_tid() & 31;
   for (; i < nq; i += 32) {
     const int ii = i + lane;
     int c = FJ_TILE_EMPTY;
-    if (ii < nq) c = fjb_pair_class(p, b, h, ii, kv0, kv1);
+    if (ii < nq) c = fjb_pair_class(p, z, b, h, ii, kv0, kv1);
     const unsigned hit = __ballot_sync(0xffffffffu, c != FJ_TILE_EMPTY);
     if (hit != 0u) {
       const int src = __ffs(hit) - 1;
@@ -62,7 +64,8 @@ __device__ __forceinline__ int fjb_scan_q(const fj_bwd_params &p, int b, int h, 
 // is moved to it and *cls receives its class. -1 past the end of the list.
 // A kv tile's walk thus holds query tile i (below Lq) exactly when the
 // tile's block is listed in the kv block's row (common/bwd_order.cuh counts
-// on it).
+// on it). Block masks are not combined with packed batches: p.sz is the
+// launch's and the sequence's.
 __device__ __forceinline__ int fjb_bm_q_tile(const fj_bwd_params &p, int row, int *t,
                                              int *cls) {
   const int r = p.bm_q_ratio;
@@ -84,10 +87,11 @@ __device__ __forceinline__ int fjb_bm_q_tile(const fj_bwd_params &p, int row, in
 
 // The first item at or after position t of head h, heads below h_end; the
 // next item after `it` is fjb_find(..., it.h, it.t + 1, ...).
-__device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, int b, int n_block,
-                                             int h, int t, int h_end, int kv0, int kv1) {
+__device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, const fj_sizes &z,
+                                             int b, int n_block, int h, int t, int h_end,
+                                             int kv0, int kv1) {
   fjb_item it;
-  const int nq = (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  const int nq = (z.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
   for (; h < h_end; ++h, t = 0) {
     if (p.bm_q_num != nullptr) {
       const int row = b * p.bm_b_stride + h * p.bm_h_stride + n_block / p.bm_kv_ratio;
@@ -100,7 +104,7 @@ __device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, int b, int 
     } else {
 #if FJ_HAS_MASK
       int c = FJ_TILE_EMPTY;
-      const int i = fjb_scan_q(p, b, h, t, nq, kv0, kv1, &c);
+      const int i = fjb_scan_q(p, z, b, h, t, nq, kv0, kv1, &c);
       if (i < nq) {
         it.h = h, it.t = i, it.i = i, it.cls = c;
         return it;
@@ -121,18 +125,31 @@ __device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, int b, int 
 // A CTA's walk: kv tile n_block of kv head hk, batch b, over the query
 // heads of hk's group, for kernels whose roles each walk on their own (the
 // sm90 producer warps and consumers) and must see the same items in the
-// same order. (The sm80 kernel calls fjb_find itself: with these fields
-// held across its loop it spilled at D=128.)
+// same order. The sequence's sizes are read at each step from its record in
+// shared memory (s_seq: fjb_seq_sts, written by every thread before), not
+// held in registers across the roles' loops. (The sm80 kernel calls
+// fjb_find itself: with these fields held across its loop it spilled at
+// D=128.)
 struct fjb_walk {
+  unsigned s_seq;
   int b, n_block, h0, h_end, kv0, kv1;
-  __device__ __forceinline__ fjb_walk(const fj_bwd_params &p, int n_block_, int hk, int b_)
-      : b(b_), n_block(n_block_), h0(hk * p.kv_group), h_end((hk + 1) * p.kv_group),
-        kv0(n_block_ * FJ_BLOCK_N), kv1(fjb_kv_last(p, n_block_)) {}
+  __device__ __forceinline__ fjb_walk(const fj_bwd_params &p, unsigned s_seq_, int n_block_,
+                                      int hk, int b_)
+      : s_seq(s_seq_), b(b_), n_block(n_block_), h0(hk * p.kv_group),
+        h_end((hk + 1) * p.kv_group), kv0(n_block_ * FJ_BLOCK_N),
+        kv1(fjb_kv_last(fjb_seq_lds_sizes(p, s_seq_), n_block_)) {}
+  // The sequence's sizes and rows, read from shared memory.
+  __device__ __forceinline__ fj_sizes sizes(const fj_bwd_params &p) const {
+    return fjb_seq_lds_sizes(p, s_seq);
+  }
+  __device__ __forceinline__ fjb_seq seq(const fj_bwd_params &p) const {
+    return fjb_seq_lds(p, s_seq, b);
+  }
   __device__ __forceinline__ fjb_item first(const fj_bwd_params &p) const {
-    return fjb_find(p, b, n_block, h0, 0, h_end, kv0, kv1);
+    return fjb_find(p, sizes(p), b, n_block, h0, 0, h_end, kv0, kv1);
   }
   __device__ __forceinline__ fjb_item next(const fj_bwd_params &p, const fjb_item &it) const {
-    return fjb_find(p, b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
+    return fjb_find(p, sizes(p), b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
   }
   __device__ __forceinline__ bool done(const fjb_item &it) const { return it.h >= h_end; }
 };

@@ -23,6 +23,13 @@
 #ifndef FJ_DETERMINISTIC
 #define FJ_DETERMINISTIC 0
 #endif
+// FJ_VARLEN (0 unless the generator defines it 1; part of the key): the
+// packed-batch variant, launched with cu_seqlens_q, which finds each
+// sequence's sizes and rows at run time (fjb_seq_of); without it they are
+// the launch's, constants of the parameter.
+#ifndef FJ_VARLEN
+#define FJ_VARLEN 0
+#endif
 
 #if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
     !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \
@@ -36,18 +43,20 @@
 struct fj_bwd_params {
   // Tensors [B, H, S, D] of the element type, as the forward took and wrote
   // them (q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D], o and dout like q), and
-  // the gradients, shaped like q, k and v.
+  // the gradients, shaped like q, k and v; or packed (cu_seqlens_q/k below).
   const void *q;
   const void *k;
   const void *v;
   const void *o;
   const void *dout;
-  const float *lse;   // [B, Hq, Lq], natural log, -inf for a fully masked row
+  const float *lse;   // [B, Hq, Lq] ([Hq, total_q] packed), natural log, -inf
+                      // for a fully masked row
   const float *dlse;  // like lse, or null: 0
-  // Scratch (fp32, contiguous, laid out by the kernels alone):
-  //   delta    [B][Hq][Lq]      dO . O - dLSE (0 where LSE = -inf), by pre
-  //   dq_accum [B][Hq][Lq][D]   zeroed by pre, += scale * dS K by the main
-  //                             kernel, converted to dq by post
+  // Scratch (fp32, contiguous, laid out by the kernels alone), in rows of
+  // one query each (fjb_acc_row):
+  //   delta    [B * Hq][acc_sh]      dO . O - dLSE (0 where LSE = -inf), by pre
+  //   dq_accum [B * Hq][acc_sh][D]   zeroed by pre, += scale * dS K by the
+  //                                  main kernel, converted to dq by post
   // and dq_sem below.
   float *delta;
   float *dq_accum;
@@ -102,14 +111,132 @@ struct fj_bwd_params {
   const int *bm_full_kv_idx;
   int bm_qb_stride, bm_qh_stride;
   int bm_nkv;  // the mask's kv blocks, ceil(Lk / block_kv)
+  // Packed variable-length batches (docs/serving.md), or null: off.
+  // cu_seqlens_q [B + 1]: sequence b's rows of q, o, dout and dq start at
+  // row cu_seqlens_q[b] (their batch strides are 0), its Lq is the
+  // difference (sz.Lq is max_seqlen_q), lse and dlse are [Hq][total_q]
+  // (lse_sb, dlse_sb 0), and its scratch rows start at the padded row
+  // fjb_seq_of gives. cu_seqlens_k [B + 1]: the same for k, v, dk and dv
+  // (sz.Lk is max_seqlen_k); null with cu_seqlens_q: k [B, Hkv, Lk, D].
+  const int *cu_seqlens_q;
+  const int *cu_seqlens_k;
+  // Scratch rows of one query head: Lq, or with cu_seqlens_q total_q +
+  // FJB_SEQ_PAD * B (each sequence's rows start at a multiple of
+  // FJB_SEQ_PAD, and a whole tile of FJB_SEQ_PAD rows fits before the
+  // next: TMA boxes and reduce-adds of a sequence's last tile stay in its
+  // own rows).
+  long long acc_sh;
   fj_user_params user;
   fj_user_grads grads;
 };
 
-// NVRTC has no offsetof: the size pins the fixed part at 460 bytes (464
-// with the padding before `user`, whose first member is a long long), the
-// offset runtime/launch_params.h asserts with offsetof for the host mirror,
-// field by field.
+// NVRTC has no offsetof: the size pins the fixed part at 488 bytes (`user`,
+// whose first member is a long long, follows without padding), the offset
+// runtime/launch_params.h asserts with offsetof for the host mirror, field
+// by field.
 static_assert(sizeof(fj_bwd_params) ==
-                  464 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
-              "fj_bwd_params: the fixed part is 464 bytes, as fjr_bwd_params_fixed");
+                  488 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
+              "fj_bwd_params: the fixed part is 488 bytes, as fjr_bwd_params_fixed");
+
+// A packed sequence's scratch rows start at a multiple of this many rows,
+// with a tile of it free before the next sequence's (gen/config.h's
+// FJG_BWD_SEQ_PAD names the same number for the host). Every query tile of
+// the backward kernels (FJ_BLOCK_M) divides it.
+constexpr int FJB_SEQ_PAD = 64;
+static_assert(FJB_SEQ_PAD % FJ_BLOCK_M == 0, "backward: query tiles divide FJB_SEQ_PAD");
+
+// Sequence b of a backward launch: p.sz with Lq and Lk set to the
+// sequence's own (what fj_mask, fj_score_mod, fj_score_grad and
+// fj_tile_class see, and the bounds of its rows), its first rows in packed
+// q / o / dout / dq / lse and k / v / dk / dv (0 unless packed), and where
+// its scratch rows lie: query row q of head h is scratch row
+// fjb_acc_row(p, s, h) + q. Values read from cu_seqlens are clamped, as
+// the forward's fj_seq_of clamps them: Lq to [0, max_seqlen_q], Lk to
+// [0, max_seqlen_k]. Without FJ_VARLEN this is p.sz and the launch's rows,
+// constants; in the FJ_VARLEN unit cu_seqlens_k may be null (k [B, Hkv,
+// Lk, D]: Lk and k's rows are the launch's). A packed sequence's scratch
+// rows start at floor((cu_seqlens_q[b] + FJB_SEQ_PAD b) / FJB_SEQ_PAD)
+// FJB_SEQ_PAD: at most cu_seqlens_q[b] + FJB_SEQ_PAD b, and the next
+// sequence's start lies at least its length rounded up to FJB_SEQ_PAD
+// further, so that whole tiles of FJB_SEQ_PAD rows never overlap.
+struct fjb_seq {
+  fj_sizes sz;
+  int q_row0, k_row0;
+  int acc_h0;  // scratch head block of query head 0: b * Hq, or 0 packed
+  int acc_q0;  // scratch row of query 0 within a head's rows
+};
+__device__ __forceinline__ fjb_seq fjb_seq_of(const fj_bwd_params &p, int b) {
+  fjb_seq s{p.sz, 0, 0, b * p.sz.Hq, 0};
+  if (FJ_VARLEN && p.cu_seqlens_q != nullptr) {
+    const int a = __ldg(p.cu_seqlens_q + b), e = __ldg(p.cu_seqlens_q + b + 1);
+    s.q_row0 = a;
+    s.sz.Lq = max(0, min(e - a, p.sz.Lq));
+    s.acc_h0 = 0;
+    s.acc_q0 = (int)(((long long)a + (long long)b * FJB_SEQ_PAD) / FJB_SEQ_PAD * FJB_SEQ_PAD);
+  }
+  if (FJ_VARLEN && p.cu_seqlens_k != nullptr) {
+    const int a = __ldg(p.cu_seqlens_k + b), e = __ldg(p.cu_seqlens_k + b + 1);
+    s.k_row0 = a;
+    s.sz.Lk = max(0, min(e - a, p.sz.Lk));
+  }
+  return s;
+}
+
+// A sequence's record in shared memory (FJB_SEQ_WORDS words at s, a
+// shared-memory address), for kernels that read it where they use it
+// rather than hold it in registers across their item loops: fjb_seq_sts
+// writes it (every thread of a CTA may write the same record: each reads
+// back its own writes), fjb_seq_lds reads it back, p.sz's B and heads from
+// the parameter. s must be 8-byte aligned. Without FJ_VARLEN nothing is
+// stored and the reads are fjb_seq_of's constants (b: the batch index).
+enum { FJB_SEQ_WORDS = 6 };
+__device__ __forceinline__ void fjb_seq_sts(unsigned s, const fjb_seq &q) {
+#if !FJ_VARLEN
+  (void)s, (void)q;
+#else
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(s), "r"(q.sz.Lq), "r"(q.sz.Lk)
+               : "memory");
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(s + 8), "r"(q.q_row0), "r"(q.k_row0)
+               : "memory");
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(s + 16), "r"(q.acc_h0),
+               "r"(q.acc_q0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ fj_sizes fjb_seq_lds_sizes(const fj_bwd_params &p, unsigned s) {
+  fj_sizes z = p.sz;
+#if !FJ_VARLEN
+  (void)s;
+#else
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(z.Lq), "=r"(z.Lk) : "r"(s));
+#endif
+  return z;
+}
+__device__ __forceinline__ fjb_seq fjb_seq_lds(const fj_bwd_params &p, unsigned s, int b) {
+#if !FJ_VARLEN
+  (void)s;
+  return fjb_seq_of(p, b);
+#else
+  (void)b;
+  fjb_seq q;
+  q.sz = fjb_seq_lds_sizes(p, s);
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(q.q_row0), "=r"(q.k_row0)
+               : "r"(s + 8));
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(q.acc_h0), "=r"(q.acc_q0)
+               : "r"(s + 16));
+  return q;
+#endif
+}
+
+// The scratch row (of delta; times FJ_HEAD_DIM, of dq_accum) of query 0 of
+// query head h of sequence s.
+__device__ __forceinline__ long long fjb_acc_row(const fj_bwd_params &p, const fjb_seq &s,
+                                                 int h) {
+#if FJ_VARLEN
+  return (long long)(s.acc_h0 + h) * p.acc_sh + s.acc_q0;
+#else
+  // acc_sh is Lq here: the int operand keeps the multiply narrower (with
+  // acc_sh the masked D=128 sm80 kernel spilled on sm_90a).
+  return ((long long)s.acc_h0 + h) * p.sz.Lq + s.acc_q0;
+#endif
+}

@@ -1,8 +1,10 @@
 // templates/sm80/bwd.cuh: the backward's main kernel (contract and scheme:
 // sm80/bwd_config.cuh): K and V of the CTA's kv tile, the walk over its
 // work items with the next item's Q, dO, LSE and delta loading while one is
-// computed, then dK and dV to global memory. FJ_DETERMINISTIC: kv tiles in
-// descending blockIdx.x order, dQ added in turn (common/bwd_order.cuh).
+// computed, then dK and dV to global memory (only the sequence's own rows:
+// in a packed batch the rows past its Lk are the next sequence's).
+// FJ_DETERMINISTIC: kv tiles in descending blockIdx.x order, dQ added in
+// turn (common/bwd_order.cuh).
 #pragma once
 
 extern "C" __global__ void __launch_bounds__(FJK_THREADS, 1)
@@ -12,19 +14,27 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int Lq = p.sz.Lq, Lk = p.sz.Lk;
 #if FJ_DETERMINISTIC
   // The kv tiles in descending order (common/bwd_order.cuh: a CTA waits
-  // only on the CTAs before it in blockIdx.x).
-  const int n_block = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1 - (int)blockIdx.x;
+  // only on the CTAs before it in blockIdx.x), of the launch's Lk.
+  const int n_block = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1 - (int)blockIdx.x;
 #else
   const int n_block = blockIdx.x;
 #endif
   const int hk = blockIdx.y, b = blockIdx.z;
+  // The sequence's sizes and first rows (fjb_seq_of: p.sz unless packed)
+  // are asked for where they are used, and so are the bounds that depend
+  // on them (the last kv rows of the tile and of the warp): the compiler
+  // may then read cu_seqlens again rather than hold them across the item
+  // loop, where they made the packed variant's D=128 kernels spill. A kv
+  // tile past a shorter sequence's end has nothing to do (without FJ_VARLEN
+  // the grid holds none: no test, which cost the deterministic D=128 kernel
+  // a spill).
   const int kv0 = n_block * FJ_BLOCK_N;
-  const int kv1 = fjb_kv_last(p, n_block);
+#if FJ_VARLEN
+  if (kv0 >= fjb_seq_of(p, b).sz.Lk) return;
+#endif
   const int wkv0 = kv0 + warp * 16;  // this warp's first kv row
-  const int wkv1 = min(wkv0 + 16, Lk) - 1;
 
   const unsigned s_base = fj_smem_u32(fjb_smem);
   const unsigned s_k = s_base + FJB_OFF_K, s_v = s_base + FJB_OFF_V;
@@ -32,15 +42,21 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
 
   // cp.async groups, in commit order: K, V and the first item, then one
   // group per item (empty when there is no next item).
-  const fj_u16 *gk = (const fj_u16 *)p.k + b * p.k_sb + hk * p.k_sh + kv0 * p.k_ss;
-  const fj_u16 *gv = (const fj_u16 *)p.v + b * p.v_sb + hk * p.v_sh + kv0 * p.v_ss;
-  fjk_load_tile<FJ_BLOCK_N>(s_k, gk, p.k_ss, Lk - kv0);
-  fjk_load_tile<FJ_BLOCK_N>(s_v, gv, p.v_ss, Lk - kv0);
   const int h_end = (hk + 1) * p.kv_group;
-  fjb_item cur = fjb_find(p, b, n_block, hk * p.kv_group, 0, h_end, kv0, kv1);
-  if (cur.h < h_end)
-    fjb_load_item(p, b, cur, s_base + FJB_OFF_Q, s_base + FJB_OFF_DO,
-                  s_base + FJB_OFF_LSE, s_base + FJB_OFF_DELTA);
+  fjb_item cur;
+  {
+    const fjb_seq sq = fjb_seq_of(p, b);
+    const int kr0 = sq.k_row0 + kv0;  // the tile's first row in k and v
+    const fj_u16 *gk = (const fj_u16 *)p.k + b * p.k_sb + hk * p.k_sh + kr0 * p.k_ss;
+    const fj_u16 *gv = (const fj_u16 *)p.v + b * p.v_sb + hk * p.v_sh + kr0 * p.v_ss;
+    fjk_load_tile<FJ_BLOCK_N>(s_k, gk, p.k_ss, sq.sz.Lk - kv0);
+    fjk_load_tile<FJ_BLOCK_N>(s_v, gv, p.v_ss, sq.sz.Lk - kv0);
+    cur = fjb_find(p, sq.sz, b, n_block, hk * p.kv_group, 0, h_end, kv0,
+                   fjb_kv_last(sq.sz, n_block));
+    if (cur.h < h_end)
+      fjb_load_item(p, sq, b, cur, s_base + FJB_OFF_Q, s_base + FJB_OFF_DO,
+                    s_base + FJB_OFF_LSE, s_base + FJB_OFF_DELTA);
+  }
   fjk_cp_async_commit();
 
   float dk[FJB_DT][4], dv[FJB_DT][4];
@@ -53,7 +69,9 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
   int stage = 0;
   while (cur.h < h_end) {
     // The next item is found before the wait: it needs nothing loaded.
-    const fjb_item nxt = fjb_find(p, b, n_block, cur.h, cur.t + 1, h_end, kv0, kv1);
+    const fj_sizes zn = fjb_seq_of(p, b).sz;
+    const fjb_item nxt = fjb_find(p, zn, b, n_block, cur.h, cur.t + 1, h_end, kv0,
+                                  fjb_kv_last(zn, n_block));
     // The current item has landed, and after the barrier every warp is done
     // with the stage the next item goes to (read by the previous item's
     // fjb_step) and with dS^T (read by its fjb_dq_step).
@@ -61,7 +79,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
     __syncthreads();
     const int nst = stage ^ 1;
     if (nxt.h < h_end)
-      fjb_load_item(p, b, nxt, s_base + FJB_OFF_Q + nst * FJB_QTILE_BYTES,
+      fjb_load_item(p, fjb_seq_of(p, b), b, nxt, s_base + FJB_OFF_Q + nst * FJB_QTILE_BYTES,
                     s_base + FJB_OFF_DO + nst * FJB_QTILE_BYTES,
                     s_base + FJB_OFF_LSE + nst * FJ_BLOCK_M * 4,
                     s_base + FJB_OFF_DELTA + nst * FJ_BLOCK_M * 4);
@@ -76,6 +94,8 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
 #pragma unroll 1
     for (int sub = 0; sub < FJ_BLOCK_M / FJB_SUB_M; ++sub) {
       const int sq0 = q0 + sub * FJB_SUB_M;
+      const fj_sizes z = fjb_seq_of(p, b).sz;
+      const int Lq = z.Lq, Lk = z.Lk;
       // A PARTIAL pair of tiles is reclassified on this warp's kv rows and
       // this pass's queries: the warp may skip it (EMPTY) or skip the mask
       // (FULL).
@@ -83,16 +103,15 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
       bool need_mask = false;
 #if FJ_HAS_MASK
       if (run && cur.cls == FJ_TILE_PARTIAL) {
-        const int wc = fj_tile_class(p.user, p.sz, b, cur.h, sq0,
-                                     min(sq0 + FJB_SUB_M, Lq) - 1, wkv0, wkv1);
+        const int wc = fj_tile_class(p.user, z, b, cur.h, sq0,
+                                     min(sq0 + FJB_SUB_M, Lq) - 1, wkv0,
+                                     min(wkv0 + 16, Lk) - 1);
         run = wc != FJ_TILE_EMPTY;
         need_mask = wc == FJ_TILE_PARTIAL;
       }
-#else
-      (void)wkv1;
 #endif
       const bool edge = sq0 + FJB_SUB_M > Lq || wkv0 + 16 > Lk;
-      fjb_step(p, b, cur.h, sq0, wkv0, run, need_mask, edge, s_k, s_v,
+      fjb_step(p, z, b, cur.h, sq0, wkv0, run, need_mask, edge, s_k, s_v,
                s_q + sub * FJB_SUB_M * FJK_ROW_BYTES, s_do + sub * FJB_SUB_M * FJK_ROW_BYTES,
                s_lse + sub * FJB_SUB_M * 4, s_delta + sub * FJB_SUB_M * 4,
                s_ds + sub * FJB_SUB_M * 2, dk, dv, gc);
@@ -100,13 +119,13 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
 #if FJ_DETERMINISTIC
     // The rank's count is also the barrier after which dS^T is complete;
     // dQ is added in the kv tiles' order.
-    const int rank = fjb_order_rank<FJK_THREADS>(p, b, n_block, cur.h, cur.i);
+    const int rank = fjb_order_rank<FJK_THREADS>(p, fjb_seq_of(p, b).sz, b, n_block, cur.h, cur.i);
     int *sem = fjb_order_sem(p, b, cur.h, cur.i);
-    fjb_dq_step(p, b, cur.h, q0, s_k, s_ds, sem, rank);
+    fjb_dq_step(p, fjb_seq_of(p, b), cur.h, q0, s_k, s_ds, sem, rank);
     fjb_order_release(sem, rank);
 #else
     __syncthreads();  // dS^T complete
-    fjb_dq_step(p, b, cur.h, q0, s_k, s_ds);
+    fjb_dq_step(p, fjb_seq_of(p, b), cur.h, q0, s_k, s_ds);
 #endif
     cur = nxt;
     stage = nst;
@@ -132,8 +151,10 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
     }
   }
   __syncwarp();
-  fj_u16 *gdk = (fj_u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh;
-  fj_u16 *gdv = (fj_u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh;
+  const fjb_seq sq = fjb_seq_of(p, b);
+  const int Lk = sq.sz.Lk;
+  fj_u16 *gdk = (fj_u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + (long long)sq.k_row0 * p.dk_ss;
+  fj_u16 *gdv = (fj_u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + (long long)sq.k_row0 * p.dv_ss;
 #pragma unroll
   for (int i = 0; i < 16 * FJK_CHUNKS / 32; ++i) {
     const int idx = i * 32 + lane;

@@ -28,6 +28,11 @@
 //   FJ_DETERMINISTIC   1 or undefined (0): 1 adds dQ to each query tile in
 //                      descending kv-tile order (common/bwd_order.cuh), the
 //                      CTA of kv tile n at blockIdx.x = nk - 1 - n
+//   FJ_VARLEN          1 or undefined (0): 1 is the packed-batch variant
+//                      (cu_seqlens_q, and cu_seqlens_k or k [B, Hkv, Lk,
+//                      D]): each sequence's sizes and rows from fjb_seq_of
+//                      (common/fj_bwd.cuh), Lq and Lk of the grid being
+//                      max_seqlen_q and max_seqlen_k
 // Hooks (the generated prologue): struct fj_user_params and struct
 //   fj_user_grads always; fj_tile_class and fj_mask when FJ_HAS_MASK;
 //   fj_score_mod and fj_score_grad (docs/backward.md) when FJ_HAS_SCORE_MOD.
@@ -37,7 +42,8 @@
 //   FJ_NUM_WARPS * 32 threads, FJB_SMEM_BYTES of dynamic shared memory (no
 //   static). After fj_attention_bwd_pre and before fj_attention_bwd_post
 //   (common/bwd_rows.cuh), on the same stream; FJ_DETERMINISTIC: with
-//   dq_sem in the scratch and, with a block mask, its lists per query block.
+//   dq_sem in the scratch and, with a block mask, its lists per query block;
+//   FJ_VARLEN: no block mask, CTAs past a sequence's Lk return at once.
 // Requirements the host checks: q, k, v, o, dout, dq, dk, dv 16-byte aligned,
 //   their batch, head and sequence strides multiples of 8 elements, head
 //   dim contiguous; lse, dlse float32 with sequence stride 1; delta and
@@ -79,12 +85,14 @@ constexpr int FJK_LOAD_ROWS = FJK_THREADS / FJK_CHUNKS;  // rows per load pass
 // and dP^T (FJB_SUB_M fp32 a thread together) live next to dK and dV
 // (FJ_HEAD_DIM). Default: the whole tile while that stays within 192
 // registers, 160 with a score_mod (its code and that of fj_score_grad are
-// inlined per element next to them); at D=128, 64 query columns and a
-// score_mod spilled. Each further pass reads the warp's K and V fragments
-// from shared memory again.
+// inlined per element next to them), and 160 in the deterministic
+// variant for packed batches (its rank's classification and the
+// sequences' sizes); at D=128, 64 query columns spilled in both. Each
+// further pass reads the warp's K and V fragments from shared memory again.
 constexpr int fjb_default_sub_m() {
+  const int budget = FJ_HAS_SCORE_MOD || (FJ_VARLEN && FJ_DETERMINISTIC) ? 160 : 192;
   int m = FJ_BLOCK_M;
-  while (m > 16 && m % 32 == 0 && FJ_HEAD_DIM + m > (FJ_HAS_SCORE_MOD ? 160 : 192)) m /= 2;
+  while (m > 16 && m % 32 == 0 && FJ_HEAD_DIM + m > budget) m /= 2;
   return m;
 }
 constexpr int FJB_SUB_M = fjb_default_sub_m();

@@ -17,20 +17,21 @@
 #pragma once
 
 // One work item into stage buffers s_q, s_do, s_lse, s_delta: Q and dO rows
-// [q0, q0 + FJ_BLOCK_M) of query head h (zero-filled past Lq), LSE and delta
-// of those rows (zero past Lq; such rows are masked).
-__device__ __forceinline__ void fjb_load_item(const fj_bwd_params &p, int b,
+// [q0, q0 + FJ_BLOCK_M) of query head h of sequence sq (zero-filled past
+// its Lq), LSE and delta of those rows (zero past Lq; such rows are masked).
+__device__ __forceinline__ void fjb_load_item(const fj_bwd_params &p, const fjb_seq &sq, int b,
                                               const fjb_item &it, unsigned s_q,
                                               unsigned s_do, unsigned s_lse,
                                               unsigned s_delta) {
-  const int Lq = p.sz.Lq;
+  const int Lq = sq.sz.Lq;
   const int q0 = it.i * FJ_BLOCK_M;
-  const fj_u16 *gq = (const fj_u16 *)p.q + b * p.q_sb + it.h * p.q_sh + q0 * p.q_ss;
-  const fj_u16 *gd = (const fj_u16 *)p.dout + b * p.do_sb + it.h * p.do_sh + q0 * p.do_ss;
+  const int qr0 = sq.q_row0 + q0;  // the tile's first row in q and dout
+  const fj_u16 *gq = (const fj_u16 *)p.q + b * p.q_sb + it.h * p.q_sh + qr0 * p.q_ss;
+  const fj_u16 *gd = (const fj_u16 *)p.dout + b * p.do_sb + it.h * p.do_sh + qr0 * p.do_ss;
   fjk_load_tile<FJ_BLOCK_M>(s_q, gq, p.q_ss, Lq - q0);
   fjk_load_tile<FJ_BLOCK_M>(s_do, gd, p.do_ss, Lq - q0);
-  const float *gl = p.lse + b * p.lse_sb + it.h * p.lse_sh;
-  const float *gdl = p.delta + ((long long)b * p.sz.Hq + it.h) * Lq;
+  const float *gl = p.lse + b * p.lse_sb + it.h * p.lse_sh + sq.q_row0;
+  const float *gdl = p.delta + fjb_acc_row(p, sq, it.h);
   for (int k = fj_tid(); k < 2 * FJ_BLOCK_M; k += FJK_THREADS) {
     const bool is_lse = k < FJ_BLOCK_M;
     const int r = is_lse ? k : k - FJ_BLOCK_M;
@@ -120,14 +121,15 @@ __device__ __forceinline__ void fjb_gemm_rows_q(float (&acc)[FJB_DT][4],
 }
 
 // A warp's pass over FJB_SUB_M queries of a work item: query rows [q0, q0 +
-// FJB_SUB_M) of head h (Q, dO, LSE and delta from s_q, s_do, s_lse and
+// FJB_SUB_M) of head h of a sequence of sizes z (fjb_seq_of) (Q, dO, LSE and delta from s_q, s_do, s_lse and
 // s_delta, their first row) against its kv rows [wkv0, wkv0 + 16); dS^T goes
 // to the columns of s_ds (its column q0). run: the pair of tiles is not
 // EMPTY (else dS^T is 0 and only that is stored); need_mask: evaluate
 // fj_mask per element; edge: the tiles reach past Lq or Lk, whose rows and
 // columns are masked. Element e of n8 tile nt of S^T (C layout) is kv row
 // wkv0 + g + 8 (e >> 1), query q0 + 8 nt + 2 t4 + (e & 1).
-__device__ __forceinline__ void fjb_step(const fj_bwd_params &p, int b, int h, int q0,
+__device__ __forceinline__ void fjb_step(const fj_bwd_params &p, const fj_sizes &z, int b,
+                                         int h, int q0,
                                          int wkv0, bool run, bool need_mask, bool edge,
                                          unsigned s_k, unsigned s_v, unsigned s_q,
                                          unsigned s_do, unsigned s_lse, unsigned s_delta,
@@ -138,7 +140,6 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, int b, int h, i
   const int g = lane >> 2, t4 = lane & 3;
   unsigned dsa[FJB_QK][4];  // dS^T as A fragments (of dK += dS^T Q)
   if (run) {
-    const int Lq = p.sz.Lq, Lk = p.sz.Lk;
     float s[FJB_QT][4], dp[FJB_QT][4];
     fjb_gemm_rows_d(s, s_k + warp * 16 * FJK_ROW_BYTES, s_q, lane);
     fjb_gemm_rows_d(dp, s_v + warp * 16 * FJK_ROW_BYTES, s_do, lane);
@@ -160,7 +161,7 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, int b, int h, i
         const int ki = wkv0 + g + (e >> 1) * 8;
 #if FJ_HAS_SCORE_MOD
         const float score = s[nt][e] * p.scale;
-        const float x = fj_score_mod(p.user, p.sz, score, b, h, qi, ki) * FJB_LOG2E;
+        const float x = fj_score_mod(p.user, z, score, b, h, qi, ki) * FJB_LOG2E;
 #else
         const float x = s[nt][e] * p.scale_log2;
 #endif
@@ -168,15 +169,15 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, int b, int h, i
         // the forward evaluates it.
         bool keep = true;
 #if FJ_HAS_MASK
-        if (need_mask) keep = fj_mask(p.user, p.sz, b, h, qi, ki);
+        if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
 #endif
-        if (edge) keep = keep & (qi < Lq) & (ki < Lk);
+        if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
         const float pr = keep ? fj_exp2(x - lse2[e & 1]) : 0.f;
         float ds = pr * (dp[nt][e] - dlt[e & 1]);
 #if FJ_HAS_SCORE_MOD
         // d score_mod / d score, and the trainable buffers' gradients, only
         // where the pair is allowed: a masked pair has no gradient.
-        if (keep) ds = fj_score_grad(p.user, p.grads, gc, p.sz, score, b, h, qi, ki, ds);
+        if (keep) ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, ds);
 #endif
         s[nt][e] = pr;
         dp[nt][e] = ds;
@@ -225,7 +226,8 @@ __device__ __forceinline__ void fjb_red_add2(float *p, float x, float y) {
 #endif
 }
 
-// dQ of query rows [q0, q0 + FJ_BLOCK_M) of head h, this warp's part (rows
+// dQ of query rows [q0, q0 + FJ_BLOCK_M) of head h of sequence sq, this
+// warp's part (rows
 // 16 wm .., head-dim columns FJB_DQ_COLS wd ..): dS K over the CTA's
 // FJ_BLOCK_N kv rows, times scale, added to dq_accum (each element by one
 // thread of the CTA). After a barrier that follows every warp's fjb_step.
@@ -241,8 +243,8 @@ __device__ __forceinline__ void fjb_red_add2(float *p, float x, float y) {
 // FJ_DETERMINISTIC: the CTA waits for its turn on query tile (h, q0)'s
 // semaphore `sem` (its rank: common/bwd_order.cuh) between the product and
 // the additions; every thread calls it (the wait ends in a barrier).
-__device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, int b, int h, int q0,
-                                            unsigned s_k, unsigned s_ds,
+__device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, const fjb_seq &sq, int h,
+                                            int q0, unsigned s_k, unsigned s_ds,
                                             const int *sem = nullptr, int rank = 0) {
   const int lt = fj_tid();
   const int warp = lt >> 5, lane = lt & 31;
@@ -275,9 +277,9 @@ __device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, int b, int h
 #else
   (void)sem, (void)rank;
 #endif
-  const int Lq = p.sz.Lq;
-  float *gq = p.dq_accum + (((long long)b * p.sz.Hq + h) * Lq + q0) * FJ_HEAD_DIM +
-              wd * FJB_DQ_COLS + 2 * t4;
+  const int Lq = sq.sz.Lq;
+  float *gq = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM + wd * FJB_DQ_COLS +
+              2 * t4;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = wm * 16 + g + hh * 8;

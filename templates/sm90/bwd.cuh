@@ -11,16 +11,21 @@
 __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, const fjb_walk &w, int hk) {
   const int lane = fj_tid() & 31;
+  // Packed tensors' maps are (D, total, H, 1): the sequence's first row and
+  // batch 0 (rows past its end are masked by the consumers).
+  const int qb = FJ_VARLEN && p.cu_seqlens_q != nullptr ? 0 : w.b;
+  const int kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : w.b;
   fjb_item it = w.first(p);
   if (!w.done(it) && lane == 0) {
     fjh_tma_prefetch_desc(&maps.q);
     fjh_tma_prefetch_desc(&maps.dout);
     fjh_mbar_arrive_expect_tx(sm.kv_full(), 2 * FJHB_KV_BYTES);
+    const int kr = w.seq(p).k_row0 + w.kv0;
 #pragma unroll
     for (int x = 0; x < FJHB_CHUNKS64; ++x) {
-      fjh_tma_load_4d(sm.k() + x * (FJ_BLOCK_N * 128), &maps.k, 64 * x, w.kv0, hk, w.b,
+      fjh_tma_load_4d(sm.k() + x * (FJ_BLOCK_N * 128), &maps.k, 64 * x, kr, hk, kb,
                       sm.kv_full());
-      fjh_tma_load_4d(sm.v() + x * (FJ_BLOCK_N * 128), &maps.v, 64 * x, w.kv0, hk, w.b,
+      fjh_tma_load_4d(sm.v() + x * (FJ_BLOCK_N * 128), &maps.v, 64 * x, kr, hk, kb,
                       sm.kv_full());
     }
   }
@@ -28,14 +33,14 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     if (lane == 0) {
-      const int q0 = it.i * FJ_BLOCK_M;
+      const int qr = w.seq(p).q_row0 + it.i * FJ_BLOCK_M;
       fjh_mbar_wait(sm.empty(s), ph ^ 1u);
       fjh_mbar_arrive_expect_tx(sm.q_full(s), 2 * FJHB_Q_BYTES);
 #pragma unroll
       for (int x = 0; x < FJHB_CHUNKS64; ++x) {
-        fjh_tma_load_4d(sm.q(s) + x * (FJ_BLOCK_M * 128), &maps.q, 64 * x, q0, it.h, w.b,
+        fjh_tma_load_4d(sm.q(s) + x * (FJ_BLOCK_M * 128), &maps.q, 64 * x, qr, it.h, qb,
                         sm.q_full(s));
-        fjh_tma_load_4d(sm.dout(s) + x * (FJ_BLOCK_M * 128), &maps.dout, 64 * x, q0, it.h, w.b,
+        fjh_tma_load_4d(sm.dout(s) + x * (FJ_BLOCK_M * 128), &maps.dout, 64 * x, qr, it.h, qb,
                         sm.q_full(s));
       }
     }
@@ -51,14 +56,15 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
 __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const fjhb_smem &sm,
                                                   const fjb_walk &w) {
   const int lane = fj_tid() & 31;
-  const int Lq = p.sz.Lq;
   fjb_item it = w.first(p);
   for (int n = 0; !w.done(it); ++n) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
-    const float *gl = p.lse + w.b * p.lse_sb + it.h * p.lse_sh;
-    const float *gd = p.delta + ((long long)w.b * p.sz.Hq + it.h) * Lq;
+    const fjb_seq sq = w.seq(p);
+    const int Lq = sq.sz.Lq;
+    const float *gl = p.lse + w.b * p.lse_sb + it.h * p.lse_sh + sq.q_row0;
+    const float *gd = p.delta + fjb_acc_row(p, sq, it.h);
     float l[FJ_BLOCK_M / 32], d[FJ_BLOCK_M / 32];
 #pragma unroll
     for (int r = 0; r < FJ_BLOCK_M / 32; ++r) {
@@ -82,7 +88,8 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 
 // Producer warp 2, the dQ writer: each item's dQ buffers, once a consumer
 // has filled its own, added to dq_accum by TMA reduce-adds (rows past Lq are
-// skipped by the map), and released once the reduce-add has read them (the
+// skipped by the map; in a packed batch they fall in the sequence's own
+// padded scratch rows, fjb_seq_of, and add 0), and released once the reduce-add has read them (the
 // item after, so that a buffer is read while the consumer fills the other).
 // Lane 0 issues; every lane walks.
 __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_bwd_maps &maps,
@@ -93,14 +100,15 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_b
   for (; !w.done(it); ++n) {
     const int bi = n & 1;
     if (lane == 0) {
-      const int q0 = it.i * FJ_BLOCK_M;
+      const fjb_seq sq = w.seq(p);
+      const int qa = sq.acc_q0 + it.i * FJ_BLOCK_M;  // the tile's row in its head's scratch
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n >> 1) & 1u);
 #pragma unroll
         for (int x = 0; x < FJHB_DQ_BOXES; ++x)
           fjh_tma_reduce_add_3d(&maps.dq_accum, sm.dq(c, bi) + x * (FJ_BLOCK_M * 128),
-                                c * FJHB_DQ_COLS + 32 * x, q0, w.b * p.sz.Hq + it.h);
+                                c * FJHB_DQ_COLS + 32 * x, qa, sq.acc_h0 + it.h);
         fjh_bulk_commit();
       }
       if (n > 0) {
@@ -126,7 +134,19 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
   fjhb_smem sm;
   sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
   const int hk = blockIdx.y;
-  const fjb_walk w(p, blockIdx.x, hk, blockIdx.z);
+  // The sequence's sizes and rows (fjb_seq_of: p.sz unless packed), as a
+  // record in shared memory that every role reads where it needs it
+  // (fjb_walk); a kv tile past a shorter sequence's end has nothing to do
+  // (the whole CTA returns before any barrier or load; without FJ_VARLEN
+  // the grid holds none).
+#if FJ_VARLEN
+  {
+    const fjb_seq sq = fjb_seq_of(p, blockIdx.z);
+    fjb_seq_sts(sm.seq(), sq);
+    if ((int)blockIdx.x * FJ_BLOCK_N >= sq.sz.Lk) return;
+  }
+#endif
+  const fjb_walk w(p, sm.seq(), blockIdx.x, hk, blockIdx.z);
   if (threadIdx.x == 0) {
     fjh_mbar_init(sm.kv_full(), 1);
     for (int s = 0; s < FJ_NUM_STAGES; ++s) {

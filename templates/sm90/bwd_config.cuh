@@ -13,6 +13,8 @@
 //   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute
 //   FJ_NUM_STAGES      2: Q / dO stages in shared memory
 //   FJ_HAS_MASK, FJ_HAS_SCORE_MOD: as sm80/config.cuh
+//   FJ_VARLEN          1 or undefined (0): the packed-batch variant, as the
+//                      sm80 backward's (sm80/bwd_config.cuh)
 // Hooks: fj_user_params, fj_tile_class, fj_mask, fj_score_mod and the
 //   backward's fj_user_grads and fj_score_grad, as the sm80 backward.
 // Kernel (bwd.cuh):
@@ -25,9 +27,10 @@
 //   fj_attention_bwd_post on the same stream. maps (runtime/tma.c,
 //   fjr_tma_bwd_maps_build): q, dout (boxes of 64 x FJ_BLOCK_M), k, v (64 x
 //   FJ_BLOCK_N), dk, dv (64 x 64) over the 4-D tensors (D, L, H, B) of the
-//   element type with 128-byte swizzle; dq_accum over fp32 (D, Lq, B * Hq)
-//   with boxes of 32 x 64 and 128-byte swizzle, the target of the dQ
-//   reduce-adds.
+//   element type with 128-byte swizzle (packed ones (D, total, H, 1): the
+//   kernel adds a sequence's first row); dq_accum over fp32 (D, acc_sh,
+//   heads: B * Hq, or Hq packed) with boxes of 32 x 64 and 128-byte
+//   swizzle, the target of the dQ reduce-adds.
 // Requirements the host checks: those of the sm80 backward (which are also
 //   TMA's: 16-byte aligned tensors, strides multiples of 8 elements).
 // ---------------------------------------------------------------------------
@@ -75,7 +78,9 @@ constexpr int FJHB_PK = FJ_BLOCK_M / 16;                  // k16 steps of P^T dO
 // buffers, the stages' LSE and delta (FJ_BLOCK_M floats each), then the
 // mbarriers: K/V full; per stage Q/dO full, LSE/delta full, stage empty;
 // per consumer and dQ buffer full (the consumer's 128 threads have written
-// it) and empty (the writer's reduce-add has read it). Tiles of 2-byte
+// it) and empty (the writer's reduce-add has read it); then the sequence's
+// record (common/fj_bwd.cuh's fjb_seq_sts: FJB_SEQ_WORDS words), which the
+// roles read where they use it. Tiles of 2-byte
 // elements are stored as blocks of (rows x 64 elements), 128-byte swizzled
 // (TMA's layout); a dS^T buffer is one such block of FJ_BLOCK_N rows; a dQ
 // buffer is FJHB_DQ_BOXES blocks of (64 rows x 32 floats), 128-byte
@@ -90,8 +95,9 @@ constexpr int FJHB_OFF_LSE = FJHB_OFF_DQ + 4 * FJHB_DQ_BYTES;
 constexpr int FJHB_OFF_DELTA = FJHB_OFF_LSE + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 constexpr int FJHB_OFF_BAR = FJHB_OFF_DELTA + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 8;
+constexpr int FJHB_OFF_SEQ = FJHB_OFF_BAR + 8 * FJHB_BARS;
 // What gen/config.c computes as smem_bytes (1024 to align the base).
-constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_BAR + 8 * FJHB_BARS;
+constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
 
 // setmaxnreg targets: the producer warps walk the items (the classifier is
 // inlined there), the consumers hold dK, dV, S^T, dP^T and dQ.
@@ -152,4 +158,5 @@ struct fjhb_smem {
   __device__ unsigned dq_empty(int c, int i) const {
     return base + FJHB_OFF_BAR + 8 * (1 + 3 * FJ_NUM_STAGES + 4 + 2 * c + i);
   }
+  __device__ unsigned seq() const { return base + FJHB_OFF_SEQ; }
 };

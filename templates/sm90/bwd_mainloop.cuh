@@ -76,13 +76,14 @@ __device__ __forceinline__ void fjhb_st_shared_f2(unsigned addr, float x, float 
 }
 
 // P^T into s and dS^T into dp, elementwise: query q0 + column, kv row wkv0
-// + row (the accumulator layout above); LSE (log2 units, +inf for a row
-// without an allowed pair or past Lq) and delta from the stage's rows.
-// need_mask: evaluate fj_mask per element; edge: rows or columns reach past
-// Lk or Lq, which are masked.
+// + row (the accumulator layout above) of a sequence of sizes z
+// (fjb_seq_of); LSE (log2 units, +inf for a row without an allowed pair or
+// past Lq) and delta from the stage's rows. need_mask: evaluate fj_mask per
+// element; edge: rows or columns reach past Lk or Lq, which are masked.
 // CHECK as for fjhb_probs below (the score_mod path takes true only).
 template <bool CHECK>
-__device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, int h, int q0,
+__device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const fj_sizes &z,
+                                                 int b, int h, int q0,
                                                  int wkv0, bool need_mask, bool edge,
                                                  unsigned s_lse, unsigned s_delta,
                                                  float (&s)[FJHB_S_REGS],
@@ -102,23 +103,23 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, 
       const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
 #if FJ_HAS_SCORE_MOD
       const float score = s[i] * p.scale;
-      const float x = fj_score_mod(p.user, p.sz, score, b, h, qi, ki) * FJHB_LOG2E;
+      const float x = fj_score_mod(p.user, z, score, b, h, qi, ki) * FJHB_LOG2E;
 #else
       const float x = s[i] * p.scale_log2;
 #endif
       bool keep = true;
       if constexpr (CHECK) {
 #if FJ_HAS_MASK
-        if (need_mask) keep = fj_mask(p.user, p.sz, b, h, qi, ki);
+        if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
 #endif
-        if (edge) keep = keep & (qi < p.sz.Lq) & (ki < p.sz.Lk);
+        if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
       }
       const float pr = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
       float ds = pr * (dp[i] - dl[e & 1]);
 #if FJ_HAS_SCORE_MOD
       // d score_mod / d score, and the trainable buffers' gradients, only
       // where the pair is allowed.
-      if (keep) ds = fj_score_grad(p.user, p.grads, gc, p.sz, score, b, h, qi, ki, ds);
+      if (keep) ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, ds);
 #endif
       s[i] = pr;
       dp[i] = ds;
@@ -136,7 +137,8 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, int b, 
 // index arithmetic (as one loop with per-element selects it ran 6% slower
 // on causal attention).
 template <bool CHECK>
-__device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, int b, int h, int q0,
+__device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_sizes &z, int b,
+                                           int h, int q0,
                                            int wkv0, bool need_mask, bool edge,
                                            unsigned s_lse, float (&s)[FJHB_S_REGS]) {
   const int t = fj_tid() & 127;
@@ -153,9 +155,9 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, int b, int h,
         const int qi = q0 + 8 * j + 2 * t4 + (e & 1);
         const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
 #if FJ_HAS_MASK
-        if (need_mask) keep = fj_mask(p.user, p.sz, b, h, qi, ki);
+        if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
 #endif
-        if (edge) keep = keep & (qi < p.sz.Lq) & (ki < p.sz.Lk);
+        if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
       }
       s[i] = keep ? fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1])) : 0.f;
     }
@@ -232,14 +234,16 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
 }
 
 // Consumer c's whole part of the CTA's work (the walk w, kv head hk): its
-// items, then dK and dV. Its dQ goes to
-// dq_accum through the writer warp (bwd.cuh, fjhb_write_dq).
+// items, then dK and dV. Its dQ goes to dq_accum through the writer warp
+// (bwd.cuh, fjhb_write_dq). The sequence's sizes are read from the walk's
+// record where they are used (held across the loop they cost the masked
+// D=128 kernel a spill).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, int c, const fjb_walk &w,
                                              int hk) {
-  const int Lq = p.sz.Lq, Lk = p.sz.Lk, b = w.b;
+  const int b = w.b;
   const int wkv0 = w.kv0 + c * FJHB_WG_KV;
-  const int wkv1 = min(wkv0 + FJHB_WG_KV, Lk) - 1;
+  const int wkv1 = min(wkv0 + FJHB_WG_KV, w.sizes(p).Lk) - 1;
   const bool leader = (fj_tid() & 127) == 0;  // issues the dK, dV stores
 
   float dk[FJHB_D_REGS], dv[FJHB_D_REGS];
@@ -265,19 +269,23 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
     // A PARTIAL pair of tiles is reclassified on this consumer's kv rows.
-    bool run = wkv0 < Lk;
+    bool run = wkv0 < w.sizes(p).Lk;
     bool need_mask = false;
+    bool edge;
+    {
+      const fj_sizes z = w.sizes(p);
 #if FJ_HAS_MASK
-    if (run && it.cls == FJ_TILE_PARTIAL) {
-      const int wc = fj_tile_class(p.user, p.sz, b, it.h, q0, min(q0 + FJ_BLOCK_M, Lq) - 1,
-                                   wkv0, wkv1);
-      run = wc != FJ_TILE_EMPTY;
-      need_mask = wc == FJ_TILE_PARTIAL;
-    }
+      if (run && it.cls == FJ_TILE_PARTIAL) {
+        const int wc = fj_tile_class(p.user, z, b, it.h, q0, min(q0 + FJ_BLOCK_M, z.Lq) - 1,
+                                     wkv0, wkv1);
+        run = wc != FJ_TILE_EMPTY;
+        need_mask = wc == FJ_TILE_PARTIAL;
+      }
 #else
-    (void)wkv1;
+      (void)wkv1;
 #endif
-    const bool edge = q0 + FJ_BLOCK_M > Lq || wkv0 + FJHB_WG_KV > Lk;
+      edge = q0 + FJ_BLOCK_M > z.Lq || wkv0 + FJHB_WG_KV > z.Lk;
+    }
     // P^T and dS^T as A fragments: read by the in-flight dV and dK products
     // until the wait below, so they live across it.
     unsigned pa[FJHB_PK][4], dsa[FJHB_PK][4];
@@ -298,7 +306,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_fence_regs(sacc);
       fjh_fence_regs(dpacc);
       // One loop for every tile (a second, unchecked copy spills at D=128).
-      fjhb_elementwise<true>(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s),
+      fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s),
                              sacc, dpacc, gc);
       fjhb_pack(sacc, pa);
       fjhb_pack(dpacc, dsa);
@@ -310,9 +318,9 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_wait<1>();  // S^T is ready; dP^T runs on
       fjh_fence_regs(sacc);
       if (need_mask || edge)
-        fjhb_probs<true>(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
+        fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
       else
-        fjhb_probs<false>(p, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
+        fjhb_probs<false>(p, p.sz, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
       fjhb_pack(sacc, pa);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
@@ -370,13 +378,43 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   fjhb_store_rows(sm.dq(c, 1), dv, 1.f);
   fjh_fence_proxy_async();
   fjh_bar_sync(FJHB_BAR_WG + c, 128);
-  if (leader && wkv0 < Lk) {
+  const fjb_seq sq = w.seq(p);
+  const int Lk = sq.sz.Lk;
+  // A packed sequence's rows past its Lk are the next sequence's: a tile
+  // that reaches past it is stored by the threads, its own rows only (a
+  // TMA box would write all 64; the maps of unpacked k stop at Lk).
+  const bool by_threads = FJ_VARLEN && p.cu_seqlens_k != nullptr && wkv0 + FJHB_WG_KV > Lk;
+  if (leader && wkv0 < Lk && !by_threads) {
+    const int kr = sq.k_row0 + wkv0, kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : b;
 #pragma unroll
     for (int x = 0; x < FJHB_CHUNKS64; ++x) {
-      fjh_tma_store_4d(&maps.dk, sm.dq(c, 0) + x * (64 * 128), 64 * x, wkv0, hk, b);
-      fjh_tma_store_4d(&maps.dv, sm.dq(c, 1) + x * (64 * 128), 64 * x, wkv0, hk, b);
+      fjh_tma_store_4d(&maps.dk, sm.dq(c, 0) + x * (64 * 128), 64 * x, kr, hk, kb);
+      fjh_tma_store_4d(&maps.dv, sm.dq(c, 1) + x * (64 * 128), 64 * x, kr, hk, kb);
     }
     fjh_bulk_commit();
     fjh_bulk_wait_read();
   }
+#if FJ_VARLEN
+  else if (by_threads && wkv0 < Lk) {
+    // 16 bytes a thread: chunk x of row r is at x ^ (r & 7) in its
+    // 64-column block, as fjhb_store_rows writes it.
+    constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks a row
+    const int rows = Lk - wkv0;
+    const long long r0 = (long long)(sq.k_row0 + wkv0);
+    fj_u16 *gdk = (fj_u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + r0 * p.dk_ss;
+    fj_u16 *gdv = (fj_u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + r0 * p.dv_ss;
+    for (int k = fj_tid() & 127; k < rows * CH; k += 128) {
+      const int r = k / CH, x = k % CH;
+      const unsigned off =
+          (unsigned)((x / 8) * (64 * 128) + r * 128 + (((x % 8) ^ (r & 7)) << 4));
+      unsigned v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dq(c, 0) + off));
+      fj_st_global_v4(gdk + r * p.dk_ss + x * 8, v0, v1, v2, v3);
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dq(c, 1) + off));
+      fj_st_global_v4(gdv + r * p.dv_ss + x * 8, v0, v1, v2, v3);
+    }
+  }
+#endif
 }

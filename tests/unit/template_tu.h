@@ -4,7 +4,7 @@
  * generator's format, and the translation unit assembled the way
  * gen/emit_cuda.c does (defines, then the kernel's parts as gen/templates.c
  * lists them, the prologue among them), from the source tree's templates;
- * FJ_DETERMINISTIC where the configuration asks for it.
+ * FJ_DETERMINISTIC and FJ_VARLEN where the configuration asks for them.
  * Include after <cmocka.h> and <nvrtc.h>; needs FJ_SOURCE_DIR.
  */
 #ifndef FJ_TESTS_TEMPLATE_TU_H
@@ -118,11 +118,12 @@ static char *fjt_build_kernel_tu(const fjg_config *c, const char *kernel, int ha
            "#define FJ_HEAD_DIM %d\n#define %s 1\n#define FJ_BLOCK_M %d\n"
            "#define FJ_BLOCK_N %d\n#define FJ_NUM_WARPS %d\n#define FJ_NUM_STAGES %d\n"
            "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD %d\n"
-           "#define FJ_PERSISTENT %d\n#define FJ_Q_BUFS %d\n%s",
+           "#define FJ_PERSISTENT %d\n#define FJ_Q_BUFS %d\n%s%s",
            c->head_dim, c->dtype == FJ_DTYPE_F16 ? "FJ_DTYPE_F16" : "FJ_DTYPE_BF16",
            c->block_m, c->block_n, c->num_warps, c->num_stages, has_mask,
            has_score_mod, c->persistent, c->q_bufs > 1 ? c->q_bufs : 1,
-           c->deterministic ? "#define FJ_DETERMINISTIC 1\n" : "");
+           c->deterministic ? "#define FJ_DETERMINISTIC 1\n" : "",
+           c->varlen ? "#define FJ_VARLEN 1\n" : "");
   size_t n = strlen(defs) + strlen(tail) + 1, used = 0;
   char *tu = malloc(n);
   assert_non_null(tu);

@@ -8,7 +8,9 @@
  * within the target's shared memory, the template's shared-memory map equal
  * to the configuration's; and the deterministic variant (FJ_DETERMINISTIC)
  * for sm_80, sm_86 and sm_90a the same way, with its ordered dQ (acquire polls,
- * the rank's counting barriers, release fences), which the other lacks.
+ * the rank's counting barriers, release fences), which the other lacks; and
+ * the packed-batch variant (FJ_VARLEN), alone and deterministic, which reads
+ * cu_seqlens_q (the parameter's bytes at 464) where no other unit does.
  * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units and logs.
  */
 #include <setjmp.h>
@@ -178,12 +180,13 @@ static void dump(const char *name, const char *text) {
 }
 
 static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dtype dt,
-                        int has_mask, int has_score_mod, int det) {
+                        int has_mask, int has_score_mod, int det, int varlen) {
   fjg_config c;
   char err[256];
   if (fjg_config_choose_backward(head_dim, dt, arch, tmpl, &c, err, sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
   c.deterministic = det;
+  c.varlen = varlen;
   const int sm90 = c.uses_tma;
   /* The template's numbers must be the configuration's and config.h's. */
   char tail[640];
@@ -200,8 +203,8 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
   char *tu = fjt_build_kernel_tu(&c, "backward", has_mask, has_score_mod,
                                  fjt_bwd_causal_softcap_bias, tail);
   char what[128];
-  snprintf(what, sizeof what, "bwd_%s%s_m%d_s%d_d%d_%s_%s", c.template_name, det ? "_det" : "",
-           has_mask,
+  snprintf(what, sizeof what, "bwd_%s%s%s_m%d_s%d_d%d_%s_%s", c.template_name,
+           det ? "_det" : "", varlen ? "_varlen" : "", has_mask,
            has_score_mod, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
   char name[160];
   snprintf(name, sizeof name, "%s.cu", what);
@@ -255,6 +258,15 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
     assert_non_null(strstr(ptx, ".global.add")); /* dq_accum's atomics */
     if (strcmp(arch, "sm_90a") == 0) assert_non_null(strstr(ptx, "red.global.add.v2.f32"));
   }
+  /* cu_seqlens_q (fj_bwd_params at byte 464) is read by the packed-batch
+   * variant's kernels and by no kernel of the others. */
+  if (varlen) {
+    assert_non_null(strstr(ptx, "fj_attention_bwd_param_0+464]"));
+    assert_non_null(strstr(ptx, "fj_attention_bwd_pre_param_0+464]"));
+    assert_non_null(strstr(ptx, "fj_attention_bwd_post_param_0+464]"));
+  } else {
+    assert_null(strstr(ptx, "_param_0+464]"));
+  }
   /* The ordered dQ of common/bwd_order.cuh, only in the deterministic unit:
    * the rank's counting barrier, the poll, the release. */
   if (det) {
@@ -284,7 +296,7 @@ static void run_arch(const char *arch, const char *tmpl) {
     for (size_t t = 0; t < 2; t++)
       for (int mask = 0; mask < 2; mask++)
         for (int mod = 0; mod < 2; mod++)
-          compile_one(arch, tmpl, dims[d], dts[t], mask, mod, 0);
+          compile_one(arch, tmpl, dims[d], dts[t], mask, mod, 0, 0);
 }
 
 /* The deterministic variant (sm80 only): every combination of mask and
@@ -296,7 +308,18 @@ static void run_arch_det(const char *arch) {
   for (size_t d = 0; d < 2; d++)
     for (int mask = 0; mask < 2; mask++)
       for (int mod = 0; mod < 2; mod++)
-        compile_one(arch, "sm80", dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, 1);
+        compile_one(arch, "sm80", dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, 1, 0);
+}
+
+/* The packed-batch variant (FJ_VARLEN): every combination of mask and
+ * score_mod at both head dims, one dtype each; det: its deterministic
+ * form (sm80). */
+static void run_arch_varlen(const char *arch, const char *tmpl, int det) {
+  static const int dims[] = {64, 128};
+  for (size_t d = 0; d < 2; d++)
+    for (int mask = 0; mask < 2; mask++)
+      for (int mod = 0; mod < 2; mod++)
+        compile_one(arch, tmpl, dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, det, 1);
 }
 
 static void test_compile_sm80(void **state) {
@@ -311,6 +334,18 @@ static void test_compile_sm90a(void **state) {
   (void)state;
   run_arch("sm_90a", "sm80");
   run_arch("sm_90a", "sm90");
+}
+static void test_compile_varlen_sm80(void **state) {
+  (void)state;
+  run_arch_varlen("sm_80", "sm80", 0);
+  run_arch_varlen("sm_86", "sm80", 0);
+  run_arch_varlen("sm_80", "sm80", 1);
+}
+static void test_compile_varlen_sm90a(void **state) {
+  (void)state;
+  run_arch_varlen("sm_90a", "sm80", 0);
+  run_arch_varlen("sm_90a", "sm90", 0);
+  run_arch_varlen("sm_90a", "sm80", 1);
 }
 static void test_compile_det_sm80(void **state) {
   (void)state;
@@ -392,6 +427,8 @@ int main(void) {
       cmocka_unit_test(test_compile_det_sm80),
       cmocka_unit_test(test_compile_det_sm86),
       cmocka_unit_test(test_compile_det_sm90a),
+      cmocka_unit_test(test_compile_varlen_sm80),
+      cmocka_unit_test(test_compile_varlen_sm90a),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

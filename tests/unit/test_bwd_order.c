@@ -19,7 +19,11 @@
  * without a block mask, broadcast or per batch), a mask with holes (with
  * and without a block mask) and its transpose; shapes with Lq != Lk that
  * are no multiple of a tile; the sm_80 and sm_86 tiles (64 x 128, 32 x 64)
- * and block masks of 1 and 2 tiles a block.
+ * and block masks of 1 and 2 tiles a block. And packed batches (FJ_VARLEN,
+ * cu_seqlens): each sequence walked and ranked at its own sizes
+ * (fjb_seq_of, empty sequences among them) against semaphores laid out by
+ * max_seqlen_q, and each sequence's scratch rows (whole 64-row tiles from
+ * its first row) inside its query head's rows and apart from the others'.
  */
 #include <dlfcn.h>
 #include <setjmp.h>
@@ -74,11 +78,28 @@ static const char host_prelude[] =
 static const char driver[] =
     "struct fjt_holder { int n, rank; };\n"
     "extern \"C\" int fjt_check(const int *sz, const void *user, int *const *bm, int bm_B,\n"
-    "    int bm_H, int bm_nq, int bm_nkv, int block_q, int block_kv, long *items,\n"
-    "    char *msg, int msglen) {\n"
+    "    int bm_H, int bm_nq, int bm_nkv, int block_q, int block_kv, const int *cu_q,\n"
+    "    const int *cu_k, long *items, char *msg, int msglen) {\n"
     "  fj_bwd_params p;\n"
     "  memset(&p, 0, sizeof p);\n"
     "  p.sz.B = sz[0], p.sz.Hq = sz[1], p.sz.Hkv = sz[2], p.sz.Lq = sz[3], p.sz.Lk = sz[4];\n"
+    /* A packed batch, as runtime/backward.c binds it: Lq and Lk the longest
+     * sequence's, a query head's scratch rows total_q + 64 B. */
+    "  p.cu_seqlens_q = cu_q, p.cu_seqlens_k = cu_k;\n"
+    "  p.acc_sh = cu_q ? cu_q[p.sz.B] + FJB_SEQ_PAD * p.sz.B : p.sz.Lq;\n"
+    "  if (cu_q)\n"
+    "    for (int b = 0; b < p.sz.B; b++) {\n"
+    "      const fjb_seq s = fjb_seq_of(p, b);\n"
+    "      const long end = s.acc_q0 + (long)(s.sz.Lq + FJB_SEQ_PAD - 1) / FJB_SEQ_PAD * FJB_SEQ_PAD;\n"
+    "      const long next = b + 1 < p.sz.B ? fjb_seq_of(p, b + 1).acc_q0 : p.acc_sh;\n"
+    "      if (s.acc_h0 != 0 || s.acc_q0 % FJB_SEQ_PAD != 0 || s.q_row0 != cu_q[b] ||\n"
+    "          s.sz.Lq != cu_q[b + 1] - cu_q[b] || s.sz.Lk != cu_k[b + 1] - cu_k[b] ||\n"
+    "          s.k_row0 != cu_k[b] || end > next) {\n"
+    "        snprintf(msg, msglen, \"sequence %d: scratch rows [%d, %ld) reach %ld, or its\"\n"
+    "                 \" sizes or rows are not cu_seqlens'\", b, s.acc_q0, end, next);\n"
+    "        return 1;\n"
+    "      }\n"
+    "    }\n"
     "  p.kv_group = p.sz.Hq / p.sz.Hkv;\n"
     "  memcpy(&p.user, user, sizeof p.user);\n"
     "  p.bm_q_ratio = p.bm_kv_ratio = 1;\n"
@@ -104,29 +125,35 @@ static const char driver[] =
     "  p.dq_sem = sems.data();\n"
     "  for (int b = 0; b < B; b++)\n"
     "    for (int h = 0; h < Hq; h++)\n"
-    "      for (int q0 = 0; q0 < p.sz.Lq; q0 += 64) fjb_order_zero(p, b, h, q0, 64, 0, 1);\n"
+    "      for (int q0 = 0; q0 < fjb_seq_of(p, b).sz.Lq; q0 += 64)\n"
+    "        fjb_order_zero(p, fjb_seq_of(p, b).sz.Lq, b, h, q0, 64, 0, 1);\n"
     "  std::vector<std::vector<fjt_holder>> hold((size_t)B * Hq * nq);\n"
     "  *items = 0;\n"
+    /* Each sequence's kv tiles (the kernel's CTAs past its Lk return at
+     * once) walk its query tiles at its sizes. */
     "  for (int b = 0; b < B; b++)\n"
     "    for (int hk = 0; hk < p.sz.Hkv; hk++)\n"
     "      for (int n = 0; n < nk; n++) {\n"
-    "        const int kv0 = n * FJ_BLOCK_N, kv1 = fjb_kv_last(p, n), h_end = (hk + 1) * G;\n"
+    "        const fj_sizes z = fjb_seq_of(p, b).sz;\n"
+    "        if (n * FJ_BLOCK_N >= z.Lk) continue;\n"
+    "        const int nqb = (z.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;\n"
+    "        const int kv0 = n * FJ_BLOCK_N, kv1 = fjb_kv_last(z, n), h_end = (hk + 1) * G;\n"
     "        std::vector<std::pair<int, int>> walk;\n"
     "        if (bm) {\n"
-    "          fjb_item it = fjb_find(p, b, n, hk * G, 0, h_end, kv0, kv1);\n"
-    "          for (; it.h < h_end; it = fjb_find(p, b, n, it.h, it.t + 1, h_end, kv0, kv1))\n"
+    "          fjb_item it = fjb_find(p, z, b, n, hk * G, 0, h_end, kv0, kv1);\n"
+    "          for (; it.h < h_end; it = fjb_find(p, z, b, n, it.h, it.t + 1, h_end, kv0, kv1))\n"
     "            walk.push_back({it.h, it.i});\n"
     "        } else {\n"
     "          for (int h = hk * G; h < h_end; h++)\n"
-    "            for (int i = 0; i < nq; i++) {\n"
+    "            for (int i = 0; i < nqb; i++) {\n"
     "#if FJ_HAS_MASK\n"
-    "              if (fjb_pair_class(p, b, h, i, kv0, kv1) == FJ_TILE_EMPTY) continue;\n"
+    "              if (fjb_pair_class(p, z, b, h, i, kv0, kv1) == FJ_TILE_EMPTY) continue;\n"
     "#endif\n"
     "              walk.push_back({h, i});\n"
     "            }\n"
     "        }\n"
     "        for (auto &w : walk) {\n"
-    "          const int r = fjb_order_rank<1>(p, b, n, w.first, w.second);\n"
+    "          const int r = fjb_order_rank<1>(p, z, b, n, w.first, w.second);\n"
     "          hold[((size_t)b * Hq + w.first) * nq + w.second].push_back({n, r});\n"
     "          const long at = fjb_order_sem(p, b, w.first, w.second) - sems.data();\n"
     "          if (at < 0 || at >= cap || sems[at] != 0) {\n"
@@ -156,8 +183,8 @@ static const char driver[] =
     "}\n";
 
 typedef int (*check_fn)(const int *sz, const void *user, int *const *bm, int bm_B, int bm_H,
-                        int bm_nq, int bm_nkv, int block_q, int block_kv, long *items,
-                        char *msg, int msglen);
+                        int bm_nq, int bm_nkv, int block_q, int block_kv, const int *cu_q,
+                        const int *cu_k, long *items, char *msg, int msglen);
 
 static fjg_graph *trace(const char *src) {
   fjg_graph *g = NULL;
@@ -194,7 +221,7 @@ static check_fn build(const fjg_graph *g, const fjg_config *c, const char *dir, 
                  "#define FJ_HEAD_DIM %d\n#define FJ_DTYPE_BF16 1\n#define FJ_BLOCK_M %d\n"
                  "#define FJ_BLOCK_N %d\n#define FJ_NUM_WARPS %d\n#define FJ_NUM_STAGES %d\n"
                  "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD 0\n"
-                 "#define FJ_DETERMINISTIC 1\n",
+                 "#define FJ_DETERMINISTIC 1\n#define FJ_VARLEN 1\n",
                  c->head_dim, c->block_m, c->block_n, c->num_warps, c->num_stages,
                  has_mask(g));
   put_part(&src, "common/fj_common.cuh");
@@ -246,9 +273,23 @@ static int rnd(int lo, int hi) {
   return lo + (int)((rng >> 16) % (uint64_t)(hi - lo + 1));
 }
 
-/* One shape of one spec against one configuration's driver. */
+/* Packed batches: B sequences of lq[b] queries and lk[b] keys. */
+typedef struct packed {
+  int B, Hq, Hkv, window;
+  int lq[6], lk[6];
+} packed;
+
+static const packed kPacked[] = {
+    {5, 4, 2, 100, {300, 0, 517, 64, 1}, {300, 77, 517, 1, 0}},
+    {3, 2, 1, 40, {129, 1000, 65}, {700, 999, 64}},
+};
+enum { NPACKED = sizeof kPacked / sizeof kPacked[0] };
+
+/* One shape of one spec against one configuration's driver; cu_q and cu_k
+ * (or NULL) make it a packed batch of s->B sequences, s->Lq and s->Lk the
+ * longest. */
 static long run_shape(check_fn check, const fjg_graph *g, const fjg_config *c, const char *name,
-                      const shape *s) {
+                      const shape *s, const int *cu_q, const int *cu_k) {
   const int len = s->Lq > s->Lk ? s->Lq : s->Lk;
   int32_t *doc = malloc(sizeof(int32_t) * (size_t)len);
   assert_non_null(doc);
@@ -286,11 +327,11 @@ static long run_shape(check_fn check, const fjg_graph *g, const fjg_config *c, c
   long items = 0;
   char msg[256] = "";
   int bad = check(sz, user, s->bm ? arrays : NULL, s->bm_B, s->bm_H, s->bm ? m.nq : 0,
-                  s->bm ? m.nkv : 0, bq, bk, &items, msg, sizeof msg);
+                  s->bm ? m.nkv : 0, bq, bk, cu_q, cu_k, &items, msg, sizeof msg);
   if (bad)
-    fail_msg("%s, %d x %d tiles, B %d H %d/%d %d x %d%s: %d bad ranks; %s", name, c->block_m,
-             c->block_n, s->B, s->Hq, s->Hkv, s->Lq, s->Lk, s->bm ? " (block mask)" : "", bad,
-             msg);
+    fail_msg("%s, %d x %d tiles, B %d H %d/%d %d x %d%s%s: %d bad ranks; %s", name, c->block_m,
+             c->block_n, s->B, s->Hq, s->Hkv, s->Lq, s->Lk, s->bm ? " (block mask)" : "",
+             cu_q ? " (packed)" : "", bad, msg);
   if (s->bm) fjg_block_mask_host_free(&m);
   free(doc);
   return items;
@@ -320,7 +361,18 @@ static void test_ranks_follow_the_walk(void **state) {
       for (int s = 0; s < NSHAPES; s++) {
         /* Block masks need a mask_mod to build from. */
         if (kShapes[s].bm && !has_mask(g)) continue;
-        items += run_shape(check, g, &c, kSpecs[sp][0], &kShapes[s]);
+        items += run_shape(check, g, &c, kSpecs[sp][0], &kShapes[s], NULL, NULL);
+      }
+      for (int v = 0; v < NPACKED; v++) {
+        const packed *pk = &kPacked[v];
+        int cu_q[7] = {0}, cu_k[7] = {0};
+        shape sh = {pk->B, pk->Hq, pk->Hkv, 0, 0, pk->window, 0, 0, 0};
+        for (int b = 0; b < pk->B; b++) {
+          cu_q[b + 1] = cu_q[b] + pk->lq[b], cu_k[b + 1] = cu_k[b] + pk->lk[b];
+          sh.Lq = pk->lq[b] > sh.Lq ? pk->lq[b] : sh.Lq;
+          sh.Lk = pk->lk[b] > sh.Lk ? pk->lk[b] : sh.Lk;
+        }
+        items += run_shape(check, g, &c, kSpecs[sp][0], &sh, cu_q, cu_k);
       }
       print_message("%-10s %3d x %-3d tiles: %ld work items ranked\n", kSpecs[sp][0],
                     c.block_m, c.block_n, items);

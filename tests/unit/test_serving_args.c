@@ -420,13 +420,6 @@ static void test_public_entry_checks(void **state) {
   t.a.max_seqlen_q = 0;
   assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_EINVAL);
   assert_non_null(strstr(fj_context_last_error(ctx), "max_seqlen_q is 0"));
-  /* The backward refuses packed batches by name. */
-  fj_backward_args ba = {.q = t.a.q, .k = t.a.k, .v = t.a.v, .o = t.a.o, .dout = t.a.o,
-                         .dq = t.a.q, .dk = t.a.k, .dv = t.a.v, .lse = t.a.lse,
-                         .cu_seqlens_q = &t.cu_q, .cu_seqlens_k = &t.cu_k,
-                         .max_seqlen_q = 150, .max_seqlen_k = 140};
-  assert_int_equal(fj_attention_backward(ctx, spec, &ba), FJ_EUNSUPPORTED);
-  assert_non_null(strstr(fj_context_last_error(ctx), "cu_seqlens_q"));
   /* Skip Softmax is the decode kernel's: refused by name on the forward
    * path (a packed batch here; 150 query tokens). */
   packed(&t);
