@@ -878,10 +878,21 @@ static int bwd_setup(run_state *s) {
   s->g_out = malloc(sizeof(float) * (s->nq ? s->nq : 1));
   if (!s->g_out) return 0;
   fill_normal(s->g_out, s->nq, &st, c->dtype);
-  if (!dev_qkvo(s, &s->d_gout, c->Hq, c->Lq) || !upload(s, &s->d_gout, s->g_out, c->Hq, c->Lq) ||
-      !dev_qkvo(s, &s->d_gq, c->Hq, c->Lq) || !dev_qkvo(s, &s->d_gk, c->Hkv, c->Lk) ||
-      !dev_qkvo(s, &s->d_gv, c->Hkv, c->Lk))
+  if (s->L.varlen) {
+    /* Packed as q and k: dO and dq [total_q, Hq, D], dk and dv [total_k,
+     * Hkv, D] (the host dO is already in that order). */
+    const DLDataType dt = {c->dtype == FJ_DTYPE_F16 ? kDLFloat : kDLBfloat, 16, 1};
+    int64_t qs[3] = {s->L.total_q, c->Hq, c->D}, ks[3] = {s->L.total_k, c->Hkv, c->D};
+    if (!dev_dense(s, &s->d_gout, 3, qs, dt, s->g_out) ||
+        !dev_dense(s, &s->d_gq, 3, qs, dt, NULL) || !dev_dense(s, &s->d_gk, 3, ks, dt, NULL) ||
+        !dev_dense(s, &s->d_gv, 3, ks, dt, NULL))
+      return 0;
+  } else if (!dev_qkvo(s, &s->d_gout, c->Hq, c->Lq) ||
+             !upload(s, &s->d_gout, s->g_out, c->Hq, c->Lq) ||
+             !dev_qkvo(s, &s->d_gq, c->Hq, c->Lq) || !dev_qkvo(s, &s->d_gk, c->Hkv, c->Lk) ||
+             !dev_qkvo(s, &s->d_gv, c->Hkv, c->Lk)) {
     return 0;
+  }
   for (int a = 0; a < s->nargs; a++) {
     if (!fjg_arg_at(s->g, a)->trainable) continue;
     dev_tensor *t = &s->d_grads[a];
@@ -906,6 +917,9 @@ static int bwd_launch(run_state *s) {
   a.args = s->args, a.num_args = s->nargs;
   a.block_mask = s->bm;
   a.deterministic = s->c->deterministic;
+  a.cu_seqlens_q = s->d_cu_q.ptr ? &s->d_cu_q.t : NULL;
+  a.cu_seqlens_k = s->d_cu_k.ptr ? &s->d_cu_k.t : NULL;
+  if (s->L.varlen) a.max_seqlen_q = s->L.max_q, a.max_seqlen_k = s->L.max_k;
   if (fj_attention_backward(s->ctx, s->spec, &a) != FJ_OK) {
     cli_error("run", "backward: %s", fj_context_last_error(s->ctx));
     return 0;
@@ -927,14 +941,21 @@ static int bwd_poisoned(run_state *s) {
   return bwd_launch(s) && cu_ok(s, s->drv->cuCtxSynchronize(), "the backward");
 }
 
+/* A gradient of q (is_q) or of k and v, downloaded into the host layout. */
+static float *download_grad(run_state *s, const dev_tensor *t, int is_q) {
+  const run_config *c = s->c;
+  if (s->L.varlen) return download_packed(s, t, is_q ? s->nq : s->nk);
+  return download_bhld(s, t, is_q ? c->Hq : c->Hkv, is_q ? c->Lq : c->Lk);
+}
+
 /* The gradients on NaN-poisoned outputs, downloaded. */
 static int bwd_run(run_state *s) {
   const run_config *c = s->c;
   if (!bwd_poisoned(s)) return 0;
   if (!c->check) return 1;
-  s->g_q = download_bhld(s, &s->d_gq, c->Hq, c->Lq);
-  s->g_k = download_bhld(s, &s->d_gk, c->Hkv, c->Lk);
-  s->g_v = download_bhld(s, &s->d_gv, c->Hkv, c->Lk);
+  s->g_q = download_grad(s, &s->d_gq, 1);
+  s->g_k = download_grad(s, &s->d_gk, 0);
+  s->g_v = download_grad(s, &s->d_gv, 0);
   if (!s->g_q || !s->g_k || !s->g_v) return 0;
   for (int a = 0; a < s->nargs; a++) {
     if (!s->d_grads[a].ptr) continue;
@@ -951,11 +972,9 @@ static int bwd_run(run_state *s) {
 /* --deterministic --check: a second backward on poisoned outputs must give
  * dq, dk and dv bitwise equal to the first (downloaded in s->g_*). */
 static int bwd_repeat_check(run_state *s, int *pass) {
-  const run_config *c = s->c;
   if (!bwd_poisoned(s)) return 0;
-  float *again[3] = {download_bhld(s, &s->d_gq, c->Hq, c->Lq),
-                     download_bhld(s, &s->d_gk, c->Hkv, c->Lk),
-                     download_bhld(s, &s->d_gv, c->Hkv, c->Lk)};
+  float *again[3] = {download_grad(s, &s->d_gq, 1), download_grad(s, &s->d_gk, 0),
+                     download_grad(s, &s->d_gv, 0)};
   const float *first[3] = {s->g_q, s->g_k, s->g_v};
   const size_t n[3] = {s->nq, s->nk, s->nk};
   static const char *const names[3] = {"dq", "dk", "dv"};
@@ -978,36 +997,62 @@ static int bwd_repeat_check(run_state *s, int *pass) {
   return ok;
 }
 
+/* The gradients' references: of the whole problem, or of each sequence at
+ * its own lengths (--varlen: cli_seqs_backward_reference). 0 on failure
+ * (said). */
+static int bwd_reference(run_state *s, const cli_bwd_ref *r) {
+  char err[256];
+  if (s->serving) {
+    if (cli_seqs_backward_reference(&s->L, s->c, s->g, &s->env, s->scale, s->q, s->k, s->v,
+                                    s->g_out, r, err, sizeof err) == 0)
+      return 1;
+    cli_error("run", "%s", err);
+    return 0;
+  }
+  fjg_ref_problem p = ref_problem(s);
+  double *q = to_double(s->q, s->nq), *k = to_double(s->k, s->nk);
+  double *v = to_double(s->v, s->nk), *dout = to_double(s->g_out, s->nq);
+  int ok = q && k && v && dout;
+  if (!ok)
+    cli_error("run", "out of host memory for the backward's reference");
+  else if (fjg_reference_backward(&p, q, k, v, dout, NULL, NULL, NULL, r->rq, r->rk, r->rv,
+                                  r->rg) != FJ_OK ||
+           fjg_reference_backward_lowp(&p, s->c->dtype, q, k, v, dout, NULL, r->lq, r->lk,
+                                       r->lv, r->lg) != FJ_OK ||
+           fjg_reference_zero_grad_rows(&p, r->zq, r->zk) != 0) {
+    cli_error("run", "the backward's CPU reference failed");
+    ok = 0;
+  }
+  free(q), free(k), free(v), free(dout);
+  return ok;
+}
+
 /* The gradients against the float64 reference (fjg_reference_backward) by
  * the rule for gradients: 3x the input dtype's error, plus a floor; exactly
  * 0 where the mask allows nothing. */
 static int bwd_check(run_state *s, int *pass) {
   const run_config *c = s->c;
-  fjg_ref_problem p = ref_problem(s);
-  double *q = to_double(s->q, s->nq), *k = to_double(s->k, s->nk);
-  double *v = to_double(s->v, s->nk), *dout = to_double(s->g_out, s->nq);
-  double *rq = malloc(8 * s->nq), *rk = malloc(8 * s->nk), *rv = malloc(8 * s->nk);
-  float *lq = malloc(4 * s->nq), *lk = malloc(4 * s->nk), *lv = malloc(4 * s->nk);
+  double *rq = malloc(8 * s->nq + 8), *rk = malloc(8 * s->nk + 8), *rv = malloc(8 * s->nk + 8);
+  float *lq = malloc(4 * s->nq + 4), *lk = malloc(4 * s->nk + 4), *lv = malloc(4 * s->nk + 4);
   uint8_t *qz = malloc(s->nl + 1), *kz = malloc(s->nk / c->D + 1);
   double *rg[CLI_MAX_VALUES] = {0};
   float *lg[CLI_MAX_VALUES] = {0};
   int ok = 0;
   double t0 = now_s();
-  if (!q || !k || !v || !dout || !rq || !rk || !rv || !lq || !lk || !lv || !qz || !kz) {
+  if (!rq || !rk || !rv || !lq || !lk || !lv || !qz || !kz) {
     cli_error("run", "out of host memory for the backward's reference");
     goto fail;
   }
   for (int a = 0; a < s->nargs; a++)
     if (s->grads[a]) {
       size_t n = (size_t)s->d_grads[a].shape[0];
-      if (!(rg[a] = calloc(n, 8)) || !(lg[a] = calloc(n, 4))) goto fail;
+      if (!(rg[a] = calloc(n, 8)) || !(lg[a] = calloc(n, 4))) {
+        cli_error("run", "out of host memory for the backward's reference");
+        goto fail;
+      }
     }
-  if (fjg_reference_backward(&p, q, k, v, dout, NULL, NULL, NULL, rq, rk, rv, rg) != FJ_OK ||
-      fjg_reference_backward_lowp(&p, c->dtype, q, k, v, dout, NULL, lq, lk, lv, lg) != FJ_OK ||
-      fjg_reference_zero_grad_rows(&p, qz, kz) != 0) {
-    cli_error("run", "the backward's CPU reference failed");
-    goto fail;
-  }
+  const cli_bwd_ref ref = {rq, rk, rv, lq, lk, lv, qz, kz, rg, lg};
+  if (!bwd_reference(s, &ref)) goto fail;
   fjg_check_report r;
   const size_t D = (size_t)c->D;
   *pass = fjg_ref_check_grad(rq, lq, s->g_q, s->nq, D, NULL, qz, CHECK_FLOOR_GRAD, &r);
@@ -1023,24 +1068,30 @@ static int bwd_check(run_state *s, int *pass) {
                                   CHECK_FLOOR_GRAD, &r);
       print_check(s, fjg_arg_at(s->g, a)->name, &r, rg[a], s->grads[a]);
     }
-  printf("check backward: %s (reference %.1f s on the CPU)\n", *pass ? "PASS" : "FAIL",
-         now_s() - t0);
+  printf("check backward: %s (reference %.1f s on the CPU%s)\n", *pass ? "PASS" : "FAIL",
+         now_s() - t0, s->serving ? ", each sequence at its own lengths" : "");
   ok = 1;
 fail:
-  free(q), free(k), free(v), free(dout), free(rq), free(rk), free(rv);
-  free(lq), free(lk), free(lv), free(qz), free(kz);
+  free(rq), free(rk), free(rv), free(lq), free(lk), free(lv), free(qz), free(kz);
   for (int a = 0; a < CLI_MAX_VALUES; a++) free(rg[a]), free(lg[a]);
   return ok;
 }
 
 /* The backward, and forward + backward, by do_bench's rules. FLOPs: the
- * forward's 4 * D * (allowed pairs), 2.5x that for the backward. */
+ * forward's 4 * D * (allowed pairs; --varlen: each sequence's at its own
+ * lengths, as bench counts them), 2.5x that for the backward. */
 static int bwd_bench(run_state *s) {
   const run_config *c = s->c;
   cli_bench_options o = {c->warmup_ms, c->rep_ms, c->warmup, c->iters};
   cli_bench_result r;
   fjg_ref_problem p = ref_problem(s);
-  const double fwd_flops = 4.0 * c->D * (double)fjg_reference_count_allowed(&p);
+  int64_t pairs = s->serving ? cli_seqs_pairs(&s->L, c, s->g, &s->env)
+                             : fjg_reference_count_allowed(&p);
+  if (pairs < 0) {
+    cli_error("run", "counting the allowed pairs failed (out of memory?)");
+    return 0;
+  }
+  const double fwd_flops = 4.0 * c->D * (double)pairs;
   if (!cli_bench_run(s->drv, "run", bwd_call, s, &o, &r)) return 0;
   printf("bench backward: %.4f ms median of %d launches (min %.4f ms, max %.4f ms), "
          "%.1f TFLOP/s\n",

@@ -85,7 +85,14 @@ static const char run_usage[] =
     "                      gradients against the float64 reference (3x the\n"
     "                      input dtype's error, plus a floor); with --bench\n"
     "                      the backward and forward + backward times, by the\n"
-    "                      same rules (TFLOP/s: 2.5x and 3.5x the forward's)\n"
+    "                      same rules (TFLOP/s: 2.5x and 3.5x the forward's).\n"
+    "                      With --varlen the backward gets the packed batch\n"
+    "                      (dO and dq packed as q, dk and dv as k) and\n"
+    "                      cu_seqlens; --check compares each sequence with\n"
+    "                      its own reference (buffer gradients summed over\n"
+    "                      the sequences), --bench counts each sequence's\n"
+    "                      pairs. --page-size, --seqlens-k and --skip-softmax\n"
+    "                      are inference-only: refused with --backward\n"
     "  --deterministic     with --backward: its deterministic mode (dq added\n"
     "                      in a fixed order); with --check it also runs the\n"
     "                      backward a second time and requires dq, dk and dv\n"
@@ -336,9 +343,12 @@ static int check_serving(run_config *c) {
               c->Lk);
     return CLI_USAGE;
   }
-  if ((serving || c->skip_softmax > 0) && c->backward) {
-    cli_error("run", "--backward runs the contiguous layout only: drop it, or "
-              "--page-size, --seqlens-k, --varlen and --skip-softmax");
+  /* The backward takes packed batches (--varlen); the rest is inference. */
+  if (c->backward && (c->page_size || c->seqlens_k || c->skip_softmax > 0)) {
+    cli_error("run", "--backward with %s: %s is inference-only (the backward "
+              "takes the contiguous layout or --varlen)",
+              c->page_size ? "--page-size" : c->seqlens_k ? "--seqlens-k" : "--skip-softmax",
+              c->page_size ? "paged KV" : c->seqlens_k ? "seqlens_k" : "Skip Softmax");
     return CLI_USAGE;
   }
   if (serving && c->block_mask == CLI_BM_ON) {

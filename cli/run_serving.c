@@ -207,6 +207,20 @@ static fjg_ref_problem seq_problem(const cli_seqs *L, const run_config *c,
   return p;
 }
 
+/* Sequence b's rows of the host tensor x (is_q: q's layout, else k's) as
+ * float64 [1, H, len, D], its own problem's layout. */
+static void gather_seq(const cli_seqs *L, const run_config *c, int b, int is_q,
+                       const float *x, double *out) {
+  const int H = is_q ? c->Hq : c->Hkv, len = is_q ? L->lq[b] : L->lk[b];
+  const size_t D = (size_t)c->D;
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < len; i++) {
+      const float *src = x + (is_q ? cli_seqs_q_at(L, c, b, h, i) : cli_seqs_k_at(L, c, b, h, i));
+      double *dst = out + ((size_t)h * len + i) * D;
+      for (size_t d = 0; d < D; d++) dst[d] = src[d];
+    }
+}
+
 int cli_seqs_reference(const cli_seqs *L, const run_config *c,
                        const fjg_graph *g, const fjg_env *env, double scale,
                        const float *q, const float *k, const float *v,
@@ -226,18 +240,10 @@ int cli_seqs_reference(const cli_seqs *L, const run_config *c,
     goto fail;
   }
   for (int b = 0; b < L->n; b++) {
-    const int lq = L->lq[b], lk = L->lk[b];
-    for (int h = 0; h < c->Hq; h++)
-      for (int i = 0; i < lq; i++)
-        for (size_t d = 0; d < D; d++)
-          q1[((size_t)h * lq + i) * D + d] = q[cli_seqs_q_at(L, c, b, h, i) + d];
-    for (int hk = 0; hk < c->Hkv; hk++)
-      for (int j = 0; j < lk; j++)
-        for (size_t d = 0; d < D; d++) {
-          size_t at = cli_seqs_k_at(L, c, b, hk, j) + d;
-          k1[((size_t)hk * lk + j) * D + d] = k[at];
-          v1[((size_t)hk * lk + j) * D + d] = v[at];
-        }
+    const int lq = L->lq[b];
+    gather_seq(L, c, b, 1, q, q1);
+    gather_seq(L, c, b, 0, k, k1);
+    gather_seq(L, c, b, 0, v, v1);
     fjg_ref_problem p = seq_problem(L, c, g, env, scale, b);
     if (fjg_reference_dense(&p, q1, k1, v1, ro1, rl1) != FJ_OK ||
         fjg_reference_lowp(&p, c->dtype, q1, k1, v1, lo1, ll1) != FJ_OK ||
@@ -260,6 +266,84 @@ int cli_seqs_reference(const cli_seqs *L, const run_config *c,
 fail:
   free(q1), free(k1), free(v1), free(ro1), free(rl1), free(lo1), free(ll1);
   free(sk1);
+  return rc;
+}
+
+/* Sequence b's gradients [1, H, len, D] (float64 r1 and float l1) into
+ * the host layout of q (is_q) or k, their zero-row marks z1 into z (when
+ * not NULL: dv's are dk's). */
+static void scatter_grad(const cli_seqs *L, const run_config *c, int b, int is_q,
+                         const double *r1, const float *l1, const uint8_t *z1,
+                         double *r, float *l, uint8_t *z) {
+  const int H = is_q ? c->Hq : c->Hkv, len = is_q ? L->lq[b] : L->lk[b];
+  const size_t D = (size_t)c->D;
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < len; i++) {
+      size_t at = is_q ? cli_seqs_q_at(L, c, b, h, i) : cli_seqs_k_at(L, c, b, h, i);
+      size_t row = (size_t)h * len + i;
+      memcpy(r + at, r1 + row * D, 8 * D);
+      memcpy(l + at, l1 + row * D, 4 * D);
+      if (z) z[at / D] = z1[row];
+    }
+}
+
+int cli_seqs_backward_reference(const cli_seqs *L, const run_config *c,
+                                const fjg_graph *g, const fjg_env *env,
+                                double scale, const float *q, const float *k,
+                                const float *v, const float *dout,
+                                const cli_bwd_ref *out, char *err, size_t errlen) {
+  const size_t D = (size_t)c->D;
+  const size_t nq1 = (size_t)c->Hq * L->max_q * D, nk1 = (size_t)c->Hkv * L->max_k * D;
+  const int nargs = g ? fjg_num_args(g) : 0;
+  double *q1 = malloc(8 * nq1 + 8), *do1 = malloc(8 * nq1 + 8);
+  double *k1 = malloc(8 * nk1 + 8), *v1 = malloc(8 * nk1 + 8);
+  double *rq1 = malloc(8 * nq1 + 8), *rk1 = malloc(8 * nk1 + 8), *rv1 = malloc(8 * nk1 + 8);
+  float *lq1 = malloc(4 * nq1 + 4), *lk1 = malloc(4 * nk1 + 4), *lv1 = malloc(4 * nk1 + 4);
+  uint8_t *zq1 = malloc(nq1 / D + 1), *zk1 = malloc(nk1 / D + 1);
+  /* Each sequence's buffer gradients, added into out->rg and out->lg. */
+  double *rg1[FJG_MAX_ARGS] = {0};
+  float *lg1[FJG_MAX_ARGS] = {0};
+  int rc = -1, ok = q1 && do1 && k1 && v1 && rq1 && rk1 && rv1 && lq1 && lk1 && lv1 &&
+                   zq1 && zk1;
+  for (int a = 0; ok && a < nargs && a < FJG_MAX_ARGS; a++) {
+    if (!out->rg || !out->rg[a] || !out->lg || !out->lg[a] || !fjg_arg_at(g, a)->trainable)
+      continue;
+    size_t n = (size_t)env->buffer_len[a];
+    ok = (rg1[a] = malloc(8 * n + 8)) && (lg1[a] = malloc(4 * n + 4));
+    if (ok) memset(out->rg[a], 0, 8 * n), memset(out->lg[a], 0, 4 * n);
+  }
+  if (!ok) {
+    snprintf(err, errlen, "out of host memory for the backward's reference");
+    goto fail;
+  }
+  for (int b = 0; b < L->n; b++) {
+    gather_seq(L, c, b, 1, q, q1);
+    gather_seq(L, c, b, 1, dout, do1);
+    gather_seq(L, c, b, 0, k, k1);
+    gather_seq(L, c, b, 0, v, v1);
+    fjg_ref_problem p = seq_problem(L, c, g, env, scale, b);
+    if (fjg_reference_backward(&p, q1, k1, v1, do1, NULL, NULL, NULL, rq1, rk1, rv1,
+                               rg1) != FJ_OK ||
+        fjg_reference_backward_lowp(&p, c->dtype, q1, k1, v1, do1, NULL, lq1, lk1, lv1,
+                                    lg1) != FJ_OK ||
+        fjg_reference_zero_grad_rows(&p, zq1, zk1) != 0) {
+      snprintf(err, errlen, "the backward's CPU reference failed on sequence %d "
+               "(out of memory?)", b);
+      goto fail;
+    }
+    scatter_grad(L, c, b, 1, rq1, lq1, zq1, out->rq, out->lq, out->zq);
+    scatter_grad(L, c, b, 0, rk1, lk1, zk1, out->rk, out->lk, out->zk);
+    scatter_grad(L, c, b, 0, rv1, lv1, NULL, out->rv, out->lv, NULL);
+    for (int a = 0; a < FJG_MAX_ARGS; a++)
+      if (rg1[a])
+        for (int64_t i = 0; i < env->buffer_len[a]; i++)
+          out->rg[a][i] += rg1[a][i], out->lg[a][i] += lg1[a][i];
+  }
+  rc = 0;
+fail:
+  free(q1), free(do1), free(k1), free(v1), free(rq1), free(rk1), free(rv1);
+  free(lq1), free(lk1), free(lv1), free(zq1), free(zk1);
+  for (int a = 0; a < FJG_MAX_ARGS; a++) free(rg1[a]), free(lg1[a]);
   return rc;
 }
 

@@ -87,6 +87,30 @@ int cli_seqs_reference(const cli_seqs *L, const run_config *c,
                        uint8_t *skip_o, uint8_t *skip_l, char *err,
                        size_t errlen);
 
+/* The backward's references (--backward --check), in the host layouts
+ * above: dq, dk, dv in float64 (rq, rk, rv) and computed in the input dtype
+ * (lq, lk, lv), from the float host q, k, v and dout, each sequence alone
+ * at its lengths (fjg_reference_backward, _lowp; dlse 0); zq and zk mark
+ * the rows whose gradient must be exactly 0 (fjg_reference_zero_grad_rows:
+ * zq per row of q, index cli_seqs_q_at / D; zk per row of k, index
+ * cli_seqs_k_at / D). Each trainable buffer a with rg[a] (and lg[a]) not
+ * NULL gets its gradient summed over the sequences, as the kernel sums it
+ * (env->buffer_len[a] values). rg and lg may be NULL. */
+typedef struct cli_bwd_ref {
+  double *rq, *rk, *rv;
+  float *lq, *lk, *lv;
+  uint8_t *zq, *zk;
+  double *const *rg;
+  float *const *lg;
+} cli_bwd_ref;
+
+/* 0, or -1 with a message in err. */
+int cli_seqs_backward_reference(const cli_seqs *L, const run_config *c,
+                                const fjg_graph *g, const fjg_env *env,
+                                double scale, const float *q, const float *k,
+                                const float *v, const float *dout,
+                                const cli_bwd_ref *out, char *err, size_t errlen);
+
 /* Allowed (h, q, kv) triples summed over the sequences, each at its own
  * lengths (fjg_reference_count_allowed). -1 on failure. */
 int64_t cli_seqs_pairs(const cli_seqs *L, const run_config *c,

@@ -438,7 +438,8 @@ static const char *write_npy_i32(const char *name, const int32_t *x, int n) {
 
 /* The serving options (--page-size, --seqlens-k, --varlen, --skip-softmax):
  * checked against each other and the sizes before the GPU; good ones get
- * as far as the missing GPU. */
+ * as far as the missing GPU. --backward takes --varlen and refuses the
+ * inference-only ones by name. */
 static void test_run_serving_options(void **state) {
   (void)state;
   char spec[400], lens[400], bad_lens[400], with_b[400];
@@ -464,8 +465,12 @@ static void test_run_serving_options(void **state) {
       {"--varlen 4 --kv-len 8", "--varlen with --kv-len 8 < --q-len 16"},
       {"--skip-softmax 1", "--skip-softmax: '1' is not a threshold in [0, 1)"},
       {"--skip-softmax -1", "--skip-softmax: '-1'"},
-      {"--page-size 16 --backward", "--backward runs the contiguous layout only"},
-      {"--skip-softmax 0.5 --backward", "--backward runs the contiguous layout only"},
+      {"--page-size 16 --backward", "--backward with --page-size: paged KV is inference-only"},
+      {"--varlen 3 --page-size 16 --backward", "--backward with --page-size: paged KV"},
+      {"--seqlens-k 9 --backward", "--backward with --seqlens-k: seqlens_k is inference-only"},
+      {"--skip-softmax 0.5 --backward",
+       "--backward with --skip-softmax: Skip Softmax is inference-only"},
+      {"--varlen 3 --deterministic", "--deterministic is a mode of the backward pass"},
       {"--seqlens-k 4 --block-mask on", "--block-mask on: a block mask covers"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -497,6 +502,9 @@ static void test_run_serving_options(void **state) {
       "--page-size 16", "--page-size 256 --seqlens-k random", "--seqlens-k 9",
       "--varlen 3", "--varlen 3 --kv-len 80 --page-size 32",
       "--q-len 1 --skip-softmax 0.25 --check --bench",
+      /* The backward takes packed batches. */
+      "--varlen 3 --backward --check --bench",
+      "--varlen 5 --head-dim 64 --dtype fp16 --backward --deterministic --check",
   };
   for (size_t i = 0; i < sizeof good_opts / sizeof good_opts[0]; i++) {
     assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --kv-heads 2 "
@@ -507,11 +515,20 @@ static void test_run_serving_options(void **state) {
   assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --q-len 16 "
                                        "--varlen=%s", spec, lens), 2);
   fjt_expect_in(fjt_err, "no GPU");
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --q-len 16 "
+                                       "--varlen %s --backward --check", spec, lens), 2);
+  fjt_expect_in(fjt_err, "no GPU");
+  /* A spec that reads b is refused with the packed backward too. */
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 4 --q-len 16 --varlen 2 "
+                                       "--backward --check", with_b), 2);
+  fjt_expect_in(fjt_err, "reads b (or the batch size)");
   assert_int_equal(fjt_flexjit(NULL, "run --help"), 0);
   fjt_expect_in(fjt_out, "--page-size N");
   fjt_expect_in(fjt_out, "--varlen N|FILE.npy");
   fjt_expect_in(fjt_out, "--skip-softmax T");
   fjt_expect_in(fjt_out, "TB/s of K and V read");
+  fjt_expect_in(fjt_out, "With --varlen the backward gets the packed batch");
+  fjt_expect_in(fjt_out, "are inference-only: refused with --backward");
 }
 
 /* ---- options are checked before anything runs ---- */
