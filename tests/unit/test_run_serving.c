@@ -2,8 +2,8 @@
  * tests/unit/test_run_serving.c: the host side of `flexjit run`'s serving
  * layouts (cli/run_serving.c, compiled into this test): random varlen
  * lengths, page pools and block tables, the per-sequence reference against
- * an independent naive computation, and the counts behind --bench's
- * TFLOP/s and TB/s.
+ * an independent naive computation (the forward's and the backward's),
+ * and the counts behind --bench's TFLOP/s and TB/s.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "cli/run_serving.c"
+#include "lua/spec.h"
 
 static run_config config(int B, int Hq, int Hkv, int Lq, int Lk, int D) {
   run_config c;
@@ -221,6 +222,149 @@ static void test_reference_per_sequence(void **state) {
   }
 }
 
+/* The backward of one sequence (lq queries, lk keys; row strides qs of q,
+ * dout and dq, ks of k, v, dk and dv between positions), one query head
+ * against its KV head, done naively in float64: scores scale q.k + bias[kv]
+ * where kv <= q (top-left causal: keys past lq - 1 get no query), softmax,
+ * dS = P (dP - dO.O); dq, dk, dv and dbias ([lk]) added to. */
+static void naive_backward_head(const float *q, const float *k, const float *v,
+                                const float *dout, size_t qs, size_t ks, int lq, int lk,
+                                int D, double scale, const float *bias, double *dq,
+                                double *dk, double *dv, double *dbias) {
+  double *p = malloc(sizeof(double) * (size_t)lk), *dp = malloc(sizeof(double) * (size_t)lk);
+  for (int i = 0; i < lq; i++) {
+    const float *qi = q + i * qs, *doi = dout + i * qs;
+    double m = -INFINITY, l = 0, delta = 0;
+    const int n = i + 1 < lk ? i + 1 : lk; /* keys 0..min(i, lk - 1) */
+    for (int j = 0; j < n; j++) {
+      double sc = 0;
+      for (int d = 0; d < D; d++) sc += (double)qi[d] * k[j * ks + d];
+      p[j] = scale * sc + bias[j];
+      if (p[j] > m) m = p[j];
+    }
+    for (int j = 0; j < n; j++) l += (p[j] = exp(p[j] - m));
+    for (int j = 0; j < n; j++) {
+      p[j] /= l;
+      dp[j] = 0;
+      for (int d = 0; d < D; d++) dp[j] += (double)doi[d] * v[j * ks + d];
+      delta += p[j] * dp[j];
+    }
+    for (int j = 0; j < n; j++) {
+      double ds = p[j] * (dp[j] - delta);
+      for (int d = 0; d < D; d++) {
+        dq[i * qs + d] += scale * ds * k[j * ks + d];
+        dk[j * ks + d] += scale * ds * qi[d];
+        dv[j * ks + d] += p[j] * doi[d];
+      }
+      dbias[j] += ds;
+    }
+  }
+  free(p), free(dp);
+}
+
+/* The per-sequence backward reference of a packed batch (GQA, lk = lq + 3,
+ * a causal mask that leaves each sequence's last 3 keys unattended, a
+ * trainable bias[kv]) against naive_backward_head over the packed layout
+ * written out here: dq, dk, dv to rounding, the dtype's computation near
+ * them, the zero rows exactly the unattended keys, the bias gradient summed
+ * over the sequences. */
+static void test_backward_reference_per_sequence(void **state) {
+  (void)state;
+  char err[1024] = "";
+  enum { NB = 16 };
+  const int Hq = 4, Hkv = 2, D = 8;
+  const double scale = 0.3;
+  static const char spec[] =
+      "local bias = buffer('bias', 'f32', {grad = true})\n"
+      "return { mask_mod = function(b, h, q, kv) return ge(q, kv) end,\n"
+      "         score_mod = function(s, b, h, q, kv) return s + bias[kv] end }\n";
+  fjg_graph *g = NULL;
+  if (fjl_trace_spec(spec, strlen(spec), "spec.lua", &g, NULL, err, sizeof err) != FJ_OK)
+    fail_msg("trace failed: %s", err);
+  const int a = fjg_find_arg(g, "bias");
+  assert_true(a >= 0 && a < FJG_MAX_ARGS);
+  float *bias = random_floats(NB, 7);
+  const void *bdata[FJG_MAX_ARGS] = {0};
+  int64_t blen[FJG_MAX_ARGS] = {0};
+  bdata[a] = bias, blen[a] = NB;
+  fjg_env env;
+  memset(&env, 0, sizeof env);
+  env.buffer_data = bdata, env.buffer_len = blen;
+
+  run_config c = config(2, Hq, Hkv, 6, 9, D);
+  c.varlen_n = 3;
+  cli_seqs L;
+  assert_int_equal(cli_seqs_build(&L, &c, err, sizeof err), 0);
+  assert_true(L.max_k <= NB);
+  size_t nq = cli_seqs_nq(&L, &c), nk = cli_seqs_nk(&L, &c);
+  float *q = random_floats(nq, 1), *k = random_floats(nk, 2), *v = random_floats(nk, 3);
+  float *dout = random_floats(nq, 4);
+  double *rq = malloc(8 * nq), *rk = malloc(8 * nk), *rv = malloc(8 * nk);
+  float *lq = malloc(4 * nq), *lk = malloc(4 * nk), *lv = malloc(4 * nk);
+  uint8_t *zq = malloc(nq / D), *zk = malloc(nk / D);
+  double *rg[FJG_MAX_ARGS] = {0};
+  float *lg[FJG_MAX_ARGS] = {0};
+  rg[a] = malloc(8 * NB), lg[a] = malloc(4 * NB);
+  const cli_bwd_ref ref = {rq, rk, rv, lq, lk, lv, zq, zk, rg, lg};
+  assert_int_equal(cli_seqs_backward_reference(&L, &c, g, &env, scale, q, k, v, dout, &ref,
+                                               err, sizeof err),
+                   0);
+
+  /* The naive gradients over the packed [total, H, D] tensors. */
+  double *nq_ = calloc(nq, 8), *nk_ = calloc(nk, 8), *nv_ = calloc(nk, 8);
+  double nbias[NB] = {0};
+  int q0 = 0, k0 = 0;
+  for (int b = 0; b < L.n; b++) {
+    assert_int_equal(L.lk[b], L.lq[b] + 3);
+    for (int h = 0; h < Hq; h++) {
+      size_t qa = ((size_t)q0 * Hq + h) * D, ka = ((size_t)k0 * Hkv + h / 2) * D;
+      naive_backward_head(q + qa, k + ka, v + ka, dout + qa, (size_t)Hq * D,
+                          (size_t)Hkv * D, L.lq[b], L.lk[b], D, scale, bias, nq_ + qa,
+                          nk_ + ka, nv_ + ka, nbias);
+    }
+    /* Keys past the last query (lq .. lq + 2) are its zero rows, no other. */
+    for (int hk = 0; hk < Hkv; hk++)
+      for (int j = 0; j < L.lk[b]; j++)
+        assert_int_equal(zk[(size_t)(k0 + j) * Hkv + hk], j >= L.lq[b]);
+    for (int h = 0; h < Hq; h++)
+      for (int i = 0; i < L.lq[b]; i++) assert_int_equal(zq[(size_t)(q0 + i) * Hq + h], 0);
+    q0 += L.lq[b], k0 += L.lk[b];
+  }
+  double worst = 0, worst_lowp = 0, biggest = 0;
+  const double *r[3] = {rq, rk, rv}, *n[3] = {nq_, nk_, nv_};
+  const float *lo[3] = {lq, lk, lv};
+  const size_t len[3] = {nq, nk, nk};
+  for (int t = 0; t < 3; t++)
+    for (size_t i = 0; i < len[t]; i++) {
+      worst = fmax(worst, fabs(r[t][i] - n[t][i]));
+      worst_lowp = fmax(worst_lowp, fabs(lo[t][i] - n[t][i]));
+      biggest = fmax(biggest, fabs(n[t][i]));
+    }
+  /* The score_mod runs in float32 at the float32 score, as the kernel's. */
+  assert_true(worst < 1e-5);
+  assert_true(worst_lowp < 0.05 * biggest); /* bf16 inputs, P and dS */
+  assert_true(worst_lowp > 0);
+  assert_true(biggest > 0.1);
+  /* The bias gradient: every sequence's dS summed at its kv positions
+   * (none reach past the longest sequence). */
+  double gworst = 0, gworst_lowp = 0, gbig = 0;
+  for (int j = 0; j < NB; j++) {
+    gworst = fmax(gworst, fabs(rg[a][j] - nbias[j]));
+    gworst_lowp = fmax(gworst_lowp, fabs(lg[a][j] - nbias[j]));
+    gbig = fmax(gbig, fabs(nbias[j]));
+    if (j >= L.max_k) assert_true(rg[a][j] == 0 && lg[a][j] == 0);
+  }
+  assert_true(gbig > 0.1);
+  assert_true(gworst < 1e-5);
+  assert_true(gworst_lowp > 0 && gworst_lowp < 0.05 * gbig);
+
+  free(nq_), free(nk_), free(nv_), free(rg[a]), free(lg[a]);
+  free(q), free(k), free(v), free(dout), free(rq), free(rk), free(rv);
+  free(lq), free(lk), free(lv), free(zq), free(zk), free(bias);
+  cli_seqs_free(&L);
+  fjg_graph_destroy(g);
+}
+
 /* kv <= q + (Lk - Lq) (causal, bottom right), optionally also kv > q +
  * (Lk - Lq) - window, and optionally reading b. */
 static fjg_graph *mask_graph(int window, int read_b) {
@@ -282,6 +426,7 @@ int main(void) {
       cmocka_unit_test(test_varlen_lengths),
       cmocka_unit_test(test_pages),
       cmocka_unit_test(test_reference_per_sequence),
+      cmocka_unit_test(test_backward_reference_per_sequence),
       cmocka_unit_test(test_counts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
