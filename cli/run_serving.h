@@ -2,8 +2,9 @@
  * cli/run_serving.h: the host side of `flexjit run`'s serving layouts
  * (--page-size, --seqlens-k, --varlen; docs/serving.md): each sequence's
  * lengths, where its rows lie in the host tensors, the page pools and the
- * block table, and the float64 reference computed one sequence at a time
- * at its own lengths.
+ * block table, and the float64 references (the forward's, and the
+ * backward's for --backward --varlen) computed one sequence at a time at
+ * its own lengths.
  *
  * Host tensors (floats holding the values the kernel sees):
  *  - contiguous and paged runs keep q, o [B, Hq, Lq, D], k, v [B, Hkv, Lk,
