@@ -37,8 +37,9 @@ __device__ __forceinline__ int fjh_q_row0(const fj_fwd_params &p, int b) {
   return p.cu_seqlens_q != nullptr ? __ldg(p.cu_seqlens_q + b) : 0;
 }
 
-// Its first row in packed k and v (0 unless packed), read where a load
-// needs it: kept in the item, it made the persistent producer spill.
+// Its first row in packed k and v (0 unless packed), read where a K or V
+// load needs it: in the item it would take a register that the persistent
+// kernel's producer warp does not have.
 __device__ __forceinline__ int fjh_k_row0(const fj_fwd_params &p, int b) {
   return p.cu_seqlens_k != nullptr ? __ldg(p.cu_seqlens_k + b) : 0;
 }
