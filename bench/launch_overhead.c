@@ -127,7 +127,7 @@ static int measure(const fjr_driver *drv, const char *spec_path,
   void *kp[] = {pbuf, &maps};
   if (kern->cfg.uses_tma) {
     char err[256];
-    if (fjr_tma_maps_build(drv, &kern->cfg, p, &maps, err, sizeof(err)) !=
+    if (fjr_tma_maps_build(drv, &kern->cfg, p, NULL, &maps, err, sizeof(err)) !=
         FJ_OK) {
       fprintf(stderr, "tma maps: %s\n", err);
       return 1;

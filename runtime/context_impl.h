@@ -54,7 +54,6 @@ struct fj_spec {
    * decision also reads, do not change. */
   struct fjr_launch_memo {
     int head_dim, dtype, block_q, block_kv;
-    int serving; /* seqlens_k, block_table or cu_seqlens: the sm80 kernel */
     struct fjr_kernel *kernel;
   } launches[4];
   int num_launches;

@@ -68,14 +68,13 @@ static int sm90_fits_mask(int head_dim, fj_dtype dtype, int block_q, int block_k
 }
 
 /* The template: the caller's, else the context's, else sm90 (wgmma + TMA)
- * on sm_90a unless a block mask's blocks are not whole sm90 tiles or the
- * launch uses a serving layout (which only the sm80 kernel takes), else
- * sm80. */
+ * on sm_90a unless a block mask's blocks are not whole sm90 tiles, else
+ * sm80. Both take the serving layouts (docs/serving.md). */
 static const char *choose_template(const fj_context *ctx, const fj_kernel_options *o,
-                                   const char *arch, int mask_block_kv, int serving) {
+                                   const char *arch, int mask_block_kv) {
   if (o->kernel_template) return o->kernel_template;
   if (ctx->opts.kernel_template) return ctx->opts.kernel_template;
-  if (strcmp(arch, "sm_90a") != 0 || serving) return "sm80";
+  if (strcmp(arch, "sm_90a") != 0) return "sm80";
   return sm90_fits_mask(o->head_dim, o->dtype, o->block_mask_block_q, mask_block_kv)
              ? "sm90"
              : "sm80";
@@ -102,25 +101,19 @@ static int sm90_block_m(const fj_context *ctx, const fjg_config *cfg, int block_
 
 /* The one place a forward kernel's configuration is decided: from the
  * options, the context's settings and, for a launch with a block mask, its
- * block_kv (0 when not known: compile and emit); serving: the launch uses
- * seqlens_k, block_table or cu_seqlens (runtime/serving.c), which the sm90
- * kernel does not take. */
+ * block_kv (0 when not known: compile and emit). The serving layouts
+ * (runtime/serving.c) take the same kernels. */
 static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
-                                int mask_block_kv, int serving, fjg_config *cfg) {
+                                int mask_block_kv, fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
   const char *arch = o->arch;
   fj_status st;
   if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
   char err[1024];
   st = fjg_config_choose_template(o->head_dim, o->dtype, arch,
-                                  choose_template(ctx, o, arch, mask_block_kv, serving), cfg,
-                                  err, sizeof err);
+                                  choose_template(ctx, o, arch, mask_block_kv), cfg, err,
+                                  sizeof err);
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
-  if (serving && cfg->uses_tma)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                    "the %s forward does not take seqlens_k, block_table or cu_seqlens "
-                    "(the sm80 template does: leave the template to the runtime)",
-                    cfg->template_name);
   if (!cfg->uses_tma) return FJ_OK;
   if (ctx->opts.stages && fjg_config_set_stages(cfg, ctx->opts.stages) != 0)
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
@@ -158,7 +151,7 @@ static fj_status compile_forward(fj_context *ctx, const fj_spec *spec,
   fjg_config cfg;
   int resident = 0;
   fj_status st = check_kernel_options(ctx, spec, o);
-  if (st == FJ_OK) st = forward_config(ctx, o, 0, 0, &cfg);
+  if (st == FJ_OK) st = forward_config(ctx, o, 0, &cfg);
   if (st == FJ_OK) st = fjr_kernel_get(ctx, (fj_spec *)spec, &forward_kind, &cfg, k, &resident);
   if (st == FJ_OK && info) fjr_kernel_info(*k, resident, info);
   return st;
@@ -195,7 +188,7 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
   if (!path) return fjr_fail(ctx, FJ_EINVAL, "fj_emit_forward_source: path is NULL");
   fjg_config cfg;
   fj_status st = check_kernel_options(ctx, spec, opts);
-  if (st == FJ_OK) st = forward_config(ctx, opts, 0, 0, &cfg);
+  if (st == FJ_OK) st = forward_config(ctx, opts, 0, &cfg);
   if (st != FJ_OK) return st;
   fjg_buf src;
   fjc_key source_key;
@@ -377,11 +370,11 @@ fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *a, fj_dtype 
 /* The loaded kernel of a launch: from the spec's launch memo, else decided
  * (forward_config), made or found (runtime/kernels.c) and remembered. */
 static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_dtype dtype,
-                               int block_q, int block_kv, int serving, fjr_kernel **out) {
+                               int block_q, int block_kv, fjr_kernel **out) {
   for (int i = 0; i < spec->num_launches; i++) {
     const struct fjr_launch_memo *m = &spec->launches[i];
     if (m->head_dim == head_dim && m->dtype == (int)dtype && m->block_q == block_q &&
-        m->block_kv == block_kv && m->serving == serving) {
+        m->block_kv == block_kv) {
       *out = m->kernel;
       return FJ_OK;
     }
@@ -390,14 +383,14 @@ static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_
                                 .block_mask_block_q = block_q};
   fjg_config cfg;
   fj_status st;
-  if ((st = forward_config(ctx, &ko, block_kv, serving, &cfg)) != FJ_OK ||
+  if ((st = forward_config(ctx, &ko, block_kv, &cfg)) != FJ_OK ||
       (st = fjr_kernel_get(ctx, spec, &forward_kind, &cfg, out, NULL)) != FJ_OK ||
       (st = fjr_kernel_load(ctx, *out)) != FJ_OK)
     return st;
   const int n = sizeof spec->launches / sizeof spec->launches[0];
   const int slot = spec->num_launches < n ? spec->num_launches++ : n - 1;
   spec->launches[slot] =
-      (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, serving, *out};
+      (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, *out};
   return FJ_OK;
 }
 
@@ -450,7 +443,7 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     return fjr_fail(ctx, FJ_EINVAL, "fj_attention_forward: bad block mask");
   fjr_kernel *k = NULL;
   if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[args->q->ndim - 1], dtype, mi.block_q,
-                          mi.block_kv, serving, &k)) != FJ_OK)
+                          mi.block_kv, &k)) != FJ_OK)
     return st;
   /* The block mask, if any: validated against this launch (blockmask.c). */
   st = fjr_block_mask_bind(ctx, args->block_mask, p->sz.B, p->sz.Hq, p->sz.Lq, p->sz.Lk,
@@ -466,7 +459,11 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     /* TMA descriptors are a second __grid_constant__ parameter. */
     _Alignas(128) fjr_tma_maps maps;
     char err[512];
-    st = fjr_tma_maps_build(ctx->drv, &k->cfg, p, &maps, err, sizeof err);
+    /* Packed q, k, v and page pools: their dimension 0. */
+    const fjr_tma_rows rows = {args->cu_seqlens_q ? args->q->shape[0] : 0,
+                               args->cu_seqlens_k || args->block_table ? args->k->shape[0]
+                                                                       : 0};
+    st = fjr_tma_maps_build(ctx->drv, &k->cfg, p, &rows, &maps, err, sizeof err);
     if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
     CUdeviceptr sched = 0;
     int owned = 0;

@@ -155,19 +155,47 @@ fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
   return encode_dq_accum(drv, p, D, &out->dq_accum, err, errlen);
 }
 
+/* Rows of a paged box: the largest power of two that divides the page size,
+ * at most a tile's rows, so that a box never crosses a page
+ * (templates/sm90/pipeline.cuh, fjh_load_kv_paged, computes the same). */
+static uint32_t page_box_rows(int64_t page_size, int block_n) {
+  int64_t r = page_size & -page_size;
+  return (uint32_t)(r < block_n ? r : block_n);
+}
+
 fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
-                             const fjr_fwd_params_fixed *p, fjr_tma_maps *out,
-                             char *err, size_t errlen) {
+                             const fjr_fwd_params_fixed *p, const fjr_tma_rows *rows,
+                             fjr_tma_maps *out, char *err, size_t errlen) {
   fj_status st = maps_start(drv, cfg, p && out, "fjr_tma_maps_build", err, errlen);
   if (st != FJ_OK) return st;
   memset(out, 0, sizeof *out);
   const int64_t D = cfg->head_dim;
+  const fjr_tma_rows none = {0, 0};
+  if (!rows) rows = &none;
+  const int q_packed = p->cu_seqlens_q != 0;
+  const int kv_packed = p->cu_seqlens_k != 0, kv_paged = p->block_table != 0;
+  if ((q_packed && rows->q_rows <= 0) || ((kv_packed || kv_paged) && rows->kv_rows <= 0))
+    return tma_fail(err, errlen, FJ_EINVAL,
+                    "fjr_tma_maps_build: a packed or paged tensor without its rows");
+  /* Packed q, k, v: one batch of total rows (a sequence's rows start at its
+   * cu_seqlens offset: the kernel's coordinate). */
   tma_tensor q = {"q", p->q, {D, p->sz.Lq, p->sz.Hq, p->sz.B},
                   {p->q_ss, p->q_sh, p->q_sb}, (uint32_t)cfg->block_m};
+  if (q_packed) q.dims[1] = rows->q_rows, q.dims[3] = 1;
   tma_tensor k = {"k", p->k, {D, p->sz.Lk, p->sz.Hkv, p->sz.B},
                   {p->k_ss, p->k_sh, p->k_sb}, (uint32_t)cfg->block_n};
-  tma_tensor v = {"v", p->v, {D, p->sz.Lk, p->sz.Hkv, p->sz.B},
-                  {p->v_ss, p->v_sh, p->v_sb}, (uint32_t)cfg->block_n};
+  if (kv_packed) {
+    k.dims[1] = rows->kv_rows, k.dims[3] = 1;
+  } else if (kv_paged) {
+    /* The pool [num_pages, page_size, Hkv, D] as (D, page_size, Hkv,
+     * num_pages): the kernel loads a tile page by page. */
+    k.dims[1] = p->page_size, k.dims[3] = rows->kv_rows;
+    k.box_rows = page_box_rows(p->page_size, cfg->block_n);
+  }
+  tma_tensor v = k;
+  v.what = "v";
+  v.ptr = p->v;
+  v.strides[0] = p->v_ss, v.strides[1] = p->v_sh, v.strides[2] = p->v_sb;
   st = encode_one(drv, cfg, &q, &out->q, err, errlen);
   if (st == FJ_OK) st = encode_one(drv, cfg, &k, &out->k, err, errlen);
   if (st == FJ_OK) st = encode_one(drv, cfg, &v, &out->v, err, errlen);
@@ -175,8 +203,10 @@ fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
   /* O is stored through TMA where it can be; otherwise the kernel's
    * threads store it (o_ok 0), so O's layout adds no requirement. The
    * persistent kernel with one Q buffer (D=256) writes O from registers and
-   * never reads the map: none is encoded for it. */
-  if (cfg->persistent && cfg->q_bufs < 2) return FJ_OK;
+   * never reads the map: none is encoded for it. Packed O gets none either:
+   * a box of 64 rows would write past a sequence's end into the next one's
+   * rows, which the threads' stores do not. */
+  if ((cfg->persistent && cfg->q_bufs < 2) || q_packed) return FJ_OK;
   tma_tensor o = {"o", p->o, {D, p->sz.Lq, p->sz.Hq, p->sz.B},
                   {p->o_ss, p->o_sh, p->o_sb}, 64};
   out->o_ok = encode_one(drv, cfg, &o, &out->o, NULL, 0) == FJ_OK;

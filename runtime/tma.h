@@ -42,25 +42,40 @@ typedef struct fjr_tma_maps {
   int32_t o_ok;
 } fjr_tma_maps;
 
+/* Dimension 0 of the serving layouts' tensors (docs/serving.md), which the
+ * packed parameters do not hold: q_rows, packed q's total_q (with
+ * cu_seqlens_q); kv_rows, packed k's total_k (with cu_seqlens_k) or the
+ * page pools' num_pages (with block_table). Unused otherwise. */
+typedef struct fjr_tma_rows {
+  int64_t q_rows, kv_rows;
+} fjr_tma_rows;
+
 /*
  * Encodes the maps for one launch from the packed parameters `p` (q, k, v
  * pointers, their batch/head/sequence strides in elements, B, Hq, Hkv, Lq,
- * Lk) and the kernel's configuration (dtype, head_dim, block_m, block_n).
- * Each tensor is described as 4-D (D, L, H, B), innermost first, with
- * 128-byte swizzle, boxes of 64 x block_m (q), 64 x block_n (k, v) or
- * 64 x 64 (o: one consumer's rows) and zero fill outside the tensor, which
- * is what bounds ragged tiles (a store skips rows outside it). O's map is
- * optional: when O's address or strides break TMA's rules, o_ok is 0 and
- * the call still succeeds; for a kernel that never stores through it (the
- * persistent kernel with one Q buffer) it is not encoded and o_ok is 0.
+ * Lk, the serving fields) and the kernel's configuration (dtype, head_dim,
+ * block_m, block_n); `rows` (may be NULL without packed or paged tensors)
+ * gives the serving layouts' dimension 0. Each tensor is described as 4-D
+ * (D, L, H, B), innermost first, with 128-byte swizzle, boxes of
+ * 64 x block_m (q), 64 x block_n (k, v) or 64 x 64 (o: one consumer's rows)
+ * and zero fill outside the tensor, which is what bounds ragged tiles (a
+ * store skips rows outside it). Packed q, k and v are one batch of all
+ * rows, (D, total, H, 1); page pools are (D, page_size, Hkv, num_pages)
+ * with boxes of the largest power of two that divides page_size, at most
+ * block_n rows (a box never crosses a page). O's map is optional: when O's
+ * address or strides break TMA's rules, o_ok is 0 and the call still
+ * succeeds; for a kernel that never stores through it (the persistent
+ * kernel with one Q buffer) and for packed O (a box would write into the
+ * next sequence) it is not encoded and o_ok is 0.
  * Pure host work (no context, no device memory); cheap enough per launch.
- * Fails with FJ_EINVAL when cfg->uses_tma is 0 or the strides or addresses
- * break TMA's rules (16-byte aligned base and strides, strides < 2^40), or
- * with the driver's error text (FJ_ECUDA) when encoding fails; err gets why.
+ * Fails with FJ_EINVAL when cfg->uses_tma is 0, when a packed or paged
+ * tensor comes without its rows, or the strides or addresses break TMA's
+ * rules (16-byte aligned base and strides, strides < 2^40), or with the
+ * driver's error text (FJ_ECUDA) when encoding fails; err gets why.
  */
 fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
-                             const fjr_fwd_params_fixed *p, fjr_tma_maps *out,
-                             char *err, size_t errlen);
+                             const fjr_fwd_params_fixed *p, const fjr_tma_rows *rows,
+                             fjr_tma_maps *out, char *err, size_t errlen);
 
 /* Host mirror of the sm90 backward's struct fj_bwd_maps (templates/sm90/
  * bwd_config.cuh; 896 bytes, 128-byte aligned): q, k, v, dout, dk, dv over

@@ -59,9 +59,12 @@
 //   maps.q/k/v are CUtensorMaps (runtime/tma.c builds them) over the 4-D
 //   tensors (D, L, H, B), innermost first, with 128-byte swizzle, boxes of
 //   (64, FJ_BLOCK_M, 1, 1) for q and (64, FJ_BLOCK_N, 1, 1) for k and v,
-//   zero fill out of bounds; maps.o (boxes of (64, 64, 1, 1): one
+//   zero fill out of bounds; packed q, k, v (cu_seqlens) as (D, total, H,
+//   1); page pools (block_table) as (D, page_size, Hkv, num_pages) with
+//   boxes of (64, R, 1, 1), R the largest power of two dividing page_size,
+//   at most FJ_BLOCK_N (pipeline.cuh); maps.o (boxes of (64, 64, 1, 1): one
 //   consumer's rows) stores O when maps.o_ok is 1, else O is stored with
-//   ordinary predicated stores.
+//   ordinary predicated stores (packed O always).
 // Requirements the host checks: as sm80/config.cuh (16-byte aligned pointers,
 //   strides multiples of 8 elements), plus what cuTensorMapEncodeTiled needs.
 // Semantics: as sm80/config.cuh; LSE natural log; rows with no allowed pair get
@@ -96,14 +99,19 @@
 // which spills in 24 and 40 registers (and in 48 beside a longer consumer):
 // they take 56, the most beside two 224-register consumers (56 + 2 * 224 =
 // 504), or 40 beside the 232 that D=256's consumers need. The FJ_TRACE
-// build's stamps spill in a 24-register producer too: it takes 40 and 232
-// (232 for the consumers runs as fast as 240). With three consumers,
+// build's stamps spill in a 24-register producer too, and beside the paged
+// loads in a 40-register one: it takes 48 and 224 (224 is the persistent
+// kernel's consumers' budget), and the traced persistent kernel, which
+// spilled in 56, 64 and 216 (timing builds' splits, not measured against
+// the untraced ones). With three consumers,
 // (512 - 24) / 3 rounded down to 8: 160.
 #ifndef FJ_PRODUCER_REGS
-#if FJ_PERSISTENT
+#if FJ_PERSISTENT && defined(FJ_TRACE) && FJ_HEAD_DIM != 256
+#define FJ_PRODUCER_REGS 64
+#elif FJ_PERSISTENT
 #define FJ_PRODUCER_REGS (FJ_HEAD_DIM == 256 ? 40 : 56)
 #elif defined(FJ_TRACE)
-#define FJ_PRODUCER_REGS 40
+#define FJ_PRODUCER_REGS 48
 #else
 #define FJ_PRODUCER_REGS 24
 #endif
@@ -111,10 +119,12 @@
 #ifndef FJ_CONSUMER_REGS
 #if FJ_NUM_WARPS == 16
 #define FJ_CONSUMER_REGS 160
+#elif FJ_PERSISTENT && defined(FJ_TRACE) && FJ_HEAD_DIM != 256
+#define FJ_CONSUMER_REGS 216
 #elif FJ_PERSISTENT
 #define FJ_CONSUMER_REGS (FJ_HEAD_DIM == 256 ? 232 : 224)
 #elif defined(FJ_TRACE)
-#define FJ_CONSUMER_REGS 232
+#define FJ_CONSUMER_REGS 224
 #else
 #define FJ_CONSUMER_REGS 240
 #endif

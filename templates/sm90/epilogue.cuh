@@ -7,14 +7,26 @@
 // is free again.
 #pragma once
 
+// Sequence b's rows of O for head h (its first row q_row0 in packed o).
+__device__ __forceinline__ fj_u16 *fjh_o_rows(const fj_fwd_params &p, int b, int h,
+                                              int q_row0) {
+  return (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh + q_row0 * p.o_ss;
+}
+// Its LSE row for head h ([B, Hq, Lq], or [Hq, total_q] packed).
+__device__ __forceinline__ float *fjh_lse_row(const fj_fwd_params &p, int b, int h,
+                                              int q_row0) {
+  return p.lse + b * p.lse_sb + h * p.lse_sh + q_row0;
+}
+
 // A consumer's 64 rows of O from shared memory (sq, 128-byte swizzle) to
-// global memory, 16 bytes a thread at a time, rows below Lq only: the
-// epilogue's copy where O has no tensor map.
-__device__ __forceinline__ void fjh_store_o_rows(const fj_fwd_params &p, int b, int h,
-                                                 int wq0, unsigned sq) {
+// global memory, 16 bytes a thread at a time, rows below the sequence's Lq
+// only: the epilogue's copy where O has no tensor map (packed O among
+// others: a TMA store would write past the sequence's end into the next).
+__device__ __forceinline__ void fjh_store_o_rows(const fj_fwd_params &p, const fjh_item &it,
+                                                 int wq0, unsigned sq, int q_row0) {
   const int tid = threadIdx.x & 127;
-  const int Lq = p.sz.Lq;
-  fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+  const int Lq = it.Lq;
+  fj_u16 *go = fjh_o_rows(p, it.b, it.h, q_row0);
   constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
 #pragma unroll
   for (int it = 0; it < FJH_WG_ROWS * CH / 128; ++it) {
@@ -40,9 +52,11 @@ __device__ __forceinline__ void fjh_store_o_rows(const fj_fwd_params &p, int b, 
 // defer: thread 0 leaves the wait for the store's reads to its caller
 // (fjh_epi_q_buffer).
 __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tma_maps &maps,
-                                             int c, int b, int h, int wq0, unsigned sq,
+                                             int c, const fjh_item &it, int wq0, unsigned sq,
                                              float (&o)[FJH_O_REGS], const float (&row_m)[2],
                                              float (&row_l)[2], bool defer = false) {
+  const int b = it.b, h = it.h;
+  const int q_row0 = fjh_q_row0(p, b);
   const int tid = threadIdx.x & 127;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   float inv_l[2];
@@ -80,11 +94,11 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
     }
   } else {
     fjh_bar_sync(FJH_BAR_EPI + c, 128);
-    fjh_store_o_rows(p, b, h, wq0, sq);
+    fjh_store_o_rows(p, it, wq0, sq, q_row0);
   }
-  const int Lq = p.sz.Lq;
+  const int Lq = it.Lq;
   if (!FJH_TRACING && p.lse != nullptr && t4 == 0) {
-    float *gl = p.lse + b * p.lse_sb + h * p.lse_sh;
+    float *gl = fjh_lse_row(p, b, h, q_row0);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int qi = wq0 + 16 * warp + g + 8 * hh;
@@ -100,14 +114,15 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
 // global memory (each quad of lanes writes 16 contiguous bytes of a row),
 // without the Q area, which the producer refills with the next item's Q
 // while this runs.
-__device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, int b, int h,
+__device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, const fjh_item &it,
                                                   int wq0, const float (&o)[FJH_O_REGS],
                                                   const float (&row_m)[2],
                                                   float (&row_l)[2]) {
   const int tid = threadIdx.x & 127;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int Lq = p.sz.Lq;
-  fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+  const int Lq = it.Lq;
+  const int q_row0 = fjh_q_row0(p, it.b);
+  fj_u16 *go = fjh_o_rows(p, it.b, it.h, q_row0);
   float inv_l[2];
   fjh_row_sums(row_l, inv_l);
 #pragma unroll
@@ -120,18 +135,19 @@ __device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, int b,
         row[4 * i] =
             fj_pack2(o[4 * i + 2 * hh] * inv_l[hh], o[4 * i + 2 * hh + 1] * inv_l[hh]);
       if (!FJH_TRACING && p.lse != nullptr && t4 == 0)
-        p.lse[b * p.lse_sb + h * p.lse_sh + qi] = fjh_lse(row_m[hh], row_l[hh]);
+        fjh_lse_row(p, it.b, it.h, q_row0)[qi] = fjh_lse(row_m[hh], row_l[hh]);
     }
   }
 }
 
 // Epilogue of a work item without tiles: O = 0 and LSE = -inf for the
 // consumer's rows below Lq, without shared memory.
-__device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b, int h,
+__device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, const fjh_item &it,
                                                    int wq0) {
   const int tid = threadIdx.x & 127;
-  const int Lq = p.sz.Lq;
-  fj_u16 *go = (fj_u16 *)p.o + b * p.o_sb + h * p.o_sh;
+  const int Lq = it.Lq;
+  const int q_row0 = fjh_q_row0(p, it.b);
+  fj_u16 *go = fjh_o_rows(p, it.b, it.h, q_row0);
   constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
   for (int idx = tid; idx < FJH_WG_ROWS * CH; idx += 128) {
     const int r = idx / CH, ch = idx % CH;
@@ -139,7 +155,7 @@ __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, int b
       fj_st_global_v4(go + (long long)(wq0 + r) * p.o_ss + ch * 8, 0u, 0u, 0u, 0u);
   }
   if (p.lse != nullptr && tid < FJH_WG_ROWS && wq0 + tid < Lq)
-    p.lse[b * p.lse_sb + h * p.lse_sh + wq0 + tid] = fj_neg_inf();
+    fjh_lse_row(p, it.b, it.h, q_row0)[wq0 + tid] = fj_neg_inf();
 }
 
 // The one-tile kernel's epilogue: through the CTA's Q area.
@@ -154,7 +170,7 @@ struct fjh_epi_q_area {
     // A row without tiles still had its Q loaded (at the start of the
     // kernel): the epilogue writes over the Q area only once it has landed.
     if (it.lo > it.hi) fjh_mbar_wait_warp(sm.q_full(0), 0);
-    fjh_epilogue(p, maps, r.c, it.b, it.h, r.wq0, r.sq, o, row_m, row_l);
+    fjh_epilogue(p, maps, r.c, it, r.wq0, r.sq, o, row_m, row_l);
   }
   __device__ __forceinline__ void empty(const fj_fwd_params &, const fjh_smem_map &,
                                         const fjh_item &, const fjh_rows &) {}
@@ -192,7 +208,7 @@ struct fjh_epi_q_buffer {
     // released the one before). Kept because removing it reschedules the
     // persistent kernels, whose speed was measured with it.
     release(sm);
-    fjh_epilogue(p, maps, r.c, it.b, it.h, r.wq0, r.sq, o, row_m, row_l, defer);
+    fjh_epilogue(p, maps, r.c, it, r.wq0, r.sq, o, row_m, row_l, defer);
     fjh_fence_proxy_async();
     if (defer && (threadIdx.x & 127) == 0)
       q_pending = r.qb;
@@ -207,7 +223,7 @@ struct fjh_epi_q_buffer {
     release(sm);
     fjh_mbar_wait_warp(sm.q_full(r.qb), r.q_ph);
     fjh_mbar_arrive(sm.q_empty(r.qb));
-    fjh_epilogue_empty(p, it.b, it.h, r.wq0);
+    fjh_epilogue_empty(p, it, r.wq0);
   }
   // The last store has read shared memory.
   __device__ __forceinline__ void finish(const fjh_smem_map &sm) { release(sm); }
@@ -226,14 +242,14 @@ struct fjh_epi_registers {
                                         const fjh_smem_map &, const fjh_item &it,
                                         const fjh_rows &r, float (&o)[FJH_O_REGS],
                                         const float (&row_m)[2], float (&row_l)[2]) {
-    fjh_epilogue_regs(p, it.b, it.h, r.wq0, o, row_m, row_l);
+    fjh_epilogue_regs(p, it, r.wq0, o, row_m, row_l);
   }
   // As fjh_epi_q_buffer's.
   __device__ __forceinline__ void empty(const fj_fwd_params &p, const fjh_smem_map &sm,
                                         const fjh_item &it, const fjh_rows &r) {
     fjh_mbar_wait_warp(sm.q_full(r.qb), r.q_ph);
     fjh_mbar_arrive(sm.q_empty(r.qb));
-    fjh_epilogue_empty(p, it.b, it.h, r.wq0);
+    fjh_epilogue_empty(p, it, r.wq0);
   }
   __device__ __forceinline__ void finish(const fjh_smem_map &) {}
 };

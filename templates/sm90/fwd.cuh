@@ -9,6 +9,7 @@ template <class Sched>
 __device__ __forceinline__ void fjh_forward(const fj_fwd_params &p, const fj_tma_maps &maps,
                                             unsigned char *smem) {
   typename Sched::cta x = Sched::start(p, maps, smem);
+  if (Sched::idle(x)) return;
   // The role must be warp-uniform for setmaxnreg (.aligned): take lane 0's.
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {

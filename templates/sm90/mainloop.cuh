@@ -133,6 +133,33 @@ __device__ __forceinline__ void fjh_pv_done(float (&o)[FJH_O_REGS],
   }
 }
 
+// Under the serving layouts (fjh_kv_ragged) the V rows at or past the
+// sequence's Lk of the tile at kv0 may hold anything: a page's unwritten
+// tail (NaN included), the next sequence's rows, or what the stage held
+// before where a paged box was not issued; P V would turn their zero
+// probabilities times NaN into NaN. Consumer c zeroes them in stage st once
+// the tile has landed and before its P V reads them: its own writes, fenced
+// for the async proxy (wgmma's reads) and ordered by its warpgroup's
+// barrier (the other consumers write the same zeros). Only a tile that
+// reaches past Lk has such rows: the walk's first (it is walked from hi
+// down), so this costs nothing on the others.
+__device__ __forceinline__ void fjh_v_tail(const fj_fwd_params &p, const fjh_smem_map &sm,
+                                           fjh_stage st, int c, int kv0, int Lk) {
+  if (!fjh_kv_ragged(p) || kv0 + FJ_BLOCK_N <= Lk) return;
+  fjh_mbar_wait_warp(sm.v_full(st.s), st.ph);
+  const unsigned v = sm.v_tile(st.s);
+  // 16-byte pieces i = 8 r + k of the rows r >= Lk - kv0 of each 64-column
+  // block (a row is 128 bytes whatever its swizzle).
+  for (int i = (Lk - kv0) * 8 + (int)(threadIdx.x & 127); i < FJ_BLOCK_N * 8; i += 128) {
+#pragma unroll
+    for (int cb = 0; cb < FJH_CHUNKS64; ++cb)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n"
+                   :: "r"(v + cb * (FJ_BLOCK_N * 128) + i * 16), "r"(0) : "memory");
+  }
+  fjh_fence_proxy_async();
+  fjh_bar_sync(FJH_BAR_EPI + c, 128);
+}
+
 // Without a score_mod the exponent is fma(qk, scale_log2, -m) and the max
 // is taken on unscaled q.k; with one, scores are in log2 units already.
 __device__ __forceinline__ float fjh_exp_scale(const fj_fwd_params &p) {
@@ -188,11 +215,12 @@ __device__ __forceinline__ void fjh_tiles_serial(const fj_fwd_params &p, const f
     fjh_wgmma_wait<0>();
     fjh_fence_regs(s);
     fjh_mbar_arrive(sm.k_empty(st0.s));
-    fjh_softmax(p, it.b, it.h, r.wq0, j * FJ_BLOCK_N,
-                fjh_tile_mode(p, it.b, it.h, r.wq0, j * FJ_BLOCK_N, cls), exp_scale, s, row_m,
-                row_l, alpha);
+    fjh_softmax(p, fjh_sz(p, it), it.b, it.h, r.wq0, j * FJ_BLOCK_N,
+                fjh_tile_mode(p, it, r.wq0, j * FJ_BLOCK_N, cls), exp_scale, s, row_m, row_l,
+                alpha);
     fjh_rescale_o(o, alpha);
     fjh_pack_p(s, pf);
+    fjh_v_tail(p, sm, st0, r.c, j * FJ_BLOCK_N, it.Lk);
     fjh_mbar_wait_warp(sm.v_full(st0.s), st0.ph);
     fjh_wgmma_fence();
     fjh_issue_pv(o, pf, d.v_at(st0.s));
@@ -252,16 +280,17 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
       fjh_wgmma_wait<0>();
       fjh_fence_regs(s);
       fjh_mbar_arrive(sm.k_empty(st0.s));
-      fjh_softmax(p, it.b, it.h, r.wq0, j * FJ_BLOCK_N,
-                  fjh_tile_mode(p, it.b, it.h, r.wq0, j * FJ_BLOCK_N, it.hi_cls), exp_scale, s,
-                  row_m, row_l, alpha);
+      fjh_softmax(p, fjh_sz(p, it), it.b, it.h, r.wq0, j * FJ_BLOCK_N,
+                  fjh_tile_mode(p, it, r.wq0, j * FJ_BLOCK_N, it.hi_cls), exp_scale, s, row_m,
+                  row_l, alpha);
       fjh_pack_p(s, pf);
+      fjh_v_tail(p, sm, st0, c, j * FJ_BLOCK_N, it.Lk);
       tr.at(3);
       int cls_n;
       int jn = fjh_advance(p, it, j, &t, &cls_n);
       fjh_stage st1 = fjh_stage_next(st0);
       int mode_n =
-          jn >= it.lo ? fjh_tile_mode(p, it.b, it.h, r.wq0, jn * FJ_BLOCK_N, cls_n) : 0;
+          jn >= it.lo ? fjh_tile_mode(p, it, r.wq0, jn * FJ_BLOCK_N, cls_n) : 0;
       // Steady state: S of tile jn, P V of tile j.
       while (jn >= it.lo) {
         tr.iteration(n - n_io);
@@ -284,15 +313,15 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
         const int j_after = fjh_advance(p, it, jn, &t, &cls_n);
         const int mode_after =
             j_after >= it.lo
-                ? fjh_tile_mode(p, it.b, it.h, r.wq0, j_after * FJ_BLOCK_N, cls_n)
+                ? fjh_tile_mode(p, it, r.wq0, j_after * FJ_BLOCK_N, cls_n)
                 : 0;
         tr.loop(4);
         fjh_wgmma_wait<1>();  // S of tile jn is ready, P V of tile j runs on
         fjh_fence_regs(s);
         tr.loop(5);
         fjh_mbar_arrive(sm.k_empty(st1.s));
-        fjh_softmax(p, it.b, it.h, r.wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s, row_m,
-                    row_l, alpha);
+        fjh_softmax(p, fjh_sz(p, it), it.b, it.h, r.wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s,
+                    row_m, row_l, alpha);
         tr.loop(6);
         fjh_pv_done(o, pf, alpha, sm.v_empty(st0.s));
         tr.loop(7);

@@ -60,16 +60,74 @@ __device__ __forceinline__ fjh_stage fjh_stage_next(fjh_stage st) {
   return st.s == FJ_NUM_STAGES - 1 ? fjh_stage{0, st.ph ^ 1u} : fjh_stage{st.s + 1, st.ph};
 }
 
-// Loads kv block j of head hk, batch b (rows j * FJ_BLOCK_N ..) into stage
-// st of K (or V: tile, full and empty are that stage's) once the consumers
+// The stage's K (or V: tile, full and empty are that stage's) for kv block j
+// of item it, KV head hk (rows kv0 = j * FJ_BLOCK_N ..), once the consumers
 // have released that stage's previous use (the empty barrier's phase
-// before).
-__device__ __forceinline__ void fjh_load_kv(const fjh_tensor_map *map, unsigned tile,
-                                            unsigned full, unsigned empty, fjh_stage st,
-                                            int j, int hk, int b) {
+// before). Contiguous or packed k and v: the map is (D, L, Hkv, B), one box
+// a 64-column block at row k_row0 + kv0 of batch b (batch 0 when packed:
+// the map is one batch of total_k rows; rows past the sequence's end are
+// the next sequence's or zero fill, masked in S and zeroed in V by
+// fjh_v_tail).
+//
+// Paged KV: the map is the pool (D, page_size, Hkv, num_pages), in boxes of
+// R rows, R = the largest power of two that divides page_size, at most
+// FJ_BLOCK_N (runtime/tma.c encodes the same R): each box lies in one page
+// (R divides page_size and kv0), at row r of page block_table[b][pi]. Only
+// boxes with rows below the sequence's Lk are issued and only their
+// block-table entries read; the full barrier expects those boxes' bytes,
+// and the tile's rows past them keep what the stage held, which the kv
+// bound masks in S and fjh_v_tail zeroes in V. The entries are copied into
+// shared memory all together (cp.async, before the wait for the stage):
+// loaded into registers one before each box, their latencies added up (the
+// TMA's asm orders memory), and all in registers the one-tile kernel's
+// 24-register producer spilled them. which: 0 for K, 1 for V (their
+// threads differ in the persistent kernel: a row of entries each).
+__device__ __forceinline__ unsigned fjh_page_stage(int which) {
+  __shared__ int pages[2][FJ_BLOCK_N / 16];
+  return fj_smem_u32(&pages[which][0]);
+}
+__device__ __forceinline__ void fjh_load_kv_paged(const fj_fwd_params &p,
+                                                  const fjh_tensor_map *map, unsigned tile,
+                                                  unsigned full, unsigned empty, fjh_stage st,
+                                                  const fjh_item &it, int kv0, int hk,
+                                                  int which) {
+  const int ps = p.page_size;
+  const int R = min(ps & -ps, FJ_BLOCK_N);
+  const int end = min(it.Lk, kv0 + FJ_BLOCK_N);  // boxes from kv0 while below it
+  const int *bt = p.block_table + it.b * p.bt_stride;
+  const unsigned pages = fjh_page_stage(which);
+  // Few values live in these loops (a position, the page's by a division):
+  // the producer has 24 to 56 registers.
+  for (int pos = kv0; pos < end; pos += R)
+    fjh_cp_async4(pages + 4 * ((pos - kv0) / R), bt + pos / ps);
+  fjh_mbar_wait(empty, st.ph ^ 1u);
+  fjh_cp_async_wait_all();
+  fjh_mbar_arrive_expect_tx(full, (end - kv0 + R - 1) / R * R * (FJ_HEAD_DIM * 2));
+  for (int pos = kv0; pos < end; pos += R) {
+    const int pi = pos / ps;
+    int page;
+    asm volatile("ld.shared.b32 %0, [%1];\n"
+                 : "=r"(page) : "r"(pages + 4 * ((pos - kv0) / R)) : "memory");
+#pragma unroll
+    for (int c = 0; c < FJH_CHUNKS64; ++c)
+      fjh_tma_load_4d(tile + c * FJ_BLOCK_N * 128 + (pos - kv0) * 128, map, c * 64,
+                      pos - pi * ps, hk, page, full);
+  }
+}
+__device__ __forceinline__ void fjh_load_kv(const fj_fwd_params &p, const fjh_tensor_map *map,
+                                            unsigned tile, unsigned full, unsigned empty,
+                                            fjh_stage st, const fjh_item &it, int j, int hk,
+                                            int which) {
+  const int kv0 = j * FJ_BLOCK_N;
+  if (p.block_table != nullptr) {
+    fjh_load_kv_paged(p, map, tile, full, empty, st, it, kv0, hk, which);
+    return;
+  }
+  const int b = p.cu_seqlens_k != nullptr ? 0 : it.b;
+  const int row = fjh_k_row0(p, it.b) + kv0;
   fjh_mbar_wait(empty, st.ph ^ 1u);
   fjh_mbar_arrive_expect_tx(full, FJH_KV_BYTES);
 #pragma unroll
   for (int c = 0; c < FJH_CHUNKS64; ++c)
-    fjh_tma_load_4d(tile + c * FJ_BLOCK_N * 128, map, c * 64, j * FJ_BLOCK_N, hk, b, full);
+    fjh_tma_load_4d(tile + c * FJ_BLOCK_N * 128, map, c * 64, row, hk, b, full);
 }

@@ -17,22 +17,31 @@ struct __align__(128) fj_tma_maps {
   int o_ok;
 };
 
-__device__ __forceinline__ void fjh_load_k(const fj_tma_maps &maps, const fjh_smem_map &sm,
-                                           fjh_stage st, int j, int hk, int b) {
-  fjh_load_kv(&maps.k, sm.k_tile(st.s), sm.k_full(st.s), sm.k_empty(st.s), st, j, hk, b);
+__device__ __forceinline__ void fjh_load_k(const fj_fwd_params &p, const fj_tma_maps &maps,
+                                           const fjh_smem_map &sm, fjh_stage st,
+                                           const fjh_item &it, int j, int hk) {
+  fjh_load_kv(p, &maps.k, sm.k_tile(st.s), sm.k_full(st.s), sm.k_empty(st.s), st, it, j, hk,
+              0);
 }
-__device__ __forceinline__ void fjh_load_v(const fj_tma_maps &maps, const fjh_smem_map &sm,
-                                           fjh_stage st, int j, int hk, int b) {
-  fjh_load_kv(&maps.v, sm.v_tile(st.s), sm.v_full(st.s), sm.v_empty(st.s), st, j, hk, b);
+__device__ __forceinline__ void fjh_load_v(const fj_fwd_params &p, const fj_tma_maps &maps,
+                                           const fjh_smem_map &sm, fjh_stage st,
+                                           const fjh_item &it, int j, int hk) {
+  fjh_load_kv(p, &maps.v, sm.v_tile(st.s), sm.v_full(st.s), sm.v_empty(st.s), st, it, j, hk,
+              1);
 }
 
-// Q of query block q0 into Q buffer i.
-__device__ __forceinline__ void fjh_load_q(const fj_tma_maps &maps, const fjh_smem_map &sm,
-                                           int i, int b, int h, int q0) {
+// Q of query block q0 of sequence b (first row q_row0 in packed q, whose
+// map is then one batch of total_q rows: batch 0) into Q buffer i. Rows
+// past the sequence's end (the next sequence's, or zero fill) are computed
+// and never stored.
+__device__ __forceinline__ void fjh_load_q(const fj_fwd_params &p, const fj_tma_maps &maps,
+                                           const fjh_smem_map &sm, int i, int b, int h, int q0,
+                                           int q_row0) {
+  const int qb = p.cu_seqlens_q != nullptr ? 0 : b;
   fjh_mbar_arrive_expect_tx(sm.q_full(i), FJH_Q_BYTES);
 #pragma unroll
   for (int c = 0; c < FJH_CHUNKS64; ++c)
-    fjh_tma_load_4d(sm.q_tile(i) + c * FJ_BLOCK_M * 128, &maps.q, c * 64, q0, h, b,
+    fjh_tma_load_4d(sm.q_tile(i) + c * FJ_BLOCK_M * 128, &maps.q, c * 64, q_row0 + q0, h, qb,
                     sm.q_full(i));
 }
 
@@ -48,20 +57,20 @@ __device__ __forceinline__ void fjh_produce(const fj_fwd_params &p, const fj_tma
   int j = it.hi;
   fjh_stage st0 = fjh_stage_of(n);  // tile j's stage
   fjh_trace_loads tr(p, it.b, it.h, it.q0);
-  fjh_load_k(maps, sm, st0, j, hk, it.b);
+  fjh_load_k(p, maps, sm, st0, it, j, hk);
   tr.k_issued();
   for (int jn = fjh_advance(p, it, j, &t, &cls); jn >= it.lo;
        jn = fjh_advance(p, it, jn, &t, &cls)) {
     const fjh_stage st1 = fjh_stage_next(st0);
-    fjh_load_k(maps, sm, st1, jn, hk, it.b);
+    fjh_load_k(p, maps, sm, st1, it, jn, hk);
     tr.k_issued();
-    fjh_load_v(maps, sm, st0, j, hk, it.b);
+    fjh_load_v(p, maps, sm, st0, it, j, hk);
     tr.v_issued();
     j = jn;
     st0 = st1;
     ++n;
   }
-  fjh_load_v(maps, sm, st0, j, hk, it.b);
+  fjh_load_v(p, maps, sm, st0, it, j, hk);
   ++n;
 }
 
@@ -81,10 +90,10 @@ __device__ __forceinline__ void fjh_produce_one(const fj_fwd_params &p,
   fjh_trace_loads tr(p, it.b, it.h, it.q0);
   for (int j = it.hi; j >= it.lo; j = fjh_advance(p, it, j, &t, &cls)) {
     if (which == 0) {
-      fjh_load_k(maps, sm, st, j, hk, it.b);
+      fjh_load_k(p, maps, sm, st, it, j, hk);
       tr.k_issued();
     } else {
-      fjh_load_v(maps, sm, st, j, hk, it.b);
+      fjh_load_v(p, maps, sm, st, it, j, hk);
       tr.v_issued();
     }
     st = fjh_stage_next(st);

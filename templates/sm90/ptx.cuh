@@ -100,6 +100,15 @@ __device__ __forceinline__ void fjh_tma_reduce_add_3d(const fjh_tensor_map *map,
       " [%0, {%2, %3, %4}], [%1];\n"
       :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
+// 4 bytes global to shared without a register in between (cp.async), and
+// the wait for this thread's copies: the paged loads stage block-table
+// entries with them.
+__device__ __forceinline__ void fjh_cp_async4(unsigned dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void fjh_cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
 __device__ __forceinline__ void fjh_tma_prefetch_desc(const fjh_tensor_map *map) {
   asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
 }

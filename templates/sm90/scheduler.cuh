@@ -8,10 +8,15 @@
 //   using pingpong       fjh_pingpong<across items or not> (mainloop.cuh)
 //   struct cta           what start() hands to the roles
 //   static cta start(p, maps, smem)           every thread; ends in a
-//                                             __syncthreads
+//                                             __syncthreads, unless idle
+//   static bool idle(const cta &)             the CTA has nothing to do
+//                                             (every thread leaves at once)
 //   static void produce(p, maps, smem, cta)   the producer warpgroup
 //   static void consume(p, maps, smem, cta, c)  consumer warpgroup c
-// A work item is query block m of head h, batch b.
+// A work item is query block m of head h, batch b. Under the serving layouts
+// (docs/serving.md) each item takes its sequence's sizes and first rows
+// (fj_seq_of), and an item past its sequence's query length is skipped at
+// once: items are sized by max_seqlen_q.
 #pragma once
 
 struct fjh_work {
@@ -31,28 +36,34 @@ struct fjh_sched_one_tile {
     fjh_smem_map sm;
     fjh_item it;
     fjh_stamps tr;  // FJ_TRACE: the producer's
+    bool idle;      // the query block lies past its sequence's end
   };
+  __device__ __forceinline__ static bool idle(const cta &x) { return x.idle; }
 
   // Q is on its way before the CTA looks for its tiles: its load latency
   // (about 1 us) overlaps the scan. The barriers are initialized first; the
   // __syncthreads after the scan publishes them to the others. The kv tiles
   // are walked from hi down (a causal diagonal first); every role computes
   // the same walk. With a block mask, hi is the first listed tile (t its
-  // position) or -1 for a row with none.
+  // position) or -1 for a row with none. A query block past its sequence's
+  // end (serving layouts) is idle: the CTA leaves before touching anything.
   __device__ __forceinline__ static cta start(const fj_fwd_params &p, const fj_tma_maps &maps,
                                               unsigned char *smem) {
     cta x;
     x.sm = fjh_smem_layout(smem);
     x.tr.at(0);
     const fjh_work w{(int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
-    const int Lq = p.sz.Lq, Lk = p.sz.Lk;
+    const fj_seq sq = fj_seq_of(p, w.b);
+    const int Lq = sq.sz.Lq, Lk = sq.sz.Lk;
     const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
+    x.idle = q0 >= Lq;
+    if (x.idle) return x;
     if (threadIdx.x == 0) {
       fjh_init_pipeline_barriers(x.sm);
       fjh_fence_barrier_init();
       fjh_tma_prefetch_desc(&maps.k);
       fjh_tma_prefetch_desc(&maps.v);
-      fjh_load_q(maps, x.sm, 0, w.b, w.h, q0);
+      fjh_load_q(p, maps, x.sm, 0, w.b, w.h, q0, sq.q_row0);
     }
     // The walk's start, in locals declared in this order and copied into the
     // item at the end: the compiler numbers their registers in this order,
@@ -66,11 +77,11 @@ struct fjh_sched_one_tile {
       hi = fjh_bm_tile(p, fjh_item{w.b, w.h, q0, q1, 0, 0, 0, 0, 0}, &t, &hi_cls);
     } else {
 #if FJ_HAS_MASK
-      fj_tile_range(p, p.sz, w.b, w.h, q0, q1, &lo, &hi, &hi_cls);
+      fj_tile_range(p, sq.sz, w.b, w.h, q0, q1, &lo, &hi, &hi_cls);
 #endif
     }
     __syncthreads();
-    x.it = fjh_item{w.b, w.h, q0, q1, lo, hi, hi_cls, t, 0};
+    x.it = fjh_item{w.b, w.h, q0, q1, lo, hi, hi_cls, t, 0, Lq, Lk};
     return x;
   }
 
@@ -160,16 +171,19 @@ __device__ __forceinline__ int fjh_next_item(const fj_tma_maps &maps, int k, int
 // shared-memory map: q_empty(0), ring full 0 and 1, ring empty 0 and 1,
 // q_full(1), q_empty(1)) and the two slots of the ring through which warp
 // 0 of the producer hands each item to the consumers and to the Q and V
-// threads: the item's position in the order (-1: no more items), and its
-// tiles (lo, hi, class of hi, block-mask position t). A slot and its row of
+// threads: the item's position in the order (-1: no more items), its
+// tiles (lo, hi, class of hi, block-mask position t), and its sequence's
+// sizes and first row in packed q (fj_seq_of). A slot and its row of
 // the block-mask copy are reused once the consumers and the V thread have
 // finished its item (ring empty: 257 arrivals).
 struct fjh_ring_slot {
   int item, lo, hi, hi_cls, t;
+  int Lq, Lk, q_row0;
 };
 struct fjh_persist {
   unsigned long long bar[7];
   fjh_ring_slot slot[2];
+  int items;  // the number of items (fjh_num_items), for warp 0's loop
 };
 __device__ __forceinline__ fjh_persist &fjh_persist_smem() {
   __shared__ fjh_persist ps;
@@ -185,15 +199,15 @@ __device__ __forceinline__ unsigned fjh_ring_empty(const fjh_smem_map &sm, int s
 // warp wrote it, the barrier ordered it).
 __device__ __forceinline__ fjh_ring_slot fjh_ring_read(int slot) {
   const volatile fjh_ring_slot &v = fjh_persist_smem().slot[slot];
-  return fjh_ring_slot{v.item, v.lo, v.hi, v.hi_cls, v.t};
+  return fjh_ring_slot{v.item, v.lo, v.hi, v.hi_cls, v.t, v.Lq, v.Lk, v.q_row0};
 }
 // The k-th item of the CTA from its slot s.
 __device__ __forceinline__ fjh_item fjh_ring_item(const fj_fwd_params &p,
                                                  const fjh_ring_slot &s, int k) {
   const fjh_work w = fjh_work_at(p, s.item);
   const int q0 = w.m * FJ_BLOCK_M;
-  return fjh_item{w.b, w.h, q0, min(q0 + FJ_BLOCK_M, p.sz.Lq) - 1, s.lo, s.hi, s.hi_cls, s.t,
-                  k};
+  return fjh_item{w.b, w.h, q0, min(q0 + FJ_BLOCK_M, s.Lq) - 1, s.lo, s.hi, s.hi_cls, s.t,
+                  k, s.Lq, s.Lk};
 }
 // The shared-memory map with the persistent kernel's own barriers.
 __device__ __forceinline__ fjh_smem_map fjh_persist_layout(unsigned char *smem) {
@@ -219,6 +233,7 @@ struct fjh_sched_persistent {
   using pingpong = fjh_pingpong<true>;
   struct cta {};
 
+  __device__ __forceinline__ static bool idle(const cta &) { return false; }
   __device__ __forceinline__ static cta start(const fj_fwd_params &, const fj_tma_maps &,
                                               unsigned char *smem) {
     if (threadIdx.x == 0) {
@@ -248,12 +263,12 @@ struct fjh_sched_persistent {
     fjh_tma_prefetch_desc(&maps.q);
     for (int k = 0;; ++k) {
       fjh_mbar_wait(fjh_ring_full(sm, k & 1), (k >> 1) & 1);
-      const int item = fjh_ring_read(k & 1).item;
-      if (item < 0) break;
-      const fjh_work w = fjh_work_at(p, item);
+      const fjh_ring_slot s = fjh_ring_read(k & 1);
+      if (s.item < 0) break;
+      const fjh_work w = fjh_work_at(p, s.item);
       const int qb = k % FJ_Q_BUFS;
       fjh_mbar_wait(sm.q_empty(qb), ((unsigned)(k / FJ_Q_BUFS) & 1u) ^ 1u);
-      fjh_load_q(maps, sm, qb, w.b, w.h, w.m * FJ_BLOCK_M);
+      fjh_load_q(p, maps, sm, qb, w.b, w.h, w.m * FJ_BLOCK_M, s.q_row0);
     }
   }
 
@@ -274,23 +289,33 @@ struct fjh_sched_persistent {
     }
   }
 
-  // Warp 0: takes the items (total: their number), finds their tiles, fills
-  // the ring; its lane 0 loads every item's K tiles. A last slot with item
-  // -1 stops every role.
+  // Warp 0: takes the items (fjh_num_items of them), finds their tiles, fills
+  // the ring; its lane 0 loads every item's K tiles. An item past its
+  // sequence's query length (serving layouts) is dropped here, before it
+  // costs a slot, a Q load or the consumers' time: k counts the items put
+  // in the ring, taken those taken. A last slot with item -1 stops every
+  // role.
   __device__ __forceinline__ static void schedule(const fj_fwd_params &p,
                                                   const fj_tma_maps &maps,
-                                                  const fjh_smem_map &sm, int lane,
-                                                  int total) {
+                                                  const fjh_smem_map &sm, int lane) {
     if (lane == 0) fjh_tma_prefetch_desc(&maps.k);
     fjh_persist &ps = fjh_persist_smem();
-    const int Lq = p.sz.Lq, Lk = p.sz.Lk;
-    int n = 0, k = 0;
-    for (int item = fjh_next_item(maps, 0, lane); item < total;
-         item = fjh_next_item(maps, ++k, lane)) {
+    int n = 0, k = 0, taken = 0;
+    // The loop's bound is read from shared memory at each item: held in a
+    // register across the loop it was one too many (spilled) beside the
+    // serving layouts' paged loads.
+    volatile int &items = ps.items;
+    if (lane == 0) items = fjh_num_items(p);
+    __syncwarp();
+    for (int item = fjh_next_item(maps, 0, lane); item < items;
+         item = fjh_next_item(maps, ++taken, lane)) {
       fjh_stamps tr;
       tr.at(0);
       const fjh_work w = fjh_work_at(p, item);
+      const fj_sizes sz = fj_seq_of(p, w.b).sz;
+      const int Lq = sz.Lq, Lk = sz.Lk;
       const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
+      if (q0 >= Lq) continue;
       // The item's tiles, found by all of the warp.
       int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1, hi_cls = FJ_TILE_FULL, t = 0;
       const int slot = k & 1;
@@ -304,28 +329,32 @@ struct fjh_sched_persistent {
       } else {
 #if FJ_HAS_MASK
         int first, last;
-        fj_tile_scan_warp(p, p.sz, w.b, w.h, q0, q1, (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N, lane, 32,
-                          &first, &last);
+        fj_tile_scan_warp(p, sz, w.b, w.h, q0, q1, (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N, lane,
+                          32, &first, &last);
         fj_tile_range_of(first, last, &lo, &hi, &hi_cls);
 #endif
       }
       if (lane == 0) {
         // Free once the consumers and the V thread are done with its item.
         fjh_mbar_wait(fjh_ring_empty(sm, slot), ((k >> 1) & 1) ^ 1);
-        ps.slot[slot] = fjh_ring_slot{item, lo, hi, hi_cls, t};
+        // The first row is read here, not kept across the scan (a register
+        // the producer lacks).
+        ps.slot[slot] = fjh_ring_slot{item, lo, hi, hi_cls, t, Lq, Lk, fjh_q_row0(p, w.b)};
         fjh_mbar_arrive(fjh_ring_full(sm, slot));  // release: the slot is written
         tr.at(1);
         const int n0 = n;
-        fjh_produce_one(p, maps, sm, 0, fjh_item{w.b, w.h, q0, q1, lo, hi, hi_cls, t, k}, n);
+        fjh_produce_one(p, maps, sm, 0, fjh_item{w.b, w.h, q0, q1, lo, hi, hi_cls, t, k, Lq, Lk},
+                        n);
         tr.at(2);
         fjh_trace_producer(p, w.b, w.h, q0, tr, n - n0);
       }
       __syncwarp();
+      ++k;
     }
     if (lane == 0) {
       const int slot = k & 1;
       fjh_mbar_wait(fjh_ring_empty(sm, slot), ((k >> 1) & 1) ^ 1);
-      ps.slot[slot] = fjh_ring_slot{-1, 0, -1, FJ_TILE_FULL, 0};
+      ps.slot[slot] = fjh_ring_slot{-1, 0, -1, FJ_TILE_FULL, 0, 0, 0, 0};
       fjh_mbar_arrive(fjh_ring_full(sm, slot));
     }
   }
@@ -338,7 +367,6 @@ struct fjh_sched_persistent {
     if (threadIdx.x >= 96) return;
     const fjh_smem_map sm = fjh_persist_layout(smem);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int total = fjh_num_items(p);
     if (warp == 1) {
       if (lane == 0) produce_q(p, maps, sm);
       return;
@@ -347,7 +375,7 @@ struct fjh_sched_persistent {
       if (lane == 0) produce_v(p, maps, sm);
       return;
     }
-    if (warp == 0) schedule(p, maps, sm, lane, total);
+    if (warp == 0) schedule(p, maps, sm, lane);
   }
 
   // Only k, n and the epilogue's pending Q buffer live across an item (the

@@ -76,8 +76,10 @@ struct fjh_max_tree<0> {
 // score_mod, the mask and the kv bound on S, then the online-softmax update:
 // running max (log2 units) and sum, alpha (the factor O must be scaled by)
 // and P = exp2(...) in place of S. Same arithmetic as sm80/mainloop.cuh.
-__device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h, int wq0,
-                                            int kv0, int mode, float exp_scale,
+// sz: the sequence's sizes (fjh_sz), which the hooks see and whose Lk
+// bounds the keys.
+__device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, const fj_sizes &sz, int b,
+                                            int h, int wq0, int kv0, int mode, float exp_scale,
                                             float (&s)[FJH_S_REGS], float (&row_m)[2],
                                             float (&row_l)[2], float (&alpha)[2]) {
   const int tid = fj_tid();
@@ -85,14 +87,14 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
   // This thread's first row, derived here from a fresh read of tid rather
   // than kept in a register across the kv loop (that spilled at D=128).
   const int qr = wq0 + 16 * ((tid & 127) >> 5) + ((tid & 31) >> 2);
-  const int Lk = p.sz.Lk;
+  const int Lk = sz.Lk;
   (void)b; (void)h; (void)qr;
 #if FJ_HAS_SCORE_MOD
 #pragma unroll
   for (int i = 0; i < FJH_S_REGS; ++i) {
     const int qi = qr + 8 * ((i & 3) >> 1);
     const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-    s[i] = fj_score_mod(p.user, p.sz, s[i] * p.scale, b, h, qi, ki) * FJH_LOG2E;
+    s[i] = fj_score_mod(p.user, sz, s[i] * p.scale, b, h, qi, ki) * FJH_LOG2E;
   }
 #endif
   // The mask is evaluated on every element, past Lk too (fj_mask is total;
@@ -105,7 +107,7 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, int b, int h
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS; ++i) {
       const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-      const bool keep = fj_mask(p.user, p.sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
+      const bool keep = fj_mask(p.user, sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
       s[i] = keep ? s[i] : fj_neg_inf();
     }
   }

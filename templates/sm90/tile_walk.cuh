@@ -12,11 +12,46 @@
 // of bm_kv_ratio tiles, at positions t = 0, 1, ... of that sequence, from
 // the row's copy in shared memory (fjh_bm_cache(k)). The block-mask walk
 // ends with -1 and lo is 0 then, so every `j >= lo` test serves both walks.
+// Lq and Lk are sequence b's (fj_seq_of: p.sz's unless serving layouts are
+// in use).
 struct fjh_item {
   int b, h, q0, q1;
   int lo, hi, hi_cls, t;
   int k;
+  int Lq, Lk;
 };
+
+// The sizes the hooks (fj_mask, fj_score_mod, fj_tile_class) see for an
+// item: p.sz with its sequence's Lq and Lk.
+__device__ __forceinline__ fj_sizes fjh_sz(const fj_fwd_params &p, const fjh_item &it) {
+  fj_sizes sz = p.sz;
+  sz.Lq = it.Lq;
+  sz.Lk = it.Lk;
+  return sz;
+}
+
+// Sequence b's first row in packed q, o and lse (0 unless packed), read
+// again where the epilogue needs it rather than kept in a register across
+// the kv loop.
+__device__ __forceinline__ int fjh_q_row0(const fj_fwd_params &p, int b) {
+  return p.cu_seqlens_q != nullptr ? __ldg(p.cu_seqlens_q + b) : 0;
+}
+
+// Its first row in packed k and v (0 unless packed), read where a K or V
+// load needs it: in the item it would take a register that the persistent
+// kernel's producer warp does not have.
+__device__ __forceinline__ int fjh_k_row0(const fj_fwd_params &p, int b) {
+  return p.cu_seqlens_k != nullptr ? __ldg(p.cu_seqlens_k + b) : 0;
+}
+
+// Whether K/V rows at or past a sequence's kv length may lie inside the
+// tensor maps (seqlens_k, packed or paged KV), where they may hold anything:
+// the consumers then zero the V rows past Lk of the tile that reaches past
+// it (fjh_v_tail). Without serving layouts the maps end at Lk and TMA
+// fills such rows with zeros.
+__device__ __forceinline__ bool fjh_kv_ragged(const fj_fwd_params &p) {
+  return p.seqlens_k != nullptr || p.cu_seqlens_k != nullptr || p.block_table != nullptr;
+}
 
 // Index of the row of query block q0 / FJ_BLOCK_M in the block mask's
 // count arrays.
@@ -109,7 +144,7 @@ __device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, const fjh_ite
     ++*t;
     return fjh_bm_tile(p, it, t, cls);
   }
-  return fj_next_block(p, p.sz, it.b, it.h, it.q0, it.q1, j, it.lo, cls);
+  return fj_next_block(p, fjh_sz(p, it), it.b, it.h, it.q0, it.q1, j, it.lo, cls);
 }
 
 // What a consumer does to the scores of a tile: 0 nothing (FULL for its
@@ -121,18 +156,18 @@ __device__ __forceinline__ int fjh_advance(const fj_fwd_params &p, const fjh_ite
 enum { FJH_TILE_KEEP = 0, FJH_TILE_MASK = 1 };
 
 // The mode of the tile at kv0 (class cls for the CTA's rows) for the 64
-// rows from wq0.
-__device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, int b, int h,
+// rows from wq0 of item it.
+__device__ __forceinline__ int fjh_tile_mode(const fj_fwd_params &p, const fjh_item &it,
                                              int wq0, int kv0, int cls) {
-  if (wq0 >= p.sz.Lq) return FJH_TILE_KEEP;  // never stored
+  if (wq0 >= it.Lq) return FJH_TILE_KEEP;  // never stored
 #if FJ_HAS_MASK
   if (cls == FJ_TILE_PARTIAL) {
-    const int wq1 = min(wq0 + FJH_WG_ROWS, p.sz.Lq) - 1;
-    const int wc = fj_tile_class(p.user, p.sz, b, h, wq0, wq1, kv0,
-                                 min(kv0 + FJ_BLOCK_N, p.sz.Lk) - 1);
+    const int wq1 = min(wq0 + FJH_WG_ROWS, it.Lq) - 1;
+    const int wc = fj_tile_class(p.user, fjh_sz(p, it), it.b, it.h, wq0, wq1, kv0,
+                                 min(kv0 + FJ_BLOCK_N, it.Lk) - 1);
     return wc == FJ_TILE_FULL ? FJH_TILE_KEEP : FJH_TILE_MASK;
   }
 #endif
-  (void)b; (void)h; (void)kv0; (void)cls;
+  (void)p; (void)kv0; (void)cls;
   return FJH_TILE_KEEP;
 }

@@ -1,15 +1,20 @@
 /*
  * tests/gpu/test_serving.c: the forward's serving layouts (docs/serving.md)
  * against the float64 CPU reference, one sequence at a time: packed
- * variable-length batches (cu_seqlens_q/k, lse [Hq, total_q]), per-sequence
- * kv lengths (seqlens_k, with bottom-right causal masks following each
- * sequence's own length) and paged KV (page pools with shuffled block
- * tables, page sizes 16 to 256, prefill chunks over caches of a few
- * thousand positions). Fresh random inputs, NaN-poisoned outputs; the kv
- * rows past each sequence's length and the pool's unused pages hold NaN and
+ * variable-length batches (cu_seqlens_q/k, lse [Hq, total_q]; 64 sequences
+ * of random lengths, empty ones included), per-sequence kv lengths
+ * (seqlens_k, with bottom-right causal masks following each sequence's own
+ * length) and paged KV (page pools with shuffled block tables, page sizes
+ * 16 to 256, prefill chunks of 512 queries over caches of about 4k
+ * positions). Fresh random inputs, NaN-poisoned outputs; the kv rows past
+ * each sequence's length and the pool's unused pages hold NaN and
  * block-table entries past a sequence's pages hold a page index far outside
  * the pool, so a kernel that reads either fails. Sequences without kv give
  * O = 0 and LSE = -inf. The tolerance rule is fjg_ref_check's.
+ *
+ * Every case runs with the template the runtime picks (sm90 on an H200) and
+ * again with the sm80 template named on the context; head dim 256 (sm90
+ * only) runs on sm_90a devices alone.
  *
  * Exits 77 (skipped) without a GPU. Prints one line per case and "N passed,
  * N failed"; exit status 1 when any failed.
@@ -20,7 +25,7 @@
 
 #define FLOOR_O 1e-3
 #define FLOOR_LSE 1e-3
-#define MAXB 8
+#define MAXB 64
 
 typedef struct scase {
   const char *spec;
@@ -31,6 +36,8 @@ typedef struct scase {
   int kv_packed; /* cu_seqlens_k */
   int page_size; /* > 0: paged KV with seqlens_k */
   int kv_dense;  /* k, v [B, Hkv, kv_dense, D] with seqlens_k */
+  int gen;       /* > 0: B packed sequences of random lengths (lq = lk, some
+                    0, odd ones) summing to about gen tokens */
 } scase;
 
 static const char *const spec_src[][2] = {
@@ -50,23 +57,40 @@ static const fj_dtype BF = FJ_DTYPE_BF16, FP = FJ_DTYPE_F16;
 
 static const scase cases[] = {
     /* Packed self-attention batches of odd lengths. */
-    {"causal", BF, 128, 4, 2, 4, {1, 129, 300, 77}, {1, 129, 300, 77}, 1, 1, 0, 0},
-    {"sliding_window", FP, 64, 8, 1, 3, {513, 17, 200}, {513, 17, 200}, 1, 1, 0, 0},
-    {"full", BF, 64, 2, 2, 5, {33, 0, 128, 1, 250}, {100, 10, 1, 300, 64}, 1, 1, 0, 0},
+    {"causal", BF, 128, 4, 2, 4, {1, 129, 300, 77}, {1, 129, 300, 77}, 1, 1, 0, 0, 0},
+    {"sliding_window", FP, 64, 8, 1, 3, {513, 17, 200}, {513, 17, 200}, 1, 1, 0, 0, 0},
+    {"full", BF, 64, 2, 2, 5, {33, 0, 128, 1, 250}, {100, 10, 1, 300, 64}, 1, 1, 0, 0, 0},
     /* Packed, Lq != Lk per sequence: bottom-right rows past the kv are fully
      * masked, and a sequence without kv is all masked. */
-    {"causal_br", BF, 128, 2, 2, 3, {50, 300, 5}, {400, 100, 0}, 1, 1, 0, 0},
-    {"softcap_br", FP, 128, 4, 4, 3, {129, 64, 200}, {1000, 64, 333}, 1, 1, 0, 0},
+    {"causal_br", BF, 128, 2, 2, 3, {50, 300, 5}, {400, 100, 0}, 1, 1, 0, 0, 0},
+    {"softcap_br", FP, 128, 4, 4, 3, {129, 64, 200}, {1000, 64, 333}, 1, 1, 0, 0, 0},
     /* seqlens_k over dense k and v. */
-    {"causal_br", BF, 128, 4, 2, 3, {100, 100, 100}, {700, 333, 101}, 0, 0, 0, 700},
-    {"window_br", FP, 64, 4, 1, 2, {64, 64}, {64, 499}, 0, 0, 0, 500},
-    {"causal_br", BF, 64, 2, 1, 3, {10, 200, 1}, {300, 250, 7}, 1, 0, 0, 301},
+    {"causal_br", BF, 128, 4, 2, 3, {100, 100, 100}, {700, 333, 101}, 0, 0, 0, 700, 0},
+    {"window_br", FP, 64, 4, 1, 2, {64, 64}, {64, 499}, 0, 0, 0, 500, 0},
+    {"causal_br", BF, 64, 2, 1, 3, {10, 200, 1}, {300, 250, 7}, 1, 0, 0, 301, 0},
     /* Paged: shuffled pages, prefill chunks over long caches. */
-    {"causal_br", BF, 128, 4, 2, 2, {100, 100}, {1500, 2013}, 0, 0, 16, 0},
-    {"causal_br", FP, 64, 8, 2, 3, {337, 337, 337}, {3000, 337, 4100}, 0, 0, 64, 0},
-    {"full", BF, 128, 2, 1, 2, {600, 600}, {2500, 900}, 0, 0, 256, 0},
-    {"window_br", BF, 128, 4, 2, 2, {100, 250}, {1000, 2000}, 1, 0, 48, 0},
-    {"softcap_br", FP, 128, 2, 2, 3, {1, 16, 17}, {4000, 16, 1}, 1, 0, 128, 0},
+    {"causal_br", BF, 128, 4, 2, 2, {100, 100}, {1500, 2013}, 0, 0, 16, 0, 0},
+    {"causal_br", FP, 64, 8, 2, 3, {337, 337, 337}, {3000, 337, 4100}, 0, 0, 64, 0, 0},
+    {"full", BF, 128, 2, 1, 2, {600, 600}, {2500, 900}, 0, 0, 256, 0, 0},
+    {"window_br", BF, 128, 4, 2, 2, {100, 250}, {1000, 2000}, 1, 0, 48, 0, 0},
+    {"softcap_br", FP, 128, 2, 2, 3, {1, 16, 17}, {4000, 16, 1}, 1, 0, 128, 0, 0},
+    /* 64 packed sequences of random lengths, about 8k tokens (the varlen
+     * target's shape, smaller). */
+    {"causal", BF, 128, 4, 2, 64, {0}, {0}, 1, 1, 0, 0, 8192},
+    {"full", FP, 64, 4, 4, 64, {0}, {0}, 1, 1, 0, 0, 8192},
+    /* Chunked prefill: 512 new tokens over a cache of about 4k, GQA,
+     * bottom-right causal; paged (pages of 16, 64, 128 and 256), packed q
+     * over pages, and contiguous with seqlens_k. */
+    {"causal_br", BF, 128, 8, 2, 2, {512, 512}, {4096, 3900}, 0, 0, 16, 0, 0},
+    {"causal_br", BF, 128, 4, 1, 2, {512, 512}, {4000, 4096}, 0, 0, 64, 0, 0},
+    {"causal_br", FP, 128, 4, 1, 2, {512, 512}, {3999, 4200}, 0, 0, 128, 0, 0},
+    {"causal_br", BF, 128, 4, 1, 2, {512, 512}, {4096, 2500}, 0, 0, 256, 0, 0},
+    {"causal_br", BF, 128, 4, 1, 2, {512, 300}, {4096, 3333}, 1, 0, 64, 0, 0},
+    {"causal_br", BF, 128, 8, 2, 2, {512, 512}, {4096, 3001}, 0, 0, 0, 4200, 0},
+    /* Head dim 256 (sm90 only). */
+    {"causal", BF, 256, 2, 1, 3, {1, 129, 300}, {1, 129, 300}, 1, 1, 0, 0, 0},
+    {"causal_br", FP, 256, 4, 2, 2, {100, 250}, {1000, 517}, 0, 0, 16, 0, 0},
+    {"window_br", BF, 256, 2, 2, 2, {64, 64}, {64, 499}, 0, 0, 0, 500, 0},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -302,8 +326,21 @@ static int check(const fj_spec *spec, const scase *c, io *x, const int *cu, int 
   return ok;
 }
 
+/* A case of B packed sequences of random lengths (lq = lk) summing to
+ * about c->gen tokens: one in eight empty, the rest uniform in [1, 2 * mean
+ * - 1] (odd lengths and sequences of one token among them). */
+static void gen_lengths(scase *c, uint64_t seed) {
+  const int mean = c->gen / c->B;
+  for (int b = 0; b < c->B; b++) {
+    const uint64_t r = gpu_rand(&seed);
+    c->lq[b] = c->lk[b] = r % 8 == 0 ? 0 : 1 + (int)((r >> 8) % (uint64_t)(2 * mean - 1));
+  }
+}
+
 static int run_case(fj_context *ctx, const fjr_driver *drv, fj_spec *const *loaded, int idx) {
-  const scase *c = &cases[idx];
+  scase cg = cases[idx];
+  if (cg.gen) gen_lengths(&cg, 0x9e3779b9ull + (uint64_t)idx);
+  const scase *c = &cg;
   io x;
   int cu[MAXB + 1], total_q = 0, pass = 0;
   fjg_check_report ro, rl;
@@ -336,83 +373,54 @@ static int run_case(fj_context *ctx, const fjr_driver *drv, fj_spec *const *load
   return pass;
 }
 
-/* Head dim 256 exists in the sm90 forward only, which takes no serving
- * layout: the launch must say so, not run. */
-static int test_d256_refused(fj_context *ctx, const fjr_driver *drv, fj_spec *spec) {
-  const DLDataType t16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1};
-  gpu_tensor q, cu;
-  memset(&q, 0, sizeof q);
-  memset(&cu, 0, sizeof cu);
-  const int64_t qs[3] = {64, 2, 256}, cs[1] = {3};
-  const int cuv[3] = {0, 30, 64};
-  int ok = upload(drv, &q, NULL, 2 * 64 * 2 * 256, 3, qs, t16) &&
-           upload(drv, &cu, cuv, sizeof cuv, 1, cs, i32);
-  fj_status st = FJ_OK;
-  if (ok) {
-    fj_forward_args a = {.q = &q.t, .k = &q.t, .v = &q.t, .o = &q.t, .cu_seqlens_q = &cu.t,
-                         .cu_seqlens_k = &cu.t, .max_seqlen_q = 34, .max_seqlen_k = 34};
-    st = fj_attention_forward(ctx, spec, &a);
-    ok = st == FJ_EUNSUPPORTED && strstr(fj_context_last_error(ctx), "256");
-  }
-  printf("[d256] varlen at head dim 256: %s: %s  %s\n", fj_status_name(st),
-         fj_context_last_error(ctx), ok ? "PASS" : "FAIL");
-  gpu_free(drv, &q), gpu_free(drv, &cu);
-  return ok;
+/* Whether the context's device is sm_90a (head dim 256 runs there only). */
+static int is_sm90a(fj_context *ctx) {
+  const char *arch = NULL;
+  return fjr_context_arch(ctx, &arch) == FJ_OK && arch && !strcmp(arch, "sm_90a");
 }
 
-/* A context that names the sm90 template gets a refusal for a serving
- * layout, not a run of a kernel that ignores it. */
-static int test_sm90_refused(const fjr_driver *drv) {
+/* Every case on a context (tmpl: the template it names, or NULL: the
+ * runtime's choice), its specs loaded on it. */
+static void run_all(const fjr_driver *drv, const char *tmpl, int sm90a, int *passed,
+                    int *failed) {
   fj_context_options o;
   fj_context_options_init(&o);
-  o.kernel_template = "sm90";
+  o.kernel_template = tmpl;
   fj_context *ctx = NULL;
-  fj_spec *spec = NULL;
-  const DLDataType t16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1};
-  gpu_tensor q, sl;
-  memset(&q, 0, sizeof q);
-  memset(&sl, 0, sizeof sl);
-  const int64_t qs[4] = {2, 2, 64, 128}, ss[1] = {2};
-  const int lens[2] = {64, 30};
-  const char src[] = "return { mask_mod = causal() }";
-  int ok = fj_context_create(&o, &ctx) == FJ_OK &&
-           fj_spec_load_string(ctx, src, strlen(src), "c", &spec) == FJ_OK &&
-           upload(drv, &q, NULL, 2 * 2 * 2 * 64 * 128, 4, qs, t16) &&
-           upload(drv, &sl, lens, sizeof lens, 1, ss, i32);
-  fj_status st = FJ_OK;
-  if (ok) {
-    fj_forward_args a = {.q = &q.t, .k = &q.t, .v = &q.t, .o = &q.t, .seqlens_k = &sl.t};
-    st = fj_attention_forward(ctx, spec, &a);
-    /* On sm_90a: the serving refusal; elsewhere the template's own. */
-    ok = st != FJ_OK && (strstr(fj_context_last_error(ctx), "sm90") != NULL ||
-                         strstr(fj_context_last_error(ctx), "sm_90a") != NULL);
+  if (fj_context_create(&o, &ctx) != FJ_OK) {
+    printf("context (template %s): cannot create\n", tmpl ? tmpl : "default");
+    (*failed)++;
+    return;
   }
-  printf("[sm90] seqlens_k with the sm90 template named: %s: %s  %s\n", fj_status_name(st),
-         ctx ? fj_context_last_error(ctx) : "", ok ? "PASS" : "FAIL");
-  gpu_free(drv, &q), gpu_free(drv, &sl);
-  fj_spec_destroy(spec);
+  printf("-- template %s\n", tmpl ? tmpl : "chosen by the runtime");
+  fj_spec *loaded[NSPECS] = {0};
+  for (int s = 0; s < NSPECS; s++)
+    if (fj_spec_load_string(ctx, spec_src[s][1], strlen(spec_src[s][1]), spec_src[s][0],
+                            &loaded[s]) != FJ_OK)
+      printf("spec %s: %s\n", spec_src[s][0], fj_context_last_error(ctx));
+  for (int i = 0; i < NCASES; i++) {
+    /* Head dim 256: the sm90 forward's alone. */
+    if (cases[i].D == 256 && (!sm90a || (tmpl && strcmp(tmpl, "sm90") != 0))) continue;
+    run_case(ctx, drv, loaded, i) ? (*passed)++ : (*failed)++;
+  }
+  for (int s = 0; s < NSPECS; s++) fj_spec_destroy(loaded[s]);
   fj_context_destroy(ctx);
-  return ok;
 }
 
 int main(void) {
   const fjr_driver *drv = NULL;
   fj_context *ctx = gpu_open(&drv);
-  fj_spec *loaded[NSPECS] = {0};
   int passed = 0, failed = 0;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (int s = 0; s < NSPECS; s++)
-    if (fj_spec_load_string(ctx, spec_src[s][1], strlen(spec_src[s][1]), spec_src[s][0],
-                            &loaded[s]) != FJ_OK)
-      printf("spec %s: %s\n", spec_src[s][0], fj_context_last_error(ctx));
-  for (int i = 0; i < NCASES; i++) run_case(ctx, drv, loaded, i) ? passed++ : failed++;
-  test_d256_refused(ctx, drv, loaded[0]) ? passed++ : failed++;
-  test_sm90_refused(drv) ? passed++ : failed++;
+  const int sm90a = is_sm90a(ctx);
+  run_all(drv, NULL, sm90a, &passed, &failed);
+  /* On an H200 the runtime picks sm90: the sm80 template's serving path
+   * runs too. */
+  if (sm90a) run_all(drv, "sm80", sm90a, &passed, &failed);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   printf("%d passed, %d failed (%.1f s)\n", passed, failed,
          (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
-  for (int s = 0; s < NSPECS; s++) fj_spec_destroy(loaded[s]);
   fj_context_destroy(ctx);
   return failed ? 1 : 0;
 }

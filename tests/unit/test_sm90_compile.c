@@ -432,9 +432,9 @@ static void test_tma_host_mirror(void **state) {
   /* A fake driver table: only the argument checks run before encoding. */
   fjr_driver drv;
   memset(&drv, 0, sizeof drv);
-  assert_int_equal(fjr_tma_maps_build(&drv, &c, &p, &maps, err, sizeof err), FJ_EINVAL);
+  assert_int_equal(fjr_tma_maps_build(&drv, &c, &p, NULL, &maps, err, sizeof err), FJ_EINVAL);
   assert_non_null(strstr(err, "sm80"));
-  assert_int_equal(fjr_tma_maps_build(NULL, &c, &p, &maps, err, sizeof err), FJ_EINVAL);
+  assert_int_equal(fjr_tma_maps_build(NULL, &c, &p, NULL, &maps, err, sizeof err), FJ_EINVAL);
 }
 
 /* A stand-in for cuTensorMapEncodeTiled that counts its calls and succeeds. */
@@ -476,7 +476,7 @@ static void test_tma_o_map(void **state) {
       fjr_tma_maps maps;
       char err[256] = "";
       fake_encodes = 0;
-      assert_int_equal(fjr_tma_maps_build(&drv, &c, &p, &maps, err, sizeof err), FJ_OK);
+      assert_int_equal(fjr_tma_maps_build(&drv, &c, &p, NULL, &maps, err, sizeof err), FJ_OK);
       const int o_used = !(c.persistent && c.q_bufs < 2);
       assert_int_equal(maps.o_ok, o_used);
       assert_int_equal(fake_encodes, 3 + o_used);
