@@ -60,10 +60,11 @@ typedef struct fjg_config {
    * in a fixed order; 0 otherwise and for every other kind. Set by the
    * runtime after fjg_config_choose_backward. */
   int deterministic;
-  /* Backward only: 1 is the packed-batch variant (FJ_VARLEN, a macro of the
-   * unit and of its key: docs/backward.md), which reads each sequence's
-   * sizes and rows from cu_seqlens; 0 otherwise, where the kernels keep the
-   * launch's sizes as constants. Set by the runtime, as deterministic. */
+  /* 1 is the serving layouts' variant (FJ_VARLEN, a macro of the unit and
+   * of its key: docs/serving.md, docs/backward.md): the forward's reads
+   * seqlens_k, block_table and cu_seqlens, the backward's cu_seqlens; 0
+   * otherwise, where the kernels keep the launch's sizes as constants.
+   * Set by the runtime, as deterministic. */
   int varlen;
 } fjg_config;
 

@@ -194,9 +194,13 @@ typedef struct fj_kernel_options {
    * kernel fj_backward_args.deterministic launches (a kernel of its own,
    * with its own key). The forward ignores it. */
   int deterministic;
-  /* fj_compile_backward only: 1 compiles the packed-batch variant, the
-   * kernel a backward with fj_backward_args.cu_seqlens_q launches (its own
-   * key; combines with deterministic). The forward ignores it. */
+  /* 1 compiles the variant for the serving layouts (its own kernel and
+   * key): for fj_compile_forward, the kernel a forward with seqlens_k,
+   * block_table or cu_seqlens launches (launches of up to FJ_DECODE_MAX_Q
+   * query tokens run the decode kernel instead: fj_compile_decode); for
+   * fj_compile_backward, the kernel a backward with cu_seqlens launches
+   * (combines with deterministic). The kernels without them keep the
+   * launch's sizes as constants. */
   int varlen;
 } fj_kernel_options;
 

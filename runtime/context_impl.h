@@ -54,6 +54,7 @@ struct fj_spec {
    * decision also reads, do not change. */
   struct fjr_launch_memo {
     int head_dim, dtype, block_q, block_kv;
+    int varlen; /* the serving layouts' variant (FJ_VARLEN) */
     struct fjr_kernel *kernel;
   } launches[4];
   int num_launches;

@@ -40,9 +40,9 @@ static void forward_name(const char *spec, const fjg_config *cfg, char *buf, siz
   char rows[16] = "";
   if (cfg->uses_tma && fjg_sm90_tile(cfg->head_dim, &bm, &bn) == 0 && bm != cfg->block_m)
     snprintf(rows, sizeof rows, "_m%d", cfg->block_m);
-  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s%s_%s", spec, cfg->head_dim,
+  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s%s%s_%s", spec, cfg->head_dim,
            cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name,
-           cfg->persistent ? "p" : "", rows, cfg->arch);
+           cfg->persistent ? "p" : "", rows, cfg->varlen ? "_varlen" : "", cfg->arch);
 }
 
 static const fjr_kernel_kind forward_kind = {
@@ -101,8 +101,10 @@ static int sm90_block_m(const fj_context *ctx, const fjg_config *cfg, int block_
 
 /* The one place a forward kernel's configuration is decided: from the
  * options, the context's settings and, for a launch with a block mask, its
- * block_kv (0 when not known: compile and emit). The serving layouts
- * (runtime/serving.c) take the same kernels. */
+ * block_kv (0 when not known: compile and emit). o->varlen: the variant
+ * for the serving layouts (runtime/serving.c; FJ_VARLEN), which a launch
+ * with seqlens_k, block_table or cu_seqlens takes, so that the kernels
+ * without them keep their sizes as constants. */
 static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
                                 int mask_block_kv, fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
@@ -114,6 +116,7 @@ static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
                                   choose_template(ctx, o, arch, mask_block_kv), cfg, err,
                                   sizeof err);
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
+  cfg->varlen = o->varlen ? 1 : 0;
   if (!cfg->uses_tma) return FJ_OK;
   if (ctx->opts.stages && fjg_config_set_stages(cfg, ctx->opts.stages) != 0)
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
@@ -370,17 +373,17 @@ fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *a, fj_dtype 
 /* The loaded kernel of a launch: from the spec's launch memo, else decided
  * (forward_config), made or found (runtime/kernels.c) and remembered. */
 static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_dtype dtype,
-                               int block_q, int block_kv, fjr_kernel **out) {
+                               int block_q, int block_kv, int serving, fjr_kernel **out) {
   for (int i = 0; i < spec->num_launches; i++) {
     const struct fjr_launch_memo *m = &spec->launches[i];
     if (m->head_dim == head_dim && m->dtype == (int)dtype && m->block_q == block_q &&
-        m->block_kv == block_kv) {
+        m->block_kv == block_kv && m->varlen == serving) {
       *out = m->kernel;
       return FJ_OK;
     }
   }
   const fj_kernel_options ko = {.head_dim = head_dim, .dtype = dtype,
-                                .block_mask_block_q = block_q};
+                                .block_mask_block_q = block_q, .varlen = serving};
   fjg_config cfg;
   fj_status st;
   if ((st = forward_config(ctx, &ko, block_kv, &cfg)) != FJ_OK ||
@@ -390,7 +393,7 @@ static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_
   const int n = sizeof spec->launches / sizeof spec->launches[0];
   const int slot = spec->num_launches < n ? spec->num_launches++ : n - 1;
   spec->launches[slot] =
-      (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, *out};
+      (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, serving, *out};
   return FJ_OK;
 }
 
@@ -442,8 +445,8 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)
     return fjr_fail(ctx, FJ_EINVAL, "fj_attention_forward: bad block mask");
   fjr_kernel *k = NULL;
-  if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[args->q->ndim - 1], dtype, mi.block_q,
-                          mi.block_kv, &k)) != FJ_OK)
+  if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[args->q->ndim - 1], dtype,
+                          mi.block_q, mi.block_kv, serving, &k)) != FJ_OK)
     return st;
   /* The block mask, if any: validated against this launch (blockmask.c). */
   st = fjr_block_mask_bind(ctx, args->block_mask, p->sz.B, p->sz.Hq, p->sz.Lq, p->sz.Lk,

@@ -74,30 +74,51 @@ struct fj_fwd_params {
   fj_user_params user;
 };
 
+// FJ_VARLEN (0 unless the generator defines it 1; part of the key): the
+// variant of the forward kernels for the serving layouts (seqlens_k, packed
+// batches, paged KV: runtime/forward.c launches it when one is used). The
+// kernels read those arrays through these accessors, null in the other
+// units, so that every branch on them folds away and the kernels without
+// serving layouts are what they are without this code.
+#ifndef FJ_VARLEN
+#define FJ_VARLEN 0
+#endif
+__device__ __forceinline__ const int *fj_seqlens_k(const fj_fwd_params &p) {
+  return FJ_VARLEN ? p.seqlens_k : nullptr;
+}
+__device__ __forceinline__ const int *fj_block_table(const fj_fwd_params &p) {
+  return FJ_VARLEN ? p.block_table : nullptr;
+}
+__device__ __forceinline__ const int *fj_cu_seqlens_q(const fj_fwd_params &p) {
+  return FJ_VARLEN ? p.cu_seqlens_q : nullptr;
+}
+__device__ __forceinline__ const int *fj_cu_seqlens_k(const fj_fwd_params &p) {
+  return FJ_VARLEN ? p.cu_seqlens_k : nullptr;
+}
+
 // Sequence b of a launch under the serving layouts: p.sz with Lq and Lk set
 // to the sequence's own (what fj_mask, fj_score_mod and fj_tile_class see,
 // and the bounds of its rows), and its first rows in packed q / o / lse and
 // k / v (0 unless packed). Values read from the device arrays are clamped:
 // Lq to [0, p.sz.Lq] (max_seqlen_q), Lk to [0, p.sz.Lk]; so no query row
 // past max_seqlen_q is computed and no kv position at or past Lk is read.
-// Without serving fields this is p.sz, decided by branches on null
-// pointers, uniform across the grid.
+// Without FJ_VARLEN this is p.sz, constants.
 struct fj_seq {
   fj_sizes sz;
   int q_row0, k_row0;
 };
 __device__ __forceinline__ fj_seq fj_seq_of(const fj_fwd_params &p, int b) {
   fj_seq s{p.sz, 0, 0};
-  if (p.cu_seqlens_q != nullptr) {
+  if (fj_cu_seqlens_q(p) != nullptr) {
     const int a = __ldg(p.cu_seqlens_q + b), e = __ldg(p.cu_seqlens_q + b + 1);
     s.q_row0 = a;
     s.sz.Lq = max(0, min(e - a, p.sz.Lq));
   }
-  if (p.cu_seqlens_k != nullptr) {
+  if (fj_cu_seqlens_k(p) != nullptr) {
     const int a = __ldg(p.cu_seqlens_k + b), e = __ldg(p.cu_seqlens_k + b + 1);
     s.k_row0 = a;
     s.sz.Lk = max(0, min(e - a, p.sz.Lk));
-  } else if (p.seqlens_k != nullptr) {
+  } else if (fj_seqlens_k(p) != nullptr) {
     s.sz.Lk = max(0, min(__ldg(p.seqlens_k + b), p.sz.Lk));
   }
   return s;

@@ -80,7 +80,7 @@ fj_attention_fwd(const __grid_constant__ fj_fwd_params p) {
     const int hk = h / p.kv_group;
     // Paged KV: the head's rows of the pool, each tile row's page from the
     // sequence's row of the block table (fjk_load_kv).
-    const int *bt = p.block_table != nullptr ? p.block_table + b * p.bt_stride : nullptr;
+    const int *bt = fj_block_table(p) != nullptr ? p.block_table + b * p.bt_stride : nullptr;
     const long long kb = bt != nullptr ? 0 : b * p.k_sb + sq.k_row0 * p.k_ss;
     const long long vb = bt != nullptr ? 0 : b * p.v_sb + sq.k_row0 * p.v_ss;
     const fj_u16 *gk = (const fj_u16 *)p.k + kb + hk * p.k_sh;

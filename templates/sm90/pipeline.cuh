@@ -119,11 +119,11 @@ __device__ __forceinline__ void fjh_load_kv(const fj_fwd_params &p, const fjh_te
                                             fjh_stage st, const fjh_item &it, int j, int hk,
                                             int which) {
   const int kv0 = j * FJ_BLOCK_N;
-  if (p.block_table != nullptr) {
+  if (fj_block_table(p) != nullptr) {
     fjh_load_kv_paged(p, map, tile, full, empty, st, it, kv0, hk, which);
     return;
   }
-  const int b = p.cu_seqlens_k != nullptr ? 0 : it.b;
+  const int b = fj_cu_seqlens_k(p) != nullptr ? 0 : it.b;
   const int row = fjh_k_row0(p, it.b) + kv0;
   fjh_mbar_wait(empty, st.ph ^ 1u);
   fjh_mbar_arrive_expect_tx(full, FJH_KV_BYTES);

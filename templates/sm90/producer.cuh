@@ -37,7 +37,7 @@ __device__ __forceinline__ void fjh_load_v(const fj_fwd_params &p, const fj_tma_
 __device__ __forceinline__ void fjh_load_q(const fj_fwd_params &p, const fj_tma_maps &maps,
                                            const fjh_smem_map &sm, int i, int b, int h, int q0,
                                            int q_row0) {
-  const int qb = p.cu_seqlens_q != nullptr ? 0 : b;
+  const int qb = fj_cu_seqlens_q(p) != nullptr ? 0 : b;
   fjh_mbar_arrive_expect_tx(sm.q_full(i), FJH_Q_BYTES);
 #pragma unroll
   for (int c = 0; c < FJH_CHUNKS64; ++c)

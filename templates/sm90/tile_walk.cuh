@@ -34,14 +34,14 @@ __device__ __forceinline__ fj_sizes fjh_sz(const fj_fwd_params &p, const fjh_ite
 // again where the epilogue needs it rather than kept in a register across
 // the kv loop.
 __device__ __forceinline__ int fjh_q_row0(const fj_fwd_params &p, int b) {
-  return p.cu_seqlens_q != nullptr ? __ldg(p.cu_seqlens_q + b) : 0;
+  return fj_cu_seqlens_q(p) != nullptr ? __ldg(p.cu_seqlens_q + b) : 0;
 }
 
 // Its first row in packed k and v (0 unless packed), read where a K or V
 // load needs it: in the item it would take a register that the persistent
 // kernel's producer warp does not have.
 __device__ __forceinline__ int fjh_k_row0(const fj_fwd_params &p, int b) {
-  return p.cu_seqlens_k != nullptr ? __ldg(p.cu_seqlens_k + b) : 0;
+  return fj_cu_seqlens_k(p) != nullptr ? __ldg(p.cu_seqlens_k + b) : 0;
 }
 
 // Whether K/V rows at or past a sequence's kv length may lie inside the
@@ -50,7 +50,8 @@ __device__ __forceinline__ int fjh_k_row0(const fj_fwd_params &p, int b) {
 // it (fjh_v_tail). Without serving layouts the maps end at Lk and TMA
 // fills such rows with zeros.
 __device__ __forceinline__ bool fjh_kv_ragged(const fj_fwd_params &p) {
-  return p.seqlens_k != nullptr || p.cu_seqlens_k != nullptr || p.block_table != nullptr;
+  return fj_seqlens_k(p) != nullptr || fj_cu_seqlens_k(p) != nullptr ||
+         fj_block_table(p) != nullptr;
 }
 
 // Index of the row of query block q0 / FJ_BLOCK_M in the block mask's

@@ -107,18 +107,20 @@ static void dump(const char *name, const char *text) {
   }
 }
 
-/* Compiles tu for arch; returns the PTX (malloc'd) after checking spills. */
-static char *compile(const char *tu, const char *arch, const char *what, int kernels) {
+/* Compiles tu for arch (with `def`, an NVRTC option, unless NULL);
+ * returns the PTX (malloc'd) after checking spills. */
+static char *compile_with(const char *tu, const char *arch, const char *what, int kernels,
+                          const char *def) {
   char name[160];
   snprintf(name, sizeof name, "%s.cu", what);
   dump(name, tu);
   char archopt[64];
   snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
-  const char *opts[] = {"-std=c++17", "-default-device", archopt, "--ptxas-options=-v"};
+  const char *opts[] = {"-std=c++17", "-default-device", archopt, "--ptxas-options=-v", def};
   const double t0 = fjt_now_ms();
   nvrtcProgram prog;
   assert_int_equal(nvrtcCreateProgram(&prog, tu, "fj_dec.cu", 0, NULL, NULL), NVRTC_SUCCESS);
-  nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+  nvrtcResult r = nvrtcCompileProgram(prog, def ? 5 : 4, opts);
   const double ms = fjt_now_ms() - t0;
   char *log = fjt_program_log(prog);
   snprintf(name, sizeof name, "%s.log", what);
@@ -138,6 +140,10 @@ static char *compile(const char *tu, const char *arch, const char *what, int ker
   free(log);
   nvrtcDestroyProgram(&prog);
   return ptx;
+}
+
+static char *compile(const char *tu, const char *arch, const char *what, int kernels) {
+  return compile_with(tu, arch, what, kernels, NULL);
 }
 
 static void compile_decode(const char *arch, int head_dim, fj_dtype dt, int rows, int mask,
@@ -199,11 +205,39 @@ static void test_util(void **state) {
   free(tu);
 }
 
+/* The sm80 forward's variant for the serving layouts (FJ_VARLEN), which
+ * launches with seqlens_k, packed batches or paged KV take: compiled
+ * without spills at the shapes of sm_80 and sm_90a. (The sm90 one:
+ * unit/test_sm90_compile.) */
+static void test_forward_varlen_sm80(void **state) {
+  (void)state;
+  static const char *const archs[] = {"sm_80", "sm_90a"};
+  for (int a = 0; a < 2; a++)
+    for (int d = 64; d <= 128; d *= 2) {
+      fjg_config c;
+      char err[256];
+      if (fjg_config_choose_template(d, FJ_DTYPE_BF16, archs[a], "sm80", &c, err,
+                                     sizeof err) != FJ_OK)
+        fail_msg("config: %s", err);
+      char *tu = fjt_build_kernel_tu(&c, "forward", 1, d == 64, d == 64 ? fjt_softcap_bias
+                                                                       : fjt_causal, "");
+      char what[64];
+      snprintf(what, sizeof what, "fwd_sm80_varlen_d%d_%s", d, archs[a]);
+      char *ptx = compile_with(tu, archs[a], what, 1, "-DFJ_VARLEN=1");
+      char *plain = compile(tu, archs[a], what, 1);
+      assert_true(strlen(plain) < strlen(ptx)); /* the serving reads are there */
+      free(plain);
+      free(ptx);
+      free(tu);
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config),      cmocka_unit_test(test_parts),
       cmocka_unit_test(test_util),        cmocka_unit_test(test_decode_sm86),
       cmocka_unit_test(test_decode_sm80), cmocka_unit_test(test_decode_sm90a),
+      cmocka_unit_test(test_forward_varlen_sm80),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

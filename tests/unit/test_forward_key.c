@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "506027ded33956947de28bcb8c5903c5"
+#define PINNED_SOURCE_KEY "74c8a882398cbc2f92384c3e3ec8acd6"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
@@ -109,6 +109,37 @@ static void test_each_ingredient_changes_the_key(void **state) {
   key_of(&base, &again);
   assert_string_equal(again.key, info[0].key);
   assert_string_equal(again.source_key, info[0].source_key);
+}
+
+/* The serving layouts' variant (fj_kernel_options.varlen: FJ_VARLEN) has
+ * its own key and name, on both templates. */
+static void test_serving_variant(void **state) {
+  (void)state;
+  if (!have_nvrtc()) skip();
+  static const char *const tmpl[][2] = {{"sm_80", "sm80"}, {"sm_90a", "sm90"}};
+  for (int t = 0; t < 2; t++) {
+    fj_context *ctx = NULL;
+    fj_spec *spec = NULL;
+    fj_context_options o;
+    fj_context_options_init(&o);
+    o.cache_dir = "";
+    assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
+    assert_int_equal(fj_spec_load_string(ctx, kPinnedSpec, strlen(kPinnedSpec), "k.lua", &spec),
+                     FJ_OK);
+    fj_kernel_options ko = {.head_dim = 64, .dtype = FJ_DTYPE_BF16, .arch = tmpl[t][0],
+                            .kernel_template = tmpl[t][1]};
+    fj_kernel_info plain, serving;
+    if (fj_compile_forward(ctx, spec, &ko, &plain) != FJ_OK)
+      fail_msg("%s", fj_context_last_error(ctx));
+    ko.varlen = 1;
+    if (fj_compile_forward(ctx, spec, &ko, &serving) != FJ_OK)
+      fail_msg("%s", fj_context_last_error(ctx));
+    assert_string_not_equal(plain.source_key, serving.source_key);
+    assert_null(strstr(plain.name, "_varlen"));
+    assert_non_null(strstr(serving.name, "_varlen"));
+    fj_spec_destroy(spec);
+    fj_context_destroy(ctx);
+  }
 }
 
 /* FLEXJIT_KERNEL_DEFINES sets optional template macros (ablations) and is
@@ -265,6 +296,7 @@ static void test_pinned_key(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_ingredient_changes_the_key),
+      cmocka_unit_test(test_serving_variant),
       cmocka_unit_test(test_kernel_defines),
       cmocka_unit_test(test_persistent),
       cmocka_unit_test(test_fast_compile),

@@ -316,7 +316,23 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
   char *ptx = malloc(ptx_size);
   assert_non_null(ptx);
   assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
-  /* The value took effect. */
+  /* The value took effect. FJ_VARLEN: the unit without it (its serving
+   * reads folded away) is other code. */
+  for (int i = 0; i < ndefs; i++)
+    if (!strcmp(defs[i], "-DFJ_VARLEN=1")) {
+      nvrtcProgram plain;
+      assert_int_equal(nvrtcCreateProgram(&plain, tu, "fj_fwd_sm90_plain.cu", 0, NULL, NULL),
+                       NVRTC_SUCCESS);
+      assert_int_equal(nvrtcCompileProgram(plain, 3, opts), NVRTC_SUCCESS);
+      size_t n = 0;
+      assert_int_equal(nvrtcGetPTXSize(plain, &n), NVRTC_SUCCESS);
+      char *other = malloc(n);
+      assert_non_null(other);
+      assert_int_equal(nvrtcGetPTX(plain, other), NVRTC_SUCCESS);
+      assert_true(n < ptx_size && strcmp(other, ptx) != 0);
+      free(other);
+      nvrtcDestroyProgram(&plain);
+    }
   for (int i = 0; i < ndefs; i++) {
     if (!strcmp(defs[i], "-DFJ_TRACE=1")) assert_non_null(strstr(ptx, "%clock"));
     /* Only the ping-pong's turns use bar.arrive. */
@@ -364,6 +380,14 @@ static void test_variants_compile(void **state) {
    * D=64 and 128, with two). Not shipped: its producer threads spill a few
    * bytes at 40 registers (the consumers need 232), which is allowed. */
   compile_variant("causal, persistent", 256, 1, fjt_causal, NULL, 0, 0, 1);
+  /* The serving layouts' variant (FJ_VARLEN: seqlens_k, packed batches,
+   * paged KV), which launches with them take: without spills where they
+   * run most (D=128, persistent or not); compiled at D=64 and 256. */
+  static const char *const varlen[] = {"-DFJ_VARLEN=1"};
+  compile_variant("causal, FJ_VARLEN persistent", 128, 1, fjt_causal, varlen, 1, 1, 1);
+  compile_variant("document, FJ_VARLEN", 128, 1, kDocument, varlen, 1, 1, 0);
+  compile_variant("document, FJ_VARLEN", 64, 1, kDocument, varlen, 1, 0, 0);
+  compile_variant("causal, FJ_VARLEN", 256, 1, fjt_causal, varlen, 1, 0, 0);
 }
 
 static void test_choose_template(void **state) {
