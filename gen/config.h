@@ -66,6 +66,10 @@ typedef struct fjg_config {
    * otherwise, where the kernels keep the launch's sizes as constants.
    * Set by the runtime, as deterministic. */
   int varlen;
+  /* Forward only: 1 is the Skip Softmax variant (FJ_SKIP: docs/serving.md),
+   * which a forward with skip_softmax_threshold > 0 launches; 0 otherwise.
+   * Set by the runtime. */
+  int skip;
 } fjg_config;
 
 /* Asks for (on = 1) or against the persistent kernel; only the sm90

@@ -695,6 +695,7 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
   if (cfg->deterministic) fjg_buf_printf(out, "#define FJ_DETERMINISTIC 1\n");
   if (cfg->varlen) fjg_buf_printf(out, "#define FJ_VARLEN 1\n");
+  if (cfg->skip) fjg_buf_printf(out, "#define FJ_SKIP 1\n");
 }
 
 /* The parts in order; at FJG_PART_PROLOGUE the interval rules, the

@@ -202,6 +202,10 @@ typedef struct fj_kernel_options {
    * (combines with deterministic). The kernels without them keep the
    * launch's sizes as constants. */
   int varlen;
+  /* fj_compile_forward only: 1 compiles the Skip Softmax variant, the
+   * kernel a forward with skip_softmax_threshold > 0 and more than
+   * FJ_DECODE_MAX_Q query tokens launches (combines with varlen). */
+  int skip_softmax;
 } fj_kernel_options;
 
 typedef struct fj_kernel_info {
@@ -290,11 +294,11 @@ typedef struct fj_forward_args {
   const DLTensor *cu_seqlens_q, *cu_seqlens_k;
   int max_seqlen_q, max_seqlen_k;
   /* Skip Softmax (docs/serving.md), 0: off (exact attention). A value
-   * lambda in (0, 1) skips the softmax update, the V load and P V of a kv
-   * tile when exp(tile max - running max) < lambda for every query row of
-   * the tile that has a running max: each skipped probability is below
-   * lambda times the row's largest so far. Approximate: the error is
-   * reported in bench/RESULTS.md. */
+   * lambda in (0, 1) skips the softmax update of a kv tile (and in the
+   * decode kernel its V load and P V) when exp(tile max - running max) <
+   * lambda for every query row of the tile (per warp: 16 or 32 rows): each
+   * skipped probability is below lambda times the row's largest so far.
+   * Approximate; launches with it run kernel variants of their own. */
   float skip_softmax_threshold;
 } fj_forward_args;
 

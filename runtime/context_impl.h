@@ -55,6 +55,7 @@ struct fj_spec {
   struct fjr_launch_memo {
     int head_dim, dtype, block_q, block_kv;
     int varlen; /* the serving layouts' variant (FJ_VARLEN) */
+    int skip;   /* the Skip Softmax variant (FJ_SKIP) */
     struct fjr_kernel *kernel;
   } launches[4];
   int num_launches;

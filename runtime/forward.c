@@ -40,9 +40,10 @@ static void forward_name(const char *spec, const fjg_config *cfg, char *buf, siz
   char rows[16] = "";
   if (cfg->uses_tma && fjg_sm90_tile(cfg->head_dim, &bm, &bn) == 0 && bm != cfg->block_m)
     snprintf(rows, sizeof rows, "_m%d", cfg->block_m);
-  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s%s%s_%s", spec, cfg->head_dim,
+  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s%s%s%s_%s", spec, cfg->head_dim,
            cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name,
-           cfg->persistent ? "p" : "", rows, cfg->varlen ? "_varlen" : "", cfg->arch);
+           cfg->persistent ? "p" : "", rows, cfg->varlen ? "_varlen" : "",
+           cfg->skip ? "_skip" : "", cfg->arch);
 }
 
 static const fjr_kernel_kind forward_kind = {
@@ -104,7 +105,8 @@ static int sm90_block_m(const fj_context *ctx, const fjg_config *cfg, int block_
  * block_kv (0 when not known: compile and emit). o->varlen: the variant
  * for the serving layouts (runtime/serving.c; FJ_VARLEN), which a launch
  * with seqlens_k, block_table or cu_seqlens takes, so that the kernels
- * without them keep their sizes as constants. */
+ * without them keep their sizes as constants; o->skip_softmax: the Skip
+ * Softmax variant (FJ_SKIP). */
 static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
                                 int mask_block_kv, fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
@@ -117,13 +119,20 @@ static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
                                   sizeof err);
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
   cfg->varlen = o->varlen ? 1 : 0;
+  cfg->skip = o->skip_softmax ? 1 : 0;
   if (!cfg->uses_tma) return FJ_OK;
   if (ctx->opts.stages && fjg_config_set_stages(cfg, ctx->opts.stages) != 0)
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
                     "FLEXJIT_STAGES=%d does not fit: the %s kernel at head dim %d "
                     "would need more shared memory than %s allows",
                     ctx->opts.stages, cfg->template_name, cfg->head_dim, cfg->arch);
-  if (ctx->opts.persistent >= 0) fjg_config_set_persistent(cfg, ctx->opts.persistent);
+  if (ctx->opts.persistent >= 0)
+    fjg_config_set_persistent(cfg, ctx->opts.persistent);
+  else if (cfg->skip)
+    /* Skip Softmax's persistent kernel spills with the intra-warpgroup
+     * overlap (its fallback drops the overlap); the one-tile kernel keeps
+     * it without spilling (unit/test_sm90_compile). */
+    fjg_config_set_persistent(cfg, 0);
   const int bm = sm90_block_m(ctx, cfg, o->block_mask_block_q);
   if (bm != cfg->block_m && (bm <= 0 || fjg_config_set_consumers(cfg, bm / 64) != 0))
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
@@ -373,17 +382,19 @@ fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *a, fj_dtype 
 /* The loaded kernel of a launch: from the spec's launch memo, else decided
  * (forward_config), made or found (runtime/kernels.c) and remembered. */
 static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_dtype dtype,
-                               int block_q, int block_kv, int serving, fjr_kernel **out) {
+                               int block_q, int block_kv, int serving, int skip,
+                               fjr_kernel **out) {
   for (int i = 0; i < spec->num_launches; i++) {
     const struct fjr_launch_memo *m = &spec->launches[i];
     if (m->head_dim == head_dim && m->dtype == (int)dtype && m->block_q == block_q &&
-        m->block_kv == block_kv && m->varlen == serving) {
+        m->block_kv == block_kv && m->varlen == serving && m->skip == skip) {
       *out = m->kernel;
       return FJ_OK;
     }
   }
   const fj_kernel_options ko = {.head_dim = head_dim, .dtype = dtype,
-                                .block_mask_block_q = block_q, .varlen = serving};
+                                .block_mask_block_q = block_q, .varlen = serving,
+                                .skip_softmax = skip};
   fjg_config cfg;
   fj_status st;
   if ((st = forward_config(ctx, &ko, block_kv, &cfg)) != FJ_OK ||
@@ -393,7 +404,7 @@ static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_
   const int n = sizeof spec->launches / sizeof spec->launches[0];
   const int slot = spec->num_launches < n ? spec->num_launches++ : n - 1;
   spec->launches[slot] =
-      (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, serving, *out};
+      (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, serving, skip, *out};
   return FJ_OK;
 }
 
@@ -431,13 +442,7 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   /* Short queries go to the decode kernel, which classifies its own tiles
    * (a block mask, if any, is not needed there). */
   const int decode = fjr_decode_applies(args);
-  if (!decode && args->skip_softmax_threshold > 0.0f)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                    "skip_softmax_threshold: Skip Softmax is implemented by the decode kernel "
-                    "(1 to %d query tokens, head dim 64 or 128, not packed); this launch has "
-                    "%lld query tokens%s",
-                    FJ_DECODE_MAX_Q, (long long)p->sz.Lq,
-                    args->cu_seqlens_q ? " in a packed batch" : "");
+  const int skip = args->skip_softmax_threshold > 0.0f;
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   if (decode) return fjr_decode_launch(ctx, (fj_spec *)spec, args, dtype, pbuf, total);
 
@@ -446,7 +451,7 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     return fjr_fail(ctx, FJ_EINVAL, "fj_attention_forward: bad block mask");
   fjr_kernel *k = NULL;
   if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[args->q->ndim - 1], dtype,
-                          mi.block_q, mi.block_kv, serving, &k)) != FJ_OK)
+                          mi.block_q, mi.block_kv, serving, skip, &k)) != FJ_OK)
     return st;
   /* The block mask, if any: validated against this launch (blockmask.c). */
   st = fjr_block_mask_bind(ctx, args->block_mask, p->sz.B, p->sz.Hq, p->sz.Lq, p->sz.Lk,

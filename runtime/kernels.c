@@ -38,7 +38,8 @@ static int same_config(const fjg_config *a, const fjg_config *b) {
          a->block_n == b->block_n && a->num_warps == b->num_warps &&
          a->num_stages == b->num_stages && a->persistent == b->persistent &&
          a->q_bufs == b->q_bufs && a->smem_bytes == b->smem_bytes &&
-         a->deterministic == b->deterministic && a->varlen == b->varlen;
+         a->deterministic == b->deterministic && a->varlen == b->varlen &&
+         a->skip == b->skip;
 }
 
 /* NVRTC options of a kernel besides the target: the base ones, then for a

@@ -83,6 +83,12 @@ struct fj_fwd_params {
 #ifndef FJ_VARLEN
 #define FJ_VARLEN 0
 #endif
+// FJ_SKIP (0 unless the generator defines it 1; part of the key): the Skip
+// Softmax variant (docs/serving.md), launched when skip_softmax_threshold is
+// set; it reads p.skip_log2.
+#ifndef FJ_SKIP
+#define FJ_SKIP 0
+#endif
 __device__ __forceinline__ const int *fj_seqlens_k(const fj_fwd_params &p) {
   return FJ_VARLEN ? p.seqlens_k : nullptr;
 }

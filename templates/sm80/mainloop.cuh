@@ -115,6 +115,30 @@ __device__ __forceinline__ void fjk_tile_step(
         }
   }
 
+#if FJ_SKIP
+  // ---- Skip Softmax: when every row of the warp whose max on this
+  // sub-tile is finite lies more than -skip_log2 below its running max
+  // (rows past Lq agree), the warp skips the softmax update and P V. ----
+  {
+    bool skip = true;
+#pragma unroll
+    for (int mt = 0; mt < FJK_MT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = fj_neg_inf();
+#pragma unroll
+        for (int nt = 0; nt < FJK_NT; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m = mx * exp_scale;
+        skip &= m == fj_neg_inf() || m < row_m[mt][hh] + p.skip_log2 ||
+                wq0 + mt * 16 + g + 8 * hh >= sz.Lq;
+      }
+    if (__all_sync(0xffffffffu, skip)) return;
+  }
+#endif
+
   // ---- online softmax: rows g and g + 8 of each m16 tile ----
   float alpha[FJK_MT][2], shift[FJK_MT][2];
   bool grow_any = false;

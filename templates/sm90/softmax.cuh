@@ -68,6 +68,18 @@ struct fjh_max_tree<0> {
   __device__ __forceinline__ static float run(float (&m)[FJH_S_REGS / 4]) { return m[0]; }
 };
 
+// The max of row hh (0: the thread's first row, 1: 8 below) of S: a tree,
+// log2 of the row's length deep instead of a chain through all of it, then
+// across the quad, whose four lanes hold the row between them.
+__device__ __forceinline__ float fjh_row_max(const float (&s)[FJH_S_REGS], int hh) {
+  float mt[FJH_S_REGS / 4];
+#pragma unroll
+  for (int i = 0; i < FJH_S_REGS / 4; ++i) mt[i] = fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]);
+  float mx = fjh_max_tree<FJH_S_REGS / 8>::run(mt);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
 // Per-thread view of the accumulator layout of wgmma m64nN: this thread
 // holds rows qr and qr + 8 (qr = first row of its warp + lane / 4), and in
 // each n8 block i the columns 8 i + 2 (lane % 4) + {0, 1}; element 4 i + e
@@ -119,18 +131,34 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, const fj_siz
       if (ki >= Lk) s[i] = fj_neg_inf();
     }
   }
+  // Each row's max on the tile; with Skip Softmax (FJ_SKIP) both first:
+  // when every row of this warp whose max is finite lies more than
+  // -skip_log2 below its running max (rows past Lq agree), its P is 0: no
+  // exponentials, max and sum unchanged. (P V is the warpgroup's one wgmma:
+  // it still runs, adding nothing.)
+#if FJ_SKIP
+  float mxs[2];
+  bool skip = true;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    // A tree: log2 of the row's length deep instead of a chain through
-    // all of it.
-    float mt[FJH_S_REGS / 4];
+    mxs[hh] = fjh_row_max(s, hh);
+    const float m = mxs[hh] * exp_scale;
+    skip &= m == fj_neg_inf() || m < row_m[hh] + p.skip_log2 || qr + 8 * hh >= sz.Lq;
+  }
+  if (__all_sync(0xffffffffu, skip)) {
 #pragma unroll
-    for (int i = 0; i < FJH_S_REGS / 4; ++i)
-      mt[i] = fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]);
-    float mx = fjh_max_tree<FJH_S_REGS / 8>::run(mt);
-    // The four lanes of a quad hold the row between them.
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    for (int i = 0; i < FJH_S_REGS; ++i) s[i] = 0.f;
+    alpha[0] = alpha[1] = 1.0f;
+    return;
+  }
+#endif
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+#if FJ_SKIP
+    const float mx = mxs[hh];
+#else
+    const float mx = fjh_row_max(s, hh);
+#endif
     const float m_old = row_m[hh];
     // The running max moves only when a score exceeds it by more than the
     // slack; below that, exponents stay at most 2^slack and O keeps its

@@ -205,10 +205,10 @@ static void test_util(void **state) {
   free(tu);
 }
 
-/* The sm80 forward's variant for the serving layouts (FJ_VARLEN), which
- * launches with seqlens_k, packed batches or paged KV take: compiled
- * without spills at the shapes of sm_80 and sm_90a. (The sm90 one:
- * unit/test_sm90_compile.) */
+/* The sm80 forward's variants for the serving layouts (FJ_VARLEN), which
+ * launches with seqlens_k, packed batches or paged KV take, and for Skip
+ * Softmax (FJ_SKIP): compiled without spills at the shapes of sm_80 and
+ * sm_90a. (The sm90 ones: unit/test_sm90_compile.) */
 static void test_forward_varlen_sm80(void **state) {
   (void)state;
   static const char *const archs[] = {"sm_80", "sm_90a"};
@@ -226,6 +226,11 @@ static void test_forward_varlen_sm80(void **state) {
       char *ptx = compile_with(tu, archs[a], what, 1, "-DFJ_VARLEN=1");
       char *plain = compile(tu, archs[a], what, 1);
       assert_true(strlen(plain) < strlen(ptx)); /* the serving reads are there */
+      /* Skip Softmax's variant (FJ_SKIP) too. */
+      snprintf(what, sizeof what, "fwd_sm80_skip_d%d_%s", d, archs[a]);
+      char *skip = compile_with(tu, archs[a], what, 1, "-DFJ_SKIP=1");
+      assert_true(strlen(plain) < strlen(skip));
+      free(skip);
       free(plain);
       free(ptx);
       free(tu);

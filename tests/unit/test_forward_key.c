@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "74c8a882398cbc2f92384c3e3ec8acd6"
+#define PINNED_SOURCE_KEY "09d1c468bca57e3b15ab4f40357b737f"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
@@ -111,8 +111,9 @@ static void test_each_ingredient_changes_the_key(void **state) {
   assert_string_equal(again.source_key, info[0].source_key);
 }
 
-/* The serving layouts' variant (fj_kernel_options.varlen: FJ_VARLEN) has
- * its own key and name, on both templates. */
+/* The serving layouts' variant (fj_kernel_options.varlen: FJ_VARLEN) and
+ * Skip Softmax's (skip_softmax: FJ_SKIP) have their own keys and names, on
+ * both templates. */
 static void test_serving_variant(void **state) {
   (void)state;
   if (!have_nvrtc()) skip();
@@ -137,6 +138,14 @@ static void test_serving_variant(void **state) {
     assert_string_not_equal(plain.source_key, serving.source_key);
     assert_null(strstr(plain.name, "_varlen"));
     assert_non_null(strstr(serving.name, "_varlen"));
+    /* Skip Softmax's variant (FJ_SKIP) likewise. */
+    fj_kernel_info skip;
+    ko.varlen = 0, ko.skip_softmax = 1;
+    if (fj_compile_forward(ctx, spec, &ko, &skip) != FJ_OK)
+      fail_msg("%s", fj_context_last_error(ctx));
+    assert_string_not_equal(plain.source_key, skip.source_key);
+    assert_string_not_equal(serving.source_key, skip.source_key);
+    assert_non_null(strstr(skip.name, "_skip"));
     fj_spec_destroy(spec);
     fj_context_destroy(ctx);
   }

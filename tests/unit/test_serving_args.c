@@ -420,13 +420,6 @@ static void test_public_entry_checks(void **state) {
   t.a.max_seqlen_q = 0;
   assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_EINVAL);
   assert_non_null(strstr(fj_context_last_error(ctx), "max_seqlen_q is 0"));
-  /* Skip Softmax is the decode kernel's: refused by name on the forward
-   * path (a packed batch here; 150 query tokens). */
-  packed(&t);
-  t.a.skip_softmax_threshold = 0.01f;
-  assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_EUNSUPPORTED);
-  assert_non_null(strstr(fj_context_last_error(ctx), "Skip Softmax is implemented by the "
-                                                     "decode kernel"));
   /* A negative scale would turn the kernels' running max into a minimum. */
   packed(&t);
   t.a.scale = -0.1f;

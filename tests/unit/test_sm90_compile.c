@@ -316,10 +316,10 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
   char *ptx = malloc(ptx_size);
   assert_non_null(ptx);
   assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
-  /* The value took effect. FJ_VARLEN: the unit without it (its serving
-   * reads folded away) is other code. */
+  /* The value took effect. FJ_VARLEN, FJ_SKIP: the unit without them (their
+   * code folded away) is other code. */
   for (int i = 0; i < ndefs; i++)
-    if (!strcmp(defs[i], "-DFJ_VARLEN=1")) {
+    if (!strcmp(defs[i], "-DFJ_VARLEN=1") || !strcmp(defs[i], "-DFJ_SKIP=1")) {
       nvrtcProgram plain;
       assert_int_equal(nvrtcCreateProgram(&plain, tu, "fj_fwd_sm90_plain.cu", 0, NULL, NULL),
                        NVRTC_SUCCESS);
@@ -388,6 +388,16 @@ static void test_variants_compile(void **state) {
   compile_variant("document, FJ_VARLEN", 128, 1, kDocument, varlen, 1, 1, 0);
   compile_variant("document, FJ_VARLEN", 64, 1, kDocument, varlen, 1, 0, 0);
   compile_variant("causal, FJ_VARLEN", 256, 1, fjt_causal, varlen, 1, 0, 0);
+  /* Skip Softmax's variant (FJ_SKIP), alone and with FJ_VARLEN. */
+  static const char *const skip[] = {"-DFJ_SKIP=1"};
+  static const char *const skip_varlen[] = {"-DFJ_SKIP=1", "-DFJ_VARLEN=1"};
+  /* Without spills in the one-tile kernel at D=128, which the runtime gives
+   * it (its persistent kernel spills with the overlap, and D=64's three
+   * consumers spill: both then run the spill fallback). */
+  compile_variant("causal, FJ_SKIP", 128, 1, fjt_causal, skip, 1, 1, 0);
+  compile_variant("document, FJ_SKIP FJ_VARLEN", 128, 1, kDocument, skip_varlen, 2, 1, 0);
+  compile_variant("causal, FJ_SKIP persistent", 128, 1, fjt_causal, skip, 1, 0, 1);
+  compile_variant("causal, FJ_SKIP", 64, 1, fjt_causal, skip, 1, 0, 0);
 }
 
 static void test_choose_template(void **state) {
