@@ -42,8 +42,9 @@ def precompile(manifest: Union[str, os.PathLike, Sequence[Union[Spec, str]]],
     `manifest` is a manifest file (`flexjit precompile --help`,
     examples/manifest.lua), or a list of Specs and spec paths, for which one
     is written from head_dims x dtypes x archs x passes (passes: "forward",
-    "forward_blockmask", "blockmask", "backward", "backward_deterministic",
-    "decode": what launches of 1 to 16 query tokens run).
+    "forward_blockmask", "forward_varlen" (the serving layouts' variant),
+    "blockmask", "backward", "backward_deterministic", "backward_varlen"
+    (packed batches), "decode": what launches of 1 to 16 query tokens run).
     Returns `out`; a failure raises FlexjitError with the command's
     messages."""
     out = os.fspath(out)
