@@ -93,6 +93,7 @@ static int upload(const fjr_driver *drv, gpu_tensor *t, const void *h, size_t by
   if (!gpu_alloc(drv, t, bytes + guard) ||
       (h && !gpu_cu_ok(drv, drv->cuMemcpyHtoD(t->ptr, h, bytes), "cuMemcpyHtoD")))
     return 0;
+  t->bytes = (bytes + 3) & ~(size_t)3; /* the tensor; its guard lies after it */
   gpu_describe(t, ndim, dt);
   return 1;
 }

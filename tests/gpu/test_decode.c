@@ -27,7 +27,7 @@ typedef struct dcase {
   float skip;  /* Skip Softmax threshold, 0: exact */
 } dcase;
 
-static const char FULL[] = "return { name = \"full\" }";
+static const char FULL[] = "return { score_mod = noop_score() }";
 static const char CAUSAL_BR[] = "return { mask_mod = causal{align = \"bottom_right\"} }";
 static const char WINDOW_BR[] =
     "return { mask_mod = sliding_window(param(\"window\", \"i32\"), "
