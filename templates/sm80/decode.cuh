@@ -66,60 +66,86 @@ __device__ __forceinline__ void fjd_tile_range(const fj_fwd_params &p, const fjd
 }
 #endif
 
-// The class of warp slice j (rows j * FJ_BLOCK_N + 16 w ..): EMPTY past Lk.
+// The class of warp slice j (rows j * FJ_BLOCK_N + 16 w ..): EMPTY past Lk;
+// else the class of the warp's whole run (span) unless that is PARTIAL,
+// when the slice is classified on its own.
 __device__ __forceinline__ int fjd_slice_class(const fj_fwd_params &p, const fjd_cta &c,
-                                               int j, int warp) {
+                                               int j, int warp, int span) {
   const int kv0 = j * FJ_BLOCK_N + warp * FJD_SLICE;
   if (kv0 >= c.Lk) return FJ_TILE_EMPTY;
 #if FJ_HAS_MASK
+  if (span != FJ_TILE_PARTIAL) return span;
   return fjd_class(p, c, kv0, min(kv0 + FJD_SLICE, c.Lk) - 1);
 #else
-  (void)p;
+  (void)p, (void)span;
   return FJ_TILE_FULL;
 #endif
 }
 
 // The next slice after j below j_end that is not EMPTY (j_end: none).
 __device__ __forceinline__ int fjd_next(const fj_fwd_params &p, const fjd_cta &c, int j,
-                                        int j_end, int warp, int *cls) {
+                                        int j_end, int warp, int span, int *cls) {
   for (++j; j < j_end; ++j) {
-    *cls = fjd_slice_class(p, c, j, warp);
+    *cls = fjd_slice_class(p, c, j, warp, span);
     if (*cls != FJ_TILE_EMPTY) break;
   }
   return j;
 }
 
-// The first row of slice j of K (or V: base and strides given) for KV head
-// hkv: through the block table when the cache is paged (a slice never
-// crosses a page).
-__device__ __forceinline__ const fj_u16 *fjd_slice_rows(const fj_fwd_params &p,
-                                                       const fjd_cta &c, const void *base,
-                                                       long long sb, long long sh, int kv0) {
-  const fj_u16 *g = (const fj_u16 *)base + (long long)c.hkv * sh;
-  if (p.block_table == nullptr) return g + (long long)c.b * sb;
-  const int page = __ldg(p.block_table + (long long)c.b * p.bt_stride + kv0 / p.page_size);
-  return g + (long long)page * sb;
+// Where slice kv0's rows lie in K and V: the block (sequence b, or the
+// page the block table gives: a slice never crosses a page), the row
+// within it, and how many of the slice's rows are below Lk (>= 1).
+struct fjd_at {
+  long long blk;
+  int row, valid;
+};
+
+__device__ __forceinline__ fjd_at fjd_slice_at(const fj_fwd_params &p, const fjd_cta &c,
+                                               int kv0) {
+  fjd_at a;
+  a.valid = c.Lk - kv0;
+  if (p.block_table == nullptr) {
+    a.blk = c.b;
+    a.row = kv0;
+  } else {
+    a.blk = __ldg(p.block_table + (long long)c.b * p.bt_stride + kv0 / p.page_size);
+    a.row = kv0 % p.page_size;
+  }
+  return a;
 }
 
-// Copies slice rows kv0 .. kv0 + 15 (row r at g + (row within its page or
-// sequence) * ss) into swizzled shared memory at s: chunk c of row r lands
-// at chunk c ^ (r & 7). Rows at or past Lk are zero-filled, not read (V
-// rows must be finite: P = 0 times NaN would still be NaN).
-__device__ __forceinline__ void fjd_load_slice(const fj_fwd_params &p, const fjd_cta &c,
-                                               unsigned s, const void *base, long long sb,
-                                               long long sh, long long ss, int kv0) {
+// Copies the slice at `at` of K or V (base and strides given) into
+// swizzled shared memory at s: chunk ch of row r lands at chunk ch ^ (r &
+// 7). Rows at or past Lk are zero-filled, not read (V rows must be finite:
+// P = 0 times NaN would still be NaN). A lane copies chunk ch of rows r0,
+// r0 + ROWS_PER_PASS, ...: one address computed, then a stride added.
+__device__ __forceinline__ void fjd_load_slice(const fjd_cta &c, const fjd_at &at, unsigned s,
+                                               const void *base, long long sb, long long sh,
+                                               long long ss) {
   const int lane = threadIdx.x & 31;
   constexpr int ROWS_PER_PASS = 32 / FJD_CHUNKS;
   const int r0 = lane / FJD_CHUNKS, ch = lane % FJD_CHUNKS;
-  const fj_u16 *g = fjd_slice_rows(p, c, base, sb, sh, kv0);
-  // Row offset of kv0 within the sequence or within its page.
-  const int off0 = p.block_table == nullptr ? kv0 : kv0 % p.page_size;
+  const fj_u16 *src = (const fj_u16 *)base + (long long)c.hkv * sh + at.blk * sb +
+                      (long long)(at.row + r0) * ss + ch * 8;
+  const long long step = ROWS_PER_PASS * ss;
+  // r & 7 = r0 | (i * ROWS_PER_PASS & 7): r0 is below ROWS_PER_PASS, a
+  // power of two.
+  const unsigned dst = s + r0 * FJD_ROW_BYTES;
+  const int sw = ch ^ r0;
+  if (at.valid >= FJD_SLICE) {
 #pragma unroll
-  for (int i = 0; i < FJD_SLICE / ROWS_PER_PASS; ++i) {
-    const int r = r0 + i * ROWS_PER_PASS;
-    const bool in = kv0 + r < c.Lk;
-    const fj_u16 *src = g + (long long)(off0 + (in ? r : 0)) * ss + ch * 8;
-    fjk_cp_async16(s + r * FJD_ROW_BYTES + ((ch ^ (r & 7)) << 4), src, in ? 16 : 0);
+    for (int i = 0; i < FJD_SLICE / ROWS_PER_PASS; ++i, src += step)
+      fjk_cp_async16(dst + i * ROWS_PER_PASS * FJD_ROW_BYTES +
+                         ((sw ^ ((i * ROWS_PER_PASS) & 7)) << 4),
+                     src, 16);
+  } else {
+#pragma unroll
+    for (int i = 0; i < FJD_SLICE / ROWS_PER_PASS; ++i, src += step) {
+      const bool in = r0 + i * ROWS_PER_PASS < at.valid;
+      fjk_cp_async16(dst + i * ROWS_PER_PASS * FJD_ROW_BYTES +
+                         ((sw ^ ((i * ROWS_PER_PASS) & 7)) << 4),
+                     in ? src : base, in ? 16 : 0);
+    }
   }
 }
 
@@ -127,10 +153,10 @@ __device__ __forceinline__ void fjd_load_slice(const fj_fwd_params &p, const fjd
 __device__ __forceinline__ void fjd_load_stage(const fj_fwd_params &p, const fjd_cta &c,
                                                unsigned s_w, int st, int j, int warp,
                                                bool with_v) {
-  const int kv0 = j * FJ_BLOCK_N + warp * FJD_SLICE;
+  const fjd_at at = fjd_slice_at(p, c, j * FJ_BLOCK_N + warp * FJD_SLICE);
   const unsigned sk = s_w + st * FJD_STAGE_BYTES;
-  fjd_load_slice(p, c, sk, p.k, p.k_sb, p.k_sh, p.k_ss, kv0);
-  if (with_v) fjd_load_slice(p, c, sk + FJD_SLICE_BYTES, p.v, p.v_sb, p.v_sh, p.v_ss, kv0);
+  fjd_load_slice(c, at, sk, p.k, p.k_sb, p.k_sh, p.k_ss);
+  if (with_v) fjd_load_slice(c, at, sk + FJD_SLICE_BYTES, p.v, p.v_sb, p.v_sh, p.v_ss);
 }
 
 // A warp's stream over its slices of tiles [j_begin, j_end): for each, S =
@@ -175,16 +201,24 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
   const float exp_scale = p.scale_log2;
 #endif
 
+  // The class of the warp's whole run: FULL (or EMPTY) spares each slice
+  // its own classification.
+  int span = FJ_TILE_FULL;
+#if FJ_HAS_MASK
+  if (j_begin < j_end && j_begin * FJ_BLOCK_N < c.Lk)
+    span = fjd_class(p, c, j_begin * FJ_BLOCK_N, min(j_end * FJ_BLOCK_N, c.Lk) - 1);
+#endif
+
   // Prologue: the first FJ_NUM_STAGES - 1 slices.
   int cls_l = FJ_TILE_FULL, cls_c = FJ_TILE_FULL;
-  int jl = fjd_next(p, c, j_begin - 1, j_end, warp, &cls_l);
+  int jl = fjd_next(p, c, j_begin - 1, j_end, warp, span, &cls_l);
   int jc = jl;
   cls_c = cls_l;
 #pragma unroll
   for (int st = 0; st < FJ_NUM_STAGES - 1; ++st) {
     if (jl < j_end) {
       fjd_load_stage(p, c, s_w, st, jl, warp, !SKIP);
-      jl = fjd_next(p, c, jl, j_end, warp, &cls_l);
+      jl = fjd_next(p, c, jl, j_end, warp, span, &cls_l);
     }
     fjk_cp_async_commit();
   }
@@ -196,7 +230,7 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
     if (!SKIP) {
       if (jl < j_end) {
         fjd_load_stage(p, c, s_w, st_load, jl, warp, true);
-        jl = fjd_next(p, c, jl, j_end, warp, &cls_l);
+        jl = fjd_next(p, c, jl, j_end, warp, span, &cls_l);
       }
       fjk_cp_async_commit();
       fjk_cp_async_wait<FJ_NUM_STAGES - 1>();
@@ -250,13 +284,22 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
           v = fj_score_mod(p.user, c.z, v * p.scale, c.b, rh[mt][hh], rt[mt][hh], ki) *
               FJD_LOG2E;
 #endif
-          bool keep = ki < c.Lk;
-#if FJ_HAS_MASK
-          if (cls_c == FJ_TILE_PARTIAL)
-            keep &= fj_mask(p.user, c.z, c.b, rh[mt][hh], rt[mt][hh], ki);
-#endif
-          s[mt][nt][e] = keep ? v : fj_neg_inf();
+          s[mt][nt][e] = ki < c.Lk ? v : fj_neg_inf();
         }
+#if FJ_HAS_MASK
+    if (cls_c == FJ_TILE_PARTIAL) {  // one branch a slice, not one an element
+#pragma unroll
+      for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int hh = e >> 1, ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
+            if (!fj_mask(p.user, c.z, c.b, rh[mt][hh], rt[mt][hh], ki))
+              s[mt][nt][e] = fj_neg_inf();
+          }
+    }
+#endif
 
     // ---- the online softmax: rows g8 and g8 + 8 of each row tile ----
     float m_new[FJD_MT][2];
@@ -281,12 +324,12 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
       // V of a kept slice, then the next slice's K, each its own group.
       skip = __all_sync(0xffffffffu, skip);
       if (!skip) {
-        fjd_load_slice(p, c, sv, p.v, p.v_sb, p.v_sh, p.v_ss, kv0);
+        fjd_load_slice(c, fjd_slice_at(p, c, kv0), sv, p.v, p.v_sb, p.v_sh, p.v_ss);
         fjk_cp_async_commit();
       }
       if (jl < j_end) {
         fjd_load_stage(p, c, s_w, st_load, jl, warp, false);
-        jl = fjd_next(p, c, jl, j_end, warp, &cls_l);
+        jl = fjd_next(p, c, jl, j_end, warp, span, &cls_l);
       }
       fjk_cp_async_commit();
     }
@@ -346,7 +389,7 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
       }
     }
     __syncwarp();  // every lane is done with stage st before it is reloaded
-    jc = fjd_next(p, c, jc, j_end, warp, &cls_c);
+    jc = fjd_next(p, c, jc, j_end, warp, span, &cls_c);
   }
   fjk_cp_async_wait<0>();
 }
@@ -381,7 +424,13 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   const int nt = (c.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
   int lo = 0, hi = nt - 1;
 #if FJ_HAS_MASK
-  fjd_tile_range(p, c, nt, &lo, &hi);
+  // The same for every warp: the whole range FULL (decode under a causal
+  // mask) or EMPTY needs no walk over its tiles.
+  const int whole = c.Lk > 0 ? fjd_class(p, c, 0, c.Lk - 1) : FJ_TILE_EMPTY;
+  if (whole == FJ_TILE_EMPTY)
+    hi = -1;
+  else if (whole == FJ_TILE_PARTIAL)
+    fjd_tile_range(p, c, nt, &lo, &hi);
 #endif
   const int n = max(hi - lo + 1, 0);
   const int j_begin = lo + (int)((long long)n * split / p.num_splits);
