@@ -70,15 +70,31 @@ fj_merge_states_kernel(const __grid_constant__ fj_merge_params p) {
   const bool none = m == fj_neg_inf();
   const long long op0 = b * p.op_sb + h * p.op_sh + l * p.op_sl;
   unsigned short *o = (unsigned short *)p.o + b * p.o_sb + h * p.o_sh + l * p.o_sl;
-  for (int d = lane; d < p.D; d += 32) {
-    float acc = 0.f;
-    if (!none)
-      for (int i = 0; i < p.N; ++i) {
+  // A lane takes 4 consecutive elements (D is a multiple of 8), and the
+  // segments FJM_UNROLL at a time: their loads are independent, so that
+  // many are in flight, not one segment's latency after another's.
+  constexpr int FJM_UNROLL = 8;
+  for (int d = 4 * lane; d < p.D; d += 128) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i0 = 0; !none && i0 < p.N; i0 += FJM_UNROLL) {
+      float w[FJM_UNROLL], x[FJM_UNROLL][4];
+#pragma unroll
+      for (int u = 0; u < FJM_UNROLL; ++u) {
+        const int i = min(i0 + u, p.N - 1);
         const float li = p.lse_parts[lp0 + i * p.lp_sn];
-        if (li == fj_neg_inf()) continue;
-        acc += __expf(li - m) * fjm_load(p.o_parts, op0 + i * p.op_sn + d, p.in_dtype);
+        // A segment past N or without keys adds nothing (its o may be
+        // anything: 0 times NaN would still be NaN).
+        w[u] = i0 + u >= p.N || li == fj_neg_inf() ? -1.f : __expf(li - m);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[u][e] = fjm_load(p.o_parts, op0 + i * p.op_sn + d + e, p.in_dtype);
       }
-    o[d] = fjm_round(none ? 0.f : acc / sum, p.out_dtype);
+#pragma unroll
+      for (int u = 0; u < FJM_UNROLL; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] = w[u] < 0.f ? acc[e] : fmaf(w[u], x[u][e], acc[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[d + e] = fjm_round(none ? 0.f : acc[e] / sum, p.out_dtype);
   }
   if (lane == 0 && p.lse != nullptr)
     p.lse[b * p.l_sb + h * p.l_sh + l * p.l_sl] = none ? fj_neg_inf() : m + __logf(sum);
