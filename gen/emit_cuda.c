@@ -131,7 +131,10 @@ static void put_int(fjg_buf *out, int32_t v) {
     fjg_buf_printf(out, "%d", (int)v);
 }
 
-static const char *const input_names[] = {"score", "b", "h", "q", "kv"};
+/* q and kv as the spec sees them: positions in the whole sequence (the
+ * offsets are 0 but for context parallel shards). */
+static const char *const input_names[] = {"score", "b", "h", "(q + z.q_off)",
+                                          "(kv + z.kv_off)"};
 static const char *const size_names[] = {"z.B", "z.Hq", "z.Hkv", "z.Lq",
                                          "z.Lk"};
 
@@ -443,9 +446,9 @@ static void put_iv_leaf(emitter *e, const fjg_node *n) {
   if (n->op == FJG_OP_LOAD) {
     fjg_buf_printf(out, "fj_iv_full()");
   } else if (n->op == FJG_OP_INPUT && n->arg == FJG_IN_Q) {
-    fjg_buf_printf(out, "fj_iv_make(q0, q1)");
+    fjg_buf_printf(out, "fj_iv_make(q0 + (long long)z.q_off, q1 + (long long)z.q_off)");
   } else if (n->op == FJG_OP_INPUT && n->arg == FJG_IN_KV) {
-    fjg_buf_printf(out, "fj_iv_make(kv0, kv1)");
+    fjg_buf_printf(out, "fj_iv_make(kv0 + (long long)z.kv_off, kv1 + (long long)z.kv_off)");
   } else {
     fjg_buf_printf(out, "fj_iv_make(");
     put_leaf(out, e->g, n);

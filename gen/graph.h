@@ -243,6 +243,10 @@ fj_status fjg_serialize(const fjg_graph *g, fjg_buf *out);
 
 typedef struct fjg_env {
   int32_t sizes[FJG_NUM_SIZES];
+  /* Added to the q and kv inputs: the positions of the tensors' first rows
+   * in the whole sequence (context parallel shards); 0 otherwise. With
+   * sizes, laid out as the kernels' struct fj_sizes. */
+  int32_t q_off, kv_off;
   /* Indexed by argument index: */
   const int32_t *param_i32; /* value of i32 params */
   const float *param_f32;   /* value of f32 params */

@@ -178,8 +178,14 @@ static fj_iv leaf_iv(const fjg_node *n, const tile *t) {
     switch (n->arg) {
     case FJG_IN_B: return point(t->b);
     case FJG_IN_H: return point(t->h);
-    case FJG_IN_Q: return fj_iv_make(t->q0, t->q1);
-    case FJG_IN_KV: return fj_iv_make(t->kv0, t->kv1);
+    case FJG_IN_Q: {
+      const long long off = env ? env->q_off : 0;
+      return fj_iv_make(t->q0 + off, t->q1 + off);
+    }
+    case FJG_IN_KV: {
+      const long long off = env ? env->kv_off : 0;
+      return fj_iv_make(t->kv0 + off, t->kv1 + off);
+    }
     default: return fj_iv_full();
     }
   default: return fj_iv_full(); /* LOAD: a runtime value */

@@ -409,8 +409,8 @@ static void grad_run(const ref_job *j, fjg_value *vals, float score, int b,
   const grad_prog *gp = j->gp;
   fjg_value in[FJG_NUM_INPUTS];
   in[FJG_IN_SCORE].f = score;
-  in[FJG_IN_B].i = b, in[FJG_IN_H].i = h, in[FJG_IN_Q].i = q;
-  in[FJG_IN_KV].i = kv;
+  in[FJG_IN_B].i = b, in[FJG_IN_H].i = h, in[FJG_IN_Q].i = q + j->env.q_off;
+  in[FJG_IN_KV].i = kv + j->env.kv_off;
   for (int k = 0; k < gp->count; k++) {
     const grad_step *n = &gp->steps[k];
     fjg_value v;

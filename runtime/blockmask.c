@@ -30,9 +30,9 @@
 
 /* The forward parameter's block-mask fields follow scale_log2 directly, on
  * the host as on the device (templates/common/fj_fwd.cuh). */
-_Static_assert(offsetof(fjr_fwd_params_fixed, bm_kv_num) == 184,
+_Static_assert(offsetof(fjr_fwd_params_fixed, bm_kv_num) == 192,
                "fj_fwd_params: block-mask fields moved");
-_Static_assert(sizeof(fjr_fwd_params_fixed) == 312,
+_Static_assert(sizeof(fjr_fwd_params_fixed) == 320,
                "fj_fwd_params: fixed part changed size");
 
 /* Host mirror of struct fj_bm_params (gen/emit_blockmask.c) up to `user`,
@@ -198,7 +198,7 @@ static fj_status launch_builder(fj_block_mask *m, const fj_arg *args,
   bm_params_fixed *p = (bm_params_fixed *)pbuf;
   p->cls = m->cls;
   for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++) p->arrays[i] = m->arrays[i];
-  p->sz = (fjr_sizes){m->B, m->H, m->H, m->q_len, m->kv_len};
+  p->sz = (fjr_sizes){m->B, m->H, m->H, m->q_len, m->kv_len, 0, 0};
   p->H = m->H, p->block_q = m->block_q, p->block_kv = m->block_kv;
   p->nq = m->nq, p->nkv = m->nkv;
 

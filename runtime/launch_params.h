@@ -14,6 +14,7 @@
 
 typedef struct fjr_sizes {
   int32_t B, Hq, Hkv, Lq, Lk;
+  int32_t q_off, kv_off;
 } fjr_sizes;
 
 typedef struct fjr_fwd_params_fixed {
@@ -97,26 +98,26 @@ _Static_assert(offsetof(fjr_bwd_params_fixed, lse) == 40, "fjr_bwd_params_fixed 
 _Static_assert(offsetof(fjr_bwd_params_fixed, q_sb) == 96, "fjr_bwd_params_fixed layout");
 _Static_assert(offsetof(fjr_bwd_params_fixed, dlse_sh) == 312, "fjr_bwd_params_fixed layout");
 _Static_assert(offsetof(fjr_bwd_params_fixed, sz) == 320, "fjr_bwd_params_fixed layout");
-_Static_assert(offsetof(fjr_bwd_params_fixed, scale_log2) == 348,
+_Static_assert(offsetof(fjr_bwd_params_fixed, scale_log2) == 356,
                "fjr_bwd_params_fixed layout");
-_Static_assert(offsetof(fjr_bwd_params_fixed, bm_q_num) == 352,
+_Static_assert(offsetof(fjr_bwd_params_fixed, bm_q_num) == 360,
                "fjr_bwd_params_fixed layout");
-_Static_assert(offsetof(fjr_bwd_params_fixed, bm_kv_ratio) == 400,
+_Static_assert(offsetof(fjr_bwd_params_fixed, bm_kv_ratio) == 408,
                "fjr_bwd_params_fixed layout");
-_Static_assert(offsetof(fjr_bwd_params_fixed, dq_sem) == 408,
+_Static_assert(offsetof(fjr_bwd_params_fixed, dq_sem) == 416,
                "fjr_bwd_params_fixed layout");
-_Static_assert(offsetof(fjr_bwd_params_fixed, bm_qb_stride) == 448,
+_Static_assert(offsetof(fjr_bwd_params_fixed, bm_qb_stride) == 456,
                "fjr_bwd_params_fixed layout");
-_Static_assert(offsetof(fjr_bwd_params_fixed, bm_nkv) == 456,
+_Static_assert(offsetof(fjr_bwd_params_fixed, bm_nkv) == 464,
                "fjr_bwd_params_fixed layout");
-_Static_assert(offsetof(fjr_bwd_params_fixed, cu_seqlens_q) == 464,
+_Static_assert(offsetof(fjr_bwd_params_fixed, cu_seqlens_q) == 472,
                "fjr_bwd_params_fixed layout");
-_Static_assert(offsetof(fjr_bwd_params_fixed, acc_sh) == 480,
+_Static_assert(offsetof(fjr_bwd_params_fixed, acc_sh) == 488,
                "fjr_bwd_params_fixed layout");
 
 /* Offset of `user` in the device struct: its first member is a long long. */
 #define FJR_BWD_USER_OFFSET \
   ((sizeof(fjr_bwd_params_fixed) + 7u) & ~(size_t)7u)
-_Static_assert(FJR_BWD_USER_OFFSET == 488, "fjr_bwd_params_fixed layout");
+_Static_assert(FJR_BWD_USER_OFFSET == 496, "fjr_bwd_params_fixed layout");
 
 #endif /* FJR_LAUNCH_PARAMS_H */

@@ -130,13 +130,13 @@ struct fj_bwd_params {
   fj_user_grads grads;
 };
 
-// NVRTC has no offsetof: the size pins the fixed part at 488 bytes (`user`,
+// NVRTC has no offsetof: the size pins the fixed part at 496 bytes (`user`,
 // whose first member is a long long, follows without padding), the offset
 // runtime/launch_params.h asserts with offsetof for the host mirror, field
 // by field.
 static_assert(sizeof(fj_bwd_params) ==
-                  488 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
-              "fj_bwd_params: the fixed part is 488 bytes, as fjr_bwd_params_fixed");
+                  496 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
+              "fj_bwd_params: the fixed part is 496 bytes, as fjr_bwd_params_fixed");
 
 // A packed sequence's scratch rows start at a multiple of this many rows,
 // with a tile of it free before the next sequence's (gen/config.h's

@@ -29,8 +29,12 @@
 
 typedef unsigned short fj_u16;
 
+// The problem's sizes, and the positions of q's and k's first rows in the
+// whole sequence (context parallel shards; 0 otherwise), which the spec's
+// hooks add to the row indices they are given.
 struct fj_sizes {
   int B, Hq, Hkv, Lq, Lk;
+  int q_off, kv_off;
 };
 
 enum { FJ_TILE_EMPTY = 0, FJ_TILE_PARTIAL = 1, FJ_TILE_FULL = 2 };

@@ -463,6 +463,11 @@ static void world_init(world *w, const fjg_graph *g, rng *r, int lq, int lk,
   w->env.sizes[FJG_SZ_HKV] = H;
   w->env.sizes[FJG_SZ_LQ] = lq;
   w->env.sizes[FJG_SZ_LK] = lk;
+  /* Context parallel offsets, half the time: the hooks see q + q_off and
+   * kv + kv_off (fj_sizes' q_off, kv_off), the CPU too. */
+  const int shard = between(r, 0, 1);
+  w->env.q_off = shard ? between(r, 0, 4096) : 0;
+  w->env.kv_off = shard ? between(r, 0, 4096) : 0;
 }
 
 /* ---- the run ---- */

@@ -5,7 +5,7 @@ struct fj_user_params {
 
 __device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,
     int b, int h, int q, int kv) {
-  const bool t0 = q >= kv;
+  const bool t0 = (q + z.q_off) >= (kv + z.kv_off);
   return t0;
 }
 
@@ -17,7 +17,7 @@ __device__ __forceinline__ float fj_score_mod(const fj_user_params &u,
   const float t3 = (float)z.Hq;
   const float t4 = t2 / t3;
   const float t5 = exp2f(t4);
-  const int t6 = (int)((unsigned)q - (unsigned)kv);
+  const int t6 = (int)((unsigned)(q + z.q_off) - (unsigned)(kv + z.kv_off));
   const float t7 = (float)t6;
   const float t8 = t5 * t7;
   const float t9 = score - t8;
@@ -26,8 +26,8 @@ __device__ __forceinline__ float fj_score_mod(const fj_user_params &u,
 
 __device__ __forceinline__ int fj_tile_class(const fj_user_params &u,
     const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {
-  const fj_iv v0 = fj_iv_make(kv0, kv1);
-  const fj_iv v1 = fj_iv_make(q0, q1);
+  const fj_iv v0 = fj_iv_make(kv0 + (long long)z.kv_off, kv1 + (long long)z.kv_off);
+  const fj_iv v1 = fj_iv_make(q0 + (long long)z.q_off, q1 + (long long)z.q_off);
   const fj_iv v2 = fj_iv_ge(v1, v0);
   return fj_iv_tile_class(v2);
 }

@@ -7,10 +7,10 @@ struct fj_user_params {
 
 __device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,
     int b, int h, int q, int kv) {
-  const int t0 = fj_load_i32(u.a_doc_id, u.n_doc_id, kv);
-  const int t1 = fj_load_i32(u.a_doc_id, u.n_doc_id, q);
+  const int t0 = fj_load_i32(u.a_doc_id, u.n_doc_id, (kv + z.kv_off));
+  const int t1 = fj_load_i32(u.a_doc_id, u.n_doc_id, (q + z.q_off));
   const bool t2 = t1 == t0;
-  const bool t3 = q >= kv;
+  const bool t3 = (q + z.q_off) >= (kv + z.kv_off);
   const bool t4 = t2 && t3;
   return t4;
 }
@@ -22,9 +22,9 @@ __device__ __forceinline__ float fj_score_mod(const fj_user_params &u,
 
 __device__ __forceinline__ int fj_tile_class(const fj_user_params &u,
     const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {
-  const fj_iv v0 = fj_iv_make(kv0, kv1);
+  const fj_iv v0 = fj_iv_make(kv0 + (long long)z.kv_off, kv1 + (long long)z.kv_off);
   const fj_iv v1 = fj_iv_full();
-  const fj_iv v2 = fj_iv_make(q0, q1);
+  const fj_iv v2 = fj_iv_make(q0 + (long long)z.q_off, q1 + (long long)z.q_off);
   const fj_iv v3 = fj_iv_full();
   const fj_iv v4 = fj_iv_eq(v3, v1);
   const fj_iv v5 = fj_iv_ge(v2, v0);

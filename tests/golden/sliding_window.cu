@@ -6,9 +6,9 @@ struct fj_user_params {
 
 __device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,
     int b, int h, int q, int kv) {
-  const int t0 = (int)((unsigned)q - (unsigned)kv);
+  const int t0 = (int)((unsigned)(q + z.q_off) - (unsigned)(kv + z.kv_off));
   const bool t1 = t0 < u.a_window;
-  const bool t2 = q >= kv;
+  const bool t2 = (q + z.q_off) >= (kv + z.kv_off);
   const bool t3 = t2 && t1;
   return t3;
 }
@@ -21,8 +21,8 @@ __device__ __forceinline__ float fj_score_mod(const fj_user_params &u,
 __device__ __forceinline__ int fj_tile_class(const fj_user_params &u,
     const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {
   const fj_iv v0 = fj_iv_make(u.a_window, u.a_window);
-  const fj_iv v1 = fj_iv_make(kv0, kv1);
-  const fj_iv v2 = fj_iv_make(q0, q1);
+  const fj_iv v1 = fj_iv_make(kv0 + (long long)z.kv_off, kv1 + (long long)z.kv_off);
+  const fj_iv v2 = fj_iv_make(q0 + (long long)z.q_off, q1 + (long long)z.q_off);
   const fj_iv v3 = fj_iv_sub(v2, v1);
   const fj_iv v4 = fj_iv_lt(v3, v0);
   const fj_iv v5 = fj_iv_ge(v2, v1);

@@ -15,7 +15,7 @@ __device__ __forceinline__ float fj_score_mod(const fj_user_params &u,
     const fj_sizes &z, float score, int b, int h, int q, int kv) {
   const float t0 = score / u.a_cap;
   const float t1 = fj_tanh_f32(t0);
-  const int t2 = (int)((unsigned)q - (unsigned)kv);
+  const int t2 = (int)((unsigned)(q + z.q_off) - (unsigned)(kv + z.kv_off));
   const int t3 = t2 < 0 ? (int)(0u - (unsigned)t2) : t2;
   const int t4 = fj_mod_i32(t3, 32);
   const float t5 = fj_load_f32(u.a_rel_bias, u.n_rel_bias, t4);

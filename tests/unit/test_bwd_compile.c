@@ -258,14 +258,14 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
     assert_non_null(strstr(ptx, ".global.add")); /* dq_accum's atomics */
     if (strcmp(arch, "sm_90a") == 0) assert_non_null(strstr(ptx, "red.global.add.v2.f32"));
   }
-  /* cu_seqlens_q (fj_bwd_params at byte 464) is read by the packed-batch
+  /* cu_seqlens_q (fj_bwd_params at byte 472) is read by the packed-batch
    * variant's kernels and by no kernel of the others. */
   if (varlen) {
-    assert_non_null(strstr(ptx, "fj_attention_bwd_param_0+464]"));
-    assert_non_null(strstr(ptx, "fj_attention_bwd_pre_param_0+464]"));
-    assert_non_null(strstr(ptx, "fj_attention_bwd_post_param_0+464]"));
+    assert_non_null(strstr(ptx, "fj_attention_bwd_param_0+472]"));
+    assert_non_null(strstr(ptx, "fj_attention_bwd_pre_param_0+472]"));
+    assert_non_null(strstr(ptx, "fj_attention_bwd_post_param_0+472]"));
   } else {
-    assert_null(strstr(ptx, "_param_0+464]"));
+    assert_null(strstr(ptx, "_param_0+472]"));
   }
   /* The ordered dQ of common/bwd_order.cuh, only in the deterministic unit:
    * the rank's counting barrier, the poll, the release. */

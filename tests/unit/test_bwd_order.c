@@ -317,7 +317,7 @@ static long run_shape(check_fn check, const fjg_graph *g, const fjg_config *c, c
   int32_t *arrays[8] = {0};
   const int bq = s->bm * c->block_m, bk = s->bm * c->block_n;
   if (s->bm) {
-    fjg_env env = {{0}, i32s, f32s, data, lens};
+    fjg_env env = {{0}, 0, 0, i32s, f32s, data, lens};
     assert_int_equal(
         fjg_block_mask_cpu_build(g, &env, s->bm_B, s->bm_H, s->Lq, s->Lk, bq, bk, &m),
         FJ_OK);

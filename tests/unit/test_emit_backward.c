@@ -480,7 +480,7 @@ static int check_graph(void *lib, int i, fjg_graph *g) {
   assert_true(fjg_user_grads_size(g) <= sizeof grads);
   fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
   fjg_user_grads_pack(g, gptrs, grads);
-  fjg_env env = {{2, 4, 2, 40, 40}, i32s, f32s, data, lens};
+  fjg_env env = {{2, 4, 2, 40, 40}, 0, 0, i32s, f32s, data, lens};
   const fjg_derivative *d = fjg_graph_derivative(g);
   int checked = 0;
   for (int t = 0; t < 60; t++) {

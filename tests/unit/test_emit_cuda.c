@@ -523,7 +523,10 @@ static void check_graph(void *lib, int i, fjg_graph *g) {
   assert_true(fjg_user_params_size(g) <= sizeof params);
   fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
   const void *data[8] = {0, docs, 0, 0, fvals};
-  fjg_env env = {{2, 8, 2, range(1, 200), range(1, 200)}, i32s, f32s, data, lens};
+  fjg_env env = {{2, 8, 2, range(1, 200), range(1, 200)}, 0, 0, i32s, f32s, data, lens};
+  /* Context parallel offsets on every other graph: q and kv as the spec
+   * sees them, in the emitted hooks (fj_sizes' q_off, kv_off) and on the CPU. */
+  if (i % 2) env.q_off = range(0, 5000), env.kv_off = range(0, 5000);
   fjg_evaluator ev;
   assert_int_equal(fjg_evaluator_init(&ev, g, &env), FJ_OK);
   for (int t = 0; t < 300; t++) {
@@ -664,7 +667,7 @@ static void test_i32_edges(void **state) {
         int32_t p[3] = {vals[a], vals[b], lua_i32(ops[i], vals[a], vals[b])};
         unsigned char params[64];
         fjg_user_params_pack(graphs[i], p, NULL, NULL, NULL, params);
-        fjg_env env = {{1, 1, 1, 1, 1}, p, NULL, NULL, NULL};
+        fjg_env env = {{1, 1, 1, 1, 1}, 0, 0, p, NULL, NULL, NULL};
         assert_int_equal(fjg_evaluator_init(&ev, graphs[i], &env), FJ_OK);
         if (fjg_eval_mask3(&ev, 0, 0, 0, 0) != FJG_ALLOWED ||
             !mask(params, sizes, 0, 0, 0, 0))

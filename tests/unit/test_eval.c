@@ -43,7 +43,7 @@ static fjg_graph *i32_op_equals(fjg_op op) {
 
 static int i32_is(fjg_graph *g, int32_t x, int32_t y, int32_t want) {
   int32_t p[3] = {x, y, want};
-  fjg_env env = {{0}, p, NULL, NULL, NULL};
+  fjg_env env = {{0}, 0, 0, p, NULL, NULL, NULL};
   return fjg_eval_mask(g, &env, 0, 0, 0, 0);
 }
 
@@ -100,7 +100,7 @@ static void test_float_floor_div_mod_match_lua(void **state) {
     for (int j = 0; j < n; j++) {
       if (vals[j] == 0.0f) continue;
       float p[2] = {vals[i], vals[j]};
-      fjg_env env = {{0}, NULL, p, NULL, NULL};
+      fjg_env env = {{0}, 0, 0, NULL, p, NULL, NULL};
       const char *ops[] = {"//", "%", "/"};
       fjg_graph *gs[] = {gd, gm, gq};
       for (int k = 0; k < 3; k++) {
@@ -160,7 +160,7 @@ static void test_loads_and_masks(void **state) {
   float biases[] = {0.5f, -1.0f, 2.0f};
   const void *data[] = {docs, biases};
   int64_t lens[] = {5, 3};
-  fjg_env env = {{1, 1, 1, 5, 5}, NULL, NULL, data, lens};
+  fjg_env env = {{1, 1, 1, 5, 5}, 0, 0, NULL, NULL, data, lens};
   assert_int_equal(fjg_eval_mask(g, &env, 0, 0, 1, 0), 1);
   assert_int_equal(fjg_eval_mask(g, &env, 0, 0, 2, 1), 0);
   assert_int_equal(fjg_eval_mask(g, &env, 0, 0, 4, 2), 1);
@@ -345,7 +345,7 @@ static void test_speed(void **state) {
                      fjg_binary(g, FJG_OP_LT, fjg_binary(g, FJG_OP_SUB, q, kv), w));
   fjg_set_mask_root(g, m);
   int32_t window = 256;
-  fjg_env env = {{1, 1, 1, 4096, 4096}, &window, NULL, NULL, NULL};
+  fjg_env env = {{1, 1, 1, 4096, 4096}, 0, 0, &window, NULL, NULL, NULL};
   fjg_evaluator e;
   assert_int_equal(fjg_evaluator_init(&e, g, &env), FJ_OK);
   clock_t t0 = clock();

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "09d1c468bca57e3b15ab4f40357b737f"
+#define PINNED_SOURCE_KEY "0826368f5c4abc9176f604ac59407a9d"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
