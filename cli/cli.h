@@ -100,6 +100,8 @@ typedef struct run_config {
   const char *varlen_text; /* --varlen as typed, for messages */
   /* --skip-softmax: fj_forward_args.skip_softmax_threshold (0: exact). */
   double skip_softmax;
+  /* --q-offset, --kv-offset: fj_forward_args.q_offset, kv_offset. */
+  int q_offset, kv_offset;
 } run_config;
 
 /* run_config.seqlens_k: each sequence's kv length drawn in [1, Lk]. */

@@ -161,12 +161,14 @@ static int bind_buffer(run_state *s, int a, const fjg_arg *decl,
 static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt);
 
 /* A buffer the command line does not give is generated, so that every
- * example runs as it is: max(Lq, Lk) values, i32 ones as document ids (runs
+ * example runs as it is: max(Lq + q offset, Lk + kv offset) values (one a
+ * position of the whole sequence), i32 ones as document ids (runs
  * of Lmax/16 .. Lmax/2 positions, as in the benchmarks), f32 ones standard
  * normal. It says so unless --quiet. */
 static int generate_buffer(run_state *s, int a, const fjg_arg *decl) {
   const run_config *c = s->c;
-  size_t n = (size_t)(c->Lq > c->Lk ? c->Lq : c->Lk);
+  const size_t nq = (size_t)c->Lq + (size_t)c->q_offset, nk = (size_t)c->Lk + (size_t)c->kv_offset;
+  size_t n = nq > nk ? nq : nk;
   float *data = malloc(n * sizeof(float)); /* 4 bytes: int32 or float */
   if (!data) {
     cli_error("run", "out of host memory for buffer '%s'", decl->name);
@@ -239,6 +241,7 @@ static int bind_values(run_state *s) {
   s->env.param_f32 = s->pf;
   s->env.buffer_data = s->bdata;
   s->env.buffer_len = s->blen;
+  s->env.q_off = c->q_offset, s->env.kv_off = c->kv_offset; /* the reference's too */
   return -1;
 }
 
@@ -543,6 +546,7 @@ static int launch(run_state *s) {
   a.cu_seqlens_k = s->d_cu_k.ptr ? &s->d_cu_k.t : NULL;
   if (s->L.varlen) a.max_seqlen_q = s->L.max_q, a.max_seqlen_k = s->L.max_k;
   a.skip_softmax_threshold = (float)s->c->skip_softmax;
+  a.q_offset = s->c->q_offset, a.kv_offset = s->c->kv_offset;
   if (fj_attention_forward(s->ctx, s->spec, &a) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
     return 0;
@@ -617,7 +621,7 @@ static int report_kernel(run_state *s) {
 static int build_block_mask(run_state *s) {
   const run_config *c = s->c;
   int root = fjg_mask_root(s->g);
-  if (c->block_mask == CLI_BM_OFF || root < 0 || s->serving ||
+  if (c->block_mask == CLI_BM_OFF || root < 0 || s->serving || c->q_offset || c->kv_offset ||
       (c->block_mask == CLI_BM_AUTO && fjg_mask_is_index_only(s->g)))
     return 1;
   unsigned deps = fjg_input_deps(s->g, root);
@@ -920,6 +924,7 @@ static int bwd_launch(run_state *s) {
   a.cu_seqlens_q = s->d_cu_q.ptr ? &s->d_cu_q.t : NULL;
   a.cu_seqlens_k = s->d_cu_k.ptr ? &s->d_cu_k.t : NULL;
   if (s->L.varlen) a.max_seqlen_q = s->L.max_q, a.max_seqlen_k = s->L.max_k;
+  a.q_offset = s->c->q_offset, a.kv_offset = s->c->kv_offset;
   if (fj_attention_backward(s->ctx, s->spec, &a) != FJ_OK) {
     cli_error("run", "backward: %s", fj_context_last_error(s->ctx));
     return 0;
@@ -1154,6 +1159,9 @@ static void print_header(const run_state *s) {
     printf("seqlens_k %d to %d\n", lo, hi);
   }
   if (c->skip_softmax > 0) printf("skip softmax threshold %g\n", c->skip_softmax);
+  if (c->q_offset || c->kv_offset)
+    printf("offsets q %d, kv %d (the spec sees positions of the whole sequence)\n",
+           c->q_offset, c->kv_offset);
 }
 
 static int run_on_device(run_state *s) {

@@ -55,6 +55,12 @@ static const char run_usage[] =
     "                      keys (Lk >= Lq). q and o are [B*Lq, Hq, D], k and v\n"
     "                      [total_k, Hkv, D] (or pools with --page-size), lse\n"
     "                      [Hq, B*Lq]; --inputs and --dump use these shapes\n"
+    "  --q-offset N, --kv-offset N\n"
+    "                      positions of q's and k's first rows in a whole\n"
+    "                      sequence (a context parallel shard): the spec\n"
+    "                      sees q + N and kv + N (docs/context_parallel.md);\n"
+    "                      not with --varlen, a block mask or a spec that\n"
+    "                      reads Lq or Lk\n"
     "  --skip-softmax T    Skip Softmax threshold, 0 <= T < 1 (0: exact).\n"
     "                      --check then reports the error against exact\n"
     "                      attention (float64) and fails only on NaN/Inf or\n"
@@ -269,6 +275,8 @@ static int value_opt(run_config *c, const char *name, const char *v) {
     return CLI_USAGE;
   }
   if (!strcmp(name, "--varlen")) return varlen_opt(c, v);
+  if (!strcmp(name, "--q-offset")) return int_opt(name, v, 0, 1L << 30, &c->q_offset);
+  if (!strcmp(name, "--kv-offset")) return int_opt(name, v, 0, 1L << 30, &c->kv_offset);
   if (!strcmp(name, "--skip-softmax")) {
     if (cli_parse_float(v, &c->skip_softmax) == 0 && c->skip_softmax >= 0 &&
         c->skip_softmax < 1)
@@ -298,7 +306,7 @@ static const char *const value_opts[] = {
     "--buffer", "--inputs", "--dump",     "--iters",  "--warmup",
     "--warmup-ms", "--rep-ms", "--seed",  "--arch",   "--cache-dir",
     "--block-mask", "--pack", "--page-size", "--seqlens-k", "--varlen",
-    "--skip-softmax", NULL};
+    "--skip-softmax", "--q-offset", "--kv-offset", NULL};
 
 /* -1 to go on, else an exit status. */
 static int parse_one(int argc, char **argv, int *i, run_config *c) {
@@ -349,6 +357,12 @@ static int check_serving(run_config *c) {
               "takes the contiguous layout or --varlen)",
               c->page_size ? "--page-size" : c->seqlens_k ? "--seqlens-k" : "--skip-softmax",
               c->page_size ? "paged KV" : c->seqlens_k ? "seqlens_k" : "Skip Softmax");
+    return CLI_USAGE;
+  }
+  if ((c->q_offset || c->kv_offset) && (c->varlen_n || c->block_mask == CLI_BM_ON)) {
+    cli_error("run", "--q-offset/--kv-offset with %s: offsets apply to [B, H, L, D] "
+              "shards without a block mask (docs/context_parallel.md)",
+              c->varlen_n ? "--varlen" : "--block-mask on");
     return CLI_USAGE;
   }
   if (serving && c->block_mask == CLI_BM_ON) {

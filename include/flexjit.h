@@ -300,6 +300,15 @@ typedef struct fj_forward_args {
    * skipped probability is below lambda times the row's largest so far.
    * Approximate; launches with it run kernel variants of their own. */
   float skip_softmax_threshold;
+  /* Context parallel shards (docs/context_parallel.md): the positions of
+   * q's and k's first rows in the whole sequence. mask_mod and score_mod
+   * see q + q_offset and kv + kv_offset, so a shard of a causal, sliding-
+   * window or document mask is masked as in the whole; buffers they index
+   * by position cover the whole sequence. Both >= 0, and offset + length
+   * below 2^31. Not with a block mask, packed batches (cu_seqlens) or a
+   * spec that reads the lengths Lq, Lk (bottom-right alignment): those are
+   * refused. 0 (the default): positions from 0. */
+  int64_t q_offset, kv_offset;
 } fj_forward_args;
 
 fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
@@ -410,6 +419,11 @@ typedef struct fj_backward_args {
    * block mask. NULL: off. */
   const DLTensor *cu_seqlens_q, *cu_seqlens_k;
   int max_seqlen_q, max_seqlen_k;
+  /* The positions of q's and k's first rows in the whole sequence, as the
+   * forward took them (fj_forward_args.q_offset). With a shard's partial
+   * forward, o and lse may be the whole attention's (merged over every kv
+   * shard): the gradients are then this (q, kv) pair's part of the whole. */
+  int64_t q_offset, kv_offset;
 } fj_backward_args;
 
 fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,

@@ -227,7 +227,7 @@ fj_status fjr_backward_check(fj_context *ctx, const fj_backward_args *a, fj_dtyp
   float scale = a->scale;
   if (scale == 0.0f) scale = 1.0f / sqrtf((float)D);
   if (!isfinite(scale)) return fjr_fail(ctx, FJ_EINVAL, "scale must be finite");
-  p->sz = (fjr_sizes){(int32_t)B, (int32_t)Hq, (int32_t)Hkv, (int32_t)Lq, (int32_t)Lk};
+  p->sz = (fjr_sizes){(int32_t)B, (int32_t)Hq, (int32_t)Hkv, (int32_t)Lq, (int32_t)Lk, 0, 0};
   p->kv_group = (int32_t)(Hq / Hkv);
   p->scale = scale;
   p->scale_log2 = scale * 1.4426950408889634f;
@@ -325,6 +325,9 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   fj_status st = fjr_backward_check(ctx, args, &dtype, p);
   if (st != FJ_OK) return st;
   const int packed = p->cu_seqlens_q != 0;
+  if ((st = fjr_offsets_bind(ctx, spec->graph, args->q_offset, args->kv_offset, packed,
+                             args->block_mask != NULL, &p->sz)) != FJ_OK)
+    return st;
   if ((st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
                           pbuf + FJR_BWD_USER_OFFSET)) != FJ_OK ||
       (st = bind_grads(ctx, spec, args->args, args->num_args, pbuf + grads_at)) != FJ_OK)

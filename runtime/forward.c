@@ -372,7 +372,7 @@ fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *a, fj_dtype 
     p->v_sb = vs[0], p->v_sh = vs[1], p->v_ss = vs[2];
   }
   p->lse_sb = ls[0], p->lse_sh = ls[1];
-  p->sz = (fjr_sizes){(int32_t)B, (int32_t)Hq, (int32_t)Hkv, (int32_t)Lq, (int32_t)Lk};
+  p->sz = (fjr_sizes){(int32_t)B, (int32_t)Hq, (int32_t)Hkv, (int32_t)Lq, (int32_t)Lk, 0, 0};
   p->kv_group = (int32_t)(Hq / Hkv);
   p->scale = scale;
   p->scale_log2 = scale * 1.4426950408889634f;
@@ -422,6 +422,9 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   fjr_fwd_params_fixed *p = (fjr_fwd_params_fixed *)pbuf;
   fj_dtype dtype = FJ_DTYPE_BF16;
   fj_status st = fjr_forward_check(ctx, args, &dtype, p);
+  if (st != FJ_OK) return st;
+  st = fjr_offsets_bind(ctx, spec->graph, args->q_offset, args->kv_offset,
+                        p->cu_seqlens_q != 0, args->block_mask != NULL, &p->sz);
   if (st != FJ_OK) return st;
   st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
                      pbuf + FJR_FWD_USER_OFFSET);

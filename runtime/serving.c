@@ -6,6 +6,7 @@
 
 #include <math.h>
 
+#include "gen/graph.h"
 #include "runtime/context_impl.h"
 #include "runtime/tensor.h"
 
@@ -129,5 +130,43 @@ fj_status fjr_serving_bind(fj_context *ctx, const fj_forward_args *a, const fjr_
   }
   const float t = a->skip_softmax_threshold;
   p->skip_log2 = t > 0.0f ? log2f(t) : 0.0f;
+  return FJ_OK;
+}
+
+/* Whether any node of g reads the size Lq or Lk. */
+static int reads_lengths(const fjg_graph *g) {
+  for (int i = 0; g && i < fjg_num_nodes(g); i++) {
+    const fjg_node *n = fjg_node_at(g, i);
+    if (n->op == FJG_OP_SIZE && (n->arg == FJG_SZ_LQ || n->arg == FJG_SZ_LK)) return 1;
+  }
+  return 0;
+}
+
+fj_status fjr_offsets_bind(fj_context *ctx, const fjg_graph *g, int64_t q_offset,
+                           int64_t kv_offset, int packed, int block_mask, fjr_sizes *sz) {
+  if (q_offset == 0 && kv_offset == 0) return FJ_OK;
+  if (q_offset < 0 || kv_offset < 0)
+    return fjr_fail(ctx, FJ_EINVAL, "q_offset (%lld) and kv_offset (%lld) must be >= 0",
+                    (long long)q_offset, (long long)kv_offset);
+  if (q_offset + sz->Lq > INT32_MAX || kv_offset + sz->Lk > INT32_MAX)
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "q_offset + q length and kv_offset + kv length must be below 2^31");
+  if (packed)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "q_offset and kv_offset are not supported with packed batches "
+                    "(cu_seqlens): each sequence's positions start at 0");
+  if (block_mask)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "q_offset and kv_offset are not supported with a block mask (it is built "
+                    "for positions from 0); without one the kernels classify tiles at the "
+                    "offset positions themselves");
+  if (reads_lengths(g))
+    return fjr_fail(ctx, FJ_EUNSUPPORTED,
+                    "this spec reads the lengths Lq or Lk (bottom-right alignment, a "
+                    "relative bias's default offset): with q_offset and kv_offset it would "
+                    "see a shard's lengths, not the whole sequence's; pass the whole "
+                    "lengths as params instead");
+  sz->q_off = (int32_t)q_offset;
+  sz->kv_off = (int32_t)kv_offset;
   return FJ_OK;
 }
