@@ -77,7 +77,8 @@ class ForwardArgs(Structure):
                 ("seqlens_k", c_void_p), ("block_table", c_void_p),
                 ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
                 ("max_seqlen_q", c_int), ("max_seqlen_k", c_int),
-                ("skip_softmax_threshold", c_float)]
+                ("skip_softmax_threshold", c_float),
+                ("q_offset", c_int64), ("kv_offset", c_int64)]
 
 
 class BackwardArgs(Structure):
@@ -89,7 +90,8 @@ class BackwardArgs(Structure):
                 ("workspace_bytes", c_size_t), ("deterministic", c_int),
                 ("stream", c_void_p), ("cu_seqlens_q", c_void_p),
                 ("cu_seqlens_k", c_void_p), ("max_seqlen_q", c_int),
-                ("max_seqlen_k", c_int)]
+                ("max_seqlen_k", c_int),
+                ("q_offset", c_int64), ("kv_offset", c_int64)]
 
 
 class MergeArgs(Structure):

@@ -222,7 +222,8 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, spec: int, scale: float,
                  seqlens_k: Optional[Tensor], block_table: Optional[Tensor],
                  cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                  max_seqlen_q: int, max_seqlen_k: int,
-                 skip_softmax_threshold: float) -> Tuple[Tensor, Tensor]:
+                 skip_softmax_threshold: float, q_offset: int,
+                 kv_offset: int) -> Tuple[Tensor, Tensor]:
     # The hot path: one flat key, two allocations, pointer writes, one call.
     dev = q.get_device()
     ctx = _runtime.context(dev if dev > 0 else 0)
@@ -261,6 +262,8 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, spec: int, scale: float,
         a.max_seqlen_q = max_seqlen_q
         a.max_seqlen_k = max_seqlen_k
         a.skip_softmax_threshold = skip_softmax_threshold
+        a.q_offset = q_offset
+        a.kv_offset = kv_offset
         a.scale = scale
         a.stream = stream
         a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[-2], k.shape[2]) \
@@ -308,7 +311,8 @@ def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
                   floats: List[float], buffers: List[Tensor], block_mask: List[Tensor],
                   block_size: List[int], cu_seqlens_q: Optional[Tensor],
                   cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-                  max_seqlen_k: int) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+                  max_seqlen_k: int, q_offset: int,
+                  kv_offset: int) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
     core = core_by_id(spec)
     ctx = _context(q)
     h = core.handle(ctx)
@@ -350,6 +354,8 @@ def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
             if block_mask else None
         a.max_seqlen_q = max_seqlen_q
         a.max_seqlen_k = max_seqlen_k
+        a.q_offset = q_offset
+        a.kv_offset = kv_offset
         a.workspace = ws.data_ptr()
         a.workspace_bytes = ws_bytes
         st = lib.fj_attention_backward(ctx.ptr, h, Lb.addr)
@@ -413,13 +419,14 @@ block_mask_op = torch.library.custom_op("flexjit::block_mask", mutates_args=())(
 @attention_fwd.register_fake
 def _(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size, seqlens_k,
       block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      skip_softmax_threshold):
+      skip_softmax_threshold, q_offset, kv_offset):
     return torch.empty_like(q), _lse_like(q)
 
 
 @attention_bwd.register_fake
 def _(dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, block_mask,
-      block_size, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+      block_size, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_offset,
+      kv_offset):
     core = core_by_id(spec)
     grads = [b.new_zeros((b.shape[0],), dtype=torch.float32)
              for b, tr in zip(buffers, core.trainable) if tr]
@@ -440,10 +447,10 @@ def _buffer_grads(spec, grads, n):
     return [next(it) if tr else None for tr in core_by_id(spec).trainable[:n]]
 
 
-# The serving inputs of attention_fwd, after block_size: seqlens_k,
+# The layout inputs of attention_fwd, after block_size: seqlens_k,
 # block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-# skip_softmax_threshold. NO_SERVING leaves them off.
-NO_SERVING = (None, None, None, None, 0, 0, 0.0)
+# skip_softmax_threshold, q_offset, kv_offset. NO_SERVING leaves them off.
+NO_SERVING = (None, None, None, None, 0, 0, 0.0, 0, 0)
 
 INFERENCE_ONLY = ("no gradient flows through attention with seqlens_k, block_table or "
                   "skip_softmax_threshold (inference only; the backward takes packed "
@@ -463,11 +470,12 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, *buffers, *bm, *cu)
     ctx.flexjit = (spec, scale, ints, floats, len(buffers), len(bm), bs,
                    serving[2] is not None, serving[3] is not None, serving[4], serving[5],
-                   _inference_only(serving))
+                   _inference_only(serving), serving[7], serving[8])
 
 
 def _op_backward(ctx, dout, dlse):
-    spec, scale, ints, floats, nb, nm, bs, has_cq, has_ck, mq, mk, inference = ctx.flexjit
+    (spec, scale, ints, floats, nb, nm, bs, has_cq, has_ck, mq, mk, inference, q_off,
+     kv_off) = ctx.flexjit
     if inference:
         raise RuntimeError("flexjit: " + INFERENCE_ONLY)
     saved = ctx.saved_tensors
@@ -480,12 +488,12 @@ def _op_backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     dq, dk, dv, grads = torch.ops.flexjit.attention_bwd.default(
         dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, bm, bs, cq, ck,
-        mq, mk)
+        mq, mk, q_off, kv_off)
     # One entry per input, in the inputs' structure as torch.library sees
     # it: a list of tensors gets a list, a list of numbers None (or [] when
     # empty, which it cannot tell from a list of tensors).
     return (dq, dk, dv, None, None, _no_grad(ints), _no_grad(floats),
-            _buffer_grads(spec, grads, nb), [None] * len(bm), _no_grad(bs)) + (None,) * 7
+            _buffer_grads(spec, grads, nb), [None] * len(bm), _no_grad(bs)) + (None,) * 9
 
 
 def _no_grad(numbers):
@@ -519,7 +527,7 @@ class _Attention(torch.autograd.Function):
             dout = torch.zeros_like(out)
         dq, dk, dv, grads = backward_impl(dout, dlse, q, k, v, out, lse, spec, scale, ints,
                                           floats, buffers, bm, bs, serving[2], serving[3],
-                                          serving[4], serving[5])
+                                          serving[4], serving[5], serving[7], serving[8])
         return (dq, dk, dv, None, None, None, None, None, None, None,
                 *_buffer_grads(spec, grads, len(buffers)))
 
@@ -688,7 +696,7 @@ def _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, serving):
 def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=None,
               block_mask=None, scale: Optional[float] = None, return_lse: bool = False, *,
               seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
-              skip_softmax_threshold: float = 0.0):
+              skip_softmax_threshold: float = 0.0, q_offset: int = 0, kv_offset: int = 0):
     """Attention with spec's mask_mod and score_mod, as FlexAttention's
     flex_attention: q [B, Hq, Lq, D], k and v [B, Hkv, Lk, D] (bf16 or fp16,
     contiguous last dimension, any other strides; Hq a multiple of Hkv).
@@ -705,7 +713,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
     (page_size a multiple of 16, at most 256; Lk = max_pages x page_size,
     seqlens_k the lengths in use); skip_softmax_threshold in [0, 1), 0 exact,
     else Skip Softmax's approximation. Up to 16 query tokens run the decode
-    kernel."""
+    kernel.
+
+    Context parallel shards (docs/context_parallel.md): q_offset and
+    kv_offset, the positions of q's and k's first rows in the whole
+    sequence; the spec sees q + q_offset and kv + kv_offset, so a shard of a
+    causal, sliding-window or document mask is masked as in the whole
+    (buffers indexed by position cover the whole sequence). Differentiable;
+    not with a block mask or a spec that reads Lq or Lk."""
     core = spec._core
     ints, floats, bufs = core.values(params, buffers)
     bm, bs = _mask_args(block_mask)
@@ -719,7 +734,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
         _check_serving(q, k, v, q.shape[0], seqlens_k, block_table, block_mask, skip)
         if _needs_grad(q, k, v, bufs):
             raise ValueError(INFERENCE_ONLY)
-        serving = (seqlens_k, block_table, None, None, 0, 0, skip)
+        serving = (seqlens_k, block_table, None, None, 0, 0, skip, 0, 0)
+    if q_offset or kv_offset:
+        q_offset, kv_offset = int(q_offset), int(kv_offset)
+        if q_offset < 0 or kv_offset < 0:
+            raise ValueError(f"q_offset ({q_offset}) and kv_offset ({kv_offset}) must be >= 0")
+        if block_mask is not None:
+            raise ValueError("q_offset and kv_offset cannot be combined with a block mask (it "
+                             "is built for positions from 0; the kernels classify tiles at "
+                             "the offset positions themselves)")
+        serving = serving[:7] + (q_offset, kv_offset)
     out, lse = _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, serving)
     return (out, lse) if return_lse else out
 
@@ -785,7 +809,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, cu_seqlens_q: 
                              f"pools with block_table (got k {_shape(k)}, v {_shape(v)})")
     _check_serving(q, k, v, B, seqlens_k, block_table, None, skip)
     serving = (seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-               max_seqlen_k, skip)
+               max_seqlen_k, skip, 0, 0)
     if _inference_only(serving) and _needs_grad(q, k, v, bufs):
         raise ValueError(INFERENCE_ONLY)
     out, lse = _run(q, k, v, core, sc, ints, floats, bufs, [], [], serving)

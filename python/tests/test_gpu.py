@@ -584,3 +584,70 @@ def test_serving_errors_on_the_gpu():
     with pytest.raises(flexjit.FlexjitError):
         flexjit.merge_states(_randn(2, 1, 4, 3, 12, g=g), _randn(2, 1, 4, 3, g=g,
                                                                  dtype=torch.float32))
+
+
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "alibi"])
+def test_context_parallel_offsets(name):
+    """Context parallel shards (docs/context_parallel.md): q rows a .. a+m-1
+    against k and v rows c .. c+n-1 with q_offset = a, kv_offset = c see the
+    whole sequence's mask and score_mod (document ids indexed by whole
+    positions); gradients too. Two kv shards merged by their LSE give the q
+    shard's attention over the whole kv, as a ring step does."""
+    B, Hq, Hkv, L, D = 2, 4, 2, 640, 128
+    mask, score, params, buffers = example_mods(name, Hq, L, L, "cuda")
+    spec = flexjit.Spec(example(f"{name}.lua"))
+    q_all, k_all, v_all = _inputs(B, Hq, Hkv, L, L, D, seed=7)
+    a, m = 193, 256
+    q = q_all[:, :, a:a + m].detach().clone().requires_grad_()
+    shift = lambda f, c: (None if f is None else  # noqa: E731
+                          (lambda *x: f(*x[:-2], x[-2] + a, x[-1] + c)))
+    for c, n in ((0, 320), (320, 320), (64, 401)):
+        k = k_all[:, :, c:c + n].detach().clone().requires_grad_()
+        v = v_all[:, :, c:c + n].detach().clone().requires_grad_()
+        ins = [q, k, v]
+        ref = dense_attention(*(t.double() for t in ins), shift(mask, c), shift(score, c))
+        base = dense_attention(*ins, shift(mask, c), shift(score, c))
+        got = flexjit.attention(q, k, v, spec, params, buffers, return_lse=True,
+                                q_offset=a, kv_offset=c)
+        _check_serving(f"{name} q {a}+{m} kv {c}+{n}", got, ref, base)
+        g = torch.Generator(device="cuda").manual_seed(c)
+        dout = torch.randn(ref[0].shape, device="cuda", dtype=torch.float64, generator=g)
+        ref_g = _grads(ref[0], ref[1], ins, dout)
+        base_g = _grads(base[0], base[1], ins, dout)
+        got_g = _grads(got[0], got[1], ins, dout)
+        for what, x, r, bl in zip("qkv", got_g, ref_g, base_g):
+            e = lambda t: (t.double() - r).abs().max().item()  # noqa: E731
+            _check(f"{name} d{what} kv {c}+{n}", e(x), e(bl), 3)
+    # A ring step: the q shard over kv [0, 320) and [320, 640), merged.
+    with torch.no_grad():
+        parts = [flexjit.attention(q, k_all[:, :, c:c + 320], v_all[:, :, c:c + 320], spec,
+                                   params, buffers, return_lse=True, q_offset=a, kv_offset=c)
+                 for c in (0, 320)]
+        o, lse = flexjit.merge_states([p[0] for p in parts], [p[1] for p in parts])
+        ref = dense_attention(q.double(), k_all.double(), v_all.double(), shift(mask, 0),
+                              shift(score, 0))
+        base = dense_attention(q, k_all, v_all, shift(mask, 0), shift(score, 0))
+    _check_serving(f"{name} merged", (o, lse), ref, base)
+    # Its backward: each pair's backward given the merged O and LSE yields
+    # that pair's part of the whole gradients (dq summed over the pairs).
+    g = torch.Generator(device="cuda").manual_seed(5)
+    dout = torch.randn(ref[0].shape, device="cuda", dtype=torch.float64, generator=g)
+    ins = [q, k_all, v_all]
+    ref_g = _grads(*dense_attention(*(t.double() for t in ins), shift(mask, 0),
+                                    shift(score, 0)), ins, dout)
+    base_g = _grads(*dense_attention(*ins, shift(mask, 0), shift(score, 0)), ins, dout)
+    ints, floats, bufs = spec._core.values(params, buffers)
+    dq = torch.zeros_like(q, dtype=torch.float32)
+    dkv = []
+    for c in (0, 320):
+        kc, vc = k_all[:, :, c:c + 320].detach(), v_all[:, :, c:c + 320].detach()
+        gq, gk, gv, _ = torch.ops.flexjit.attention_bwd.default(
+            dout.to(q.dtype), None, q.detach(), kc, vc, o, lse, spec._core.id, 0.0, ints,
+            floats, bufs, [], [], None, None, 0, 0, a, c)
+        dq += gq.float()
+        dkv.append((gk, gv))
+    dk = torch.cat([x[0] for x in dkv], 2)
+    dv = torch.cat([x[1] for x in dkv], 2)
+    for what, x, r, bl in zip("qkv", (dq, dk, dv), ref_g, base_g):
+        e = lambda t: (t.double() - r).abs().max().item()  # noqa: E731
+        _check(f"{name} merged d{what}", e(x), e(bl), 3)

@@ -41,13 +41,25 @@ def _mods_for(core, Hq, Lq, Lk, buffers, ints):
     return mask, score
 
 
+def _shifted(mods, q_offset, kv_offset):
+    """mask_mod and score_mod seeing positions q + q_offset, kv + kv_offset
+    (a context parallel shard, as the kernels apply the offsets)."""
+    mask, score = mods
+    if not q_offset and not kv_offset:
+        return mask, score
+    return ((lambda b, h, qi, ki: mask(b, h, qi + q_offset, ki + kv_offset)),
+            None if score is None else
+            (lambda s, b, h, qi, ki: score(s, b, h, qi + q_offset, ki + kv_offset)))
+
+
 def _cpu_fwd(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size, seqlens_k,
-             block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, skip):
+             block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, skip,
+             q_offset, kv_offset):
     core = core_by_id(spec)
     with torch.no_grad():
         if (seqlens_k is None and block_table is None and cu_seqlens_q is None and
                 cu_seqlens_k is None):
-            mask, score = _mods(core, q, k, buffers, ints)
+            mask, score = _shifted(_mods(core, q, k, buffers, ints), q_offset, kv_offset)
             o, lse = dense_attention(q.double(), k.double(), v.double(), mask, score,
                                      scale or None)
         else:
@@ -58,12 +70,14 @@ def _cpu_fwd(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size
 
 
 def _cpu_bwd(dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, block_mask,
-             block_size, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+             block_size, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_offset,
+             kv_offset):
     core = core_by_id(spec)
     if cu_seqlens_q is not None:
         return _cpu_varlen_bwd(dout, dlse, q, k, v, core, scale, ints, buffers, cu_seqlens_q,
                                cu_seqlens_k)
-    mask, score = _mods(core, q, k, [b.double() for b in buffers], ints)
+    mask, score = _shifted(_mods(core, q, k, [b.double() for b in buffers], ints), q_offset,
+                           kv_offset)
     dq, dk, dv, ds = dense_backward(q.double(), k.double(), v.double(), dout.double(),
                                     None if dlse is None else dlse.double(), mask, score,
                                     scale or None)
@@ -385,7 +399,8 @@ def test_serving_ops_opcheck():
                           test_utils=tests)
     q, k, v, cq, ck = _varlen_inputs([3, 0, 9], [5, 2, 9])
     spec = flexjit.Spec(example("causal_bottom_right.lua"))
-    args = (q, k, v, spec._core.id, 0.0, [], [], [], [], [], None, None, cq, ck, 9, 9, 0.0)
+    args = (q, k, v, spec._core.id, 0.0, [], [], [], [], [], None, None, cq, ck, 9, 9, 0.0, 0,
+            0)
     torch.library.opcheck(torch.ops.flexjit.attention_fwd.default, args,
                           test_utils=tests + ("test_autograd_registration",))
 
@@ -460,3 +475,44 @@ def test_bad_query_layouts_reach_the_library():
         with pytest.raises(flexjit.FlexjitError, match="q: "):
             fjt.forward_impl(bad, k, v, spec._core.id, 0.0, [], [], [], [], [],
                              *fjt.NO_SERVING)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_context_parallel_offsets_through_the_ops(compiled):
+    """q_offset and kv_offset reach the forward and backward ops: a shard
+    pair of a sliding window (q rows 40.., kv rows 16..) against dense
+    attention with the whole sequence's mask on those rows."""
+    spec = flexjit.Spec(example("sliding_window.lua"))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, h, n, 16, generator=g, dtype=torch.bfloat16).requires_grad_()
+               for h, n in ((4, 32), (2, 40), (2, 40)))
+    a, c, w = 40, 16, 9
+
+    def f(q, k, v):
+        return flexjit.attention(q, k, v, spec, {"window": w}, return_lse=True, q_offset=a,
+                                 kv_offset=c)
+
+    if compiled:
+        torch._dynamo.reset()
+        f = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out, lse = f(q, k, v)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    mask = lambda b, h, qi, ki: (qi + a >= ki + c) & (qi + a - (ki + c) < w)  # noqa: E731
+    ro, rl = dense_attention(qd, kd, vd, mask, None)
+    torch.testing.assert_close(out.double(), ro, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double(), rl, atol=1e-3, rtol=1e-3)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (out.double() * dout).sum().backward()
+    (ro * dout).sum().backward()
+    for x, r in ((q, qd), (k, kd), (v, vd)):
+        torch.testing.assert_close(x.grad.double(), r.grad, atol=3e-2, rtol=3e-2)
+
+
+def test_context_parallel_offset_errors():
+    spec = flexjit.Spec(example("sliding_window.lua"))
+    q, k, v = _inputs(grad=False)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        flexjit.attention(q, k, v, spec, {"window": 5}, q_offset=-1)
+    bm = fjt.BlockMask([torch.zeros(1, 1, 1, dtype=torch.int32)] * 8, (128, 128), (48, 48))
+    with pytest.raises(ValueError, match="cannot be combined with a block mask"):
+        flexjit.attention(q, k, v, spec, {"window": 5}, block_mask=bm, kv_offset=48)
