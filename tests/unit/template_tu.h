@@ -1,10 +1,14 @@
 /*
  * tests/unit/template_tu.h: what the template compile tests (test_nvrtc_templates
- * for sm80, test_sm90_compile for sm90, test_bwd_compile for the backward) share: hand-written prologues in the
+ * for sm80, test_sm90_compile for sm90, test_bwd_compile for the backward,
+ * test_decode_compile for decode) share: hand-written prologues in the
  * generator's format, and the translation unit assembled the way
  * gen/emit_cuda.c does (defines, then the kernel's parts as gen/templates.c
  * lists them, the prologue among them), from the source tree's templates;
- * FJ_DETERMINISTIC and FJ_VARLEN where the configuration asks for them.
+ * FJ_DETERMINISTIC and FJ_VARLEN where the configuration asks for them; and
+ * what they do with a compile: its PTX, its failure, ptxas's log read for
+ * spills and static shared memory, the targets' shared-memory limits, and
+ * the files FJ_TEST_NVRTC_DUMP asks for.
  * Include after <cmocka.h> and <nvrtc.h>; needs FJ_SOURCE_DIR.
  */
 #ifndef FJ_TESTS_TEMPLATE_TU_H
@@ -161,6 +165,79 @@ static char *fjt_program_log(nvrtcProgram prog) {
   assert_non_null(log);
   if (n) nvrtcGetProgramLog(prog, log);
   return log;
+}
+
+/* The PTX of a compiled program (malloc'd). */
+static inline char *fjt_program_ptx(nvrtcProgram prog) {
+  size_t n = 0;
+  assert_int_equal(nvrtcGetPTXSize(prog, &n), NVRTC_SUCCESS);
+  char *ptx = malloc(n);
+  assert_non_null(ptx);
+  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  return ptx;
+}
+
+/* Fails the test, with NVRTC's log on stderr, unless `what` compiled. */
+static inline void fjt_require_compiled(nvrtcResult r, const char *log, const char *what) {
+  if (r == NVRTC_SUCCESS) return;
+  fprintf(stderr, "NVRTC log (%s):\n%s\n", what, log);
+  fail_msg("nvrtcCompileProgram (%s): %s", what, nvrtcGetErrorString(r));
+}
+
+/* With FJ_TEST_NVRTC_DUMP=DIR, writes text (a translation unit, its log,
+ * its PTX) to DIR/stem.ext, so a failing compile can be read and rerun. */
+static inline void fjt_dump(const char *stem, const char *ext, const char *text) {
+  const char *dir = getenv("FJ_TEST_NVRTC_DUMP");
+  if (!dir || !*dir) return;
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s.%s", dir, stem, ext);
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+}
+
+/* ptxas -v says "N bytes spill stores, M bytes spill loads" per function;
+ * every such line must read 0 and 0 (`what` names the unit in a failure).
+ * Returns the number of lines seen, one a kernel. */
+static inline int fjt_check_no_spills(const char *log, const char *what) {
+  int lines = 0;
+  for (const char *p = strstr(log, "bytes spill stores"); p;
+       p = strstr(p + 1, "bytes spill stores")) {
+    const char *line = p;
+    while (line > log && line[-1] != '\n') line--;
+    unsigned long st = 0, ld = 0;
+    const char *comma = strchr(line, ',');
+    assert_non_null(comma);
+    if (sscanf(comma + 1, " %lu bytes spill stores, %lu bytes spill loads", &st, &ld) != 2)
+      fail_msg("%s: cannot parse ptxas line: %.80s", what, line);
+    if (st || ld) fail_msg("%s spills: %.100s", what, line);
+    lines++;
+  }
+  return lines;
+}
+
+/* The largest "N bytes smem" of ptxas's log (a function's static shared
+ * memory), 0 when no function has any. */
+static inline int fjt_max_static_smem(const char *log) {
+  int most = 0;
+  for (const char *p = strstr(log, "bytes smem"); p; p = strstr(p + 1, "bytes smem")) {
+    const char *s = p;
+    while (s > log && s[-1] == ' ') s--;
+    while (s > log && s[-1] >= '0' && s[-1] <= '9') s--;
+    if (atoi(s) > most) most = atoi(s);
+  }
+  return most;
+}
+
+/* Largest dynamic shared memory a block may opt in to on arch (gen/config.c's
+ * table, restated: a test must catch a configuration that outgrows it). */
+static inline int fjt_smem_limit(const char *arch) {
+  if (!strcmp(arch, "sm_80")) return 163 * 1024;
+  if (!strcmp(arch, "sm_86") || !strcmp(arch, "sm_89") || !strcmp(arch, "sm_120"))
+    return 99 * 1024;
+  return 227 * 1024;
 }
 
 static double fjt_now_ms(void) {

@@ -21,58 +21,32 @@
 #include "flexjit.h"
 #include "runtime/backward.h"
 #include "runtime/launch_params.h"
-
-static const DLDataType bf16 = {kDLBfloat, 16, 1}, f32 = {kDLFloat, 32, 1},
-                        i32 = {kDLInt, 32, 1}, i64 = {kDLInt, 64, 1};
-
-static fj_context *new_context(void) {
-  fj_context_options o;
-  fj_context_options_init(&o);
-  o.cache_dir = ""; /* memory only */
-  fj_context *ctx = NULL;
-  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
-  return ctx;
-}
-
-static DLTensor make(int64_t *shape, int ndim, DLDataType dt, uintptr_t addr) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = (void *)addr; /* never dereferenced on the host */
-  t.device = (DLDevice){kDLCUDA, 0};
-  t.ndim = ndim;
-  t.dtype = dt;
-  t.shape = shape;
-  return t;
-}
+#include "tests/unit/fake_tensors.h"
 
 /* A packed batch of 3 sequences (300 query rows, 280 kv rows in all), 8
  * query heads over 2 kv heads at D = 128, with every tensor of the
  * backward. */
 typedef struct launch {
-  int64_t qs[3], ks[3], ls[2], cus[1], cuks[1];
+  fjt_packed_shapes sh;
   DLTensor q, k, v, o, dout, dq, dk, dv, lse, dlse, cu_q, cu_k;
   fj_backward_args a;
 } launch;
 
 static void packed(launch *t) {
   memset(t, 0, sizeof *t);
-  const int64_t qs[3] = {300, 8, 128}, ks[3] = {280, 2, 128}, ls[2] = {8, 300};
-  memcpy(t->qs, qs, sizeof qs);
-  memcpy(t->ks, ks, sizeof ks);
-  memcpy(t->ls, ls, sizeof ls);
-  t->cus[0] = t->cuks[0] = 4;
-  t->q = make(t->qs, 3, bf16, 0x100000);
-  t->k = make(t->ks, 3, bf16, 0x200000);
-  t->v = make(t->ks, 3, bf16, 0x300000);
-  t->o = make(t->qs, 3, bf16, 0x400000);
-  t->dout = make(t->qs, 3, bf16, 0x500000);
-  t->dq = make(t->qs, 3, bf16, 0x600000);
-  t->dk = make(t->ks, 3, bf16, 0x700000);
-  t->dv = make(t->ks, 3, bf16, 0x800000);
-  t->lse = make(t->ls, 2, f32, 0x900000);
-  t->dlse = make(t->ls, 2, f32, 0xa00000);
-  t->cu_q = make(t->cus, 1, i32, 0xb00000);
-  t->cu_k = make(t->cuks, 1, i32, 0xb01000);
+  fjt_packed_shapes_init(&t->sh);
+  t->q = fjt_tensor(t->sh.qs, 3, fjt_bf16, 0x100000);
+  t->k = fjt_tensor(t->sh.ks, 3, fjt_bf16, 0x200000);
+  t->v = fjt_tensor(t->sh.ks, 3, fjt_bf16, 0x300000);
+  t->o = fjt_tensor(t->sh.qs, 3, fjt_bf16, 0x400000);
+  t->dout = fjt_tensor(t->sh.qs, 3, fjt_bf16, 0x500000);
+  t->dq = fjt_tensor(t->sh.qs, 3, fjt_bf16, 0x600000);
+  t->dk = fjt_tensor(t->sh.ks, 3, fjt_bf16, 0x700000);
+  t->dv = fjt_tensor(t->sh.ks, 3, fjt_bf16, 0x800000);
+  t->lse = fjt_tensor(t->sh.ls, 2, fjt_f32, 0x900000);
+  t->dlse = fjt_tensor(t->sh.ls, 2, fjt_f32, 0xa00000);
+  t->cu_q = fjt_tensor(t->sh.cus, 1, fjt_i32, 0xb00000);
+  t->cu_k = fjt_tensor(t->sh.cuks, 1, fjt_i32, 0xb01000);
   t->a = (fj_backward_args){.q = &t->q, .k = &t->k, .v = &t->v, .o = &t->o,
                             .dout = &t->dout, .dq = &t->dq, .dk = &t->dk, .dv = &t->dv,
                             .lse = &t->lse, .dlse = &t->dlse, .cu_seqlens_q = &t->cu_q,
@@ -100,7 +74,7 @@ static void expect_good(fj_context *ctx, launch *t, fjr_bwd_params_fixed *p) {
 
 static void test_packed_fills_params(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   launch t;
   fjr_bwd_params_fixed p;
   packed(&t);
@@ -139,7 +113,7 @@ static void test_packed_fills_params(void **state) {
 
   /* Packed queries over k and v of [B, Hkv, Lk, D]. */
   int64_t ks4[4] = {3, 2, 500, 128};
-  DLTensor k4 = make(ks4, 4, bf16, 0x200000);
+  DLTensor k4 = fjt_tensor(ks4, 4, fjt_bf16, 0x200000);
   t.a.k = t.a.v = t.a.dk = t.a.dv = &k4;
   t.a.cu_seqlens_k = NULL;
   t.a.max_seqlen_k = 0;
@@ -160,12 +134,13 @@ static void test_packed_fills_params(void **state) {
  * fields, a head's scratch rows are Lq. */
 static void test_unpacked_fills_params(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   int64_t qs[4] = {2, 4, 100, 64}, ks[4] = {2, 2, 90, 64}, ls[3] = {2, 4, 100};
   /* q as BSHD: [B, S, H, D] in memory. */
   int64_t qst[4] = {100 * 4 * 64, 64, 4 * 64, 1};
-  DLTensor q = make(qs, 4, bf16, 0x100000), k = make(ks, 4, bf16, 0x200000),
-           lse = make(ls, 3, f32, 0x300000);
+  DLTensor q = fjt_tensor(qs, 4, fjt_bf16, 0x100000),
+           k = fjt_tensor(ks, 4, fjt_bf16, 0x200000),
+           lse = fjt_tensor(ls, 3, fjt_f32, 0x300000);
   q.strides = qst;
   fj_backward_args a = {.q = &q, .k = &k, .v = &k, .o = &q, .dout = &q, .dq = &q,
                         .dk = &k, .dv = &k, .lse = &lse};
@@ -189,7 +164,7 @@ static void test_unpacked_fills_params(void **state) {
 
 static void test_packed_rejects_bad_input(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   launch t;
 
   /* Which fields go together (the forward's rules). */
@@ -211,13 +186,13 @@ static void test_packed_rejects_bad_input(void **state) {
 
   /* The int32 arrays. */
   packed(&t);
-  t.cus[0] = 1;
+  t.sh.cus[0] = 1;
   expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: 1 entries");
   packed(&t);
-  t.cuks[0] = 5;
+  t.sh.cuks[0] = 5;
   expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_k has 5 entries and cu_seqlens_q 4");
   packed(&t);
-  t.cu_q.dtype = i64;
+  t.cu_q.dtype = fjt_i64;
   expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q");
   packed(&t);
   t.cu_k.data = (void *)0xb01002;
@@ -226,7 +201,7 @@ static void test_packed_rejects_bad_input(void **state) {
   /* Packed tensors are 3-D, [total, H, D], of one total per side. */
   packed(&t);
   int64_t q4[4] = {3, 8, 100, 128};
-  DLTensor q4t = make(q4, 4, bf16, 0x100000);
+  DLTensor q4t = fjt_tensor(q4, 4, fjt_bf16, 0x100000);
   t.a.q = &q4t;
   expect_bad(ctx, &t, FJ_ETENSOR, "q");
   packed(&t);
@@ -259,7 +234,7 @@ static void test_packed_rejects_bad_input(void **state) {
   /* lse and dlse [Hq, total_q]. */
   packed(&t);
   int64_t l3[3] = {3, 8, 150};
-  DLTensor l3t = make(l3, 3, f32, 0x900000);
+  DLTensor l3t = fjt_tensor(l3, 3, fjt_f32, 0x900000);
   t.a.lse = &l3t;
   expect_bad(ctx, &t, FJ_ETENSOR, "lse");
   packed(&t);
@@ -287,13 +262,13 @@ static void test_packed_rejects_bad_input(void **state) {
  * packed batch whose q holds only its sequences' rows. */
 static void test_public_entry_checks(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   const char src[] = "return { mask_mod = causal() }\n";
   fj_spec *spec = NULL;
   assert_int_equal(fj_spec_load_string(ctx, src, strlen(src), "c.lua", &spec), FJ_OK);
   launch t;
   packed(&t);
-  t.cus[0] = 1;
+  t.sh.cus[0] = 1;
   assert_int_equal(fj_attention_backward(ctx, spec, &t.a), FJ_ETENSOR);
   assert_non_null(strstr(fj_context_last_error(ctx), "cu_seqlens_q: 1 entries"));
 

@@ -31,15 +31,6 @@
 #define FJT_STR2(x) #x
 #define FJT_STR(x) FJT_STR2(x)
 
-/* Largest dynamic shared memory a block may opt in to (gen/config.c's
- * table, restated: the test must catch a configuration that outgrows it). */
-static int smem_limit(const char *arch) {
-  if (!strcmp(arch, "sm_80")) return 163 * 1024;
-  if (!strcmp(arch, "sm_86") || !strcmp(arch, "sm_89") || !strcmp(arch, "sm_120"))
-    return 99 * 1024;
-  return 227 * 1024;
-}
-
 static void test_config(void **state) {
   (void)state;
   static const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a",
@@ -64,7 +55,7 @@ static void test_config(void **state) {
           assert_int_equal(c.num_stages, 2);
           assert_true(c.block_m >= 16 && c.block_m <= 128 && c.block_m % 16 == 0);
           assert_int_equal(c.num_warps % (c.block_m / 16), 0);
-          assert_true(c.smem_bytes > 0 && c.smem_bytes <= smem_limit(archs[a]));
+          assert_true(c.smem_bytes > 0 && c.smem_bytes <= fjt_smem_limit(archs[a]));
           assert_int_equal(c.uses_tma, 0);
           assert_int_equal(c.persistent, 0);
           assert_int_equal(c.deterministic, 0); /* the runtime sets it */
@@ -88,7 +79,7 @@ static void test_config(void **state) {
     assert_int_equal(c.block_m, 64);
     assert_int_equal(c.block_n, 128);
     assert_int_equal(c.threads, 384);
-    assert_true(c.smem_bytes > 0 && c.smem_bytes <= smem_limit("sm_90a"));
+    assert_true(c.smem_bytes > 0 && c.smem_bytes <= fjt_smem_limit("sm_90a"));
   }
   assert_int_equal(fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_90", "sm90", &c, err,
                                               sizeof err),
@@ -135,50 +126,6 @@ static void test_parts(void **state) {
       fail_msg("part %s is not embedded", *p);
 }
 
-/* ptxas -v says "N bytes spill stores, M bytes spill loads" per function;
- * every such line must read 0 and 0. Returns the number of lines seen. */
-static int check_no_spills(const char *log, const char *what) {
-  int lines = 0;
-  for (const char *p = strstr(log, "bytes spill stores"); p;
-       p = strstr(p + 1, "bytes spill stores")) {
-    const char *line = p;
-    while (line > log && line[-1] != '\n') line--;
-    unsigned long st = 0, ld = 0;
-    const char *comma = strchr(line, ',');
-    assert_non_null(comma);
-    if (sscanf(comma + 1, " %lu bytes spill stores, %lu bytes spill loads", &st, &ld) != 2)
-      fail_msg("%s: cannot parse ptxas line: %.80s", what, line);
-    if (st || ld) fail_msg("%s spills: %.100s", what, line);
-    lines++;
-  }
-  return lines;
-}
-
-/* The largest "N bytes smem" of ptxas's log (static shared memory of a
- * function), 0 when none has any. */
-static int max_static_smem(const char *log) {
-  int most = 0;
-  for (const char *p = strstr(log, "bytes smem"); p; p = strstr(p + 1, "bytes smem")) {
-    const char *s = p;
-    while (s > log && s[-1] == ' ') s--;
-    while (s > log && s[-1] >= '0' && s[-1] <= '9') s--;
-    if (atoi(s) > most) most = atoi(s);
-  }
-  return most;
-}
-
-static void dump(const char *name, const char *text) {
-  const char *dir = getenv("FJ_TEST_NVRTC_DUMP");
-  if (!dir || !*dir) return;
-  char path[1024];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE *f = fopen(path, "w");
-  if (f) {
-    fputs(text, f);
-    fclose(f);
-  }
-}
-
 static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dtype dt,
                         int has_mask, int has_score_mod, int det, int varlen) {
   fjg_config c;
@@ -206,9 +153,7 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
   snprintf(what, sizeof what, "bwd_%s%s%s_m%d_s%d_d%d_%s_%s", c.template_name,
            det ? "_det" : "", varlen ? "_varlen" : "", has_mask,
            has_score_mod, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
-  char name[160];
-  snprintf(name, sizeof name, "%s.cu", what);
-  dump(name, tu);
+  fjt_dump(what, "cu", tu);
 
   char archopt[64];
   snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
@@ -219,28 +164,20 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
   nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
   double ms = fjt_now_ms() - t0;
   char *log = fjt_program_log(prog);
-  snprintf(name, sizeof name, "%s.log", what);
-  dump(name, log);
-  if (r != NVRTC_SUCCESS) {
-    fprintf(stderr, "NVRTC log (%s):\n%s\n", what, log);
-    fail_msg("nvrtcCompileProgram: %s", nvrtcGetErrorString(r));
-  }
+  fjt_dump(what, "log", log);
+  fjt_require_compiled(r, log, what);
   /* One spill line per kernel: pre, main, post. */
-  assert_int_equal(check_no_spills(log, what), 3);
+  assert_int_equal(fjt_check_no_spills(log, what), 3);
   /* ptxas serializes every wgmma of a kernel (C7514) or injects waits
    * (C7517, C7519) when registers of an in-flight wgmma are touched: a
    * silent slowdown of the sm90 kernel. */
   if (sm90 && strstr(log, "(C751"))
     fail_msg("%s: ptxas serialized the wgmma pipeline:\n%s", what, log);
-  if (max_static_smem(log) + c.smem_bytes > smem_limit(arch))
-    fail_msg("%s: %d static + %d dynamic bytes of shared memory", what, max_static_smem(log),
-             c.smem_bytes);
+  if (fjt_max_static_smem(log) + c.smem_bytes > fjt_smem_limit(arch))
+    fail_msg("%s: %d static + %d dynamic bytes of shared memory", what,
+             fjt_max_static_smem(log), c.smem_bytes);
 
-  size_t ptx_size = 0;
-  assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
-  char *ptx = malloc(ptx_size);
-  assert_non_null(ptx);
-  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  char *ptx = fjt_program_ptx(prog);
   assert_non_null(strstr(ptx, ".entry fj_attention_bwd_pre("));
   assert_non_null(strstr(ptx, ".entry fj_attention_bwd("));
   assert_non_null(strstr(ptx, ".entry fj_attention_bwd_post("));
@@ -379,11 +316,7 @@ static void test_det_wait_limit(void **state) {
     char *log = fjt_program_log(prog);
     fail_msg("FJ_DEBUG_WAIT_LIMIT: %s", log);
   }
-  size_t n = 0;
-  assert_int_equal(nvrtcGetPTXSize(prog, &n), NVRTC_SUCCESS);
-  char *ptx = malloc(n);
-  assert_non_null(ptx);
-  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  char *ptx = fjt_program_ptx(prog);
   assert_non_null(strstr(ptx, "trap;"));
   free(ptx);
   nvrtcDestroyProgram(&prog);

@@ -23,13 +23,6 @@
 #include "gen/config.h"
 #include "tests/unit/template_tu.h"
 
-static int smem_limit(const char *arch) {
-  if (!strcmp(arch, "sm_80")) return 163 * 1024;
-  if (!strcmp(arch, "sm_86") || !strcmp(arch, "sm_89") || !strcmp(arch, "sm_120"))
-    return 99 * 1024;
-  return 227 * 1024;
-}
-
 static void test_config(void **state) {
   (void)state;
   static const char *archs[] = {"sm_80", "sm_86", "sm_90a", "sm_100a", "sm_120"};
@@ -46,7 +39,7 @@ static void test_config(void **state) {
         assert_int_equal(c.block_n, 16 * c.num_warps);
         assert_int_equal(c.threads, 32 * c.num_warps);
         assert_true(c.num_stages >= 2);
-        assert_true(c.smem_bytes > 0 && c.smem_bytes <= smem_limit(archs[a]));
+        assert_true(c.smem_bytes > 0 && c.smem_bytes <= fjt_smem_limit(archs[a]));
         assert_int_equal(c.uses_tma, 0);
       }
   fjg_config c;
@@ -78,42 +71,11 @@ static void test_parts(void **state) {
   }
 }
 
-static int count_spill_lines(const char *log, const char *what) {
-  int lines = 0;
-  for (const char *p = strstr(log, "bytes spill stores"); p;
-       p = strstr(p + 1, "bytes spill stores")) {
-    const char *line = p;
-    while (line > log && line[-1] != '\n') line--;
-    unsigned long st = 0, ld = 0;
-    const char *comma = strchr(line, ',');
-    assert_non_null(comma);
-    if (sscanf(comma + 1, " %lu bytes spill stores, %lu bytes spill loads", &st, &ld) != 2)
-      fail_msg("%s: cannot parse ptxas line: %.80s", what, line);
-    if (st || ld) fail_msg("%s spills: %.100s", what, line);
-    lines++;
-  }
-  return lines;
-}
-
-static void dump(const char *name, const char *text) {
-  const char *dir = getenv("FJ_TEST_NVRTC_DUMP");
-  if (!dir || !*dir) return;
-  char path[1024];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE *f = fopen(path, "w");
-  if (f) {
-    fputs(text, f);
-    fclose(f);
-  }
-}
-
 /* Compiles tu for arch (with `def`, an NVRTC option, unless NULL);
  * returns the PTX (malloc'd) after checking spills. */
 static char *compile_with(const char *tu, const char *arch, const char *what, int kernels,
                           const char *def) {
-  char name[160];
-  snprintf(name, sizeof name, "%s.cu", what);
-  dump(name, tu);
+  fjt_dump(what, "cu", tu);
   char archopt[64];
   snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
   const char *opts[] = {"-std=c++17", "-default-device", archopt, "--ptxas-options=-v", def};
@@ -123,20 +85,12 @@ static char *compile_with(const char *tu, const char *arch, const char *what, in
   nvrtcResult r = nvrtcCompileProgram(prog, def ? 5 : 4, opts);
   const double ms = fjt_now_ms() - t0;
   char *log = fjt_program_log(prog);
-  snprintf(name, sizeof name, "%s.log", what);
-  dump(name, log);
-  if (r != NVRTC_SUCCESS) {
-    fprintf(stderr, "NVRTC log (%s):\n%s\n", what, log);
-    fail_msg("nvrtcCompileProgram: %s", nvrtcGetErrorString(r));
-  }
-  assert_int_equal(count_spill_lines(log, what), kernels);
+  fjt_dump(what, "log", log);
+  fjt_require_compiled(r, log, what);
+  assert_int_equal(fjt_check_no_spills(log, what), kernels);
   const char *regs = strstr(log, "Used ");
   printf("  %-36s %6.0f ms  %.40s\n", what, ms, regs ? regs : "");
-  size_t ptx_size = 0;
-  assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
-  char *ptx = malloc(ptx_size);
-  assert_non_null(ptx);
-  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  char *ptx = fjt_program_ptx(prog);
   free(log);
   nvrtcDestroyProgram(&prog);
   return ptx;

@@ -21,53 +21,28 @@
 #include "flexjit.h"
 #include "runtime/forward.h"
 #include "runtime/launch_params.h"
-
-static const DLDataType bf16 = {kDLBfloat, 16, 1}, f32 = {kDLFloat, 32, 1},
-                        i32 = {kDLInt, 32, 1}, i64 = {kDLInt, 64, 1};
-
-static fj_context *new_context(void) {
-  fj_context_options o;
-  fj_context_options_init(&o);
-  o.cache_dir = ""; /* memory only */
-  fj_context *ctx = NULL;
-  assert_int_equal(fj_context_create(&o, &ctx), FJ_OK);
-  return ctx;
-}
-
-static DLTensor make(int64_t *shape, int ndim, DLDataType dt, uintptr_t addr) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = (void *)addr; /* never dereferenced on the host */
-  t.device = (DLDevice){kDLCUDA, 0};
-  t.ndim = ndim;
-  t.dtype = dt;
-  t.shape = shape;
-  return t;
-}
+#include "tests/unit/fake_tensors.h"
 
 /* A packed batch of 3 sequences (300 query rows, 280 kv rows in all), 8
  * query heads over 2 kv heads at D = 128, and the same queries over a page
  * pool of 40 pages of 64 rows with a [3, 10] block table. */
 typedef struct launch {
-  int64_t qs[3], ks[3], ls[2], cus[1], cuks[1], pools[4], bts[2], sls[1];
+  fjt_packed_shapes sh;
+  int64_t pools[4], bts[2], sls[1];
   DLTensor q, k, v, o, lse, cu_q, cu_k, pool_k, pool_v, bt, seqlens;
   fj_forward_args a;
 } launch;
 
 static void packed(launch *t) {
   memset(t, 0, sizeof *t);
-  const int64_t qs[3] = {300, 8, 128}, ks[3] = {280, 2, 128}, ls[2] = {8, 300};
-  memcpy(t->qs, qs, sizeof qs);
-  memcpy(t->ks, ks, sizeof ks);
-  memcpy(t->ls, ls, sizeof ls);
-  t->cus[0] = t->cuks[0] = 4;
-  t->q = make(t->qs, 3, bf16, 0x10000);
-  t->k = make(t->ks, 3, bf16, 0x20000);
-  t->v = make(t->ks, 3, bf16, 0x30000);
-  t->o = make(t->qs, 3, bf16, 0x40000);
-  t->lse = make(t->ls, 2, f32, 0x50000);
-  t->cu_q = make(t->cus, 1, i32, 0x60000);
-  t->cu_k = make(t->cuks, 1, i32, 0x61000);
+  fjt_packed_shapes_init(&t->sh);
+  t->q = fjt_tensor(t->sh.qs, 3, fjt_bf16, 0x10000);
+  t->k = fjt_tensor(t->sh.ks, 3, fjt_bf16, 0x20000);
+  t->v = fjt_tensor(t->sh.ks, 3, fjt_bf16, 0x30000);
+  t->o = fjt_tensor(t->sh.qs, 3, fjt_bf16, 0x40000);
+  t->lse = fjt_tensor(t->sh.ls, 2, fjt_f32, 0x50000);
+  t->cu_q = fjt_tensor(t->sh.cus, 1, fjt_i32, 0x60000);
+  t->cu_k = fjt_tensor(t->sh.cuks, 1, fjt_i32, 0x61000);
   t->a = (fj_forward_args){.q = &t->q, .k = &t->k, .v = &t->v, .o = &t->o,
                            .lse = &t->lse, .cu_seqlens_q = &t->cu_q,
                            .cu_seqlens_k = &t->cu_k, .max_seqlen_q = 150,
@@ -81,10 +56,10 @@ static void paged(launch *t) {
   memcpy(t->pools, pools, sizeof pools);
   memcpy(t->bts, bts, sizeof bts);
   t->sls[0] = 3;
-  t->pool_k = make(t->pools, 4, bf16, 0x80000);
-  t->pool_v = make(t->pools, 4, bf16, 0x90000);
-  t->bt = make(t->bts, 2, i32, 0xa0000);
-  t->seqlens = make(t->sls, 1, i32, 0xa1000);
+  t->pool_k = fjt_tensor(t->pools, 4, fjt_bf16, 0x80000);
+  t->pool_v = fjt_tensor(t->pools, 4, fjt_bf16, 0x90000);
+  t->bt = fjt_tensor(t->bts, 2, fjt_i32, 0xa0000);
+  t->seqlens = fjt_tensor(t->sls, 1, fjt_i32, 0xa1000);
   t->a.k = &t->pool_k;
   t->a.v = &t->pool_v;
   t->a.cu_seqlens_k = NULL;
@@ -114,7 +89,7 @@ static void expect_good(fj_context *ctx, launch *t, fjr_fwd_params_fixed *p) {
 
 static void test_packed_fills_params(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   launch t;
   fjr_fwd_params_fixed p;
   packed(&t);
@@ -144,7 +119,8 @@ static void test_packed_fills_params(void **state) {
 
   /* Packed queries over kv of [B, Hkv, Lk, D] with per-sequence lengths. */
   int64_t ks4[4] = {3, 2, 500, 128}, sls[1] = {3};
-  DLTensor k4 = make(ks4, 4, bf16, 0x20000), sl = make(sls, 1, i32, 0x62000);
+  DLTensor k4 = fjt_tensor(ks4, 4, fjt_bf16, 0x20000),
+           sl = fjt_tensor(sls, 1, fjt_i32, 0x62000);
   t.a.k = t.a.v = &k4;
   t.a.cu_seqlens_k = NULL;
   t.a.max_seqlen_k = 0;
@@ -165,7 +141,7 @@ static void test_packed_fills_params(void **state) {
 
 static void test_paged_fills_params(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   launch t;
   fjr_fwd_params_fixed p;
   paged(&t);
@@ -185,8 +161,9 @@ static void test_paged_fills_params(void **state) {
 
   /* Dense queries [B, Hq, Lq, D] over the pool, without kv lengths. */
   int64_t qs4[4] = {3, 8, 33, 128}, ls3[3] = {3, 8, 33};
-  DLTensor q4 = make(qs4, 4, bf16, 0x10000), o4 = make(qs4, 4, bf16, 0x40000),
-           l3 = make(ls3, 3, f32, 0x50000);
+  DLTensor q4 = fjt_tensor(qs4, 4, fjt_bf16, 0x10000),
+           o4 = fjt_tensor(qs4, 4, fjt_bf16, 0x40000),
+           l3 = fjt_tensor(ls3, 3, fjt_f32, 0x50000);
   t.a.q = &q4, t.a.o = &o4, t.a.lse = &l3;
   t.a.cu_seqlens_q = NULL;
   t.a.max_seqlen_q = 0;
@@ -202,11 +179,11 @@ static void test_paged_fills_params(void **state) {
 
 static void test_packed_rejects_bad_input(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   launch t;
 
   packed(&t);
-  t.cu_q.dtype = i64;
+  t.cu_q.dtype = fjt_i64;
   expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: dtype int64, expected int32");
 
   packed(&t);
@@ -229,11 +206,11 @@ static void test_packed_rejects_bad_input(void **state) {
   expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: data must be 4-byte aligned");
 
   packed(&t);
-  t.cuks[0] = 5;
+  t.sh.cuks[0] = 5;
   expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_k has 5 entries and cu_seqlens_q 4");
 
   packed(&t);
-  t.cus[0] = t.cuks[0] = 1;
+  t.sh.cus[0] = t.sh.cuks[0] = 1;
   expect_bad(ctx, &t, FJ_ETENSOR, "cu_seqlens_q: 1 entries; it is [B + 1] with B >= 1");
 
   packed(&t);
@@ -289,11 +266,11 @@ static void test_packed_rejects_bad_input(void **state) {
   expect_bad(ctx, &t, FJ_ETENSOR, "lse: expected 2 dimensions");
 
   packed(&t);
-  t.ls[1] = 299;
+  t.sh.ls[1] = 299;
   expect_bad(ctx, &t, FJ_ETENSOR, "lse: shape [8, 299] does not match the expected [8, 300]");
 
   packed(&t);
-  t.ks[1] = 3;
+  t.sh.ks[1] = 3;
   expect_bad(ctx, &t, FJ_ETENSOR, "query heads (8) must be a multiple of key/value heads (3)");
 
   packed(&t);
@@ -303,7 +280,7 @@ static void test_packed_rejects_bad_input(void **state) {
 
   packed(&t);
   int64_t sls[1] = {3};
-  DLTensor sl = make(sls, 1, i32, 0x62000);
+  DLTensor sl = fjt_tensor(sls, 1, fjt_i32, 0x62000);
   t.a.seqlens_k = &sl;
   expect_bad(ctx, &t, FJ_EINVAL, "seqlens_k and cu_seqlens_k are both set");
 
@@ -312,7 +289,7 @@ static void test_packed_rejects_bad_input(void **state) {
 
 static void test_paged_rejects_bad_input(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   launch t;
 
   static const int64_t bad_pages[] = {24, 8, 272, 512};
@@ -326,7 +303,7 @@ static void test_paged_rejects_bad_input(void **state) {
   }
 
   paged(&t);
-  t.bt.dtype = i64;
+  t.bt.dtype = fjt_i64;
   expect_bad(ctx, &t, FJ_ETENSOR, "block_table: dtype int64, expected int32");
 
   paged(&t);
@@ -347,7 +324,7 @@ static void test_paged_rejects_bad_input(void **state) {
   expect_bad(ctx, &t, FJ_ETENSOR, "seqlens_k: 2 entries for a batch of 3 sequences");
 
   paged(&t);
-  t.seqlens.dtype = f32;
+  t.seqlens.dtype = fjt_f32;
   expect_bad(ctx, &t, FJ_ETENSOR, "seqlens_k: dtype float32, expected int32");
 
   paged(&t);
@@ -392,7 +369,7 @@ static void test_paged_rejects_bad_input(void **state) {
 
 static void test_threshold(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   launch t;
   const float bad[] = {-0.1f, 1.0f, 2.0f, NAN, INFINITY};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -407,7 +384,7 @@ static void test_threshold(void **state) {
 /* The public entry point runs the same checks before touching a device. */
 static void test_public_entry_checks(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   const char src[] = "return { mask_mod = causal() }\n";
   fj_spec *spec = NULL;
   assert_int_equal(fj_spec_load_string(ctx, src, strlen(src), "c.lua", &spec), FJ_OK);
@@ -433,15 +410,16 @@ static void test_public_entry_checks(void **state) {
  * a device. */
 static void test_merge_and_csr_checks(void **state) {
   (void)state;
-  fj_context *ctx = new_context();
+  fj_context *ctx = fjt_new_context();
   int64_t ps[5] = {3, 2, 4, 5, 64}, ls[4] = {3, 2, 4, 5}, os[4] = {2, 4, 5, 64};
-  DLTensor parts = make(ps, 5, f32, 0x10000), lse = make(ls, 4, f32, 0x20000),
-           o = make(os, 4, bf16, 0x30000);
+  DLTensor parts = fjt_tensor(ps, 5, fjt_f32, 0x10000),
+           lse = fjt_tensor(ls, 4, fjt_f32, 0x20000),
+           o = fjt_tensor(os, 4, fjt_bf16, 0x30000);
   fj_merge_args m = {.o_parts = &parts, .lse_parts = &lse, .o = &o};
-  o.dtype = f32;
+  o.dtype = fjt_f32;
   assert_int_equal(fj_merge_states(ctx, &m), FJ_ETENSOR);
   assert_non_null(strstr(fj_context_last_error(ctx), "o must be a 4-D"));
-  o.dtype = bf16;
+  o.dtype = fjt_bf16;
   os[3] = 72;
   assert_int_equal(fj_merge_states(ctx, &m), FJ_ETENSOR);
   assert_non_null(strstr(fj_context_last_error(ctx), "o:"));
@@ -457,9 +435,11 @@ static void test_merge_and_csr_checks(void **state) {
   assert_int_equal(fj_merge_states(ctx, &m), FJ_EINVAL);
 
   int64_t ip[1] = {4}, ix[1] = {9}, ll[1] = {3}, bt[2] = {3, 4}, sl[1] = {3};
-  DLTensor indptr = make(ip, 1, i32, 0x40000), indices = make(ix, 1, i32, 0x41000),
-           last = make(ll, 1, i32, 0x42000), table = make(bt, 2, i32, 0x43000),
-           lens = make(sl, 1, i32, 0x44000);
+  DLTensor indptr = fjt_tensor(ip, 1, fjt_i32, 0x40000),
+           indices = fjt_tensor(ix, 1, fjt_i32, 0x41000),
+           last = fjt_tensor(ll, 1, fjt_i32, 0x42000),
+           table = fjt_tensor(bt, 2, fjt_i32, 0x43000),
+           lens = fjt_tensor(sl, 1, fjt_i32, 0x44000);
   fj_paged_csr_args c = {.kv_indptr = &indptr, .kv_indices = &indices,
                          .kv_last_page_len = &last, .page_size = 24,
                          .block_table = &table, .seqlens_k = &lens};
@@ -470,7 +450,7 @@ static void test_merge_and_csr_checks(void **state) {
   assert_int_equal(fj_paged_from_csr(ctx, &c), FJ_ETENSOR);
   assert_non_null(strstr(fj_context_last_error(ctx), "kv_indptr"));
   ip[0] = 4;
-  indices.dtype = i64;
+  indices.dtype = fjt_i64;
   assert_int_equal(fj_paged_from_csr(ctx, &c), FJ_ETENSOR);
   assert_non_null(strstr(fj_context_last_error(ctx), "kv_indices"));
   fj_context_destroy(ctx);

@@ -90,38 +90,6 @@ static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
   return fjt_build_tu(c, has_mask, has_score_mod, prologue, tail);
 }
 
-static void dump(const char *what, int d, fj_dtype dt, const char *ext, const char *text) {
-  const char *dir = getenv("FJ_TEST_NVRTC_DUMP");
-  if (!dir || !*dir) return;
-  char path[1024];
-  snprintf(path, sizeof path, "%s/sm90_%s_d%d_%s.%s", dir, what, d,
-           dt == FJ_DTYPE_F16 ? "f16" : "bf16", ext);
-  FILE *f = fopen(path, "w");
-  if (f) {
-    fputs(text, f);
-    fclose(f);
-  }
-}
-
-/* ptxas -v says "N bytes spill stores, M bytes spill loads" per function;
- * every such line must read 0 and 0. Returns the number of lines seen. */
-static int check_no_spills(const char *log, const char *what) {
-  int lines = 0;
-  for (const char *p = strstr(log, "bytes spill stores"); p;
-       p = strstr(p + 1, "bytes spill stores")) {
-    const char *line = p;
-    while (line > log && line[-1] != '\n') line--;
-    unsigned long st = 0, ld = 0;
-    const char *comma = strchr(line, ',');
-    assert_non_null(comma);
-    if (sscanf(comma + 1, " %lu bytes spill stores, %lu bytes spill loads", &st, &ld) != 2)
-      fail_msg("%s: cannot parse ptxas line: %.80s", what, line);
-    if (st || ld) fail_msg("%s spills: %.100s", what, line);
-    lines++;
-  }
-  return lines;
-}
-
 /* overlap: 1 the default (intra-warpgroup overlap on), 0 compiled with
  * -DFJ_INTRA_WG_OVERLAP=0, which the runtime falls back to when the default
  * spills (runtime/forward.c, refit_spilling). */
@@ -136,7 +104,11 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
   /* FJ_PERSISTENT, FJ_Q_BUFS (D=128's default is persistent: say which). */
   fjg_config_set_persistent(&c, persistent);
   char *tu = build_tu(&c, has_mask, has_score_mod, prologue);
-  dump(what, head_dim, dt, "cu", tu);
+  /* The dump files' name, and the unit's in a failure. */
+  char stem[128];
+  snprintf(stem, sizeof stem, "sm90_%s_d%d_%s", what, head_dim,
+           dt == FJ_DTYPE_F16 ? "f16" : "bf16");
+  fjt_dump(stem, "cu", tu);
   const char *opts[6] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
                          "--ptxas-options=-v"};
   int nopts = 4;
@@ -160,18 +132,10 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
     compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 0, persistent);
     return;
   }
-  dump(what, head_dim, dt, "log", log);
-  if (r != NVRTC_SUCCESS) {
-    fprintf(stderr, "NVRTC log (%s, D=%d, %s):\n%s\n", what, head_dim,
-            dt == FJ_DTYPE_F16 ? "f16" : "bf16", log);
-    fail_msg("nvrtcCompileProgram: %s", nvrtcGetErrorString(r));
-  }
-  size_t ptx_size = 0;
-  assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
-  char *ptx = malloc(ptx_size);
-  assert_non_null(ptx);
-  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
-  dump(what, head_dim, dt, "ptx", ptx);
+  fjt_dump(stem, "log", log);
+  fjt_require_compiled(r, log, stem);
+  char *ptx = fjt_program_ptx(prog);
+  fjt_dump(stem, "ptx", ptx);
   assert_non_null(strstr(ptx, "wgmma.mma_async"));
   assert_non_null(strstr(ptx, "cp.async.bulk.tensor"));
   assert_non_null(strstr(ptx, "setmaxnreg"));
@@ -186,7 +150,7 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
     assert_true(spilled >= 0);
     if (spilled > 0) printf("  %-12s D=%-3d persistent: %ld bytes of spills\n", what, head_dim, spilled);
   } else {
-    assert_true(check_no_spills(log, what) >= 1);
+    assert_true(fjt_check_no_spills(log, what) >= 1);
   }
   /* C7513, C7515: "wgmma.mma_async instructions are serialized" (every
    * wgmma waits for the previous one: the overlap is gone). */
@@ -196,12 +160,10 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
   /* gen/config.c reserves 5120 bytes of static shared memory next to the
    * dynamic, 9216 in the persistent kernel (SM90_STATIC_SMEM): ptxas's "N
    * bytes smem" must not exceed it. */
-  const char *sm = strstr(log, "bytes smem");
-  assert_non_null(sm);
-  while (sm > log && sm[-1] == ' ') sm--;
-  while (sm > log && sm[-1] >= '0' && sm[-1] <= '9') sm--;
-  if (atoi(sm) > (persistent ? 9216 : 5120))
-    fail_msg("%s D=%d: %d bytes of static shared memory", what, head_dim, atoi(sm));
+  assert_non_null(strstr(log, "bytes smem"));
+  const int static_smem = fjt_max_static_smem(log);
+  if (static_smem > (persistent ? 9216 : 5120))
+    fail_msg("%s D=%d: %d bytes of static shared memory", what, head_dim, static_smem);
   printf("  %-12s D=%-3d %-4s sm_90a %d x %d, %d stages, smem %d%s%s: %6.0f ms, cubin %zu B\n",
          what, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", c.block_m, c.block_n,
          c.num_stages, c.smem_bytes, overlap ? "" : ", no overlap",
@@ -297,11 +259,8 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
                    NVRTC_SUCCESS);
   nvrtcResult r = nvrtcCompileProgram(prog, nopts, opts);
   char *log = fjt_program_log(prog);
-  if (r != NVRTC_SUCCESS) {
-    fprintf(stderr, "NVRTC log (%s):\n%s\n", what, log);
-    fail_msg("nvrtcCompileProgram (%s): %s", what, nvrtcGetErrorString(r));
-  }
-  if (check_spills) assert_true(check_no_spills(log, what) >= 1);
+  fjt_require_compiled(r, log, what);
+  if (check_spills) assert_true(fjt_check_no_spills(log, what) >= 1);
   /* Serialized wgmma (C7512-C7520) would time another kernel. Not checked
    * where spills are allowed (the mbarrier poll counter's registers
    * serialize them, C7512), nor in the traces: the traced persistent kernel
@@ -311,11 +270,7 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
   if (check_spills && !traced && (strstr(log, "serialized") || strstr(log, "C7513") ||
                                   strstr(log, "C7515") || strstr(log, "C7520")))
     fail_msg("%s D=%d: ptxas serialized wgmma:\n%s", what, head_dim, log);
-  size_t ptx_size = 0;
-  assert_int_equal(nvrtcGetPTXSize(prog, &ptx_size), NVRTC_SUCCESS);
-  char *ptx = malloc(ptx_size);
-  assert_non_null(ptx);
-  assert_int_equal(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+  char *ptx = fjt_program_ptx(prog);
   /* The value took effect. FJ_VARLEN, FJ_SKIP: the unit without them (their
    * code folded away) is other code. */
   for (int i = 0; i < ndefs; i++)
@@ -324,12 +279,8 @@ static void compile_variant(const char *what, int head_dim, int has_mask,
       assert_int_equal(nvrtcCreateProgram(&plain, tu, "fj_fwd_sm90_plain.cu", 0, NULL, NULL),
                        NVRTC_SUCCESS);
       assert_int_equal(nvrtcCompileProgram(plain, 3, opts), NVRTC_SUCCESS);
-      size_t n = 0;
-      assert_int_equal(nvrtcGetPTXSize(plain, &n), NVRTC_SUCCESS);
-      char *other = malloc(n);
-      assert_non_null(other);
-      assert_int_equal(nvrtcGetPTX(plain, other), NVRTC_SUCCESS);
-      assert_true(n < ptx_size && strcmp(other, ptx) != 0);
+      char *other = fjt_program_ptx(plain);
+      assert_true(strlen(other) < strlen(ptx) && strcmp(other, ptx) != 0);
       free(other);
       nvrtcDestroyProgram(&plain);
     }
