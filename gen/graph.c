@@ -842,6 +842,17 @@ unsigned fjg_input_deps(const fjg_graph *g, int root) {
   return deps;
 }
 
+unsigned fjg_size_deps(const fjg_graph *g, int root) {
+  if (!valid_node(g, root)) return 0;
+  uint8_t *mark = mark_reachable(g, root);
+  if (!mark) return (1u << FJG_NUM_SIZES) - 1;
+  unsigned deps = 0;
+  for (int id = 0; id <= root; id++)
+    if (mark[id] && g->nodes[id].op == FJG_OP_SIZE) deps |= 1u << g->nodes[id].arg;
+  free(mark);
+  return deps;
+}
+
 /* ---- fjg_buf ---- */
 
 void fjg_buf_init(fjg_buf *b) { memset(b, 0, sizeof *b); }

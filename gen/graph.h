@@ -219,6 +219,8 @@ const struct fjg_derivative *fjg_graph_derivative(const fjg_graph *g);
 
 /* Which inputs a root depends on, as a bit set (1 << fjg_input). */
 unsigned fjg_input_deps(const fjg_graph *g, int root);
+/* The same for the sizes (bit fjg_size) that root reads. */
+unsigned fjg_size_deps(const fjg_graph *g, int root);
 
 /* Growable byte buffer used by serialization and emission. */
 typedef struct fjg_buf {

@@ -133,13 +133,11 @@ fj_status fjr_serving_bind(fj_context *ctx, const fj_forward_args *a, const fjr_
   return FJ_OK;
 }
 
-/* Whether any node of g reads the size Lq or Lk. */
+/* Whether mask_mod or score_mod reads Lq or Lk (its derivative reads what it reads). */
 static int reads_lengths(const fjg_graph *g) {
-  for (int i = 0; g && i < fjg_num_nodes(g); i++) {
-    const fjg_node *n = fjg_node_at(g, i);
-    if (n->op == FJG_OP_SIZE && (n->arg == FJG_SZ_LQ || n->arg == FJG_SZ_LK)) return 1;
-  }
-  return 0;
+  const unsigned lengths = (1u << FJG_SZ_LQ) | (1u << FJG_SZ_LK);
+  return ((fjg_size_deps(g, fjg_mask_root(g)) | fjg_size_deps(g, fjg_score_root(g))) &
+          lengths) != 0;
 }
 
 fj_status fjr_offsets_bind(fj_context *ctx, const fjg_graph *g, int64_t q_offset,

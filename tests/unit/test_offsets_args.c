@@ -1,0 +1,137 @@
+/*
+ * tests/unit/test_offsets_args.c: the checks of context parallel offsets
+ * (fj_forward_args.q_offset, kv_offset; runtime/serving.c's
+ * fjr_offsets_bind) without a GPU: what they fill, and each refusal with an
+ * error that names the rule, directly and through fj_attention_forward and
+ * fj_attention_backward (where they come before any device is touched).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "flexjit.h"
+#include "runtime/context_impl.h"
+#include "runtime/launch_params.h"
+#include "runtime/serving.h"
+#include "tests/unit/fake_tensors.h"
+
+static fj_spec *load(fj_context *ctx, const char *src) {
+  fj_spec *s = NULL;
+  assert_int_equal(fj_spec_load_string(ctx, src, strlen(src), "offsets", &s), FJ_OK);
+  return s;
+}
+
+static const char CAUSAL[] = "return { mask_mod = causal() }";
+static const char WINDOW[] =
+    "return { mask_mod = sliding_window(param(\"window\", \"i32\")), score_mod = alibi() }";
+static const char BOTTOM_RIGHT[] = "return { mask_mod = causal{align = \"bottom_right\"} }";
+static const char READS_LK[] =
+    "return { score_mod = function(s, b, h, q, kv) return s + (Lk - kv) * 0.01 end }";
+
+static void expect_refused(fj_context *ctx, fj_status got, fj_status want, const char *text) {
+  assert_int_equal(got, want);
+  if (!strstr(fj_context_last_error(ctx), text))
+    fail_msg("error '%s' does not say '%s'", fj_context_last_error(ctx), text);
+}
+
+static void test_bind_fills_and_refuses(void **state) {
+  (void)state;
+  fj_context *ctx = fjt_new_context();
+  fj_spec *causal = load(ctx, CAUSAL), *window = load(ctx, WINDOW);
+  fj_spec *br = load(ctx, BOTTOM_RIGHT), *lk = load(ctx, READS_LK);
+  const fjr_sizes base = {2, 8, 2, 300, 500, 0, 0};
+  fjr_sizes sz = base;
+  /* No offsets: nothing to check, even for a spec that reads the lengths. */
+  assert_int_equal(fjr_offsets_bind(ctx, fjr_spec_graph(br), 0, 0, 1, 1, &sz), FJ_OK);
+  assert_memory_equal(&sz, &base, sizeof sz);
+  /* Offsets into the parameters' sizes. */
+  assert_int_equal(fjr_offsets_bind(ctx, fjr_spec_graph(causal), 4096, 1024, 0, 0, &sz), FJ_OK);
+  assert_int_equal(sz.q_off, 4096);
+  assert_int_equal(sz.kv_off, 1024);
+  assert_int_equal(sz.Lq, 300);
+  sz = base;
+  assert_int_equal(fjr_offsets_bind(ctx, fjr_spec_graph(window), 0, 7, 0, 0, &sz), FJ_OK);
+  assert_int_equal(sz.q_off, 0);
+  assert_int_equal(sz.kv_off, 7);
+  /* Refusals. */
+  sz = base;
+  expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(causal), -1, 0, 0, 0, &sz),
+                 FJ_EINVAL, "must be >= 0");
+  expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(causal), 0, INT32_MAX - 100, 0, 0,
+                                       &sz),
+                 FJ_EINVAL, "below 2^31");
+  expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(causal), 64, 0, 1, 0, &sz),
+                 FJ_EUNSUPPORTED, "packed batches");
+  expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(causal), 64, 0, 0, 1, &sz),
+                 FJ_EUNSUPPORTED, "block mask");
+  expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(br), 64, 64, 0, 0, &sz),
+                 FJ_EUNSUPPORTED, "reads the lengths Lq or Lk");
+  expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(lk), 0, 64, 0, 0, &sz),
+                 FJ_EUNSUPPORTED, "reads the lengths Lq or Lk");
+  assert_memory_equal(&sz, &base, sizeof sz); /* a refusal fills nothing */
+  fj_spec_destroy(causal), fj_spec_destroy(window), fj_spec_destroy(br), fj_spec_destroy(lk);
+  fj_context_destroy(ctx);
+}
+
+/* A dense launch of 2 x 8 x 64 x 128 queries over 2 x 2 x 96 x 128 keys. */
+typedef struct dense {
+  int64_t qs[4], ks[4], ls[3];
+  DLTensor q, k, v, o, lse, dq, dk, dv, dout;
+} dense;
+
+static void dense_init(dense *t) {
+  const int64_t qs[4] = {2, 8, 64, 128}, ks[4] = {2, 2, 96, 128}, ls[3] = {2, 8, 64};
+  memcpy(t->qs, qs, sizeof qs);
+  memcpy(t->ks, ks, sizeof ks);
+  memcpy(t->ls, ls, sizeof ls);
+  t->q = fjt_tensor(t->qs, 4, fjt_bf16, 0x10000);
+  t->k = fjt_tensor(t->ks, 4, fjt_bf16, 0x20000);
+  t->v = fjt_tensor(t->ks, 4, fjt_bf16, 0x30000);
+  t->o = fjt_tensor(t->qs, 4, fjt_bf16, 0x40000);
+  t->lse = fjt_tensor(t->ls, 3, fjt_f32, 0x50000);
+  t->dq = fjt_tensor(t->qs, 4, fjt_bf16, 0x60000);
+  t->dk = fjt_tensor(t->ks, 4, fjt_bf16, 0x70000);
+  t->dv = fjt_tensor(t->ks, 4, fjt_bf16, 0x80000);
+  t->dout = fjt_tensor(t->qs, 4, fjt_bf16, 0x90000);
+}
+
+static void test_launches_refuse_before_the_device(void **state) {
+  (void)state;
+  fj_context *ctx = fjt_new_context();
+  fj_spec *br = load(ctx, BOTTOM_RIGHT), *causal = load(ctx, CAUSAL);
+  dense t;
+  dense_init(&t);
+  fj_forward_args fa = {.q = &t.q, .k = &t.k, .v = &t.v, .o = &t.o, .lse = &t.lse,
+                        .q_offset = 4096, .kv_offset = 4000};
+  expect_refused(ctx, fj_attention_forward(ctx, br, &fa), FJ_EUNSUPPORTED,
+                 "reads the lengths Lq or Lk");
+  fa.kv_offset = -5;
+  expect_refused(ctx, fj_attention_forward(ctx, causal, &fa), FJ_EINVAL, "must be >= 0");
+  fj_backward_args ba = {.q = &t.q, .k = &t.k, .v = &t.v, .o = &t.o, .lse = &t.lse,
+                         .dout = &t.dout, .dq = &t.dq, .dk = &t.dk, .dv = &t.dv,
+                         .q_offset = 64};
+  expect_refused(ctx, fj_attention_backward(ctx, br, &ba), FJ_EUNSUPPORTED,
+                 "reads the lengths Lq or Lk");
+  /* Accepted offsets get past the checks: whatever fails next (no GPU
+   * here) is not about them. */
+  fa.kv_offset = 4000;
+  const fj_status st = fj_attention_forward(ctx, causal, &fa);
+  if (st != FJ_OK && strstr(fj_context_last_error(ctx), "offset"))
+    fail_msg("accepted offsets refused: %s", fj_context_last_error(ctx));
+  fj_spec_destroy(br), fj_spec_destroy(causal);
+  fj_context_destroy(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bind_fills_and_refuses),
+      cmocka_unit_test(test_launches_refuse_before_the_device),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
