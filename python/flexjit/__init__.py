@@ -36,11 +36,14 @@ except ImportError:
     block_mask = _needs_torch("block_mask")
     merge_states = _needs_torch("merge_states")
     paged_from_csr = _needs_torch("paged_from_csr")
+    ring_attention = _needs_torch("ring_attention")
     BlockMask = None
 else:
+    from ._ring import ring_attention
     from ._serving import merge_states, paged_from_csr
     from ._torch import BlockMask, attention, block_mask, varlen_attention
 
 __all__ = ["Spec", "SpecArg", "KernelInfo", "FlexjitError", "attention", "varlen_attention",
-           "block_mask", "BlockMask", "merge_states", "paged_from_csr", "precompile",
+           "block_mask", "BlockMask", "merge_states", "paged_from_csr", "ring_attention",
+           "precompile",
            "mount_pack", "version", "library_path", "cli_path"]

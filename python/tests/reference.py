@@ -86,17 +86,20 @@ def dense_attention(q, k, v, mask_mod, score_mod, scale=None):
     return p.to(v.dtype) @ v, lse
 
 
-def dense_backward(q, k, v, dout, dlse, mask_mod, score_mod, scale=None):
+def dense_backward(q, k, v, dout, dlse, mask_mod, score_mod, scale=None, o=None, lse=None):
     """Gradients of dense_attention (float64) by the backward pass's formulas
     (docs/backward.md) for a score_mod whose derivative in the score is 1 (a
     bias): dq, dk, dv (GQA summed over groups) and dS', whose sums give a
     bias buffer's gradient. Without autograd, so that it runs inside a custom
-    op's kernel."""
+    op's kernel. o and lse: the forward's, as the backward kernels take them
+    (a context parallel pair's are the whole attention's); None: computed
+    here from q, k, v."""
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[1]
     g = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    o, lse = dense_attention(q, k, v, mask_mod, score_mod, scale)
+    if o is None or lse is None:
+        o, lse = dense_attention(q, k, v, mask_mod, score_mod, scale)
     kr, vr = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s = (q @ kr.transpose(-1, -2)) * scale
     b = torch.arange(B).view(B, 1, 1, 1)

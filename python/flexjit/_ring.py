@@ -1,0 +1,204 @@
+"""Context parallel attention over torch.distributed (docs/context_parallel.md):
+ring_attention, forward and backward.
+
+Each rank of a process group holds a shard of the sequence: q, k and v of its
+positions. The kv shards pass around the ring (rank r sends to r + 1 and
+receives from r - 1) while each rank attends its q shard to the kv shard it
+holds, placed in the whole sequence by q_offset and kv_offset, so any spec's
+mask and score_mod apply as in the whole. The partial results merge by their
+LSE in float32. The backward passes the kv shards around again with their
+dk and dv accumulators (float32), each pair's gradients computed by the
+backward kernel from the whole attention's O and LSE.
+
+Layouts: "contiguous", rank r holds positions [r S, (r + 1) S); "zigzag",
+the sequence cut into 2N chunks of S / 2 and rank r holds chunks r and
+2N - 1 - r (concatenated), which gives every rank the same share of a causal
+mask's work.
+
+Sends and receives are posted before each step's attention and waited for
+after it: with NCCL they run on its own stream, beside the kernels."""
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import _torch as fjt
+from .spec import Spec
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def _chunks(rank: int, n: int, length: int, layout: str) -> List[Tuple[int, int, int]]:
+    """(start in the local tensor, position in the whole sequence, length) of
+    each chunk a rank holds."""
+    if layout == "contiguous":
+        return [(0, rank * length, length)]
+    c = length // 2
+    return [(0, rank * c, c), (c, (2 * n - 1 - rank) * c, c)]
+
+
+def _pair_fwd(q, k, v, sid, scale, ints, floats, bufs, q_off, kv_off):
+    args = (q, k, v, sid, scale, ints, floats, bufs, [], []) + fjt.NO_SERVING[:7] + (q_off,
+                                                                                     kv_off)
+    if fjt._eager(q):
+        return fjt.forward_impl(*args)
+    return torch.ops.flexjit.attention_fwd.default(*args)
+
+
+def _pair_bwd(dout, q, k, v, out, lse, sid, scale, ints, floats, bufs, q_off, kv_off):
+    args = (dout, None, q, k, v, out, lse, sid, scale, ints, floats, bufs, [], [], None, None,
+            0, 0, q_off, kv_off)
+    if fjt._eager(q):
+        return fjt.backward_impl(*args)
+    return torch.ops.flexjit.attention_bwd.default(*args)
+
+
+def _merge(acc, o, lse):
+    """acc (O float32, LSE) with one more segment (o, lse); rows of no keys
+    (LSE -inf) add nothing."""
+    if acc is None:
+        return o.float(), lse.clone()
+    ao, al = acc
+    new = torch.logaddexp(al, lse)
+    keep = torch.isfinite(new)
+    wa = torch.where(keep, torch.exp(al - new), torch.zeros_like(new))
+    wb = torch.where(keep, torch.exp(lse - new), torch.zeros_like(new))
+    return ao * wa[..., None] + o.float() * wb[..., None], new
+
+
+def _exchange(group, sends: List[Tensor], recvs: List[Tensor]):
+    """Posts sends of `sends` to the next rank and receives into `recvs` from
+    the previous one; returns the requests to wait for."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    nxt = dist.get_global_rank(group, (rank + 1) % n) if group is not None else (rank + 1) % n
+    prv = dist.get_global_rank(group, (rank - 1) % n) if group is not None else (rank - 1) % n
+    ops = [dist.P2POp(dist.isend, t, nxt, group) for t in sends]
+    ops += [dist.P2POp(dist.irecv, t, prv, group) for t in recvs]
+    return dist.batch_isend_irecv(ops)
+
+
+def _wait(reqs):
+    for r in reqs:
+        r.wait()
+
+
+class _Ring(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sid, scale, ints, floats, layout, group, *bufs):
+        bufs = list(bufs)
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
+        S = q.shape[2]
+        mine = _chunks(rank, n, S, layout)
+        acc = [None] * len(mine)
+        k_cur, v_cur = k.contiguous(), v.contiguous()
+        for step in range(n):
+            reqs = []
+            if step < n - 1:
+                k_nxt, v_nxt = torch.empty_like(k_cur), torch.empty_like(v_cur)
+                reqs = _exchange(group, [k_cur, v_cur], [k_nxt, v_nxt])
+            src = (rank - step) % n
+            for i, (qs, qp, ql) in enumerate(mine):
+                for ks, kp, kl in _chunks(src, n, S, layout):
+                    o, lse = _pair_fwd(q[:, :, qs:qs + ql], k_cur[:, :, ks:ks + kl],
+                                       v_cur[:, :, ks:ks + kl], sid, scale, ints, floats,
+                                       bufs, qp, kp)
+                    acc[i] = _merge(acc[i], o, lse)
+            _wait(reqs)
+            if step < n - 1:
+                k_cur, v_cur = k_nxt, v_nxt
+        out = torch.cat([a[0] for a in acc], 2).to(q.dtype)
+        lse = torch.cat([a[1] for a in acc], 2)
+        ctx.save_for_backward(q, k, v, out, lse, *bufs)
+        ctx.flexjit = (sid, scale, ints, floats, layout, group)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, *bufs = ctx.saved_tensors
+        sid, scale, ints, floats, layout, group = ctx.flexjit
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
+        S = q.shape[2]
+        mine = _chunks(rank, n, S, layout)
+        dout = dout.contiguous()
+        dq = torch.zeros_like(q, dtype=torch.float32)
+        k_cur, v_cur = k.contiguous(), v.contiguous()
+        dk_cur = torch.zeros_like(k, dtype=torch.float32)
+        dv_cur = torch.zeros_like(v, dtype=torch.float32)
+        trainable = [t for t, a in zip(bufs, fjt.core_by_id(sid).buffers) if a.trainable]
+        dbufs = [torch.zeros(b.shape[0], dtype=torch.float32, device=b.device)
+                 for b in trainable]
+        for step in range(n):
+            src = (rank - step) % n
+            kv_reqs = []
+            if step < n - 1:  # k and v move on while this step's gradients are computed
+                k_nxt, v_nxt = torch.empty_like(k_cur), torch.empty_like(v_cur)
+                kv_reqs = _exchange(group, [k_cur, v_cur], [k_nxt, v_nxt])
+            for qs, qp, ql in mine:
+                rows = slice(qs, qs + ql)
+                for ks, kp, kl in _chunks(src, n, S, layout):
+                    cols = slice(ks, ks + kl)
+                    gq, gk, gv, gb = _pair_bwd(dout[:, :, rows], q[:, :, rows],
+                                               k_cur[:, :, cols], v_cur[:, :, cols],
+                                               out[:, :, rows], lse[:, :, rows], sid, scale,
+                                               ints, floats, bufs, qp, kp)
+                    dq[:, :, rows] += gq
+                    dk_cur[:, :, cols] += gk
+                    dv_cur[:, :, cols] += gv
+                    for acc, g in zip(dbufs, gb):
+                        acc += g
+            # The gradients so far follow their k and v to the next rank;
+            # after the last step they reach the shard's owner.
+            recvs = [torch.empty_like(dk_cur), torch.empty_like(dv_cur)]
+            _wait(_exchange(group, [dk_cur, dv_cur], recvs))
+            _wait(kv_reqs)
+            dk_cur, dv_cur = recvs
+            if step < n - 1:
+                k_cur, v_cur = k_nxt, v_nxt
+        # A buffer every rank holds whole: its gradient sums every rank's part.
+        for g in dbufs:
+            dist.all_reduce(g, group=group)
+        it = iter(dbufs)
+        grads = [next(it) if b.requires_grad and a.trainable else None
+                 for b, a in zip(bufs, fjt.core_by_id(sid).buffers)]
+        return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), None, None, None,
+                None, None, None, *grads)
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=None,
+                   scale: Optional[float] = None, return_lse: bool = False, *,
+                   group=None, layout: str = "contiguous"):
+    """Attention over a sequence split across the ranks of `group` (None:
+    the default group; with a DeviceMesh, mesh.get_group(dim)): q [B, Hq, S,
+    D], k and v [B, Hkv, S, D], this rank's shard of S positions of the whole
+    N x S (layout "contiguous": positions rank S .. rank S + S - 1; "zigzag":
+    chunks rank and 2N - 1 - rank of S / 2 positions each, concatenated, S
+    even). The spec's mask_mod and score_mod see positions of the whole
+    sequence; buffers they index by position (document ids) hold the whole
+    sequence on every rank. Not with a spec that reads Lq or Lk.
+
+    Returns this rank's O (like q, contiguous), and LSE [B, Hq, S] (float32)
+    with return_lse. Differentiable in q, k, v and trainable buffers (their
+    gradient summed over the group). Every rank of the group calls it with
+    the same shapes, spec, params and layout."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} (got {layout!r})")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("ring_attention takes q [B, Hq, S, D] and k, v [B, Hkv, S, D] "
+                         f"(got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)})")
+    if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
+        raise ValueError("q, k and v of a rank hold the same positions (the same S: got "
+                         f"{q.shape[2]}, {k.shape[2]}, {v.shape[2]})")
+    if layout == "zigzag" and q.shape[2] % 2:
+        raise ValueError(f"the zigzag layout holds two chunks of S / 2 (S = {q.shape[2]} is "
+                         "odd)")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("ring_attention needs torch.distributed initialized "
+                           "(dist.init_process_group)")
+    core = spec._core
+    ints, floats, bufs = core.values(params, buffers)
+    sc = 0.0 if scale is None else float(scale)
+    out, lse = _Ring.apply(q, k, v, core.id, sc, ints, floats, layout, group, *bufs)
+    return (out, lse) if return_lse else out
