@@ -151,10 +151,11 @@ class _Ring(torch.autograd.Function):
                         acc += g
             # The gradients so far follow their k and v to the next rank;
             # after the last step they reach the shard's owner.
-            recvs = [torch.empty_like(dk_cur), torch.empty_like(dv_cur)]
-            _wait(_exchange(group, [dk_cur, dv_cur], recvs))
+            if n > 1:
+                recvs = [torch.empty_like(dk_cur), torch.empty_like(dv_cur)]
+                _wait(_exchange(group, [dk_cur, dv_cur], recvs))
+                dk_cur, dv_cur = recvs
             _wait(kv_reqs)
-            dk_cur, dv_cur = recvs
             if step < n - 1:
                 k_cur, v_cur = k_nxt, v_nxt
         # A buffer every rank holds whole: its gradient sums every rank's part.

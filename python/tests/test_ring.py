@@ -129,7 +129,7 @@ def _run_ring(n, name, layout, S, backend):
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "bias"])
 def test_ring_matches_whole_attention(name, layout, n):
