@@ -472,6 +472,10 @@ static void test_run_serving_options(void **state) {
        "--backward with --skip-softmax: Skip Softmax is inference-only"},
       {"--varlen 3 --deterministic", "--deterministic is a mode of the backward pass"},
       {"--seqlens-k 4 --block-mask on", "--block-mask on: a block mask covers"},
+      {"--q-offset -1", "--q-offset: '-1' is not an integer in [0, 1073741824]"},
+      {"--kv-offset x", "--kv-offset: 'x' is not an integer"},
+      {"--q-offset 64 --varlen 3", "--q-offset/--kv-offset with --varlen"},
+      {"--kv-offset 64 --block-mask on", "--q-offset/--kv-offset with --block-mask on"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --kv-heads 2 "
@@ -497,6 +501,10 @@ static void test_run_serving_options(void **state) {
                                with_b), 2);
   fjt_expect_in(fjt_err, "reads b (or the batch size)");
   assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 4 --q-len 16", with_b), 2);
+  fjt_expect_in(fjt_err, "no GPU");
+  /* Offsets that pass the checks get as far as the missing GPU. */
+  assert_int_equal(fjt_flexjit(NO_GPU, "run %s --heads 4 --q-len 16 --q-offset 4096 "
+                                       "--kv-offset 4000 --check --backward", spec), 2);
   fjt_expect_in(fjt_err, "no GPU");
   static const char *const good_opts[] = {
       "--page-size 16", "--page-size 256 --seqlens-k random", "--seqlens-k 9",
