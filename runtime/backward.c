@@ -373,8 +373,10 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   _Alignas(128) fjr_tma_bwd_maps maps;
   if (k->cfg.uses_tma) {
     char err[512];
-    st = fjr_tma_bwd_maps_build(ctx->drv, &k->cfg, p, args->q->shape[0], args->k->shape[0],
-                                &maps, err, sizeof err);
+    /* Packed q and k: their dimension 0. */
+    const fjr_tma_rows rows = {args->cu_seqlens_q ? args->q->shape[0] : 0,
+                               args->cu_seqlens_k ? args->k->shape[0] : 0};
+    st = fjr_tma_bwd_maps_build(ctx->drv, &k->cfg, p, &rows, &maps, err, sizeof err);
     if (st != FJ_OK) {
       if (!args->workspace) ctx->drv->cuMemFreeAsync(scratch, stream);
       return fjr_fail(ctx, st, "%s", err);

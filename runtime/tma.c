@@ -128,19 +128,24 @@ static fj_status encode_dq_accum(const fjr_driver *drv, const fjr_bwd_params_fix
 }
 
 fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
-                                 const fjr_bwd_params_fixed *p, int64_t total_q,
-                                 int64_t total_k, fjr_tma_bwd_maps *out, char *err,
-                                 size_t errlen) {
+                                 const fjr_bwd_params_fixed *p, const fjr_tma_rows *rows,
+                                 fjr_tma_bwd_maps *out, char *err, size_t errlen) {
   fj_status st = maps_start(drv, cfg, p && out, "fjr_tma_bwd_maps_build", err, errlen);
   if (st != FJ_OK) return st;
+  const fjr_tma_rows none = {0, 0};
+  if (!rows) rows = &none;
+  if ((p->cu_seqlens_q && rows->q_rows <= 0) || (p->cu_seqlens_k && rows->kv_rows <= 0))
+    return tma_fail(err, errlen, FJ_EINVAL,
+                    "fjr_tma_bwd_maps_build: a packed tensor without its rows");
   memset(out, 0, sizeof *out);
   const int64_t D = cfg->head_dim;
   const uint32_t bm = (uint32_t)cfg->block_m, bn = (uint32_t)cfg->block_n;
   /* Packed tensors are (D, total, H, 1): a sequence's rows are found from
    * cu_seqlens by the kernel (batch stride 0, normalized for the extent of
    * 1). */
-  const int64_t lq = p->cu_seqlens_q ? total_q : p->sz.Lq, bq = p->cu_seqlens_q ? 1 : p->sz.B;
-  const int64_t lk = p->cu_seqlens_k ? total_k : p->sz.Lk, bk = p->cu_seqlens_k ? 1 : p->sz.B;
+  const int64_t lq = p->cu_seqlens_q ? rows->q_rows : p->sz.Lq;
+  const int64_t lk = p->cu_seqlens_k ? rows->kv_rows : p->sz.Lk;
+  const int64_t bq = p->cu_seqlens_q ? 1 : p->sz.B, bk = p->cu_seqlens_k ? 1 : p->sz.B;
   tma_tensor t[] = {
       {"q", p->q, {D, lq, p->sz.Hq, bq}, {p->q_ss, p->q_sh, p->q_sb}, bm},
       {"k", p->k, {D, lk, p->sz.Hkv, bk}, {p->k_ss, p->k_sh, p->k_sb}, bn},

@@ -93,13 +93,12 @@ typedef struct fjr_tma_bwd_maps {
 /*
  * Encodes the backward's maps from its packed parameters (pointers,
  * strides and sizes, dq_accum already placed in the scratch) and its
- * configuration; total_q and total_k are the rows of packed q-side and
- * k-side tensors (read where p's cu_seqlens_q, cu_seqlens_k are set).
- * Fails as fjr_tma_maps_build does; err gets why.
+ * configuration; `rows` as fjr_tma_maps_build's (the packed q-side and
+ * k-side tensors' rows; may be NULL without packed tensors). Fails as
+ * fjr_tma_maps_build does; err gets why.
  */
 fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
-                                 const fjr_bwd_params_fixed *p, int64_t total_q,
-                                 int64_t total_k, fjr_tma_bwd_maps *out, char *err,
-                                 size_t errlen);
+                                 const fjr_bwd_params_fixed *p, const fjr_tma_rows *rows,
+                                 fjr_tma_bwd_maps *out, char *err, size_t errlen);
 
 #endif /* FJR_TMA_H */

@@ -9,7 +9,8 @@
  *     largest power of two that divides the page size, at most a tile's
  *     rows (never across a page), for page sizes 16 to 256;
  *   - seqlens_k alone leaves every map as without serving fields;
- *   - a packed or paged tensor without its rows is refused.
+ *   - a packed or paged tensor without its rows is refused (the backward's
+ *     maps too).
  * CPU only.
  */
 #include <setjmp.h>
@@ -206,6 +207,21 @@ static void test_rows_missing(void **state) {
   assert_int_equal(fjr_tma_maps_build(&drv, &c, &p, &no_pages, &maps, err, sizeof err),
                    FJ_EINVAL);
   assert_non_null(strstr(err, "rows"));
+  /* The backward's maps likewise, for packed k. */
+  fjg_config bc;
+  assert_int_equal(fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &bc, err,
+                                              sizeof err),
+                   FJ_OK);
+  fjr_bwd_params_fixed bp;
+  memset(&bp, 0, sizeof bp);
+  bp.q = bp.k = bp.v = bp.dout = bp.dk = bp.dv = bp.dq_accum = 4096;
+  bp.sz.B = 1, bp.sz.Hq = bp.sz.Hkv = 1, bp.sz.Lq = bp.sz.Lk = 64;
+  bp.cu_seqlens_q = bp.cu_seqlens_k = 256;
+  const fjr_tma_rows q_only = {300, 0};
+  fjr_tma_bwd_maps bmaps;
+  assert_int_equal(fjr_tma_bwd_maps_build(&drv, &bc, &bp, &q_only, &bmaps, err, sizeof err),
+                   FJ_EINVAL);
+  assert_non_null(strstr(err, "fjr_tma_bwd_maps_build: a packed tensor without its rows"));
 }
 
 int main(void) {
