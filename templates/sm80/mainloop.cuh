@@ -115,6 +115,22 @@ __device__ __forceinline__ void fjk_tile_step(
         }
   }
 
+  // ---- each row's max on the tile (log2 units): rows g and g + 8 of each
+  // m16 tile, the four lanes of a quad holding the row between them ----
+  float m_tile[FJK_MT][2];
+#pragma unroll
+  for (int mt = 0; mt < FJK_MT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = fj_neg_inf();
+#pragma unroll
+      for (int nt = 0; nt < FJK_NT; ++nt)
+        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      m_tile[mt][hh] = mx * exp_scale;
+    }
+
 #if FJ_SKIP
   // ---- Skip Softmax: when every row of the warp whose max on this
   // sub-tile is finite lies more than -skip_log2 below its running max
@@ -125,13 +141,7 @@ __device__ __forceinline__ void fjk_tile_step(
     for (int mt = 0; mt < FJK_MT; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float mx = fj_neg_inf();
-#pragma unroll
-        for (int nt = 0; nt < FJK_NT; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m = mx * exp_scale;
+        const float m = m_tile[mt][hh];
         skip &= m == fj_neg_inf() || m < row_m[mt][hh] + p.skip_log2 ||
                 wq0 + mt * 16 + g + 8 * hh >= sz.Lq;
       }
@@ -139,27 +149,19 @@ __device__ __forceinline__ void fjk_tile_step(
   }
 #endif
 
-  // ---- online softmax: rows g and g + 8 of each m16 tile ----
+  // ---- online softmax ----
   float alpha[FJK_MT][2], shift[FJK_MT][2];
   bool grow_any = false;
 #pragma unroll
   for (int mt = 0; mt < FJK_MT; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = fj_neg_inf();
-#pragma unroll
-      for (int nt = 0; nt < FJK_NT; ++nt)
-        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
-      // The four lanes of a quad hold the row between them.
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_old = row_m[mt][hh];
-      const float m_tile = mx * exp_scale;
+      const float m_old = row_m[mt][hh], m_new = m_tile[mt][hh];
       // Raise the shift only when the max outgrows it by the threshold
       // (always when it was -inf and is no longer). -inf - -inf never occurs.
-      const bool grow = m_tile > m_old + FJK_RESCALE_THRESHOLD;
-      alpha[mt][hh] = grow ? fj_exp2(m_old - m_tile) : 1.0f;
-      const float m_use = grow ? m_tile : m_old;
+      const bool grow = m_new > m_old + FJK_RESCALE_THRESHOLD;
+      alpha[mt][hh] = grow ? fj_exp2(m_old - m_new) : 1.0f;
+      const float m_use = grow ? m_new : m_old;
       row_m[mt][hh] = m_use;
       // A row with nothing allowed yet keeps m = -inf; shifting by 0 instead
       // avoids (-inf) - (-inf) = NaN, and all its terms are 0 anyway.
