@@ -24,6 +24,7 @@
 #include "gen/interval.h"
 #include "gen/reference.h"
 #include "runtime/context.h"
+#include "runtime/decode.h"
 
 /* Absolute error floors of the check (see fjg_ref_check): small against
  * the low-precision error of O (~1e-3..1e-2), and a few float32 ulps of a
@@ -531,7 +532,8 @@ static int poison(run_state *s) {
                "cuMemsetD32");
 }
 
-static int launch(run_state *s) {
+/* The forward's arguments for this run's device tensors and options. */
+static fj_forward_args forward_args(const run_state *s) {
   fj_forward_args a;
   memset(&a, 0, sizeof a);
   a.q = &s->dq.t, a.k = &s->dk.t, a.v = &s->dv.t;
@@ -547,6 +549,11 @@ static int launch(run_state *s) {
   if (s->L.varlen) a.max_seqlen_q = s->L.max_q, a.max_seqlen_k = s->L.max_k;
   a.skip_softmax_threshold = (float)s->c->skip_softmax;
   a.q_offset = s->c->q_offset, a.kv_offset = s->c->kv_offset;
+  return a;
+}
+
+static int launch(run_state *s) {
+  const fj_forward_args a = forward_args(s);
   if (fj_attention_forward(s->ctx, s->spec, &a) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
     return 0;
@@ -597,12 +604,14 @@ static int report_kernel(run_state *s) {
   fj_block_mask_info bmi; /* the launch picks the kernel its blocks fit */
   if (s->bm && fj_block_mask_get_info(s->bm, &bmi) == FJ_OK)
     ko.block_mask_block_q = bmi.block_q;
+  /* What the launch runs: the decode kernel (runtime/decode.c's rule), else
+   * the forward's variant for its layouts and Skip Softmax. */
+  const fj_forward_args a = forward_args(s);
+  ko.varlen = a.seqlens_k || a.block_table || a.cu_seqlens_q;
+  ko.skip_softmax = a.skip_softmax_threshold > 0.0f;
   fj_kernel_info info;
-  /* What the launch runs: the decode kernel for short, unpacked queries
-   * (runtime/decode.c's rule), else the forward. */
-  const int decode = s->c->Lq <= FJ_DECODE_MAX_Q && !s->c->varlen_n &&
-                     (s->c->D == 64 || s->c->D == 128);
-  if ((decode ? fj_compile_decode : fj_compile_forward)(s->ctx, s->spec, &ko, &info) != FJ_OK) {
+  if ((fjr_decode_applies(&a) ? fj_compile_decode : fj_compile_forward)(s->ctx, s->spec, &ko,
+                                                                        &info) != FJ_OK) {
     cli_error("run", "%s", fj_context_last_error(s->ctx));
     return 0;
   }
