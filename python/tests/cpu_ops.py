@@ -10,6 +10,13 @@ from flexjit.spec import core_by_id
 from reference import (dense_attention, dense_backward, example_mods, serving_attention,
                        split_sequences)
 
+# The one spec with a trainable buffer these kernels know: a bias on kv.
+BIAS_SPEC = """
+local bias = buffer("bias", "f32", {grad = true})
+return { name = "trainable_bias", mask_mod = causal(),
+         score_mod = function(score, b, h, q, kv) return score + bias[kv] end }
+"""
+
 
 def _mods(core, q, k, buffers, ints):
     return _mods_for(core, q.shape[1], q.shape[2], k.shape[2], buffers, ints)

@@ -20,12 +20,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import flexjit  # noqa: E402
 
 from conftest import example  # noqa: E402
-
-BIAS_SPEC = """
-local bias = buffer("bias", "f32", {grad = true})
-return { name = "trainable_bias", mask_mod = causal(),
-         score_mod = function(score, b, h, q, kv) return score + bias[kv] end }
-"""
+from cpu_ops import BIAS_SPEC  # noqa: E402
 
 B, HQ, HKV = 2, 4, 2
 

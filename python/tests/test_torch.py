@@ -13,14 +13,8 @@ from flexjit import _serving as fjs  # noqa: E402
 from flexjit import _torch as fjt  # noqa: E402
 
 from conftest import example  # noqa: E402
-from cpu_ops import _mods  # noqa: E402  (registers the ops' CPU kernels)
+from cpu_ops import BIAS_SPEC, _mods  # noqa: E402  (registers the ops' CPU kernels)
 from reference import dense_attention, example_mods, serving_attention  # noqa: E402
-
-BIAS_SPEC = """
-local bias = buffer("bias", "f32", {grad = true})
-return { name = "trainable_bias", mask_mod = causal(),
-         score_mod = function(score, b, h, q, kv) return score + bias[kv] end }
-"""
 
 
 
