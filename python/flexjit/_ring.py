@@ -8,7 +8,8 @@ holds, placed in the whole sequence by q_offset and kv_offset, so any spec's
 mask and score_mod apply as in the whole. The partial results merge by their
 LSE in float32. The backward passes the kv shards around again with their
 dk and dv accumulators (float32), each pair's gradients computed by the
-backward kernel from the whole attention's O and LSE.
+backward kernel from the whole attention's O and LSE; an accumulator sent
+after one step is received while the next step computes.
 
 Layouts: "contiguous", rank r holds positions [r S, (r + 1) S); "zigzag",
 the sequence cut into 2N chunks of S / 2 and rank r holds chunks r and
@@ -125,17 +126,22 @@ class _Ring(torch.autograd.Function):
         dout = dout.contiguous()
         dq = torch.zeros_like(q, dtype=torch.float32)
         k_cur, v_cur = k.contiguous(), v.contiguous()
-        dk_cur = torch.zeros_like(k, dtype=torch.float32)
-        dv_cur = torch.zeros_like(v, dtype=torch.float32)
         trainable = [t for t, a in zip(bufs, fjt.core_by_id(sid).buffers) if a.trainable]
         dbufs = [torch.zeros(b.shape[0], dtype=torch.float32, device=b.device)
                  for b in trainable]
+        # The dk and dv accumulators (float32) travel with their kv shard:
+        # the ones sent after step s - 1 arrive while step s computes.
+        # (requests, dk, dv received, dk, dv sent: kept alive until the
+        # requests are done) of the accumulators on their way.
+        grads_in = None
         for step in range(n):
             src = (rank - step) % n
             kv_reqs = []
             if step < n - 1:  # k and v move on while this step's gradients are computed
                 k_nxt, v_nxt = torch.empty_like(k_cur), torch.empty_like(v_cur)
                 kv_reqs = _exchange(group, [k_cur, v_cur], [k_nxt, v_nxt])
+            dk_step = torch.zeros_like(k_cur, dtype=torch.float32)
+            dv_step = torch.zeros_like(v_cur, dtype=torch.float32)
             for qs, qp, ql in mine:
                 rows = slice(qs, qs + ql)
                 for ks, kp, kl in _chunks(src, n, S, layout):
@@ -145,19 +151,26 @@ class _Ring(torch.autograd.Function):
                                                out[:, :, rows], lse[:, :, rows], sid, scale,
                                                ints, floats, bufs, qp, kp)
                     dq[:, :, rows] += gq
-                    dk_cur[:, :, cols] += gk
-                    dv_cur[:, :, cols] += gv
+                    dk_step[:, :, cols] += gk
+                    dv_step[:, :, cols] += gv
                     for acc, g in zip(dbufs, gb):
                         acc += g
-            # The gradients so far follow their k and v to the next rank;
-            # after the last step they reach the shard's owner.
+            if grads_in is not None:  # what the ranks before this one added
+                _wait(grads_in[0])
+                dk_step += grads_in[1]
+                dv_step += grads_in[2]
+            dk_cur, dv_cur = dk_step, dv_step
+            # On to the next rank; after the last step they reach the shard's
+            # owner.
             if n > 1:
                 recvs = [torch.empty_like(dk_cur), torch.empty_like(dv_cur)]
-                _wait(_exchange(group, [dk_cur, dv_cur], recvs))
-                dk_cur, dv_cur = recvs
+                grads_in = (_exchange(group, [dk_cur, dv_cur], recvs), *recvs, dk_cur, dv_cur)
             _wait(kv_reqs)
             if step < n - 1:
                 k_cur, v_cur = k_nxt, v_nxt
+        if grads_in is not None:
+            _wait(grads_in[0])
+            dk_cur, dv_cur = grads_in[1], grads_in[2]
         # A buffer every rank holds whole: its gradient sums every rank's part.
         for g in dbufs:
             dist.all_reduce(g, group=group)
