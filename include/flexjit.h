@@ -178,6 +178,32 @@ typedef struct fj_arg {
   const DLTensor *grad;
 } fj_arg;
 
+/* A block of (query, key) pairs for fj_spec_block_class: query rows q0..q1
+ * and key rows kv0..kv1 (inclusive, rows of the tensors, 0 <= q0 <= q1 < Lq
+ * and 0 <= kv0 <= kv1 < Lk), for every batch index below B and query head
+ * below Hq, in a launch of these sizes and offsets (as fj_forward_args':
+ * mask_mod sees q + q_offset and kv + kv_offset). */
+typedef struct fj_block_query {
+  int64_t B, Hq, Hkv, Lq, Lk;
+  int64_t q_offset, kv_offset;
+  int64_t q0, q1, kv0, kv1;
+} fj_block_query;
+
+enum { FJ_BLOCK_EMPTY = 0, FJ_BLOCK_PARTIAL = 1, FJ_BLOCK_FULL = 2 };
+
+/* Classifies spec's mask_mod on a block, on the host, by the interval
+ * analysis the kernels skip tiles with: *out_class = FJ_BLOCK_EMPTY when it
+ * is false for every pair (every b and h), FJ_BLOCK_FULL when true for every
+ * pair (also without a mask_mod), else FJ_BLOCK_PARTIAL. Sound, not exact: a
+ * block it cannot decide is PARTIAL, and buffer values are not read (a mask
+ * that reads a buffer is decided by its index arithmetic alone, as a document
+ * mask's causal part). args gives the spec's params by name (buffers may be
+ * among them and are ignored). For a caller that would launch attention on a
+ * block the mask leaves empty, such as the pairs of a context parallel
+ * ring. Pure host work, microseconds a (b, h). */
+fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_args,
+                              const fj_block_query *query, int *out_class);
+
 /* What a compiled kernel is specialized on. */
 typedef struct fj_kernel_options {
   int head_dim;     /* 64 or 128; 256 with the sm90 template (sm_90a) */

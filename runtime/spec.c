@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen/interval.h"
 #include "lua/spec.h"
 #include "runtime/context_impl.h"
 #include "runtime/kernels.h"
@@ -132,6 +133,76 @@ fj_status fj_spec_arg_trainable(const fj_spec *spec, int index, int *trainable) 
   if (!spec || !trainable || index < 0 || index >= fjg_num_args(spec->graph))
     return FJ_EINVAL;
   *trainable = fjg_arg_at(spec->graph, index)->trainable ? 1 : 0;
+  return FJ_OK;
+}
+
+fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_args,
+                              const fj_block_query *query, int *out_class) {
+  if (!spec || !query || !out_class || num_args < 0 || (num_args > 0 && !args))
+    return FJ_EINVAL;
+  fj_context *ctx = spec->ctx;
+  const fj_block_query *b = query;
+  const int64_t lim = INT32_MAX;
+  if (b->B < 1 || b->Hq < 1 || b->Hkv < 1 || b->Lq < 1 || b->Lk < 1 || b->B > lim ||
+      b->Hq > lim || b->Hkv > lim || b->Lq > lim || b->Lk > lim)
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "fj_spec_block_class: sizes B %lld, Hq %lld, Hkv %lld, Lq %lld, Lk %lld "
+                    "must be 1 to 2^31 - 1",
+                    (long long)b->B, (long long)b->Hq, (long long)b->Hkv, (long long)b->Lq,
+                    (long long)b->Lk);
+  if (b->q0 < 0 || b->q0 > b->q1 || b->q1 >= b->Lq || b->kv0 < 0 || b->kv0 > b->kv1 ||
+      b->kv1 >= b->Lk)
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "fj_spec_block_class: rows q %lld..%lld, kv %lld..%lld outside Lq %lld, "
+                    "Lk %lld (or empty)",
+                    (long long)b->q0, (long long)b->q1, (long long)b->kv0, (long long)b->kv1,
+                    (long long)b->Lq, (long long)b->Lk);
+  if (b->q_offset < 0 || b->kv_offset < 0 || b->q_offset + b->Lq > lim ||
+      b->kv_offset + b->Lk > lim)
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "fj_spec_block_class: offsets %lld and %lld: positions must lie in 0 to "
+                    "2^31 - 1",
+                    (long long)b->q_offset, (long long)b->kv_offset);
+  const fjg_graph *g = spec->graph;
+  const int n = fjg_num_args(g);
+  int32_t i32s[FJG_MAX_ARGS];
+  float f32s[FJG_MAX_ARGS];
+  for (int i = 0; i < num_args; i++)
+    if (!args[i].name || fjg_find_arg(g, args[i].name) < 0)
+      return fjr_fail(ctx, FJ_EINVAL, "spec '%s' declares no param or buffer named '%s'",
+                      spec->name, args[i].name ? args[i].name : "(null)");
+  for (int a = 0; a < n && a < FJG_MAX_ARGS; a++) {
+    const fjg_arg *decl = fjg_arg_at(g, a);
+    i32s[a] = 0, f32s[a] = 0.f;
+    if (decl->kind == FJ_ARG_BUFFER) continue;
+    const fj_arg *given = NULL;
+    for (int i = 0; i < num_args; i++)
+      if (!strcmp(args[i].name, decl->name)) given = &args[i];
+    if (!given)
+      return fjr_fail(ctx, FJ_EINVAL, "spec '%s' needs param '%s' but no value was given",
+                      spec->name, decl->name);
+    i32s[a] = given->i32, f32s[a] = given->f32;
+  }
+  const fjg_env env = {.sizes = {(int32_t)b->B, (int32_t)b->Hq, (int32_t)b->Hkv,
+                                 (int32_t)b->Lq, (int32_t)b->Lk},
+                       .q_off = (int32_t)b->q_offset,
+                       .kv_off = (int32_t)b->kv_offset,
+                       .param_i32 = i32s,
+                       .param_f32 = f32s};
+  /* EMPTY (or FULL) only when every (b, h) is; a mixed or PARTIAL one
+   * decides the block. */
+  int cls = -1;
+  for (int64_t bi = 0; bi < b->B; bi++)
+    for (int64_t h = 0; h < b->Hq; h++) {
+      const int c = fjg_tile_class_cpu(g, &env, (int)bi, (int)h, (int)b->q0, (int)b->q1,
+                                       (int)b->kv0, (int)b->kv1);
+      if (cls < 0) cls = c;
+      if (c != cls || c == FJG_TILE_PARTIAL) {
+        *out_class = FJ_BLOCK_PARTIAL;
+        return FJ_OK;
+      }
+    }
+  *out_class = cls == FJG_TILE_EMPTY ? FJ_BLOCK_EMPTY : FJ_BLOCK_FULL;
   return FJ_OK;
 }
 

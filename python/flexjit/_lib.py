@@ -99,6 +99,15 @@ class MergeArgs(Structure):
                 ("lse", c_void_p), ("stream", c_void_p)]
 
 
+class BlockQuery(Structure):
+    _fields_ = [(n, c_int64) for n in ("B", "Hq", "Hkv", "Lq", "Lk", "q_offset", "kv_offset",
+                                        "q0", "q1", "kv0", "kv1")]
+
+
+# fj_spec_block_class's classes, by value
+BLOCK_CLASSES = ("empty", "partial", "full")
+
+
 class PagedCsrArgs(Structure):
     _fields_ = [("kv_indptr", c_void_p), ("kv_indices", c_void_p),
                 ("kv_last_page_len", c_void_p), ("page_size", c_int),
@@ -128,6 +137,7 @@ STRUCTS = {
     "fj_forward_args": ForwardArgs, "fj_backward_args": BackwardArgs,
     "fj_block_mask_options": BlockMaskOptions, "fj_block_mask_info": BlockMaskInfo,
     "fj_merge_args": MergeArgs, "fj_paged_csr_args": PagedCsrArgs,
+    "fj_block_query": BlockQuery,
 }
 
 # name: (restype, argtypes)
@@ -148,6 +158,8 @@ _PROTOTYPES = {
     "fj_spec_arg_info": (c_int, [c_void_p, c_int, POINTER(c_char_p), POINTER(c_int)]),
     "fj_spec_arg_dtype": (c_int, [c_void_p, c_int, POINTER(DLDataType)]),
     "fj_spec_arg_trainable": (c_int, [c_void_p, c_int, POINTER(c_int)]),
+    "fj_spec_block_class": (c_int, [c_void_p, c_void_p, c_int, POINTER(BlockQuery),
+                                    POINTER(c_int)]),
     "fj_compile_forward": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
     "fj_compile_backward": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
     "fj_compile_block_mask": (c_int, [c_void_p, c_void_p, c_char_p, c_void_p]),

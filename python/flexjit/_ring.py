@@ -55,6 +55,15 @@ def _pair_bwd(dout, q, k, v, out, lse, sid, scale, ints, floats, bufs, q_off, kv
     return torch.ops.flexjit.attention_bwd.default(*args)
 
 
+def _empty(core, ints, floats, q, k, qp, ql, kp, kl):
+    """Whether the mask allows no pair of q positions qp.. (ql of them) and
+    kv positions kp.. (kl), every batch index and head: fj_spec_block_class,
+    on the host, so that the pair costs no launch."""
+    B, Hq, Hkv = q.shape[0], q.shape[1], k.shape[1]
+    return core.block_class(ints, floats, B, Hq, Hkv, ql, kl, qp, kp, 0, ql - 1, 0,
+                            kl - 1) == "empty"
+
+
 def _merge(acc, o, lse):
     """acc (O float32, LSE) with one more segment (o, lse); rows of no keys
     (LSE -inf) add nothing."""
@@ -92,6 +101,7 @@ class _Ring(torch.autograd.Function):
         S = q.shape[2]
         mine = _chunks(rank, n, S, layout)
         acc = [None] * len(mine)
+        core = fjt.core_by_id(sid)
         k_cur, v_cur = k.contiguous(), v.contiguous()
         for step in range(n):
             reqs = []
@@ -101,6 +111,8 @@ class _Ring(torch.autograd.Function):
             src = (rank - step) % n
             for i, (qs, qp, ql) in enumerate(mine):
                 for ks, kp, kl in _chunks(src, n, S, layout):
+                    if _empty(core, ints, floats, q, k_cur, qp, ql, kp, kl):
+                        continue
                     o, lse = _pair_fwd(q[:, :, qs:qs + ql], k_cur[:, :, ks:ks + kl],
                                        v_cur[:, :, ks:ks + kl], sid, scale, ints, floats,
                                        bufs, qp, kp)
@@ -108,6 +120,12 @@ class _Ring(torch.autograd.Function):
             _wait(reqs)
             if step < n - 1:
                 k_cur, v_cur = k_nxt, v_nxt
+        # A q chunk that no kv position reaches: O 0, LSE -inf.
+        B, Hq, _, D = q.shape
+        acc = [a if a is not None else
+               (q.new_zeros(B, Hq, ql, D, dtype=torch.float32),
+                q.new_full((B, Hq, ql), float("-inf"), dtype=torch.float32))
+               for a, (_, _, ql) in zip(acc, mine)]
         out = torch.cat([a[0] for a in acc], 2).to(q.dtype)
         lse = torch.cat([a[1] for a in acc], 2)
         ctx.save_for_backward(q, k, v, out, lse, *bufs)
@@ -126,7 +144,8 @@ class _Ring(torch.autograd.Function):
         dout = dout.contiguous()
         dq = torch.zeros_like(q, dtype=torch.float32)
         k_cur, v_cur = k.contiguous(), v.contiguous()
-        trainable = [t for t, a in zip(bufs, fjt.core_by_id(sid).buffers) if a.trainable]
+        core = fjt.core_by_id(sid)
+        trainable = [t for t, a in zip(bufs, core.buffers) if a.trainable]
         dbufs = [torch.zeros(b.shape[0], dtype=torch.float32, device=b.device)
                  for b in trainable]
         # The dk and dv accumulators (float32) travel with their kv shard:
@@ -145,6 +164,8 @@ class _Ring(torch.autograd.Function):
             for qs, qp, ql in mine:
                 rows = slice(qs, qs + ql)
                 for ks, kp, kl in _chunks(src, n, S, layout):
+                    if _empty(core, ints, floats, q, k_cur, qp, ql, kp, kl):
+                        continue
                     cols = slice(ks, ks + kl)
                     gq, gk, gv, gb = _pair_bwd(dout[:, :, rows], q[:, :, rows],
                                                k_cur[:, :, cols], v_cur[:, :, cols],
@@ -176,7 +197,7 @@ class _Ring(torch.autograd.Function):
             dist.all_reduce(g, group=group)
         it = iter(dbufs)
         grads = [next(it) if b.requires_grad and a.trainable else None
-                 for b, a in zip(bufs, fjt.core_by_id(sid).buffers)]
+                 for b, a in zip(bufs, core.buffers)]
         return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), None, None, None,
                 None, None, None, *grads)
 

@@ -86,9 +86,31 @@ class _Core:
                 h = self.handles[ctx.device] = out.value
         return h
 
-    def values(self, params, buffers):
+    def block_class(self, ints, floats, B, Hq, Hkv, Lq, Lk, q_offset, kv_offset, q0, q1,
+                    kv0, kv1):
+        """fj_spec_block_class with the params as values() lists them:
+        "empty", "partial" or "full"."""
+        arr = (_lib.Arg * max(len(self.params), 1))()
+        ii, fi = iter(ints), iter(floats)
+        for k, a in enumerate(self.params):
+            arr[k].name = a.name.encode()
+            if a.kind == "i32":
+                arr[k].i32 = next(ii)
+            else:
+                arr[k].f32 = next(fi)
+        query = _lib.BlockQuery(B, Hq, Hkv, Lq, Lk, q_offset, kv_offset, q0, q1, kv0, kv1)
+        out = ctypes.c_int()
+        ctx = _runtime.context(0)
+        handle = self.handle(ctx)
+        with ctx.lock:
+            ctx.check(lib.fj_spec_block_class(handle, arr, len(self.params),
+                                              ctypes.byref(query), ctypes.byref(out)))
+        return _lib.BLOCK_CLASSES[out.value]
+
+    def values(self, params, buffers, need_buffers=True):
         """params and buffers (dicts by name) as the launch lists: i32 values,
-        f32 values and buffers, each in declaration order."""
+        f32 values and buffers, each in declaration order (without
+        need_buffers, the buffers given, which may be none)."""
         params = params or {}
         buffers = buffers or {}
         for n in params:
@@ -108,6 +130,8 @@ class _Core:
             else:
                 floats.append(float(params[a.name]))
         for a in self.buffers:
+            if a.name not in buffers and not need_buffers:
+                continue
             if a.name not in buffers:
                 raise ValueError(f"spec '{self.name}' needs buffer '{a.name}' "
                                  f"(1-D {a.dtype} on the GPU)")
@@ -195,6 +219,21 @@ class Spec:
 
     def __repr__(self):
         return f"flexjit.Spec({self.name!r}, args={[a.name for a in self.args]})"
+
+    def block_class(self, q_rows, kv_rows, *, Lq: int, Lk: int, B: int = 1, Hq: int = 1,
+                    Hkv: int = 1, q_offset: int = 0, kv_offset: int = 0,
+                    params=None) -> str:
+        """What mask_mod allows on a block of pairs, decided on the host by the
+        interval analysis the kernels skip tiles with: "empty" (no pair),
+        "full" (every pair) or "partial" (some, or the analysis cannot tell;
+        buffer values are not read). q_rows, kv_rows: (first, last) rows,
+        inclusive, of a launch of sizes B, Hq, Hkv, Lq, Lk and offsets as
+        attention()'s, for every batch index and query head; params as
+        attention()'s (buffers are not needed). ring_attention skips the
+        pairs this calls empty."""
+        ints, floats, _ = self._core.values(params, None, need_buffers=False)
+        return self._core.block_class(ints, floats, B, Hq, Hkv, Lq, Lk, q_offset, kv_offset,
+                                      q_rows[0], q_rows[1], kv_rows[0], kv_rows[1])
 
     def compile(self, head_dim: int = 128, dtype: str = "bf16", arch: Optional[str] = None,
                 kernel_template: Optional[str] = None, kind: str = "forward",

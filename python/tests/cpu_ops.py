@@ -17,6 +17,13 @@ return { name = "trainable_bias", mask_mod = causal(),
          score_mod = function(score, b, h, q, kv) return score + bias[kv] end }
 """
 
+# A causal mask whose rows before 12 see no key (in a ring of short shards,
+# whole q chunks without a pair).
+LATE_SPEC = """
+return { name = "late_causal",
+         mask_mod = function(b, h, q, kv) return ge(q, 12) & ge(q, kv) end }
+"""
+
 
 def _mods(core, q, k, buffers, ints):
     return _mods_for(core, q.shape[1], q.shape[2], k.shape[2], buffers, ints)
@@ -26,6 +33,8 @@ def _mods_for(core, Hq, Lq, Lk, buffers, ints):
     if core.name == "trainable_bias":
         bias = buffers[0]
         return (lambda b, h, qi, ki: qi >= ki), (lambda s, b, h, qi, ki: s + bias[ki])
+    if core.name == "late_causal":
+        return (lambda b, h, qi, ki: (qi >= 12) & (qi >= ki)), None
     if core.name == "document_causal":
         doc = buffers[0]
         return (lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki)), None

@@ -3,7 +3,9 @@ processes on the gloo backend, the ops' CPU kernels (cpu_ops.py) standing in
 for the CUDA ones. Each rank's output, LSE and gradients (q, k, v and a
 trainable buffer's) against float64 attention over the whole sequence, for
 the contiguous and the zigzag layout and specs whose masks span the shards
-(causal, sliding window, document ids, a learned bias by kv position)."""
+(causal, sliding window, document ids, a learned bias by kv position, and
+one whose first rows see no key, so that whole q chunks have no pair: the
+ring skips the pairs fj_spec_block_class calls empty)."""
 import os
 import socket
 import traceback
@@ -20,7 +22,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import flexjit  # noqa: E402
 
 from conftest import example  # noqa: E402
-from cpu_ops import BIAS_SPEC  # noqa: E402
+from cpu_ops import BIAS_SPEC, LATE_SPEC  # noqa: E402
 
 B, HQ, HKV = 2, 4, 2
 
@@ -48,6 +50,9 @@ def _case(name, L):
         doc = doc[:L].to(torch.int32)
         return (flexjit.Spec(example("document.lua")), {}, {"doc": doc},
                 (lambda b, h, q, k: (doc[q] == doc[k]) & (q >= k)), None, None)
+    if name == "late":  # rows before 12 see no key: whole q chunks without a pair
+        return (flexjit.Spec.from_string(LATE_SPEC, "late.lua"), {}, {},
+                (lambda b, h, q, k: (q >= 12) & (q >= k)), None, None)
     bias = (torch.randn(L, generator=g) * 0.5).requires_grad_()
     ref = bias.detach().double().requires_grad_()
     return (flexjit.Spec.from_string(BIAS_SPEC, "bias.lua"), {}, {"bias": bias},
@@ -126,7 +131,7 @@ def _run_ring(n, name, layout, S, backend):
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
-@pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "bias"])
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "bias", "late"])
 def test_ring_matches_whole_attention(name, layout, n):
     _run_ring(n, name, layout, 10, "gloo")
 
@@ -138,6 +143,36 @@ def test_ring_matches_whole_attention(name, layout, n):
 def test_ring_nccl_matches_whole_attention(name, layout):
     """The real kernels and NCCL, a rank a GPU, at kernel-sized shards."""
     _run_ring(min(torch.cuda.device_count(), 8), name, layout, 256, "nccl")
+
+
+def test_ring_skips_empty_pairs(monkeypatch):
+    """A pair fj_spec_block_class calls empty costs no launch: on one gloo
+    rank, a shard whose rows all precede the late mask's first allowed row
+    runs no kernel, and gives O 0, LSE -inf and zero gradients; a shard
+    past it runs its one pair, forward and backward."""
+    import cpu_ops  # noqa: F401
+    from flexjit import _ring
+    calls = []
+    for fn in ("_pair_fwd", "_pair_bwd"):
+        real = getattr(_ring, fn)
+        monkeypatch.setattr(_ring, fn, lambda *a, _f=real, _n=fn: calls.append(_n) or _f(*a))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1)
+    try:
+        spec = flexjit.Spec.from_string(LATE_SPEC, "late.lua")
+        for S, launches in ((12, 0), (20, 1)):
+            calls.clear()
+            q, k, v = (torch.randn(1, 2, S, 16, dtype=torch.bfloat16).requires_grad_()
+                       for _ in range(3))
+            out, lse = flexjit.ring_attention(q, k, v, spec, return_lse=True)
+            out.float().sum().backward()
+            assert sorted(calls) == ["_pair_bwd", "_pair_fwd"] * launches, calls
+            assert torch.isinf(lse[:, :, :12]).all() and (out[:, :, :12] == 0).all()
+            assert (q.grad[:, :, :12] == 0).all()
+            if launches:
+                assert torch.isfinite(lse[:, :, 12:]).all()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_ring_argument_errors():

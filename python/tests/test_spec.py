@@ -42,6 +42,33 @@ def test_trainable_buffer():
         ("scale", "f32", False), ("bias", "buffer", True), ("ids", "buffer", False)]
 
 
+def test_block_class():
+    """Spec.block_class: the host's interval analysis on blocks of pairs, with
+    offsets, params (an f32 one beside), a buffer's mask decided by its index
+    part, and its errors."""
+    c = flexjit.Spec(example("causal.lua"))
+    assert c.block_class((0, 99), (100, 199), Lq=1000, Lk=1000) == "empty"
+    assert c.block_class((100, 199), (0, 99), Lq=1000, Lk=1000, B=2, Hq=8, Hkv=2) == "full"
+    assert c.block_class((0, 99), (0, 99), Lq=100, Lk=100) == "partial"
+    assert c.block_class((0, 99), (0, 99), Lq=100, Lk=100, q_offset=100) == "full"
+    assert c.block_class((0, 99), (0, 99), Lq=100, Lk=100, kv_offset=100) == "empty"
+    w = flexjit.Spec.from_string(textwrap.dedent("""
+        local window, t = param("window", "i32"), param("t", "f32")
+        return { mask_mod = sliding_window(window),
+                 score_mod = function(s, b, h, q, kv) return s * t end }
+        """), "window.lua")
+    args = dict(Lq=100, Lk=100, q_offset=1000)
+    assert w.block_class((0, 99), (0, 99), params={"window": 50, "t": 0.5}, **args) == "empty"
+    assert w.block_class((0, 99), (0, 99), params={"window": 2000, "t": 0.5}, **args) == "full"
+    d = flexjit.Spec(example("document.lua"))
+    assert d.block_class((0, 9), (10, 19), Lq=20, Lk=20) == "empty"
+    assert d.block_class((10, 19), (0, 9), Lq=20, Lk=20) == "partial"
+    with pytest.raises(ValueError, match="needs param 'window'"):
+        w.block_class((0, 9), (0, 9), Lq=10, Lk=10, params={"t": 1.0})
+    with pytest.raises(flexjit.FlexjitError, match=r"outside Lq 10"):
+        c.block_class((0, 10), (0, 9), Lq=10, Lk=10)
+
+
 def test_errors_carry_chunk_and_line():
     bad = "return {\n  mask_mod = function(b, h, q, kv)\n    return q < kv\n  end }\n"
     with pytest.raises(flexjit.FlexjitError) as e:
