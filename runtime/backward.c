@@ -255,9 +255,7 @@ static fj_status bind_grads(fj_context *ctx, const fj_spec *spec, const fj_arg *
     const fjg_arg *decl = fjg_arg_at(g, a);
     ptrs[a] = 0;
     if (!decl->trainable) continue;
-    const fj_arg *given = NULL;
-    for (int i = 0; i < num_args; i++)
-      if (!strcmp(args[i].name, decl->name)) given = &args[i];
+    const fj_arg *given = fjr_arg_given(args, num_args, decl->name);
     if (!given || !given->grad)
       return fjr_fail(ctx, FJ_EINVAL,
                       "spec '%s' trains buffer '%s': its fj_arg needs a `grad` tensor",

@@ -11,6 +11,7 @@
 #include "lua/spec.h"
 #include "runtime/context_impl.h"
 #include "runtime/kernels.h"
+#include "runtime/tensor.h"
 
 static fj_status spec_from_source(fj_context *ctx, const char *source,
                                   size_t len, const char *chunkname,
@@ -167,17 +168,13 @@ fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_a
   const int n = fjg_num_args(g);
   int32_t i32s[FJG_MAX_ARGS];
   float f32s[FJG_MAX_ARGS];
-  for (int i = 0; i < num_args; i++)
-    if (!args[i].name || fjg_find_arg(g, args[i].name) < 0)
-      return fjr_fail(ctx, FJ_EINVAL, "spec '%s' declares no param or buffer named '%s'",
-                      spec->name, args[i].name ? args[i].name : "(null)");
-  for (int a = 0; a < n && a < FJG_MAX_ARGS; a++) {
+  fj_status st = fjr_args_declared(ctx, spec->name, g, args, num_args);
+  if (st != FJ_OK) return st;
+  for (int a = 0; a < n; a++) {
     const fjg_arg *decl = fjg_arg_at(g, a);
     i32s[a] = 0, f32s[a] = 0.f;
     if (decl->kind == FJ_ARG_BUFFER) continue;
-    const fj_arg *given = NULL;
-    for (int i = 0; i < num_args; i++)
-      if (!strcmp(args[i].name, decl->name)) given = &args[i];
+    const fj_arg *given = fjr_arg_given(args, num_args, decl->name);
     if (!given)
       return fjr_fail(ctx, FJ_EINVAL, "spec '%s' needs param '%s' but no value was given",
                       spec->name, decl->name);

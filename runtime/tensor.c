@@ -124,6 +124,27 @@ static fj_status check_buffer(fj_context *ctx, const fjg_arg *decl,
   return FJ_OK;
 }
 
+fj_status fjr_args_declared(fj_context *ctx, const char *who, const fjg_graph *g,
+                            const fj_arg *args, int num_args) {
+  if (num_args < 0 || (num_args > 0 && !args))
+    return fjr_fail(ctx, FJ_EINVAL, "the runtime values: bad args array");
+  if (fjg_num_args(g) > FJG_MAX_ARGS)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED, "spec '%s' declares more than %d params "
+                    "and buffers", who, FJG_MAX_ARGS);
+  for (int i = 0; i < num_args; i++)
+    if (!args[i].name || fjg_find_arg(g, args[i].name) < 0)
+      return fjr_fail(ctx, FJ_EINVAL, "spec '%s' declares no param or buffer named '%s'",
+                      who, args[i].name ? args[i].name : "(null)");
+  return FJ_OK;
+}
+
+const fj_arg *fjr_arg_given(const fj_arg *args, int num_args, const char *name) {
+  const fj_arg *given = NULL;
+  for (int i = 0; i < num_args; i++)
+    if (!strcmp(args[i].name, name)) given = &args[i];
+  return given;
+}
+
 fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
                         const fj_arg *args, int num_args, void *dst) {
   const int n = fjg_num_args(g);
@@ -131,35 +152,25 @@ fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
   float f32s[FJG_MAX_ARGS];
   uint64_t ptrs[FJG_MAX_ARGS];
   int64_t lens[FJG_MAX_ARGS];
-  if (num_args < 0 || (num_args > 0 && !args))
-    return fjr_fail(ctx, FJ_EINVAL, "the runtime values: bad args array");
-  if (n > FJG_MAX_ARGS)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED, "spec '%s' declares more than %d params "
-                    "and buffers", who, FJG_MAX_ARGS);
+  fj_status st = fjr_args_declared(ctx, who, g, args, num_args);
+  if (st != FJ_OK) return st;
   if (n == 0 && num_args == 0) return FJ_OK;
   memset(i32s, 0, sizeof i32s[0] * (size_t)n);
   memset(f32s, 0, sizeof f32s[0] * (size_t)n);
   memset(ptrs, 0, sizeof ptrs[0] * (size_t)n);
   memset(lens, 0, sizeof lens[0] * (size_t)n);
-  for (int i = 0; i < num_args; i++)
-    if (!args[i].name || fjg_find_arg(g, args[i].name) < 0)
-      return fjr_fail(ctx, FJ_EINVAL, "spec '%s' declares no param or buffer named '%s'",
-                      who, args[i].name ? args[i].name : "(null)");
   for (int a = 0; a < n; a++) {
     const fjg_arg *decl = fjg_arg_at(g, a);
-    const fj_arg *given = NULL;
-    for (int i = 0; i < num_args; i++)
-      if (!strcmp(args[i].name, decl->name)) given = &args[i];
+    const fj_arg *given = fjr_arg_given(args, num_args, decl->name);
     if (!given)
       return fjr_fail(ctx, FJ_EINVAL, "spec '%s' needs %s '%s' but no value was given",
                       who, decl->kind == FJ_ARG_BUFFER ? "buffer" : "param",
                       decl->name);
     if (decl->kind == FJ_ARG_I32) i32s[a] = given->i32;
     if (decl->kind == FJ_ARG_F32) f32s[a] = given->f32;
-    if (decl->kind == FJ_ARG_BUFFER) {
-      fj_status st = check_buffer(ctx, decl, given->buffer, &ptrs[a], &lens[a]);
-      if (st != FJ_OK) return st;
-    }
+    if (decl->kind == FJ_ARG_BUFFER &&
+        (st = check_buffer(ctx, decl, given->buffer, &ptrs[a], &lens[a])) != FJ_OK)
+      return st;
   }
   fjg_user_params_pack(g, i32s, f32s, ptrs, lens, dst);
   return FJ_OK;

@@ -55,4 +55,12 @@ fj_status fjr_tensor_check_aligned16(fj_context *ctx, const char *what,
 fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
                         const fj_arg *args, int num_args, void *dst);
 
+/* What fjr_bind_args and the other readers of a launch's args share: the
+ * args array itself is sound and every value names a declaration (else the
+ * error, naming spec `who`). */
+fj_status fjr_args_declared(fj_context *ctx, const char *who, const fjg_graph *g,
+                            const fj_arg *args, int num_args);
+/* The value args gives for `name` (the last of that name), or NULL. */
+const fj_arg *fjr_arg_given(const fj_arg *args, int num_args, const char *name);
+
 #endif /* FJR_TENSOR_H */
