@@ -40,19 +40,13 @@ def _chunks(rank: int, n: int, length: int, layout: str) -> List[Tuple[int, int,
 
 
 def _pair_fwd(q, k, v, sid, scale, ints, floats, bufs, q_off, kv_off):
-    args = (q, k, v, sid, scale, ints, floats, bufs, [], []) + fjt.NO_SERVING[:7] + (q_off,
-                                                                                     kv_off)
-    if fjt._eager(q):
-        return fjt.forward_impl(*args)
-    return torch.ops.flexjit.attention_fwd.default(*args)
+    return fjt.run_forward(q, k, v, sid, scale, ints, floats, bufs, [], [],
+                           *fjt.Layout(q_offset=q_off, kv_offset=kv_off))
 
 
 def _pair_bwd(dout, q, k, v, out, lse, sid, scale, ints, floats, bufs, q_off, kv_off):
-    args = (dout, None, q, k, v, out, lse, sid, scale, ints, floats, bufs, [], [], None, None,
-            0, 0, q_off, kv_off)
-    if fjt._eager(q):
-        return fjt.backward_impl(*args)
-    return torch.ops.flexjit.attention_bwd.default(*args)
+    return fjt.run_backward(dout, None, q, k, v, out, lse, sid, scale, ints, floats, bufs, [],
+                            [], None, None, 0, 0, q_off, kv_off)
 
 
 def _empty(core, ints, floats, q, k, qp, ql, kp, kl):

@@ -21,7 +21,7 @@ ctypes structs of a launch and only writes data pointers, runtime values and
 the stream into them.
 """
 import ctypes
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -447,10 +447,19 @@ def _buffer_grads(spec, grads, n):
     return [next(it) if tr else None for tr in core_by_id(spec).trainable[:n]]
 
 
-# The layout inputs of attention_fwd, after block_size: seqlens_k,
-# block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-# skip_softmax_threshold, q_offset, kv_offset. NO_SERVING leaves them off.
-NO_SERVING = (None, None, None, None, 0, 0, 0.0, 0, 0)
+class Layout(NamedTuple):
+    """The layout inputs of attention_fwd after block_size, in its order
+    (a tuple, so `*layout` passes them to the op)."""
+    seqlens_k: Optional[Tensor] = None
+    block_table: Optional[Tensor] = None
+    cu_seqlens_q: Optional[Tensor] = None
+    cu_seqlens_k: Optional[Tensor] = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    skip_softmax_threshold: float = 0.0
+    q_offset: int = 0
+    kv_offset: int = 0
+
 
 INFERENCE_ONLY = ("no gradient flows through attention with seqlens_k, block_table or "
                   "skip_softmax_threshold (inference only; the backward takes packed "
@@ -459,18 +468,20 @@ INFERENCE_ONLY = ("no gradient flows through attention with seqlens_k, block_tab
 
 
 def _inference_only(serving):
-    return serving[0] is not None or serving[1] is not None or serving[6] != 0.0
+    return (serving.seqlens_k is not None or serving.block_table is not None or
+            serving.skip_softmax_threshold != 0.0)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, spec, scale, ints, floats, buffers, bm, bs = inputs[:10]
-    serving = tuple(inputs[10:])
+    serving = Layout(*inputs[10:])
     out, lse = output
-    cu = [t for t in serving[2:4] if t is not None]
+    cu = [t for t in (serving.cu_seqlens_q, serving.cu_seqlens_k) if t is not None]
     ctx.save_for_backward(q, k, v, out, lse, *buffers, *bm, *cu)
     ctx.flexjit = (spec, scale, ints, floats, len(buffers), len(bm), bs,
-                   serving[2] is not None, serving[3] is not None, serving[4], serving[5],
-                   _inference_only(serving), serving[7], serving[8])
+                   serving.cu_seqlens_q is not None, serving.cu_seqlens_k is not None,
+                   serving.max_seqlen_q, serving.max_seqlen_k, _inference_only(serving),
+                   serving.q_offset, serving.kv_offset)
 
 
 def _op_backward(ctx, dout, dlse):
@@ -526,8 +537,10 @@ class _Attention(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv, grads = backward_impl(dout, dlse, q, k, v, out, lse, spec, scale, ints,
-                                          floats, buffers, bm, bs, serving[2], serving[3],
-                                          serving[4], serving[5], serving[7], serving[8])
+                                          floats, buffers, bm, bs, serving.cu_seqlens_q,
+                                          serving.cu_seqlens_k, serving.max_seqlen_q,
+                                          serving.max_seqlen_k, serving.q_offset,
+                                          serving.kv_offset)
         return (dq, dk, dv, None, None, None, None, None, None, None,
                 *_buffer_grads(spec, grads, len(buffers)))
 
@@ -685,12 +698,20 @@ def _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, serving):
         if b.requires_grad and not a.trainable:
             raise ValueError(f"buffer '{a.name}' requires grad, but spec '{core.name}' "
                              f"declares it without {{grad = true}}")
-    if _eager(q):
-        if _needs_grad(q, k, v, bufs):
-            return _Attention.apply(q, k, v, core.id, sc, ints, floats, bm, bs, serving,
-                                    *bufs)
-        return forward_impl(q, k, v, core.id, sc, ints, floats, bufs, bm, bs, *serving)
-    return attention_fwd(q, k, v, core.id, sc, ints, floats, bufs, bm, bs, *serving)
+    if _eager(q) and _needs_grad(q, k, v, bufs):
+        return _Attention.apply(q, k, v, core.id, sc, ints, floats, bm, bs, serving, *bufs)
+    return run_forward(q, k, v, core.id, sc, ints, floats, bufs, bm, bs, *serving)
+
+
+def run_forward(*args):
+    """attention_fwd on its arguments: its implementation straight on the
+    eager path (no dispatcher: _eager), else the op."""
+    return forward_impl(*args) if _eager(args[0]) else attention_fwd(*args)
+
+
+def run_backward(*args):
+    """attention_bwd on its arguments (q third), as run_forward decides."""
+    return backward_impl(*args) if _eager(args[2]) else attention_bwd(*args)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=None,
@@ -725,7 +746,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
     ints, floats, bufs = core.values(params, buffers)
     bm, bs = _mask_args(block_mask)
     sc = 0.0 if scale is None else float(scale)
-    serving = NO_SERVING
+    serving = Layout()
     if seqlens_k is not None or block_table is not None or skip_softmax_threshold:
         skip = float(skip_softmax_threshold)
         if q.dim() != 4:
@@ -734,7 +755,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
         _check_serving(q, k, v, q.shape[0], seqlens_k, block_table, block_mask, skip)
         if _needs_grad(q, k, v, bufs):
             raise ValueError(INFERENCE_ONLY)
-        serving = (seqlens_k, block_table, None, None, 0, 0, skip, 0, 0)
+        serving = Layout(seqlens_k, block_table, skip_softmax_threshold=skip)
     if q_offset or kv_offset:
         q_offset, kv_offset = int(q_offset), int(kv_offset)
         if q_offset < 0 or kv_offset < 0:
@@ -743,7 +764,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
             raise ValueError("q_offset and kv_offset cannot be combined with a block mask (it "
                              "is built for positions from 0; the kernels classify tiles at "
                              "the offset positions themselves)")
-        serving = serving[:7] + (q_offset, kv_offset)
+        serving = serving._replace(q_offset=q_offset, kv_offset=kv_offset)
     out, lse = _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, serving)
     return (out, lse) if return_lse else out
 
@@ -808,8 +829,8 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, cu_seqlens_q: 
             raise ValueError("without cu_seqlens_k, k and v are [B, Hkv, Lk, D] or page "
                              f"pools with block_table (got k {_shape(k)}, v {_shape(v)})")
     _check_serving(q, k, v, B, seqlens_k, block_table, None, skip)
-    serving = (seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-               max_seqlen_k, skip, 0, 0)
+    serving = Layout(seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, skip)
     if _inference_only(serving) and _needs_grad(q, k, v, bufs):
         raise ValueError(INFERENCE_ONLY)
     out, lse = _run(q, k, v, core, sc, ints, floats, bufs, [], [], serving)

@@ -115,7 +115,7 @@ def test_compile_fullgraph_forward_and_backward():
 def test_opcheck():
     spec = flexjit.Spec(example("causal.lua"))
     q, k, v = _inputs(grad=True)
-    args = (q, k, v, spec._core.id, 0.0, [], [], [], [], []) + fjt.NO_SERVING
+    args = (q, k, v, spec._core.id, 0.0, [], [], [], [], []) + fjt.Layout()
     torch.library.opcheck(torch.ops.flexjit.attention_fwd.default, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
@@ -133,7 +133,7 @@ def test_library_errors_become_exceptions():
     spec = flexjit.Spec(example("causal.lua"))
     q, k, v = _inputs(grad=False)
     with pytest.raises(flexjit.FlexjitError, match="q: tensor is not on a CUDA device"):
-        fjt.forward_impl(q, k, v, spec._core.id, 0.0, [], [], [], [], [], *fjt.NO_SERVING)
+        fjt.forward_impl(q, k, v, spec._core.id, 0.0, [], [], [], [], [], *fjt.Layout())
 
 
 # ---- serving (docs/python.md, "Serving") ----
@@ -383,7 +383,7 @@ def test_bad_query_layouts_reach_the_library():
     for bad in (q[0], q[0, 0]):
         with pytest.raises(flexjit.FlexjitError, match="q: "):
             fjt.forward_impl(bad, k, v, spec._core.id, 0.0, [], [], [], [], [],
-                             *fjt.NO_SERVING)
+                             *fjt.Layout())
 
 
 @pytest.mark.parametrize("compiled", [False, True])
