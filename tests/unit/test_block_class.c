@@ -83,6 +83,8 @@ static void test_classes(void **state) {
   assert_int_equal(classify(head0, NULL, 0, b), FJ_BLOCK_PARTIAL);
   b.Hq = 1, b.Hkv = 1;
   assert_int_equal(classify(head0, NULL, 0, b), FJ_BLOCK_FULL);
+  fj_spec *all[] = {causal, full, window, doc, head0};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) fj_spec_destroy(all[i]);
   fj_context_destroy(ctx);
 }
 
@@ -119,6 +121,7 @@ static void test_sound(void **state) {
       }
   /* The blocks were of every class. */
   assert_true(seen[FJ_BLOCK_EMPTY] > 0 && seen[FJ_BLOCK_FULL] > 0 && seen[FJ_BLOCK_PARTIAL] > 0);
+  fj_spec_destroy(window);
   fj_context_destroy(ctx);
 }
 
@@ -152,6 +155,8 @@ static void test_refusals(void **state) {
   expect_refused(ctx, causal, NULL, 0, b, "positions must lie in 0 to 2^31 - 1");
   b.kv_offset = INT32_MAX;
   expect_refused(ctx, causal, NULL, 0, b, "positions must lie in 0 to 2^31 - 1");
+  fj_spec_destroy(causal);
+  fj_spec_destroy(window);
   fj_context_destroy(ctx);
 }
 
