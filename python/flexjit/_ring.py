@@ -24,6 +24,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+try:
+    from torch.distributed.device_mesh import DeviceMesh
+except ImportError:  # a torch without the distributed package: no mesh can come
+    DeviceMesh = ()
+
 from . import _torch as fjt
 from .spec import Spec
 
@@ -200,7 +205,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buf
                    scale: Optional[float] = None, return_lse: bool = False, *,
                    group=None, layout: str = "contiguous"):
     """Attention over a sequence split across the ranks of `group` (None:
-    the default group; with a DeviceMesh, mesh.get_group(dim)): q [B, Hq, S,
+    the default group; a one-dimensional DeviceMesh, or mesh[dim] of a larger
+    one, stands for its group): q [B, Hq, S,
     D], k and v [B, Hkv, S, D], this rank's shard of S positions of the whole
     N x S (layout "contiguous": positions rank S .. rank S + S - 1; "zigzag":
     chunks rank and 2N - 1 - rank of S / 2 positions each, concatenated, S
@@ -226,6 +232,11 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buf
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("ring_attention needs torch.distributed initialized "
                            "(dist.init_process_group)")
+    if isinstance(group, DeviceMesh):
+        if group.ndim != 1:
+            raise ValueError(f"a DeviceMesh of {group.ndim} dimensions: pass the context "
+                             "parallel one, mesh[name] (or its group)")
+        group = group.get_group()
     core = spec._core
     ints, floats, bufs = core.values(params, buffers)
     sc = 0.0 if scale is None else float(scale)

@@ -63,6 +63,7 @@ def _worker(rank, n, port, name, layout, S, errors, backend="gloo"):
     try:
         import cpu_ops  # noqa: F401  (the ops' CPU kernels, in this process too)
         from reference import dense_attention
+        from torch.distributed.device_mesh import init_device_mesh
         dev = torch.device("cpu")
         if backend == "nccl":
             dev = torch.device("cuda", rank)
@@ -80,8 +81,10 @@ def _worker(rank, n, port, name, layout, S, errors, backend="gloo"):
         q, k, v = (t[:, :, pos].to(dev).requires_grad_() for t in (q_all, k_all, v_all))
         bufs = {key: b.detach().to(dev).requires_grad_(b.requires_grad)
                 for key, b in buffers.items()}
+        # The zigzag runs pass their group as a DeviceMesh.
+        group = init_device_mesh(dev.type, (n,)) if layout == "zigzag" else None
         out, lse = flexjit.ring_attention(q, k, v, spec, params, bufs, return_lse=True,
-                                          layout=layout)
+                                          layout=layout, group=group)
         (out.double() * dout_all[:, :, pos].to(dev)).sum().backward()
         out, lse = out.cpu(), lse.cpu()
         whole = [t.double().requires_grad_() for t in (q_all, k_all, v_all)]
@@ -171,6 +174,15 @@ def test_ring_skips_empty_pairs(monkeypatch):
             assert (q.grad[:, :, :12] == 0).all()
             if launches:
                 assert torch.isfinite(lse[:, :, 12:]).all()
+        # A mesh stands for its group: one dimension of it, not the whole of a
+        # larger one.
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "cp"))
+        q = torch.randn(1, 2, 20, 16, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="DeviceMesh of 2 dimensions"):
+            flexjit.ring_attention(q, q, q, spec, group=mesh)
+        out = flexjit.ring_attention(q, q, q, spec, group=mesh["cp"])
+        assert (out[:, :, :12] == 0).all() and (out[:, :, 12:] != 0).any()
     finally:
         dist.destroy_process_group()
 
