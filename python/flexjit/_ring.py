@@ -101,6 +101,7 @@ class _Ring(torch.autograd.Function):
         mine = _chunks(rank, n, S, layout)
         acc = [None] * len(mine)
         core = fjt.core_by_id(sid)
+        empty = set()  # (q position, kv position) of the pairs not launched
         k_cur, v_cur = k.contiguous(), v.contiguous()
         for step in range(n):
             reqs = []
@@ -111,6 +112,7 @@ class _Ring(torch.autograd.Function):
             for i, (qs, qp, ql) in enumerate(mine):
                 for ks, kp, kl in _chunks(src, n, S, layout):
                     if _empty(core, ints, floats, q, k_cur, qp, ql, kp, kl):
+                        empty.add((qp, kp))
                         continue
                     o, lse = _pair_fwd(q[:, :, qs:qs + ql], k_cur[:, :, ks:ks + kl],
                                        v_cur[:, :, ks:ks + kl], sid, scale, ints, floats,
@@ -128,7 +130,7 @@ class _Ring(torch.autograd.Function):
         out = torch.cat([a[0] for a in acc], 2).to(q.dtype)
         lse = torch.cat([a[1] for a in acc], 2)
         ctx.save_for_backward(q, k, v, out, lse, *bufs)
-        ctx.flexjit = (sid, scale, ints, floats, layout, group)
+        ctx.flexjit = (sid, scale, ints, floats, layout, group, empty)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -136,7 +138,7 @@ class _Ring(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, *bufs = ctx.saved_tensors
-        sid, scale, ints, floats, layout, group = ctx.flexjit
+        sid, scale, ints, floats, layout, group, empty = ctx.flexjit
         rank, n = dist.get_rank(group), dist.get_world_size(group)
         S = q.shape[2]
         mine = _chunks(rank, n, S, layout)
@@ -147,10 +149,10 @@ class _Ring(torch.autograd.Function):
         trainable = [t for t, a in zip(bufs, core.buffers) if a.trainable]
         dbufs = [torch.zeros(b.shape[0], dtype=torch.float32, device=b.device)
                  for b in trainable]
-        # The dk and dv accumulators (float32) travel with their kv shard:
-        # the ones sent after step s - 1 arrive while step s computes.
-        # (requests, dk, dv received, dk, dv sent: kept alive until the
-        # requests are done) of the accumulators on their way.
+        # The dk and dv accumulators (float32) travel with their kv shard;
+        # those sent after step s - 1 arrive while step s computes. grads_in:
+        # the requests, dk and dv received, and dk and dv sent (kept alive
+        # until the requests are done).
         grads_in = None
         for step in range(n):
             src = (rank - step) % n
@@ -163,7 +165,7 @@ class _Ring(torch.autograd.Function):
             for qs, qp, ql in mine:
                 rows = slice(qs, qs + ql)
                 for ks, kp, kl in _chunks(src, n, S, layout):
-                    if _empty(core, ints, floats, q, k_cur, qp, ql, kp, kl):
+                    if (qp, kp) in empty:
                         continue
                     cols = slice(ks, ks + kl)
                     gq, gk, gv, gb = _pair_bwd(dout[:, :, rows], q[:, :, rows],
