@@ -198,9 +198,11 @@ enum { FJ_BLOCK_EMPTY = 0, FJ_BLOCK_PARTIAL = 1, FJ_BLOCK_FULL = 2 };
  * block it cannot decide is PARTIAL, and buffer values are not read (a mask
  * that reads a buffer is decided by its index arithmetic alone, as a document
  * mask's causal part). args gives the spec's params by name (buffers may be
- * among them and are ignored). For a caller that would launch attention on a
- * block the mask leaves empty, such as the pairs of a context parallel
- * ring. Pure host work, microseconds a (b, h). */
+ * among them and are ignored). Offsets follow the launches' rules: with
+ * either nonzero, a spec that reads Lq or Lk is refused (FJ_EUNSUPPORTED).
+ * For a caller that would launch attention on a block the mask leaves empty,
+ * such as the pairs of a context parallel ring. Pure host work, microseconds
+ * a (b, h). */
 fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_args,
                               const fj_block_query *query, int *out_class);
 

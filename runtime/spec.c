@@ -11,6 +11,7 @@
 #include "lua/spec.h"
 #include "runtime/context_impl.h"
 #include "runtime/kernels.h"
+#include "runtime/serving.h"
 #include "runtime/tensor.h"
 
 static fj_status spec_from_source(fj_context *ctx, const char *source,
@@ -158,18 +159,17 @@ fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_a
                     "Lk %lld (or empty)",
                     (long long)b->q0, (long long)b->q1, (long long)b->kv0, (long long)b->kv1,
                     (long long)b->Lq, (long long)b->Lk);
-  if (b->q_offset < 0 || b->kv_offset < 0 || b->q_offset + b->Lq > lim ||
-      b->kv_offset + b->Lk > lim)
-    return fjr_fail(ctx, FJ_EINVAL,
-                    "fj_spec_block_class: offsets %lld and %lld: positions must lie in 0 to "
-                    "2^31 - 1",
-                    (long long)b->q_offset, (long long)b->kv_offset);
   const fjg_graph *g = spec->graph;
+  /* The offsets by the launches' rule (a spec that reads Lq or Lk is
+   * refused with them, as the kernels refuse it). */
+  fjr_sizes sz = {(int32_t)b->B, (int32_t)b->Hq, (int32_t)b->Hkv, (int32_t)b->Lq,
+                  (int32_t)b->Lk, 0, 0};
+  fj_status st = fjr_offsets_bind(ctx, g, b->q_offset, b->kv_offset, 0, 0, &sz);
+  if (st != FJ_OK) return st;
   const int n = fjg_num_args(g);
   int32_t i32s[FJG_MAX_ARGS];
   float f32s[FJG_MAX_ARGS];
-  fj_status st = fjr_args_declared(ctx, spec->name, g, args, num_args);
-  if (st != FJ_OK) return st;
+  if ((st = fjr_args_declared(ctx, spec->name, g, args, num_args)) != FJ_OK) return st;
   for (int a = 0; a < n; a++) {
     const fjg_arg *decl = fjg_arg_at(g, a);
     i32s[a] = 0, f32s[a] = 0.f;
@@ -182,8 +182,8 @@ fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_a
   }
   const fjg_env env = {.sizes = {(int32_t)b->B, (int32_t)b->Hq, (int32_t)b->Hkv,
                                  (int32_t)b->Lq, (int32_t)b->Lk},
-                       .q_off = (int32_t)b->q_offset,
-                       .kv_off = (int32_t)b->kv_offset,
+                       .q_off = sz.q_off,
+                       .kv_off = sz.kv_off,
                        .param_i32 = i32s,
                        .param_f32 = f32s};
   /* EMPTY (or FULL) only when every (b, h) is; a mixed or PARTIAL one

@@ -150,11 +150,20 @@ static void test_refusals(void **state) {
   expect_refused(ctx, causal, NULL, 0, block(5, 4, 0, 9), "(or empty)");
   b.Hq = 0;
   expect_refused(ctx, causal, NULL, 0, b, "must be 1 to 2^31 - 1");
+  /* The offsets by the launches' rule (runtime/serving.c). */
   b = block(0, 9, 0, 9);
   b.kv_offset = -1;
-  expect_refused(ctx, causal, NULL, 0, b, "positions must lie in 0 to 2^31 - 1");
+  expect_refused(ctx, causal, NULL, 0, b, "must be >= 0");
   b.kv_offset = INT32_MAX;
-  expect_refused(ctx, causal, NULL, 0, b, "positions must lie in 0 to 2^31 - 1");
+  expect_refused(ctx, causal, NULL, 0, b, "below 2^31");
+  fj_spec *br = load(ctx, "return { mask_mod = causal{align = \"bottom_right\"} }");
+  b.kv_offset = 100;
+  int got = -1;
+  assert_int_equal(fj_spec_block_class(br, NULL, 0, &b, &got), FJ_EUNSUPPORTED);
+  assert_non_null(strstr(fj_context_last_error(ctx), "reads the lengths Lq or Lk"));
+  b.kv_offset = 0;
+  assert_int_equal(classify(br, NULL, 0, b), FJ_BLOCK_PARTIAL);
+  fj_spec_destroy(br);
   fj_spec_destroy(causal);
   fj_spec_destroy(window);
   fj_context_destroy(ctx);
