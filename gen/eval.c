@@ -795,20 +795,20 @@ void fjg_evaluator_free(fjg_evaluator *e) {
   memset(e, 0, sizeof *e);
 }
 
-static void set_inputs(const fjg_evaluator *e, fjg_value *in, float score, int b, int h,
-                       int q, int kv) {
+void fjg_set_inputs(const fjg_env *env, fjg_value in[FJG_NUM_INPUTS], float score, int b,
+                    int h, int q, int kv) {
   in[FJG_IN_SCORE].f = score;
   in[FJG_IN_B].i = b;
   in[FJG_IN_H].i = h;
-  in[FJG_IN_Q].i = q + e->env.q_off;
-  in[FJG_IN_KV].i = kv + e->env.kv_off;
+  in[FJG_IN_Q].i = q + env->q_off;
+  in[FJG_IN_KV].i = kv + env->kv_off;
 }
 
 const fjg_aval *fjg_eval_root(fjg_evaluator *e, int which, float score, int b,
                               int h, int q, int kv) {
   if (!e->prog_len[which]) return NULL;
   fjg_value in[FJG_NUM_INPUTS];
-  set_inputs(e, in, score, b, h, q, kv);
+  fjg_set_inputs(&e->env, in, score, b, h, q, kv);
   if (e->bounded[which]) return run_bounded(e, which, in);
   fjg_value v = run_exact(e, which, in);
   const fjg_instr *root = (const fjg_instr *)e->prog[which] + e->prog_len[which] - 1;
@@ -827,7 +827,7 @@ int fjg_eval_mask_guess(fjg_evaluator *e, int b, int h, int q, int kv,
   if (!e->prog_len[0]) return 1;
   if (!e->bounded[0]) {
     fjg_value in[FJG_NUM_INPUTS];
-    set_inputs(e, in, 0, b, h, q, kv);
+    fjg_set_inputs(&e->env, in, 0, b, h, q, kv);
     return run_exact(e, 0, in).i != 0;
   }
   const fjg_aval *r = fjg_eval_root(e, 0, 0, b, h, q, kv);
@@ -841,7 +841,7 @@ float fjg_eval_score_f32(fjg_evaluator *e, float score, int b, int h, int q,
   if (!e->prog_len[1]) return score;
   if (!e->bounded[1]) {
     fjg_value in[FJG_NUM_INPUTS];
-    set_inputs(e, in, score, b, h, q, kv);
+    fjg_set_inputs(&e->env, in, score, b, h, q, kv);
     return run_exact(e, 1, in).f;
   }
   const fjg_aval *r = fjg_eval_root(e, 1, score, b, h, q, kv);

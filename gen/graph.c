@@ -829,28 +829,26 @@ const int32_t *fjg_reachable(const fjg_graph *g, int which, int *count) {
   return g->reach[which];
 }
 
-unsigned fjg_input_deps(const fjg_graph *g, int root) {
+/* The args (bit set) of the `leaf` nodes (INPUT or SIZE) root reaches; of
+ * `count` leaves. */
+static unsigned leaf_deps(const fjg_graph *g, int root, fjg_op leaf, int count) {
   if (!valid_node(g, root)) return 0;
   uint8_t *mark = mark_reachable(g, root);
-  /* Without memory to mark, claim every input: the safe answer. */
-  if (!mark) return (1u << FJG_NUM_INPUTS) - 1;
+  /* Without memory to mark, claim every leaf: the safe answer. */
+  if (!mark) return (1u << count) - 1;
   unsigned deps = 0;
   for (int id = 0; id <= root; id++)
-    if (mark[id] && g->nodes[id].op == FJG_OP_INPUT)
-      deps |= 1u << g->nodes[id].arg;
+    if (mark[id] && g->nodes[id].op == leaf) deps |= 1u << g->nodes[id].arg;
   free(mark);
   return deps;
 }
 
+unsigned fjg_input_deps(const fjg_graph *g, int root) {
+  return leaf_deps(g, root, FJG_OP_INPUT, FJG_NUM_INPUTS);
+}
+
 unsigned fjg_size_deps(const fjg_graph *g, int root) {
-  if (!valid_node(g, root)) return 0;
-  uint8_t *mark = mark_reachable(g, root);
-  if (!mark) return (1u << FJG_NUM_SIZES) - 1;
-  unsigned deps = 0;
-  for (int id = 0; id <= root; id++)
-    if (mark[id] && g->nodes[id].op == FJG_OP_SIZE) deps |= 1u << g->nodes[id].arg;
-  free(mark);
-  return deps;
+  return leaf_deps(g, root, FJG_OP_SIZE, FJG_NUM_SIZES);
 }
 
 /* ---- fjg_buf ---- */

@@ -52,6 +52,12 @@ typedef union fjg_value {
 fjg_value fjg_apply_op(fjg_op op, fjg_type type, fjg_type operand_type,
                        fjg_value a, fjg_value b, fjg_value c);
 
+/* The evaluators' inputs of one element: score, b, h, and q and kv as the
+ * spec sees them, positions in the whole sequence (row + env's offset).
+ * Defined in eval.c; used by the evaluator and the reference's gradients. */
+void fjg_set_inputs(const fjg_env *env, fjg_value in[FJG_NUM_INPUTS], float score, int b,
+                    int h, int q, int kv);
+
 /* The interval of op (any non-leaf op on i32 or bool operands; for WHERE
  * a is the condition) from its operands' intervals [x[0], x[1]], by the
  * rules fjg_tile_class_cpu uses; `operand_type` is the type of a. The

@@ -408,9 +408,7 @@ static void grad_run(const ref_job *j, fjg_value *vals, float score, int b,
                      int h, int q, int kv) {
   const grad_prog *gp = j->gp;
   fjg_value in[FJG_NUM_INPUTS];
-  in[FJG_IN_SCORE].f = score;
-  in[FJG_IN_B].i = b, in[FJG_IN_H].i = h, in[FJG_IN_Q].i = q + j->env.q_off;
-  in[FJG_IN_KV].i = kv + j->env.kv_off;
+  fjg_set_inputs(&j->env, in, score, b, h, q, kv);
   for (int k = 0; k < gp->count; k++) {
     const grad_step *n = &gp->steps[k];
     fjg_value v;

@@ -180,8 +180,7 @@ fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_a
                       spec->name, decl->name);
     i32s[a] = given->i32, f32s[a] = given->f32;
   }
-  const fjg_env env = {.sizes = {(int32_t)b->B, (int32_t)b->Hq, (int32_t)b->Hkv,
-                                 (int32_t)b->Lq, (int32_t)b->Lk},
+  const fjg_env env = {.sizes = {sz.B, sz.Hq, sz.Hkv, sz.Lq, sz.Lk},
                        .q_off = sz.q_off,
                        .kv_off = sz.kv_off,
                        .param_i32 = i32s,
