@@ -467,21 +467,21 @@ INFERENCE_ONLY = ("no gradient flows through attention with seqlens_k, block_tab
                   "torch.inference_mode(), or detach q, k, v and the buffers")
 
 
-def _inference_only(serving):
-    return (serving.seqlens_k is not None or serving.block_table is not None or
-            serving.skip_softmax_threshold != 0.0)
+def _inference_only(layout):
+    return (layout.seqlens_k is not None or layout.block_table is not None or
+            layout.skip_softmax_threshold != 0.0)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, spec, scale, ints, floats, buffers, bm, bs = inputs[:10]
-    serving = Layout(*inputs[10:])
+    layout = Layout(*inputs[10:])
     out, lse = output
-    cu = [t for t in (serving.cu_seqlens_q, serving.cu_seqlens_k) if t is not None]
+    cu = [t for t in (layout.cu_seqlens_q, layout.cu_seqlens_k) if t is not None]
     ctx.save_for_backward(q, k, v, out, lse, *buffers, *bm, *cu)
     ctx.flexjit = (spec, scale, ints, floats, len(buffers), len(bm), bs,
-                   serving.cu_seqlens_q is not None, serving.cu_seqlens_k is not None,
-                   serving.max_seqlen_q, serving.max_seqlen_k, _inference_only(serving),
-                   serving.q_offset, serving.kv_offset)
+                   layout.cu_seqlens_q is not None, layout.cu_seqlens_k is not None,
+                   layout.max_seqlen_q, layout.max_seqlen_k, _inference_only(layout),
+                   layout.q_offset, layout.kv_offset)
 
 
 def _op_backward(ctx, dout, dlse):
@@ -519,28 +519,28 @@ class _Attention(torch.autograd.Function):
     directly (same formula as _op_backward)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, scale, ints, floats, bm, bs, serving, *buffers):
+    def forward(ctx, q, k, v, spec, scale, ints, floats, bm, bs, layout, *buffers):
         out, lse = forward_impl(q, k, v, spec, scale, ints, floats, list(buffers), bm, bs,
-                                *serving)
+                                *layout)
         ctx.save_for_backward(q, k, v, out, lse, *buffers)
-        ctx.flexjit = (spec, scale, ints, floats, bm, bs, serving)
+        ctx.flexjit = (spec, scale, ints, floats, bm, bs, layout)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
-        spec, scale, ints, floats, bm, bs, serving = ctx.flexjit
-        if _inference_only(serving):
+        spec, scale, ints, floats, bm, bs, layout = ctx.flexjit
+        if _inference_only(layout):
             raise RuntimeError("flexjit: " + INFERENCE_ONLY)
         q, k, v, out, lse, *buffers = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv, grads = backward_impl(dout, dlse, q, k, v, out, lse, spec, scale, ints,
-                                          floats, buffers, bm, bs, serving.cu_seqlens_q,
-                                          serving.cu_seqlens_k, serving.max_seqlen_q,
-                                          serving.max_seqlen_k, serving.q_offset,
-                                          serving.kv_offset)
+                                          floats, buffers, bm, bs, layout.cu_seqlens_q,
+                                          layout.cu_seqlens_k, layout.max_seqlen_q,
+                                          layout.max_seqlen_k, layout.q_offset,
+                                          layout.kv_offset)
         return (dq, dk, dv, None, None, None, None, None, None, None,
                 *_buffer_grads(spec, grads, len(buffers)))
 
@@ -693,14 +693,14 @@ def _needs_grad(q, k, v, bufs):
                                         v.requires_grad or any(b.requires_grad for b in bufs))
 
 
-def _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, serving):
+def _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, layout):
     for b, a in zip(bufs, core.buffers):
         if b.requires_grad and not a.trainable:
             raise ValueError(f"buffer '{a.name}' requires grad, but spec '{core.name}' "
                              f"declares it without {{grad = true}}")
     if _eager(q) and _needs_grad(q, k, v, bufs):
-        return _Attention.apply(q, k, v, core.id, sc, ints, floats, bm, bs, serving, *bufs)
-    return run_forward(q, k, v, core.id, sc, ints, floats, bufs, bm, bs, *serving)
+        return _Attention.apply(q, k, v, core.id, sc, ints, floats, bm, bs, layout, *bufs)
+    return run_forward(q, k, v, core.id, sc, ints, floats, bufs, bm, bs, *layout)
 
 
 def run_forward(*args):
@@ -746,7 +746,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
     ints, floats, bufs = core.values(params, buffers)
     bm, bs = _mask_args(block_mask)
     sc = 0.0 if scale is None else float(scale)
-    serving = Layout()
+    layout = Layout()
     if seqlens_k is not None or block_table is not None or skip_softmax_threshold:
         skip = float(skip_softmax_threshold)
         if q.dim() != 4:
@@ -755,7 +755,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
         _check_serving(q, k, v, q.shape[0], seqlens_k, block_table, block_mask, skip)
         if _needs_grad(q, k, v, bufs):
             raise ValueError(INFERENCE_ONLY)
-        serving = Layout(seqlens_k, block_table, skip_softmax_threshold=skip)
+        layout = Layout(seqlens_k, block_table, skip_softmax_threshold=skip)
     if q_offset or kv_offset:
         q_offset, kv_offset = int(q_offset), int(kv_offset)
         if q_offset < 0 or kv_offset < 0:
@@ -764,8 +764,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
             raise ValueError("q_offset and kv_offset cannot be combined with a block mask (it "
                              "is built for positions from 0; the kernels classify tiles at "
                              "the offset positions themselves)")
-        serving = serving._replace(q_offset=q_offset, kv_offset=kv_offset)
-    out, lse = _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, serving)
+        layout = layout._replace(q_offset=q_offset, kv_offset=kv_offset)
+    out, lse = _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, layout)
     return (out, lse) if return_lse else out
 
 
@@ -829,9 +829,9 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, cu_seqlens_q: 
             raise ValueError("without cu_seqlens_k, k and v are [B, Hkv, Lk, D] or page "
                              f"pools with block_table (got k {_shape(k)}, v {_shape(v)})")
     _check_serving(q, k, v, B, seqlens_k, block_table, None, skip)
-    serving = Layout(seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    layout = Layout(seqlens_k, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, skip)
-    if _inference_only(serving) and _needs_grad(q, k, v, bufs):
+    if _inference_only(layout) and _needs_grad(q, k, v, bufs):
         raise ValueError(INFERENCE_ONLY)
-    out, lse = _run(q, k, v, core, sc, ints, floats, bufs, [], [], serving)
+    out, lse = _run(q, k, v, core, sc, ints, floats, bufs, [], [], layout)
     return (out, lse) if return_lse else out
