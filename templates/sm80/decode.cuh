@@ -473,7 +473,7 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   float *red_m = (float *)(fjd_smem + FJD_Q_BYTES);  // [warp][row]
   float *red_l = red_m + FJ_NUM_WARPS * FJ_BLOCK_M;
   float *red_lse = red_l + FJ_NUM_WARPS * FJ_BLOCK_M;  // [row]
-  float *red_o = red_lse + FJ_BLOCK_M;                  // [row][d]
+  float *red_o = red_lse + FJ_BLOCK_M;                  // [row][FJD_RED_STRIDE]
 #pragma unroll
   for (int mt = 0; mt < FJD_MT; ++mt)
 #pragma unroll
@@ -488,10 +488,10 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
         red_l[warp * FJ_BLOCK_M + r] = l;
       }
     }
-  for (int i = tid; i < FJ_BLOCK_M * FJ_HEAD_DIM; i += FJD_THREADS) red_o[i] = 0.f;
   __syncthreads();
-  // Each warp adds its O, scaled to the rows' common max and divided by
-  // their total sum, into red_o.
+  // This warp's factor a row: its O scaled to the rows' common max and
+  // divided by their total sum.
+  float f[FJD_MT][2];
 #pragma unroll
   for (int mt = 0; mt < FJD_MT; ++mt)
 #pragma unroll
@@ -507,18 +507,39 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
         l += mw == fj_neg_inf() ? 0.f : red_l[w * FJ_BLOCK_M + r] * fj_exp2(mw - m);
       }
       const float mine = row_m[mt][hh];
-      const float f = (mine == fj_neg_inf() || l == 0.f) ? 0.f : fj_exp2(mine - m) / l;
-#pragma unroll
-      for (int dt = 0; dt < FJD_DT; ++dt) {
-        const int d = dt * 8 + 2 * t4;
-        atomicAdd(&red_o[r * FJ_HEAD_DIM + d], acc[mt][dt][2 * hh] * f);
-        atomicAdd(&red_o[r * FJ_HEAD_DIM + d + 1], acc[mt][dt][2 * hh + 1] * f);
-      }
+      f[mt][hh] = (mine == fj_neg_inf() || l == 0.f) ? 0.f : fj_exp2(mine - m) / l;
       // The row's LSE (natural log), kept where the store below finds it.
       if (warp == 0 && t4 == 0)
         red_lse[r] = l == 0.f ? fj_neg_inf() : (m + __log2f(l)) * FJD_LN2;
     }
-  __syncthreads();
+  // The warps add their O into red_o in turn, warp 0 storing: shared
+  // memory has no float atomic add (it would be a compare-and-swap loop, and
+  // the warps contend for the same words), and a fixed order gives the same
+  // sum every run.
+#pragma unroll 1
+  for (int w = 0; w < FJ_NUM_WARPS; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = mt * 16 + g8 + 8 * hh;
+#pragma unroll
+          for (int dt = 0; dt < FJD_DT; ++dt) {
+            float2 *dst = (float2 *)(red_o + r * FJD_RED_STRIDE + dt * 8 + 2 * t4);
+            float2 x = make_float2(acc[mt][dt][2 * hh] * f[mt][hh],
+                                   acc[mt][dt][2 * hh + 1] * f[mt][hh]);
+            if (w > 0) {
+              const float2 y = *dst;
+              x.x += y.x;
+              x.y += y.y;
+            }
+            *dst = x;
+          }
+        }
+    }
+    __syncthreads();
+  }
 
   // ---- out: O and LSE, or this split's partials ----
   const bool part = p.num_splits > 1;
@@ -528,7 +549,7 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
     bool valid;
     fjd_row(c, r, &h, &t, &valid);
     if (!valid) continue;
-    const float *o = red_o + r * FJ_HEAD_DIM + d;
+    const float *o = red_o + r * FJD_RED_STRIDE + d;
     const float lse = red_lse[r];
     if (part) {
       const long long row =

@@ -56,9 +56,12 @@ constexpr int FJD_WARP_BYTES = FJ_NUM_STAGES * FJD_STAGE_BYTES;
 constexpr int FJD_Q_BYTES = FJ_BLOCK_M * FJD_ROW_BYTES;
 constexpr int FJD_SMEM_BYTES = FJD_Q_BYTES + FJ_NUM_WARPS * FJD_WARP_BYTES;
 // The epilogue's reduction (every warp's m and l a row, the rows' LSE, then
-// O in fp32) reuses the stages.
+// O in fp32) reuses the stages. O's rows are padded by 8 floats, so that the
+// m16n8 fragment's 8 rows (a lane's pair of columns each) fall in different
+// banks.
+constexpr int FJD_RED_STRIDE = FJ_HEAD_DIM + 8;
 constexpr int FJD_RED_BYTES =
-    (2 * FJ_NUM_WARPS + 1) * FJ_BLOCK_M * 4 + FJ_BLOCK_M * FJ_HEAD_DIM * 4;
+    (2 * FJ_NUM_WARPS + 1) * FJ_BLOCK_M * 4 + FJ_BLOCK_M * FJD_RED_STRIDE * 4;
 static_assert(FJD_RED_BYTES <= FJ_NUM_WARPS * FJD_WARP_BYTES,
               "decode: the epilogue's reduction must fit in the stages");
 // Q stays in registers with one row tile; with two it is read from shared
