@@ -9,9 +9,21 @@ disassembles. Checked, per kernel:
   wait   in the steady-state loop, every MUFU.EX2 (the softmax's exponentials)
          comes before the wait for P V (WARPGROUP.DEPBAR.LE gsb0, 0x0): the
          softmax of tile j+1 overlaps P V of tile j (ptxas once scheduled the
-         wait above them; docs/architecture.md)
+         wait above them; docs/architecture.md). A kernel without the overlap
+         (no wait for S alone, gsb0 0x1: the runtime's spill fallback,
+         FJ_INTRA_WG_OVERLAP=0, which some masked D=256 kernels take) has no
+         such loop; it is reported, not failed
   local  no local memory (STL / LDL: spills or a stack array)
   store  O leaves in 16-byte stores (STG.E.128)
+
+and then every kernel kind of a few specs (`flexjit precompile`: forward,
+backward, decode, the block-mask builder, their varlen variants; D 64 and
+128), per kernel:
+
+  cas    no compare-and-swap on shared memory (ATOMS.CAS, ATOMS.CAST): a float
+         atomicAdd on shared memory compiles to such a loop on these GPUs, and
+         with warps contending for the same words it cost the decode kernel
+         about 30 us a CTA (bench/RESULTS.md, session 18)
 
 cuobjdump (with nvdisasm beside it) comes with the CUDA toolkit or PyPI's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (13.0 series). Without it the
@@ -19,6 +31,7 @@ check is skipped (exit 77). Usage: python3 bench/sass_check.py [--cuobjdump PATH
 [--nvdisasm PATH] [--specs causal,...] [--head-dims 64,...]
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -79,10 +92,12 @@ def steady_loop(rows):
     return best
 
 
-def check(rows):
+def check(rows, notes):
     problems = []
     loop = steady_loop(rows)
-    if loop is None:
+    if loop is None and not any("DEPBAR.LE gsb0, 0x1" in i for _, i in rows):
+        notes.append("no overlap of S and P V (the spill fallback): wait not checked")
+    elif loop is None:
         problems.append("wait: no steady-state loop found")
     else:
         exps, late = 0, 0
@@ -103,6 +118,60 @@ def check(rows):
     if not any("STG.E.128" in i for _, i in rows):
         problems.append("store: no 16-byte global store")
     return problems
+
+
+ALL_KINDS_SPECS = ["causal", "document", "alibi", "sliding_window"]
+ALL_KINDS_PASSES = ["forward", "backward", "decode", "blockmask", "forward_varlen",
+                    "backward_varlen"]
+CAS = re.compile(r"\bATOMS\.CAS")
+
+
+def check_all_kinds(a, cuobjdump, nvdisasm, tmp):
+    """The cas rule over every kernel `flexjit precompile` builds for
+    ALL_KINDS_SPECS; returns the number of kernels that fail it."""
+    manifest = os.path.join(tmp, "all_kinds.lua")
+    with open(manifest, "w") as f:
+        f.write("return { specs = {%s}, head_dims = {64, 128}, dtypes = {\"bf16\"},\n"
+                "  archs = {\"sm_90a\"}, passes = {%s} }\n" % (
+                    ", ".join('"%s"' % os.path.join(a.examples, s + ".lua")
+                              for s in ALL_KINDS_SPECS),
+                    ", ".join('"%s"' % p for p in ALL_KINDS_PASSES)))
+    out = os.path.join(tmp, "all_kinds")
+    r = subprocess.run([a.flexjit, "precompile", manifest, "--out", out, "-j",
+                        str(os.cpu_count() or 1)], capture_output=True, text=True)
+    if r.returncode != 0:
+        print("FAIL all kinds: flexjit precompile: %s" % (r.stderr or r.stdout).strip()[-300:])
+        return 1
+    cubins = sorted(os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs
+                    if f.endswith(".cubin"))
+    failed = 0
+    raw_cubin = os.path.join(tmp, "entry.cubin")
+    for cubin in cubins:
+        name = os.path.basename(cubin)
+        try:
+            with open(cubin[:-len(".cubin")] + ".json") as f:
+                name = json.load(f).get("name", name)  # the entry's metadata
+        except (OSError, ValueError):
+            pass
+        try:
+            with open(cubin, "rb") as f:
+                entry = f.read()
+            # A cache entry: a header (cache/store.h: the magic, then its size
+            # at byte 12), then the cubin.
+            if entry[:8] != b"FJCUBIN1":
+                raise RuntimeError("not a cache entry (magic %r)" % entry[:8])
+            with open(raw_cubin, "wb") as f:
+                f.write(entry[int.from_bytes(entry[12:16], "little"):])
+            n = sum(1 for _, i in sass(cuobjdump, nvdisasm, raw_cubin) if CAS.search(i))
+            problems = ["cas: %d shared-memory compare-and-swap instruction(s)" % n] if n else []
+        except RuntimeError as e:
+            problems = [str(e)]
+        if problems:
+            print("FAIL %s: %s" % (name, "; ".join(problems)))
+            failed += 1
+    print("all kinds: %d kernel(s), %d without a shared-memory compare-and-swap" %
+          (len(cubins), len(cubins) - failed))
+    return failed + (0 if cubins else 1)
 
 
 def main():
@@ -138,13 +207,16 @@ def main():
                                                            .strip()[-200:]))
                     failed += 1
                     continue
+                notes = []
                 try:
-                    problems = check(sass(cuobjdump, nvdisasm, cubin))
+                    problems = check(sass(cuobjdump, nvdisasm, cubin), notes)
                 except RuntimeError as e:
                     problems = [str(e)]
-                print("%s %s%s" % ("FAIL" if problems else "ok  ", name,
-                                   ": " + "; ".join(problems) if problems else ""))
+                print("%s %s%s%s" % ("FAIL" if problems else "ok  ", name,
+                                     ": " + "; ".join(problems) if problems else "",
+                                     " (" + "; ".join(notes) + ")" if notes else ""))
                 failed += bool(problems)
+        failed += check_all_kinds(a, cuobjdump, nvdisasm, tmp)
     print("sass_check: %d kernel(s) failed" % failed if failed else
           "sass_check: all kernels pass")
     return 1 if failed else 0
