@@ -394,6 +394,32 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
   fjk_cp_async_wait<0>();
 }
 
+// This warp's O, times its factor f a row, into the epilogue's fp32 tile
+// red_o (rows FJD_RED_STRIDE floats apart): stored when first, else added.
+__device__ __forceinline__ void fjd_add_o(float *red_o, const float (&acc)[FJD_MT][FJD_DT][4],
+                                          const float (&f)[FJD_MT][2], bool first) {
+  const int lane = threadIdx.x & 31;
+  const int g8 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < FJD_MT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = mt * 16 + g8 + 8 * hh;
+#pragma unroll
+      for (int dt = 0; dt < FJD_DT; ++dt) {
+        float2 *dst = (float2 *)(red_o + r * FJD_RED_STRIDE + dt * 8 + 2 * t4);
+        float2 x = make_float2(acc[mt][dt][2 * hh] * f[mt][hh],
+                               acc[mt][dt][2 * hh + 1] * f[mt][hh]);
+        if (!first) {
+          const float2 y = *dst;
+          x.x += y.x;
+          x.y += y.y;
+        }
+        *dst = x;
+      }
+    }
+}
+
 // Two CTAs a multiprocessor at least (what the stages' shared memory
 // allows at D=128): registers up to 255 a thread.
 extern "C" __global__ void __launch_bounds__(FJD_THREADS, 2)
@@ -518,26 +544,7 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   // sum every run.
 #pragma unroll 1
   for (int w = 0; w < FJ_NUM_WARPS; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int mt = 0; mt < FJD_MT; ++mt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = mt * 16 + g8 + 8 * hh;
-#pragma unroll
-          for (int dt = 0; dt < FJD_DT; ++dt) {
-            float2 *dst = (float2 *)(red_o + r * FJD_RED_STRIDE + dt * 8 + 2 * t4);
-            float2 x = make_float2(acc[mt][dt][2 * hh] * f[mt][hh],
-                                   acc[mt][dt][2 * hh + 1] * f[mt][hh]);
-            if (w > 0) {
-              const float2 y = *dst;
-              x.x += y.x;
-              x.y += y.y;
-            }
-            *dst = x;
-          }
-        }
-    }
+    if (warp == w) fjd_add_o(red_o, acc, f, w == 0);
     __syncthreads();
   }
 
