@@ -374,14 +374,15 @@ static void put_body(emitter *e, int which, const char *absent) {
  * none), and ds times d score_mod / d score.
  * An element with ds == 0 (P == 0: a score_mod's -inf, or underflow)
  * contributes nothing and costs no atomic, also where the derivative there
- * is infinite or NaN (log at 0, an overflowing exp). */
+ * is infinite or NaN (log at 0, an overflowing exp): selected away, not
+ * branched around, so the caller's unrolled loop stays one block. */
 static void put_grad_body(emitter *e) {
   const fjg_derivative *d = fjg_graph_derivative(e->g);
   if (!d) { /* no score_mod: the score passes unchanged */
     fjg_buf_printf(e->out, "  return ds;\n");
     return;
   }
-  fjg_buf_printf(e->out, "  if (ds == 0.0f) return 0.0f;\n");
+  fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
   int count, next = 0;
   const int32_t *list = fjg_reachable(e->g, 2, &count);
   e->score = 1;
@@ -400,17 +401,18 @@ static void put_grad_body(emitter *e) {
     const fjg_node *grad = fjg_node_at(e->g, r->grad);
     if (grad->op == FJG_OP_CONST && grad->imm.f == 0.0f) continue;
     const char *name = fjg_arg_at(e->g, r->buffer)->name;
-    fjg_buf_printf(e->out, "  if (fj_buf_in(u.n_%s, ", name);
+    fjg_buf_printf(e->out, "  fj_grad_add(gc.s%d, gr.g_%s, live && fj_buf_in(u.n_%s, ", i, name,
+                   name);
     put_operand(e, r->index);
-    fjg_buf_printf(e->out, ")) fj_grad_add(gc.s%d, gr.g_%s, ", i, name);
+    fjg_buf_printf(e->out, "), ");
     put_operand(e, r->index);
     fjg_buf_printf(e->out, ", ds * ");
     put_operand(e, r->grad);
     fjg_buf_printf(e->out, ");\n");
   }
-  fjg_buf_printf(e->out, "  return ds * ");
+  fjg_buf_printf(e->out, "  return live ? ds * ");
   put_operand(e, d->dscore);
-  fjg_buf_printf(e->out, ";\n");
+  fjg_buf_printf(e->out, " : 0.0f;\n");
 }
 
 /* ---- tile classifier ---- */

@@ -13,13 +13,16 @@ struct fj_grad_slot {
   int idx = -1;  // the element summed in acc, -1: none
   float acc = 0.0f;
 };
-__device__ __forceinline__ void fj_grad_add(fj_grad_slot &s, float *g, int idx, float v) {
-  if (idx != s.idx) {
-    if (s.idx >= 0) atomicAdd(g + s.idx, s.acc);
-    s.idx = idx;
-    s.acc = 0.0f;
-  }
-  s.acc += v;
+// Adds v to element idx of g through slot s where live (an add that is not
+// live changes nothing: v may be NaN there). Selects, not branches, but for
+// the atomic: the elementwise loop that calls it for every element keeps
+// one small branch an element.
+__device__ __forceinline__ void fj_grad_add(fj_grad_slot &s, float *g, bool live, int idx,
+                                            float v) {
+  const bool change = live && idx != s.idx;
+  if (change && s.idx >= 0) atomicAdd(g + s.idx, s.acc);
+  s.idx = change ? idx : s.idx;
+  s.acc = (change ? 0.0f : s.acc) + (live ? v : 0.0f);
 }
 __device__ __forceinline__ void fj_grad_slot_flush(fj_grad_slot &s, float *g) {
   if (s.idx >= 0) atomicAdd(g + s.idx, s.acc);

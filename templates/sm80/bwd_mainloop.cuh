@@ -176,8 +176,9 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, const fj_sizes 
         float ds = pr * (dp[nt][e] - dlt[e & 1]);
 #if FJ_HAS_SCORE_MOD
         // d score_mod / d score, and the trainable buffers' gradients, only
-        // where the pair is allowed: a masked pair has no gradient.
-        if (keep) ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, ds);
+        // where the pair is allowed: a masked pair has no gradient (ds 0
+        // adds nothing; a call, not a branch, for every element).
+        ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, keep ? ds : 0.f);
 #endif
         s[nt][e] = pr;
         dp[nt][e] = ds;

@@ -118,8 +118,9 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
       float ds = pr * (dp[i] - dl[e & 1]);
 #if FJ_HAS_SCORE_MOD
       // d score_mod / d score, and the trainable buffers' gradients, only
-      // where the pair is allowed.
-      if (keep) ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, ds);
+      // where the pair is allowed (ds 0 adds nothing; a call, not a branch,
+      // for every element).
+      ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, keep ? ds : 0.f);
 #endif
       s[i] = pr;
       dp[i] = ds;

@@ -83,7 +83,7 @@ static const char fjt_bwd_causal_softcap_bias[] =
     "  float t0 = score * 0.0333333351f;\n  float t1 = fj_tanh_f32(t0);\n"
     "  float t2 = t1 * t1;\n  float t3 = 1.0f - t2;\n  int t4 = kv - q;\n"
     "  int t5 = t4 + 64;\n"
-    "  if (fj_buf_in(u.n_bias, t5)) fj_grad_add(gc.s0, g.g_bias, t5, ds);\n"
+    "  fj_grad_add(gc.s0, g.g_bias, ds != 0.0f && fj_buf_in(u.n_bias, t5), t5, ds);\n"
     "  return ds * t3;\n}\n"
     "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
