@@ -364,6 +364,73 @@ static void put_body(emitter *e, int which, const char *absent) {
   fjg_buf_printf(e->out, ";\n");
 }
 
+/* Whether read r adds to a gradient (its derivative is not the constant
+ * 0). */
+static int has_grad(const fjg_graph *g, const fjg_buffer_grad *r) {
+  const fjg_node *grad = fjg_node_at(g, r->grad);
+  return !(grad->op == FJG_OP_CONST && grad->imm.f == 0.0f);
+}
+
+/* The number of trainable reads that add to a gradient. */
+static int num_grad_reads(const fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  int n = 0;
+  for (int i = 0; d && i < d->num_buffer_grads; i++) n += has_grad(g, &d->buffer_grads[i]);
+  return n;
+}
+
+static void put_iv_expr(emitter *e, const fjg_node *n);
+
+/* The body of fj_grad_tile: the intervals of the derivative's i32 and
+ * bool nodes over the tile (as fj_tile_class's over the mask's), then for
+ * each trainable read whose index is one value over the whole tile that
+ * value (-1 outside the buffer: no gradient), else FJ_GRAD_VARIES. */
+static void put_grad_tile_body(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  if (!num_grad_reads(e->g)) {
+    fjg_buf_printf(e->out, "  (void)u, (void)z, (void)b, (void)h, (void)q0, (void)q1, "
+                           "(void)kv0, (void)kv1, (void)gc;\n");
+    return;
+  }
+  int count, next = 0;
+  const int32_t *list = fjg_reachable(e->g, 2, &count);
+  for (int k = 0; k < count; k++) {
+    const fjg_node *n = fjg_node_at(e->g, list[k]);
+    if (n->type == FJG_F32) continue; /* unknown; no rule reads it */
+    e->slot[list[k]] = next;
+    fjg_buf_printf(e->out, "  const fj_iv v%d = ", next++);
+    put_iv_expr(e, n);
+    fjg_buf_printf(e->out, ";\n");
+  }
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    if (!has_grad(e->g, r)) continue;
+    const int v = (int)e->slot[r->index];
+    fjg_buf_printf(e->out,
+                   "  gc.u%d = v%d.lo != v%d.hi ? FJ_GRAD_VARIES\n"
+                   "          : fj_buf_in(u.n_%s, (int)v%d.lo) ? (int)v%d.lo : -1;\n",
+                   i, v, v, fjg_arg_at(e->g, r->buffer)->name, v, v);
+  }
+}
+
+/* The body of fj_grad_tile_end: each read's tile sum into its slot. */
+static void put_grad_tile_end_body(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  if (!num_grad_reads(e->g)) {
+    fjg_buf_printf(e->out, "  (void)gr, (void)gc;\n");
+    return;
+  }
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    if (!has_grad(e->g, r)) continue;
+    fjg_buf_printf(e->out,
+                   "  if (gc.u%d != FJ_GRAD_VARIES)\n"
+                   "    fj_grad_add(gc.s%d, gr.g_%s, gc.u%d >= 0, gc.u%d, gc.a%d);\n"
+                   "  gc.u%d = FJ_GRAD_VARIES;\n  gc.a%d = 0.0f;\n",
+                   i, i, fjg_arg_at(e->g, r->buffer)->name, i, i, i, i, i);
+  }
+}
+
 /* The body of fj_score_grad: one statement per non-leaf node of the
  * derivative (fjg_reachable list 2, which holds the score_mod's nodes it
  * reads, so they are computed here once), with the f32 rules of a
@@ -398,9 +465,11 @@ static void put_grad_body(emitter *e) {
   }
   for (int i = 0; i < d->num_buffer_grads; i++) {
     const fjg_buffer_grad *r = &d->buffer_grads[i];
-    const fjg_node *grad = fjg_node_at(e->g, r->grad);
-    if (grad->op == FJG_OP_CONST && grad->imm.f == 0.0f) continue;
+    if (!has_grad(e->g, r)) continue;
     const char *name = fjg_arg_at(e->g, r->buffer)->name;
+    fjg_buf_printf(e->out, "  if (gc.u%d != FJ_GRAD_VARIES)\n    gc.a%d += live ? ds * ", i, i);
+    put_operand(e, r->grad);
+    fjg_buf_printf(e->out, " : 0.0f;\n  else\n  ");
     fjg_buf_printf(e->out, "  fj_grad_add(gc.s%d, gr.g_%s, live && fj_buf_in(u.n_%s, ", i, name,
                    name);
     put_operand(e, r->index);
@@ -553,14 +622,19 @@ static void put_params_struct(fjg_buf *out, const fjg_graph *g) {
   fjg_buf_printf(out, "};\n\n");
 }
 
-fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
-  /* Without a mask every tile is full and the rules would be dead code. */
-  if (g && fjg_mask_root(g) < 0) return FJ_OK;
+static void put_interval_rules(fjg_buf *out) {
   fjg_buf_printf(out,
       "// Interval rules shared with gen/interval.c (fj_tile_class uses them).\n"
       "#define FJ_IV_FN static __device__ __forceinline__\n");
   put_reflowed(out, fjg_interval_rules_source());
   fjg_buf_printf(out, "\n");
+}
+
+fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
+  /* Without a mask every tile is full and the rules would be dead code
+   * (a backward unit's hooks add them when its gradients need them). */
+  if (g && fjg_mask_root(g) < 0) return FJ_OK;
+  put_interval_rules(out);
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }
 
@@ -626,7 +700,12 @@ static void put_grad_cache(fjg_buf *out, const fjg_graph *g) {
   const fjg_derivative *d = fjg_graph_derivative(g);
   const int n = d ? d->num_buffer_grads : 0;
   fjg_buf_printf(out, "struct fj_grad_cache {\n");
-  for (int i = 0; i < n; i++) fjg_buf_printf(out, "  fj_grad_slot s%d;\n", i);
+  for (int i = 0; i < n; i++)
+    fjg_buf_printf(out,
+                   "  fj_grad_slot s%d;\n"
+                   "  int u%d = FJ_GRAD_VARIES;  // the tile's one index (fj_grad_tile)\n"
+                   "  float a%d = 0.0f;  // the tile's sum for u%d\n",
+                   i, i, i, i);
   fjg_buf_printf(out, "};\n");
   fjg_buf_printf(out,
       "__device__ __forceinline__ void fj_grad_flush(const fj_user_grads &gr, "
@@ -644,8 +723,22 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
   emitter e;
   if (emitter_open(&e, g, out) != FJ_OK) return FJ_ENOMEM;
   fjg_buf_printf(out, "// ---- generated backward hooks (gen/emit_cuda.c) ----\n");
+  /* fj_grad_tile reads the interval rules, which the prologue has only
+   * with a mask. */
+  if (fjg_mask_root(g) < 0 && num_grad_reads(g)) put_interval_rules(out);
   put_grads_struct(out, g);
   put_grad_cache(out, g);
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ void fj_grad_tile(const fj_user_params &u,"
+      "\n    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1, "
+      "fj_grad_cache &gc) {\n");
+  put_grad_tile_body(&e);
+  fjg_buf_printf(out, "}\n");
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ void fj_grad_tile_end(const fj_user_grads &gr, "
+      "fj_grad_cache &gc) {\n");
+  put_grad_tile_end_body(&e);
+  fjg_buf_printf(out, "}\n");
   fjg_buf_printf(out,
       "__device__ __forceinline__ float fj_score_grad(const fj_user_params &u,"
       "\n    const fj_user_grads &gr, fj_grad_cache &gc, const fj_sizes &z, float score, "

@@ -9,6 +9,12 @@
 // reaches global memory when the element changes or at fj_grad_flush. A
 // clamped or per-head index sends nearly all of a thread's adds to one
 // element, where an atomic add each serialized on a single address.
+// A tile's trainable read whose index is not one value over the tile (the
+// generated fj_grad_tile decides, by interval analysis): its elements add
+// through the slot one by one. Where the index is one value, the tile's adds
+// are summed in a register and reach the slot once (fj_grad_tile_end).
+#define FJ_GRAD_VARIES (-2)
+
 struct fj_grad_slot {
   int idx = -1;  // the element summed in acc, -1: none
   float acc = 0.0f;

@@ -307,8 +307,13 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_fence_regs(sacc);
       fjh_fence_regs(dpacc);
       // One loop for every tile (a second, unchecked copy spills at D=128).
+      // A trainable read whose index is one value over the tile sums its
+      // gradient in a register and adds it once, after the loop.
+      fj_grad_tile(p.user, w.sizes(p), b, it.h, q0, q0 + FJ_BLOCK_M - 1, wkv0,
+                   wkv0 + FJHB_WG_KV - 1, gc);
       fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s),
                              sacc, dpacc, gc);
+      fj_grad_tile_end(p.grads, gc);
       fjhb_pack(sacc, pa);
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();

@@ -8,7 +8,8 @@
  * the derivative's nodes (gen/derivative.c) as the CPU evaluator computes
  * them, on the prelude's score_mods (alibi, softcap, relative_bias, T5
  * buckets with a trainable table) and random score_mods reading a
- * trainable buffer. NVRTC compiles the hooks for sm_80. Adding the
+ * trainable buffer; and on tiles (fj_grad_tile, where a read's index is one
+ * value over the tile, and fj_grad_tile_end) as element by element. NVRTC compiles the hooks for sm_80. Adding the
  * derivative to a graph leaves the forward translation unit's bytes as
  * they were. */
 #include <dlfcn.h>
@@ -400,6 +401,34 @@ static void *build_host_library(fjg_graph **graphs, int n, const char *dir) {
         "  g%d::fj_grad_flush(*(const g%d::fj_user_grads *)gr, gc);\n"
         "  return r;\n}\n",
         i, i, i, i, i, i, i);
+    /* A tile as the kernels run it: fj_grad_tile, fj_score_grad on every
+     * element (row-major), fj_grad_tile_end; *one counts the reads whose
+     * index fj_grad_tile found to be one value. */
+    fjg_buf_printf(&src,
+        "extern \"C\" void tile_%d(const void *u, const void *gr, const int *z, int b, int h,\n"
+        "    int q0, int q1, int kv0, int kv1, const float *s, const float *ds, float *ret,\n"
+        "    int *one) {\n"
+        "  const g%d::fj_user_params &uu = *(const g%d::fj_user_params *)u;\n"
+        "  const g%d::fj_user_grads &gg = *(const g%d::fj_user_grads *)gr;\n"
+        "  const fj_sizes &zz = *(const fj_sizes *)z;\n"
+        "  g%d::fj_grad_cache gc;\n"
+        "  g%d::fj_grad_tile(uu, zz, b, h, q0, q1, kv0, kv1, gc);\n"
+        "  *one = 0",
+        i, i, i, i, i, i, i);
+    const fjg_derivative *d = fjg_graph_derivative(graphs[i]);
+    for (int r = 0; d && r < d->num_buffer_grads; r++) {
+      const fjg_node *gn = fjg_node_at(graphs[i], d->buffer_grads[r].grad);
+      if (!(gn->op == FJG_OP_CONST && gn->imm.f == 0.0f))
+        fjg_buf_printf(&src, " + (gc.u%d != FJ_GRAD_VARIES)", r);
+    }
+    fjg_buf_printf(&src,
+        ";\n  int e = 0;\n"
+        "  for (int q = q0; q <= q1; q++)\n"
+        "    for (int kv = kv0; kv <= kv1; kv++, e++)\n"
+        "      ret[e] = g%d::fj_score_grad(uu, gg, gc, zz, s[e], b, h, q, kv, ds[e]);\n"
+        "  g%d::fj_grad_tile_end(gg, gc);\n"
+        "  g%d::fj_grad_flush(gg, gc);\n}\n",
+        i, i, i);
   }
   assert_false(src.failed);
   char cpp[512], so[512], cmd[1600];
@@ -517,6 +546,83 @@ static int check_graph(void *lib, int i, fjg_graph *g) {
   return checked;
 }
 
+typedef void (*tile_fn)(const void *u, const void *gr, const int *z, int b, int h, int q0,
+                        int q1, int kv0, int kv1, const float *s, const float *ds, float *ret,
+                        int *one);
+
+/* Graph i on random tiles (up to 6 x 6, some of one row or column) through
+ * tile_i, against fj_score_grad element by element (grad_i, itself checked
+ * against the evaluator): the same return values and, up to the order of
+ * the sums, the same gradients. Returns how many tiles had a read whose
+ * index fj_grad_tile found to be one value. */
+static int check_tiles(void *lib, int i, fjg_graph *g) {
+  char name[32];
+  snprintf(name, sizeof name, "tile_%d", i);
+  tile_fn tile = (tile_fn)dlsym(lib, name);
+  snprintf(name, sizeof name, "grad_%d", i);
+  grad_fn grad = (grad_fn)dlsym(lib, name);
+  assert_non_null(tile);
+  assert_non_null(grad);
+  const int nargs = fjg_num_args(g);
+  float fdata[8][BUF_LEN], got_g[8][BUF_LEN], want_g[8][BUF_LEN];
+  int32_t idata[8][BUF_LEN];
+  const void *data[8] = {0};
+  int32_t i32s[8] = {0};
+  float f32s[8] = {0};
+  uint64_t ptrs[8] = {0}, gptrs[8] = {0}, wptrs[8] = {0};
+  int64_t lens[8] = {0};
+  for (int a = 0; a < nargs; a++) {
+    const fjg_arg *arg = fjg_arg_at(g, a);
+    for (int j = 0; j < BUF_LEN; j++)
+      fdata[a][j] = (float)range(-96, 96) / 32.0f, idata[a][j] = range(0, 2);
+    f32s[a] = (float)range(8, 64) / 16.0f;
+    i32s[a] = range(1, 9);
+    data[a] = arg->type == FJG_F32 ? (const void *)fdata[a] : (const void *)idata[a];
+    ptrs[a] = (uint64_t)(uintptr_t)data[a];
+    lens[a] = BUF_LEN;
+    gptrs[a] = (uint64_t)(uintptr_t)got_g[a];
+    wptrs[a] = (uint64_t)(uintptr_t)want_g[a];
+  }
+  unsigned char params[512], grads_got[128], grads_want[128];
+  fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
+  fjg_user_grads_pack(g, gptrs, grads_got);
+  fjg_user_grads_pack(g, wptrs, grads_want);
+  const int sizes[5] = {2, 4, 2, 40, 40};
+  int with_one = 0;
+  for (int t = 0; t < 40; t++) {
+    const int b = range(0, 1), h = range(0, 3);
+    const int q0 = range(0, 39), kv0 = range(0, 39);
+    const int q1 = t % 4 == 0 ? q0 : q0 + range(0, 5) > 39 ? 39 : q0 + range(0, 5);
+    const int kv1 = t % 4 == 1 ? kv0 : kv0 + range(0, 5) > 39 ? 39 : kv0 + range(0, 5);
+    float sv[36], dsv[36], ret[36];
+    const int n = (q1 - q0 + 1) * (kv1 - kv0 + 1);
+    for (int e = 0; e < n; e++) {
+      sv[e] = (float)range(-300, 300) / 32.0f;
+      dsv[e] = e % 7 == 6 ? 0.0f : (float)range(-64, 64) / 16.0f;
+    }
+    memset(got_g, 0, sizeof got_g);
+    memset(want_g, 0, sizeof want_g);
+    int one = 0;
+    tile(params, grads_got, sizes, b, h, q0, q1, kv0, kv1, sv, dsv, ret, &one);
+    with_one += one > 0;
+    int e = 0;
+    for (int q = q0; q <= q1; q++)
+      for (int kv = kv0; kv <= kv1; kv++, e++) {
+        const float r = grad(params, grads_want, sizes, sv[e], b, h, q, kv, dsv[e]);
+        if (!(r == ret[e] || (isnan(r) && isnan(ret[e]))))
+          fail_msg("graph %d, tile q %d..%d kv %d..%d: fj_score_grad returned %.9g in the "
+                   "tile, %.9g alone at q=%d kv=%d", i, q0, q1, kv0, kv1, ret[e], r, q, kv);
+      }
+    for (int a = 0; a < nargs; a++)
+      for (int j = 0; j < BUF_LEN; j++)
+        if (!close_to(got_g[a][j], want_g[a][j]))
+          fail_msg("graph %d, tile q %d..%d kv %d..%d (%d reads of one index): gradient of "
+                   "%s[%d] %.9g, element by element %.9g", i, q0, q1, kv0, kv1, one,
+                   fjg_arg_at(g, a)->name, j, got_g[a][j], want_g[a][j]);
+  }
+  return with_one;
+}
+
 static void test_score_grad_matches_derivative(void **state) {
   (void)state;
   if (system("g++ --version > /dev/null 2>&1") != 0) {
@@ -529,8 +635,9 @@ static void test_score_grad_matches_derivative(void **state) {
   for (int i = 0; i < NUM_EXAMPLES; i++) graphs[i] = trace(example_specs[i]);
   for (int i = NUM_EXAMPLES; i < MAX_GRAPHS; i++) graphs[i] = random_graph(1);
   void *lib = build_host_library(graphs, MAX_GRAPHS, dir);
-  int checked = 0, nonzero_grads = 0;
+  int checked = 0, nonzero_grads = 0, tiles_with_one = 0;
   for (int i = 0; i < MAX_GRAPHS; i++) {
+    tiles_with_one += check_tiles(lib, i, graphs[i]);
     int n = check_graph(lib, i, graphs[i]);
     if (n < 30) fail_msg("graph %d: only %d of 60 points predictable", i, n);
     checked += n;
@@ -539,8 +646,10 @@ static void test_score_grad_matches_derivative(void **state) {
   }
   /* The examples with trainable reads and most random graphs have some. */
   assert_true(nonzero_grads > MAX_GRAPHS / 2);
-  print_message("%d points checked on %d graphs (%d with buffer gradients)\n", checked,
-                MAX_GRAPHS, nonzero_grads);
+  /* fj_grad_tile's one-index path ran, not only the element-wise one. */
+  assert_true(tiles_with_one > MAX_GRAPHS);
+  print_message("%d points checked on %d graphs (%d with buffer gradients); %d tiles with a "
+                "read of one index\n", checked, MAX_GRAPHS, nonzero_grads, tiles_with_one);
   dlclose(lib);
   for (int i = 0; i < MAX_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
   char cmd[600];
