@@ -379,7 +379,7 @@ static int num_grad_reads(const fjg_graph *g) {
   return n;
 }
 
-static void put_iv_expr(emitter *e, const fjg_node *n);
+static void put_iv_nodes(emitter *e, int which);
 
 /* The body of fj_grad_tile: the intervals of the derivative's i32 and
  * bool nodes over the tile (as fj_tile_class's over the mask's), then for
@@ -392,16 +392,7 @@ static void put_grad_tile_body(emitter *e) {
                            "(void)kv0, (void)kv1, (void)gc;\n");
     return;
   }
-  int count, next = 0;
-  const int32_t *list = fjg_reachable(e->g, 2, &count);
-  for (int k = 0; k < count; k++) {
-    const fjg_node *n = fjg_node_at(e->g, list[k]);
-    if (n->type == FJG_F32) continue; /* unknown; no rule reads it */
-    e->slot[list[k]] = next;
-    fjg_buf_printf(e->out, "  const fj_iv v%d = ", next++);
-    put_iv_expr(e, n);
-    fjg_buf_printf(e->out, ";\n");
-  }
+  put_iv_nodes(e, 2);
   for (int i = 0; i < d->num_buffer_grads; i++) {
     const fjg_buffer_grad *r = &d->buffer_grads[i];
     if (!has_grad(e->g, r)) continue;
@@ -562,22 +553,29 @@ static void put_iv_expr(emitter *e, const fjg_node *n) {
   }
 }
 
+/* One fj_iv statement per i32 or bool node of fjg_reachable(which), v0,
+ * v1, ... in order (e->slot maps a node to its number); f32 nodes are
+ * unknown and no rule reads them. */
+static void put_iv_nodes(emitter *e, int which) {
+  int count, next = 0;
+  const int32_t *list = fjg_reachable(e->g, which, &count);
+  for (int k = 0; k < count; k++) {
+    const fjg_node *n = fjg_node_at(e->g, list[k]);
+    if (n->type == FJG_F32) continue;
+    e->slot[list[k]] = next;
+    fjg_buf_printf(e->out, "  const fj_iv v%d = ", next++);
+    put_iv_expr(e, n);
+    fjg_buf_printf(e->out, ";\n");
+  }
+}
+
 static void put_tile_class_body(emitter *e) {
   int root = fjg_mask_root(e->g);
   if (root < 0) {
     fjg_buf_printf(e->out, "  return FJ_TILE_FULL;\n");
     return;
   }
-  int count, next = 0;
-  const int32_t *list = fjg_reachable(e->g, 0, &count);
-  for (int k = 0; k < count; k++) {
-    const fjg_node *n = fjg_node_at(e->g, list[k]);
-    if (n->type == FJG_F32) continue; /* unknown; no rule reads it */
-    e->slot[list[k]] = next;
-    fjg_buf_printf(e->out, "  const fj_iv v%d = ", next++);
-    put_iv_expr(e, n);
-    fjg_buf_printf(e->out, ";\n");
-  }
+  put_iv_nodes(e, 0);
   fjg_buf_printf(e->out, "  return fj_iv_tile_class(v%d);\n",
                  (int)e->slot[root]);
 }

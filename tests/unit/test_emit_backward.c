@@ -475,6 +475,46 @@ static int close_to(double got, double want) {
   return fabs(got - want) <= 2e-5 * (1 + fabs(want));
 }
 
+/* A graph's arguments for the emitted code on the host: every buffer
+ * BUF_LEN long (f32 values, i32 document ids), random params, packed as
+ * fj_user_params. */
+typedef struct host_args {
+  float fdata[8][BUF_LEN];
+  int32_t idata[8][BUF_LEN];
+  const void *data[8];
+  int32_t i32s[8];
+  float f32s[8];
+  uint64_t ptrs[8];
+  int64_t lens[8];
+  unsigned char params[512];
+} host_args;
+
+static void host_args_fill(host_args *A, fjg_graph *g) {
+  memset(A, 0, sizeof *A);
+  const int nargs = fjg_num_args(g);
+  assert_true(nargs <= 8);
+  for (int a = 0; a < nargs; a++) {
+    const fjg_arg *arg = fjg_arg_at(g, a);
+    for (int j = 0; j < BUF_LEN; j++)
+      A->fdata[a][j] = (float)range(-96, 96) / 32.0f, A->idata[a][j] = range(0, 2);
+    A->f32s[a] = (float)range(8, 64) / 16.0f;
+    A->i32s[a] = range(1, 9);
+    A->data[a] = arg->type == FJG_F32 ? (const void *)A->fdata[a] : (const void *)A->idata[a];
+    A->ptrs[a] = (uint64_t)(uintptr_t)A->data[a];
+    A->lens[a] = BUF_LEN;
+  }
+  assert_true(fjg_user_params_size(g) <= sizeof A->params);
+  fjg_user_params_pack(g, A->i32s, A->f32s, A->ptrs, A->lens, A->params);
+}
+
+/* fj_user_grads pointing at gdata[a] for each trainable argument a. */
+static void host_grads(fjg_graph *g, float (*gdata)[BUF_LEN], unsigned char out[128]) {
+  uint64_t p[8] = {0};
+  for (int a = 0; a < fjg_num_args(g); a++) p[a] = (uint64_t)(uintptr_t)gdata[a];
+  assert_true(fjg_user_grads_size(g) <= 128);
+  fjg_user_grads_pack(g, p, out);
+}
+
 /* Checks fj_score_grad of graph i at random points: the return value and
  * the gradient buffers against the derivative's nodes. */
 static int check_graph(void *lib, int i, fjg_graph *g) {
@@ -483,33 +523,12 @@ static int check_graph(void *lib, int i, fjg_graph *g) {
   grad_fn grad = (grad_fn)dlsym(lib, name);
   assert_non_null(grad);
   const int nargs = fjg_num_args(g);
-  assert_true(nargs <= 8);
-  /* Every buffer BUF_LEN long: f32 values, i32 document ids. */
-  float fdata[8][BUF_LEN];
-  int32_t idata[8][BUF_LEN];
+  host_args A;
+  host_args_fill(&A, g);
   float gdata[8][BUF_LEN], want[8][BUF_LEN];
-  const void *data[8] = {0};
-  int32_t i32s[8] = {0};
-  float f32s[8] = {0};
-  uint64_t ptrs[8] = {0}, gptrs[8] = {0};
-  int64_t lens[8] = {0};
-  for (int a = 0; a < nargs; a++) {
-    const fjg_arg *arg = fjg_arg_at(g, a);
-    for (int j = 0; j < BUF_LEN; j++)
-      fdata[a][j] = (float)range(-96, 96) / 32.0f, idata[a][j] = range(0, 2);
-    f32s[a] = (float)range(8, 64) / 16.0f;
-    i32s[a] = range(1, 9);
-    data[a] = arg->type == FJG_F32 ? (const void *)fdata[a] : (const void *)idata[a];
-    ptrs[a] = (uint64_t)(uintptr_t)data[a];
-    lens[a] = BUF_LEN;
-    gptrs[a] = (uint64_t)(uintptr_t)gdata[a];
-  }
-  unsigned char params[512], grads[128];
-  assert_true(fjg_user_params_size(g) <= sizeof params);
-  assert_true(fjg_user_grads_size(g) <= sizeof grads);
-  fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
-  fjg_user_grads_pack(g, gptrs, grads);
-  fjg_env env = {{2, 4, 2, 40, 40}, 0, 0, i32s, f32s, data, lens};
+  unsigned char grads[128];
+  host_grads(g, gdata, grads);
+  fjg_env env = {{2, 4, 2, 40, 40}, 0, 0, A.i32s, A.f32s, A.data, A.lens};
   const fjg_derivative *d = fjg_graph_derivative(g);
   int checked = 0;
   for (int t = 0; t < 60; t++) {
@@ -519,7 +538,7 @@ static int check_graph(void *lib, int i, fjg_graph *g) {
     if (t < 2) p.s = 0.0f, ds = (float)t; /* where log and sqrt have inf slopes */
     memset(gdata, 0, sizeof gdata);
     memset(want, 0, sizeof want);
-    float got = grad(params, grads, env.sizes, p.s, p.b, p.h, p.q, p.kv, ds);
+    float got = grad(A.params, grads, env.sizes, p.s, p.b, p.h, p.q, p.kv, ds);
     int jump = 0;
     double dscore = d ? node_value(g, &env, d->dscore, &p, &jump) : 1.0;
     for (int r = 0; d && r < d->num_buffer_grads; r++) {
@@ -564,36 +583,19 @@ static int check_tiles(void *lib, int i, fjg_graph *g) {
   assert_non_null(tile);
   assert_non_null(grad);
   const int nargs = fjg_num_args(g);
-  float fdata[8][BUF_LEN], got_g[8][BUF_LEN], want_g[8][BUF_LEN];
-  int32_t idata[8][BUF_LEN];
-  const void *data[8] = {0};
-  int32_t i32s[8] = {0};
-  float f32s[8] = {0};
-  uint64_t ptrs[8] = {0}, gptrs[8] = {0}, wptrs[8] = {0};
-  int64_t lens[8] = {0};
-  for (int a = 0; a < nargs; a++) {
-    const fjg_arg *arg = fjg_arg_at(g, a);
-    for (int j = 0; j < BUF_LEN; j++)
-      fdata[a][j] = (float)range(-96, 96) / 32.0f, idata[a][j] = range(0, 2);
-    f32s[a] = (float)range(8, 64) / 16.0f;
-    i32s[a] = range(1, 9);
-    data[a] = arg->type == FJG_F32 ? (const void *)fdata[a] : (const void *)idata[a];
-    ptrs[a] = (uint64_t)(uintptr_t)data[a];
-    lens[a] = BUF_LEN;
-    gptrs[a] = (uint64_t)(uintptr_t)got_g[a];
-    wptrs[a] = (uint64_t)(uintptr_t)want_g[a];
-  }
-  unsigned char params[512], grads_got[128], grads_want[128];
-  fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
-  fjg_user_grads_pack(g, gptrs, grads_got);
-  fjg_user_grads_pack(g, wptrs, grads_want);
+  host_args A;
+  host_args_fill(&A, g);
+  float got_g[8][BUF_LEN], want_g[8][BUF_LEN];
+  unsigned char grads_got[128], grads_want[128];
+  host_grads(g, got_g, grads_got);
+  host_grads(g, want_g, grads_want);
   const int sizes[5] = {2, 4, 2, 40, 40};
   int with_one = 0;
   for (int t = 0; t < 40; t++) {
     const int b = range(0, 1), h = range(0, 3);
     const int q0 = range(0, 39), kv0 = range(0, 39);
-    const int q1 = t % 4 == 0 ? q0 : q0 + range(0, 5) > 39 ? 39 : q0 + range(0, 5);
-    const int kv1 = t % 4 == 1 ? kv0 : kv0 + range(0, 5) > 39 ? 39 : kv0 + range(0, 5);
+    const int dq = t % 4 == 0 ? 0 : range(0, 5), dkv = t % 4 == 1 ? 0 : range(0, 5);
+    const int q1 = q0 + dq > 39 ? 39 : q0 + dq, kv1 = kv0 + dkv > 39 ? 39 : kv0 + dkv;
     float sv[36], dsv[36], ret[36];
     const int n = (q1 - q0 + 1) * (kv1 - kv0 + 1);
     for (int e = 0; e < n; e++) {
@@ -603,12 +605,12 @@ static int check_tiles(void *lib, int i, fjg_graph *g) {
     memset(got_g, 0, sizeof got_g);
     memset(want_g, 0, sizeof want_g);
     int one = 0;
-    tile(params, grads_got, sizes, b, h, q0, q1, kv0, kv1, sv, dsv, ret, &one);
+    tile(A.params, grads_got, sizes, b, h, q0, q1, kv0, kv1, sv, dsv, ret, &one);
     with_one += one > 0;
     int e = 0;
     for (int q = q0; q <= q1; q++)
       for (int kv = kv0; kv <= kv1; kv++, e++) {
-        const float r = grad(params, grads_want, sizes, sv[e], b, h, q, kv, dsv[e]);
+        const float r = grad(A.params, grads_want, sizes, sv[e], b, h, q, kv, dsv[e]);
         if (!(r == ret[e] || (isnan(r) && isnan(ret[e]))))
           fail_msg("graph %d, tile q %d..%d kv %d..%d: fj_score_grad returned %.9g in the "
                    "tile, %.9g alone at q=%d kv=%d", i, q0, q1, kv0, kv1, ret[e], r, q, kv);
