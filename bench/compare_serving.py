@@ -39,7 +39,9 @@ Groups (--cases, comma-separated; default all):
            (examples/document.lua), FlexAttention's document mask, and
            varlen_attn where it exists. Same q, k, v values in every column.
   skip     Skip Softmax on long-context decode (1 x 131072) and prefill (1 x
-           16384, causal): flexjit at each --skip-thresholds value and at 0
+           16384, causal), on standard normal inputs and on peaked ones (a
+           few hot keys a query: attention sinks and 1% of the keys, see
+           peaked_inputs): flexjit at each --skip-thresholds value and at 0
            (exact), each with --dump; the error is max |o_T - o_0| and the
            relative L2 of o_T - o_0 over the exact run's output (and the
            LSE's max difference). Speed as TB/s (decode) or TFLOP/s (prefill).
@@ -73,6 +75,12 @@ CHUNKED = (4, 512, 16384)  # B, Lq, Lk
 VARLEN = (64, 32768)  # sequences, tokens
 SKIP_DECODE = (1, 131072)
 SKIP_PREFILL = (1, 16384)
+# The skip group's inputs: standard normal q, k, v, where every key is about
+# as likely as another (nothing to skip), and "peaked" (peaked_inputs), where
+# a few keys a query sees take nearly all its weight, as attention sinks and
+# retrieved tokens do in trained models.
+SKIP_INPUTS = ["normal", "peaked"]
+PEAK_SINKS, PEAK_FRACTION, PEAK_SCORE = 4, 0.01, 12.0
 GROUPS = ["decode", "paged", "chunked", "varlen", "skip"]
 KV_RE = re.compile(r"bench kv: ([0-9.]+) bytes of K and V .*, ([0-9.]+) TB/s")
 SPEC_BR = "causal_bottom_right.lua"
@@ -139,11 +147,32 @@ def plan(groups, thresholds, decode_shapes=None):
                                  ("skip prefill", SKIP_PREFILL, None)):
             variants = [("T=%g" % t, ["--skip-softmax", "%g" % t] if t else [])
                         for t in [0.0] + thresholds]
-            cases.append({"name": name, "group": "skip", "B": B,
-                          "Lq": Lq or L, "Lk": L,
-                          "spec": SPEC_BR if Lq else "causal.lua",
-                          "variants": variants})
+            for inputs in SKIP_INPUTS:
+                cases.append({"name": name, "group": "skip", "B": B,
+                              "Lq": Lq or L, "Lk": L, "inputs": inputs,
+                              "spec": SPEC_BR if Lq else "causal.lua",
+                              "variants": variants})
     return cases
+
+
+def peaked_inputs(q, k, generator):
+    """Skip Softmax's peaked inputs, in place: each (sequence, KV head) gets a
+    random unit direction u; its query heads' rows get sqrt(D) u added (a
+    component that all its queries share), and its first PEAK_SINKS keys and
+    a random PEAK_FRACTION of the others PEAK_SCORE u (hot keys): a hot key
+    scores about PEAK_SCORE above the others (scores q.k / sqrt(D)), so a kv
+    slice without one lies far below a row's running max once one was seen."""
+    import torch
+
+    B, Hkv, Lk, Dh = k.shape
+    u = torch.randn(B, Hkv, Dh, generator=generator, device="cpu", dtype=torch.float32)
+    u = (u / u.norm(dim=-1, keepdim=True)).to(q.device)
+    group = q.shape[1] // Hkv
+    q += (Dh ** 0.5 * u).repeat_interleave(group, dim=1)[:, :, None, :].to(q.dtype)
+    hot = torch.rand(B, Hkv, Lk, generator=generator, device="cpu") < PEAK_FRACTION
+    hot[:, :, :PEAK_SINKS] = True
+    k += (hot.to(q.device)[..., None] * (PEAK_SCORE * u)[:, :, None, :]).to(k.dtype)
+    return float(hot.float().mean())
 
 
 def flexjit_extra(case, variant_extra):
@@ -164,8 +193,9 @@ def list_plan(args, cases, budgets):
           "process(es) a variant" % (budgets[0], budgets[1], args.repeat))
     missing = 0
     for c in cases:
-        print("  %s: B=%d Hq=%d Hkv=%d Lq=%d Lk=%d D=%d" % (
-            c["name"], c["B"], HQ, HKV, c["Lq"], c["Lk"], D))
+        print("  %s: B=%d Hq=%d Hkv=%d Lq=%d Lk=%d D=%d%s" % (
+            c["name"], c["B"], HQ, HKV, c["Lq"], c["Lk"], D,
+            ", %s inputs" % c["inputs"] if "inputs" in c else ""))
         for label, extra in c["variants"]:
             spec = variant_spec(args, c, label)
             missing += not os.path.isfile(spec)
@@ -394,6 +424,9 @@ def run_case(args, case, budgets, work):
     q = torch.randn(B, HQ, Lq, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, HKV, Lk, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(B, HKV, Lk, D, device="cuda", dtype=torch.bfloat16)
+    if case.get("inputs") == "peaked":
+        res["inputs"] = "peaked"
+        res["hot_fraction"] = peaked_inputs(q, k, torch.Generator().manual_seed(1))
     inputs = os.path.join(work, "inputs")
     C.write_inputs(inputs, q, k, v)
     subst = {}
@@ -582,11 +615,12 @@ def report(rows):
     if sk:
         print()
         print("Skip Softmax (flexjit), error against flexjit's exact run "
-              "(T=0) on the same inputs (standard normal q, k, v):")
+              "(T=0) on the same inputs (normal: standard normal q, k, v; "
+              "peaked: compare_serving.peaked_inputs):")
         print()
-        print("| case | B x Lq x Lk | threshold | speed | speed / exact | "
+        print("| case | inputs | B x Lq x Lk | threshold | speed | speed / exact | "
               "max err o | rel L2 o | max err lse |")
-        print("|" + " --- |" * 8)
+        print("|" + " --- |" * 9)
         for r in sk:
             unit = "TB/s" if r["Lq"] == 1 else "TFLOP/s"
             exact = r.get("fj[T=0]_fig")
@@ -594,8 +628,9 @@ def report(rows):
                     and k.endswith("_fig")]
             for key in sorted(keys, key=lambda k: float(k[5:-1])):
                 e = r.get(key + "_error", {})
-                print("| %s | %d x %d x %d | %s | %s %s | %s | %s | %s | %s |"
-                      % (r["case"], r["B"], r["Lq"], r["Lk"], key[5:-1],
+                print("| %s | %s | %d x %d x %d | %s | %s %s | %s | %s | %s | %s |"
+                      % (r["case"], r.get("inputs", "normal"), r["B"], r["Lq"],
+                         r["Lk"], key[5:-1],
                          cellf(r, key, 2), unit,
                          C.ratio(r.get(key + "_fig"), exact),
                          "%.2e" % e["max_err"] if e else "-",

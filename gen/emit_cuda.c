@@ -775,6 +775,20 @@ static int has_score_mod(const fjg_graph *g) {
   return !(n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE);
 }
 
+/* 1 when g has a score_mod whose derivative with respect to the score is
+ * the constant 1 and no trainable read with a gradient: an additive bias
+ * (common/fj_bwd.cuh, FJ_SCORE_GRAD_ONE). */
+static int score_grad_one(const fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  if (!has_score_mod(g) || !d) return 0;
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_node *grad = fjg_node_at(g, d->buffer_grads[i].grad);
+    if (!(grad->op == FJG_OP_CONST && grad->imm.f == 0.0f)) return 0;
+  }
+  const fjg_node *n = fjg_node_at(g, d->dscore);
+  return n->op == FJG_OP_CONST && n->type == FJG_F32 && n->imm.f == 1.0f;
+}
+
 static void put_config_defines(fjg_buf *out, const fjg_graph *g,
                                const fjg_config *cfg) {
   fjg_buf_printf(out, "#define FJ_HEAD_DIM %d\n", cfg->head_dim);
@@ -833,6 +847,7 @@ fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
   const char *const *parts = fjg_template_parts(cfg->template_name, "backward");
   if (!parts) return FJ_ENOTFOUND;
   put_config_defines(out, g, cfg);
+  if (score_grad_one(g)) fjg_buf_printf(out, "#define FJ_SCORE_GRAD_ONE 1\n");
   return emit_parts(g, parts, 1, out);
 }
 

@@ -30,6 +30,14 @@
 #ifndef FJ_VARLEN
 #define FJ_VARLEN 0
 #endif
+// FJ_SCORE_GRAD_ONE 1: the score_mod's derivative with respect to the score
+// is the constant 1 and it has no trainable read (an additive bias: ALiBi, a
+// frozen relative bias), so dS needs no score and no index: a kernel may
+// apply the score_mod where it computes P and leave dS = P (dP - delta) as
+// without one (gen/emit_cuda.c defines it).
+#ifndef FJ_SCORE_GRAD_ONE
+#define FJ_SCORE_GRAD_ONE 0
+#endif
 
 #if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
     !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \

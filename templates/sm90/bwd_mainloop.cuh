@@ -129,10 +129,11 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
   (void)need_mask, (void)edge, (void)gc;
 }
 
-// Without a score_mod the elementwise step is split in two so that each
-// half runs beside a product on the tensor cores: P^T (fjhb_probs, while
-// dP^T is computed), then dS^T (fjhb_dsoft, while dV += P^T dO is), which
-// needs no mask (a masked P is 0) and no score.
+// Without a score_mod, or with one whose derivative is 1 (FJ_SCORE_GRAD_ONE:
+// an additive bias, applied here), the elementwise step is split in two so
+// that each half runs beside a product on the tensor cores: P^T
+// (fjhb_probs, while dP^T is computed), then dS^T (fjhb_dsoft, while dV +=
+// P^T dO is), which needs no mask (a masked P is 0) and no score.
 // CHECK (need_mask or edge, uniform over the warpgroup) is a template
 // argument: the caller branches once, and the unmasked tiles' loop holds no
 // index arithmetic (as one loop with per-element selects it ran 6% slower
@@ -151,16 +152,22 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e;
+      const int qi = q0 + 8 * j + 2 * t4 + (e & 1);
+      const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
       bool keep = true;
       if constexpr (CHECK) {
-        const int qi = q0 + 8 * j + 2 * t4 + (e & 1);
-        const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
 #if FJ_HAS_MASK
         if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
 #endif
         if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
       }
+#if FJ_HAS_SCORE_MOD
+      const float x = fj_score_mod(p.user, z, s[i] * p.scale, b, h, qi, ki) * FJHB_LOG2E;
+      s[i] = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
+#else
+      (void)qi, (void)ki;
       s[i] = keep ? fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1])) : 0.f;
+#endif
     }
   }
   (void)need_mask, (void)b, (void)h, (void)w, (void)g, (void)q0, (void)wkv0, (void)edge;
@@ -300,7 +307,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjhb_issue_rows_d(dpacc, v_lo, do_lo);
       fjh_wgmma_commit();
       fjh_mbar_wait_warp(sm.rows_full(s), ph);
-#if FJ_HAS_SCORE_MOD
+#if FJ_HAS_SCORE_MOD && !FJ_SCORE_GRAD_ONE
       // The score_mod's derivative needs the score next to dP^T: both
       // products first, then the elementwise step in one pass.
       fjh_wgmma_wait<0>();
@@ -323,7 +330,9 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #else
       fjh_wgmma_wait<1>();  // S^T is ready; dP^T runs on
       fjh_fence_regs(sacc);
-      if (need_mask || edge)
+      // With a score_mod (an additive one), one loop for every tile, as the
+      // one-pass step: a second, unchecked copy spills with a large one.
+      if (FJ_HAS_SCORE_MOD || need_mask || edge)
         fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
       else
         fjhb_probs<false>(p, p.sz, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);

@@ -212,6 +212,43 @@ static void test_backward_unit(void **state) {
   fjg_graph_destroy(g);
 }
 
+/* FJ_SCORE_GRAD_ONE marks the backward units of additive score_mods (the
+ * derivative with respect to the score the constant 1, no trainable read):
+ * ALiBi and a frozen bias, not softcap, a trainable bias or no score_mod. */
+static void test_score_grad_one(void **state) {
+  (void)state;
+  static const struct {
+    const char *src;
+    int one;
+  } cases[] = {
+      {"return { mask_mod = causal(), score_mod = alibi() }", 1},
+      {"local bias = buffer('bias', 'f32')\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + bias[q - kv + 8] end }", 1},
+      {"local cap = param('cap', 'f32')\nreturn { score_mod = softcap(cap) }", 0},
+      {"local bias = buffer('rel_bias', 'f32', {grad = true})\n"
+       "return { mask_mod = causal(), score_mod = relative_bias(bias) }", 0},
+      {"return { mask_mod = causal() }", 0},
+      {"return { score_mod = function(s, b, h, q, kv) return s * 2 end }", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fjg_graph *g = trace(cases[i].src);
+    fjg_config c = sm80_config();
+    fjg_buf b;
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_backward_tu(g, &c, &b), FJ_OK);
+    const int one = strstr(b.data, "#define FJ_SCORE_GRAD_ONE 1\n") != NULL;
+    if (one != cases[i].one) fail_msg("case %zu: FJ_SCORE_GRAD_ONE %d, expected %d\n%s", i,
+                                      one, cases[i].one, cases[i].src);
+    fjg_buf_free(&b);
+    /* The forward unit never has it. */
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
+    assert_null(strstr(b.data, "FJ_SCORE_GRAD_ONE"));
+    fjg_buf_free(&b);
+    fjg_graph_destroy(g);
+  }
+}
+
 /* The hooks are valid CUDA: the prologue and hooks of every example, with
  * a kernel calling fj_score_grad, through NVRTC for sm_80. */
 static void test_hooks_compile_with_nvrtc(void **state) {
@@ -664,6 +701,7 @@ int main(void) {
       cmocka_unit_test(test_user_grads_layout),
       cmocka_unit_test(test_forward_unit_unchanged),
       cmocka_unit_test(test_backward_unit),
+      cmocka_unit_test(test_score_grad_one),
       cmocka_unit_test(test_hooks_compile_with_nvrtc),
       cmocka_unit_test(test_score_grad_matches_derivative),
   };
