@@ -381,6 +381,32 @@ static int num_grad_reads(const fjg_graph *g) {
 
 static void put_iv_nodes(emitter *e, int which);
 
+static int has_score_mod(const fjg_graph *g) {
+  int root = fjg_score_root(g);
+  if (root < 0) return 0;
+  const fjg_node *n = fjg_node_at(g, root);
+  return !(n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE);
+}
+
+/* 1 when g's score_mod is additive: its derivative with respect to the
+ * score is the constant 1, and each trainable read's is the constant 0 or
+ * 1 at an index that does not read the score. Its dS is then P (dP -
+ * delta) and its buffers' gradients need that and the indices alone
+ * (common/fj_bwd.cuh, FJ_SCORE_GRAD_ONE; fj_grad_bufs). */
+static int score_grad_one(const fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  if (!has_score_mod(g) || !d) return 0;
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    const fjg_node *grad = fjg_node_at(g, r->grad);
+    if (grad->op != FJG_OP_CONST || (grad->imm.f != 0.0f && grad->imm.f != 1.0f) ||
+        (fjg_input_deps(g, r->index) & (1u << FJG_IN_SCORE)))
+      return 0;
+  }
+  const fjg_node *n = fjg_node_at(g, d->dscore);
+  return n->op == FJG_OP_CONST && n->type == FJG_F32 && n->imm.f == 1.0f;
+}
+
 /* The body of fj_grad_tile: the intervals of the derivative's i32 and
  * bool nodes over the tile (as fj_tile_class's over the mask's), then for
  * each trainable read whose index is one value over the whole tile that
@@ -434,13 +460,9 @@ static void put_grad_tile_end_body(emitter *e) {
  * contributes nothing and costs no atomic, also where the derivative there
  * is infinite or NaN (log at 0, an overflowing exp): selected away, not
  * branched around, so the caller's unrolled loop stays one block. */
-static void put_grad_body(emitter *e) {
-  const fjg_derivative *d = fjg_graph_derivative(e->g);
-  if (!d) { /* no score_mod: the score passes unchanged */
-    fjg_buf_printf(e->out, "  return ds;\n");
-    return;
-  }
-  fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
+/* The derivative's nodes (fjg_reachable list 2) as SSA statements t0, t1,
+ * ... with a score_mod's f32 rules. */
+static void put_grad_nodes(emitter *e) {
   int count, next = 0;
   const int32_t *list = fjg_reachable(e->g, 2, &count);
   e->score = 1;
@@ -454,7 +476,14 @@ static void put_grad_body(emitter *e) {
     put_expr(e, n);
     fjg_buf_printf(e->out, ";\n");
   }
-  for (int i = 0; i < d->num_buffer_grads; i++) {
+}
+
+/* Each trainable read's add of ds times its derivative where live: to the
+ * tile's sum where fj_grad_tile found its index one value, else through
+ * its slot where the index is inside the buffer. */
+static void put_grad_adds(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  for (int i = 0; d && i < d->num_buffer_grads; i++) {
     const fjg_buffer_grad *r = &d->buffer_grads[i];
     if (!has_grad(e->g, r)) continue;
     const char *name = fjg_arg_at(e->g, r->buffer)->name;
@@ -470,9 +499,34 @@ static void put_grad_body(emitter *e) {
     put_operand(e, r->grad);
     fjg_buf_printf(e->out, ");\n");
   }
+}
+
+static void put_grad_body(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  if (!d) { /* no score_mod: the score passes unchanged */
+    fjg_buf_printf(e->out, "  return ds;\n");
+    return;
+  }
+  fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
+  put_grad_nodes(e);
+  put_grad_adds(e);
   fjg_buf_printf(e->out, "  return live ? ds * ");
   put_operand(e, d->dscore);
   fjg_buf_printf(e->out, " : 0.0f;\n");
+}
+
+/* The body of fj_grad_bufs: fj_score_grad's adds alone, for an additive
+ * score_mod (score_grad_one), whose reads' indices and derivatives do not
+ * read the score; empty for any other. */
+static void put_grad_bufs_body(emitter *e) {
+  if (!score_grad_one(e->g) || !num_grad_reads(e->g)) {
+    fjg_buf_printf(e->out, "  (void)u, (void)gr, (void)gc, (void)z, (void)b, (void)h, (void)q, "
+                           "(void)kv, (void)ds;\n");
+    return;
+  }
+  fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
+  put_grad_nodes(e);
+  put_grad_adds(e);
 }
 
 /* ---- tile classifier ---- */
@@ -742,6 +796,12 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
       "\n    const fj_user_grads &gr, fj_grad_cache &gc, const fj_sizes &z, float score, "
       "int b,\n    int h, int q, int kv, float ds) {\n");
   put_grad_body(&e);
+  fjg_buf_printf(out, "}\n");
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ void fj_grad_bufs(const fj_user_params &u,"
+      "\n    const fj_user_grads &gr, fj_grad_cache &gc, const fj_sizes &z, int b, int h, "
+      "int q,\n    int kv, float ds) {\n");
+  put_grad_bufs_body(&e);
   fjg_buf_printf(out, "}\n// ---- end of generated backward hooks ----\n");
   return emitter_close(&e);
 }
@@ -768,26 +828,6 @@ static int has_mask(const fjg_graph *g) {
   return !(n->op == FJG_OP_CONST && n->imm.i != 0);
 }
 
-static int has_score_mod(const fjg_graph *g) {
-  int root = fjg_score_root(g);
-  if (root < 0) return 0;
-  const fjg_node *n = fjg_node_at(g, root);
-  return !(n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE);
-}
-
-/* 1 when g has a score_mod whose derivative with respect to the score is
- * the constant 1 and no trainable read with a gradient: an additive bias
- * (common/fj_bwd.cuh, FJ_SCORE_GRAD_ONE). */
-static int score_grad_one(const fjg_graph *g) {
-  const fjg_derivative *d = fjg_graph_derivative(g);
-  if (!has_score_mod(g) || !d) return 0;
-  for (int i = 0; i < d->num_buffer_grads; i++) {
-    const fjg_node *grad = fjg_node_at(g, d->buffer_grads[i].grad);
-    if (!(grad->op == FJG_OP_CONST && grad->imm.f == 0.0f)) return 0;
-  }
-  const fjg_node *n = fjg_node_at(g, d->dscore);
-  return n->op == FJG_OP_CONST && n->type == FJG_F32 && n->imm.f == 1.0f;
-}
 
 static void put_config_defines(fjg_buf *out, const fjg_graph *g,
                                const fjg_config *cfg) {

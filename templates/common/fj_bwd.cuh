@@ -30,11 +30,12 @@
 #ifndef FJ_VARLEN
 #define FJ_VARLEN 0
 #endif
-// FJ_SCORE_GRAD_ONE 1: the score_mod's derivative with respect to the score
-// is the constant 1 and it has no trainable read (an additive bias: ALiBi, a
-// frozen relative bias), so dS needs no score and no index: a kernel may
-// apply the score_mod where it computes P and leave dS = P (dP - delta) as
-// without one (gen/emit_cuda.c defines it).
+// FJ_SCORE_GRAD_ONE 1: the score_mod is additive (ALiBi, a relative bias,
+// frozen or trainable): its derivative with respect to the score is the
+// constant 1, and each trainable read's the constant 0 or 1 at an index that
+// does not read the score. So dS = P (dP - delta) needs no score, and the
+// buffers' gradients need dS' and the indices alone (fj_grad_bufs): a kernel
+// may apply the score_mod where it computes P (gen/emit_cuda.c defines it).
 #ifndef FJ_SCORE_GRAD_ONE
 #define FJ_SCORE_GRAD_ONE 0
 #endif

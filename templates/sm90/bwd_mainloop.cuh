@@ -172,16 +172,29 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
   }
   (void)need_mask, (void)b, (void)h, (void)w, (void)g, (void)q0, (void)wkv0, (void)edge;
 }
-__device__ __forceinline__ void fjhb_dsoft(unsigned s_delta, const float (&pr)[FJHB_S_REGS],
-                                           float (&dp)[FJHB_S_REGS]) {
-  const int t4 = fj_tid() & 3;
+// With an additive score_mod that has trainable reads, dS^T's elements also
+// go to their gradients (fj_grad_bufs; a masked element's dS is 0).
+__device__ __forceinline__ void fjhb_dsoft(const fj_bwd_params &p, const fj_sizes &z, int b,
+                                           int h, int q0, int wkv0, unsigned s_delta,
+                                           const float (&pr)[FJHB_S_REGS],
+                                           float (&dp)[FJHB_S_REGS], fj_grad_cache &gc) {
+  const int t = fj_tid() & 127;
+  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
 #pragma unroll
   for (int j = 0; j < FJ_BLOCK_M / 8; ++j) {
     float dl[2];
     fjhb_ld_shared_f2(s_delta + (8 * j + 2 * t4) * 4, dl[0], dl[1]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - dl[e & 1]);
+    for (int e = 0; e < 4; ++e) {
+      const float ds = pr[4 * j + e] * (dp[4 * j + e] - dl[e & 1]);
+#if FJ_HAS_SCORE_MOD
+      fj_grad_bufs(p.user, p.grads, gc, z, b, h, q0 + 8 * j + 2 * t4 + (e & 1),
+                   wkv0 + 16 * w + g + 8 * (e >> 1), ds);
+#endif
+      dp[4 * j + e] = ds;
+    }
   }
+  (void)p, (void)z, (void)b, (void)h, (void)q0, (void)wkv0, (void)w, (void)g, (void)gc;
 }
 
 // The consumer's dS^T fragments into its 64 rows of the dS^T tile
@@ -332,6 +345,11 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_fence_regs(sacc);
       // With a score_mod (an additive one), one loop for every tile, as the
       // one-pass step: a second, unchecked copy spills with a large one.
+      // Its trainable reads' indices over the tile first (fj_grad_tile).
+#if FJ_HAS_SCORE_MOD
+      fj_grad_tile(p.user, w.sizes(p), b, it.h, q0, q0 + FJ_BLOCK_M - 1, wkv0,
+                   wkv0 + FJHB_WG_KV - 1, gc);
+#endif
       if (FJ_HAS_SCORE_MOD || need_mask || edge)
         fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
       else
@@ -342,7 +360,10 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_commit();
       fjh_wgmma_wait<1>();  // dP^T is ready; dV += P^T dO runs on
       fjh_fence_regs(dpacc);
-      fjhb_dsoft(sm.delta(s), sacc, dpacc);
+      fjhb_dsoft(p, w.sizes(p), b, it.h, q0, wkv0, sm.delta(s), sacc, dpacc, gc);
+#if FJ_HAS_SCORE_MOD
+      fj_grad_tile_end(p.grads, gc);
+#endif
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));

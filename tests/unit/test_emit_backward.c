@@ -213,8 +213,9 @@ static void test_backward_unit(void **state) {
 }
 
 /* FJ_SCORE_GRAD_ONE marks the backward units of additive score_mods (the
- * derivative with respect to the score the constant 1, no trainable read):
- * ALiBi and a frozen bias, not softcap, a trainable bias or no score_mod. */
+ * derivative with respect to the score the constant 1, each trainable
+ * read's 0 or 1): ALiBi, a frozen or trainable bias; not softcap, trainable
+ * ALiBi slopes, a trainable scale or no score_mod. */
 static void test_score_grad_one(void **state) {
   (void)state;
   static const struct {
@@ -226,7 +227,11 @@ static void test_score_grad_one(void **state) {
        "return { score_mod = function(s, b, h, q, kv) return s + bias[q - kv + 8] end }", 1},
       {"local cap = param('cap', 'f32')\nreturn { score_mod = softcap(cap) }", 0},
       {"local bias = buffer('rel_bias', 'f32', {grad = true})\n"
-       "return { mask_mod = causal(), score_mod = relative_bias(bias) }", 0},
+       "return { mask_mod = causal(), score_mod = relative_bias(bias) }", 1},
+      {"local slopes = buffer('slopes', 'f32', {grad = true})\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + slopes[h] * (kv - q) end }", 0},
+      {"local t = buffer('t', 'f32', {grad = true})\n"
+       "return { score_mod = function(s, b, h, q, kv) return s * t[h] end }", 0},
       {"return { mask_mod = causal() }", 0},
       {"return { score_mod = function(s, b, h, q, kv) return s * 2 end }", 0},
   };
@@ -466,6 +471,23 @@ static void *build_host_library(fjg_graph **graphs, int n, const char *dir) {
         "  g%d::fj_grad_tile_end(gg, gc);\n"
         "  g%d::fj_grad_flush(gg, gc);\n}\n",
         i, i, i);
+    /* The same tile through fj_grad_bufs, as the sm90 kernel's split step
+     * runs an additive score_mod. */
+    fjg_buf_printf(&src,
+        "extern \"C\" void bufs_%d(const void *u, const void *gr, const int *z, int b, int h,\n"
+        "    int q0, int q1, int kv0, int kv1, const float *ds) {\n"
+        "  const g%d::fj_user_params &uu = *(const g%d::fj_user_params *)u;\n"
+        "  const g%d::fj_user_grads &gg = *(const g%d::fj_user_grads *)gr;\n"
+        "  const fj_sizes &zz = *(const fj_sizes *)z;\n"
+        "  g%d::fj_grad_cache gc;\n"
+        "  g%d::fj_grad_tile(uu, zz, b, h, q0, q1, kv0, kv1, gc);\n"
+        "  int e = 0;\n"
+        "  for (int q = q0; q <= q1; q++)\n"
+        "    for (int kv = kv0; kv <= kv1; kv++, e++)\n"
+        "      g%d::fj_grad_bufs(uu, gg, gc, zz, b, h, q, kv, ds[e]);\n"
+        "  g%d::fj_grad_tile_end(gg, gc);\n"
+        "  g%d::fj_grad_flush(gg, gc);\n}\n",
+        i, i, i, i, i, i, i, i, i, i);
   }
   assert_false(src.failed);
   char cpp[512], so[512], cmd[1600];
@@ -605,14 +627,36 @@ static int check_graph(void *lib, int i, fjg_graph *g) {
 typedef void (*tile_fn)(const void *u, const void *gr, const int *z, int b, int h, int q0,
                         int q1, int kv0, int kv1, const float *s, const float *ds, float *ret,
                         int *one);
+typedef void (*bufs_fn)(const void *u, const void *gr, const int *z, int b, int h, int q0,
+                        int q1, int kv0, int kv1, const float *ds);
+
+/* Whether g's score_mod is additive, as gen/emit_cuda.c decides where it
+ * defines FJ_SCORE_GRAD_ONE: dscore the constant 1, each trainable read's
+ * derivative the constant 0 or 1 at an index that does not read the
+ * score. */
+static int additive(fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  if (!d) return 0;
+  for (int r = 0; r < d->num_buffer_grads; r++) {
+    const fjg_node *gn = fjg_node_at(g, d->buffer_grads[r].grad);
+    if (gn->op != FJG_OP_CONST || (gn->imm.f != 0.0f && gn->imm.f != 1.0f) ||
+        (fjg_input_deps(g, d->buffer_grads[r].index) & (1u << FJG_IN_SCORE)))
+      return 0;
+  }
+  const fjg_node *n = fjg_node_at(g, d->dscore);
+  return n->op == FJG_OP_CONST && n->imm.f == 1.0f;
+}
 
 /* Graph i on random tiles (up to 6 x 6, some of one row or column) through
  * tile_i, against fj_score_grad element by element (grad_i, itself checked
  * against the evaluator): the same return values and, up to the order of
  * the sums, the same gradients. Returns how many tiles had a read whose
  * index fj_grad_tile found to be one value. */
-static int check_tiles(void *lib, int i, fjg_graph *g) {
+static int check_tiles(void *lib, int i, fjg_graph *g, int *additive_tiles) {
   char name[32];
+  snprintf(name, sizeof name, "bufs_%d", i);
+  bufs_fn bufs = (bufs_fn)dlsym(lib, name);
+  assert_non_null(bufs);
   snprintf(name, sizeof name, "tile_%d", i);
   tile_fn tile = (tile_fn)dlsym(lib, name);
   snprintf(name, sizeof name, "grad_%d", i);
@@ -658,6 +702,17 @@ static int check_tiles(void *lib, int i, fjg_graph *g) {
           fail_msg("graph %d, tile q %d..%d kv %d..%d (%d reads of one index): gradient of "
                    "%s[%d] %.9g, element by element %.9g", i, q0, q1, kv0, kv1, one,
                    fjg_arg_at(g, a)->name, j, got_g[a][j], want_g[a][j]);
+    if (!additive(g)) continue;
+    /* An additive score_mod: fj_grad_bufs adds what fj_score_grad does. */
+    memset(got_g, 0, sizeof got_g);
+    bufs(A.params, grads_got, sizes, b, h, q0, q1, kv0, kv1, dsv);
+    (*additive_tiles)++;
+    for (int a = 0; a < nargs; a++)
+      for (int j = 0; j < BUF_LEN; j++)
+        if (!close_to(got_g[a][j], want_g[a][j]))
+          fail_msg("graph %d, tile q %d..%d kv %d..%d: gradient of %s[%d] %.9g by "
+                   "fj_grad_bufs, element by element %.9g", i, q0, q1, kv0, kv1,
+                   fjg_arg_at(g, a)->name, j, got_g[a][j], want_g[a][j]);
   }
   return with_one;
 }
@@ -674,9 +729,9 @@ static void test_score_grad_matches_derivative(void **state) {
   for (int i = 0; i < NUM_EXAMPLES; i++) graphs[i] = trace(example_specs[i]);
   for (int i = NUM_EXAMPLES; i < MAX_GRAPHS; i++) graphs[i] = random_graph(1);
   void *lib = build_host_library(graphs, MAX_GRAPHS, dir);
-  int checked = 0, nonzero_grads = 0, tiles_with_one = 0;
+  int checked = 0, nonzero_grads = 0, tiles_with_one = 0, additive_tiles = 0;
   for (int i = 0; i < MAX_GRAPHS; i++) {
-    tiles_with_one += check_tiles(lib, i, graphs[i]);
+    tiles_with_one += check_tiles(lib, i, graphs[i], &additive_tiles);
     int n = check_graph(lib, i, graphs[i]);
     if (n < 30) fail_msg("graph %d: only %d of 60 points predictable", i, n);
     checked += n;
@@ -685,10 +740,13 @@ static void test_score_grad_matches_derivative(void **state) {
   }
   /* The examples with trainable reads and most random graphs have some. */
   assert_true(nonzero_grads > MAX_GRAPHS / 2);
-  /* fj_grad_tile's one-index path ran, not only the element-wise one. */
+  /* fj_grad_tile's one-index path ran, not only the element-wise one, and
+   * fj_grad_bufs on the additive examples. */
   assert_true(tiles_with_one > MAX_GRAPHS);
+  assert_true(additive_tiles >= 40);
   print_message("%d points checked on %d graphs (%d with buffer gradients); %d tiles with a "
-                "read of one index\n", checked, MAX_GRAPHS, nonzero_grads, tiles_with_one);
+                "read of one index; %d tiles of additive score_mods through fj_grad_bufs\n",
+                checked, MAX_GRAPHS, nonzero_grads, tiles_with_one, additive_tiles);
   dlclose(lib);
   for (int i = 0; i < MAX_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
   char cmd[600];
