@@ -144,11 +144,6 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, const fj_sizes 
     fjb_gemm_rows_d(s, s_k + warp * 16 * FJK_ROW_BYTES, s_q, lane);
     fjb_gemm_rows_d(dp, s_v + warp * 16 * FJK_ROW_BYTES, s_do, lane);
     // ---- P^T into s, dS^T into dp ----
-#if FJ_HAS_SCORE_MOD
-    // A trainable read whose index is one value over the warp's tile sums
-    // its gradient in a register and adds it once, after the loop.
-    fj_grad_tile(p.user, z, b, h, q0, q0 + 8 * FJB_QT - 1, wkv0, wkv0 + 15, gc);
-#endif
 #pragma unroll
     for (int nt = 0; nt < FJB_QT; ++nt) {
       // LSE and delta of this lane's two query columns 8 nt + 2 t4 + {0, 1}.
@@ -181,18 +176,16 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, const fj_sizes 
         float ds = pr * (dp[nt][e] - dlt[e & 1]);
 #if FJ_HAS_SCORE_MOD
         // d score_mod / d score, and the trainable buffers' gradients, only
-        // where the pair is allowed: a masked pair has no gradient (ds 0
-        // adds nothing; a call, not a branch, for every element).
-        ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, keep ? ds : 0.f);
+        // where the pair is allowed: a masked pair has no gradient. (A call
+        // for every element, not a branch, as the sm90 kernel makes it,
+        // spills here.)
+        if (keep) ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, ds);
 #endif
         s[nt][e] = pr;
         dp[nt][e] = ds;
       }
     }
     (void)need_mask;
-#if FJ_HAS_SCORE_MOD
-    fj_grad_tile_end(p.grads, gc);
-#endif
     // ---- dV += P^T dO, dK += dS^T Q ----
     {
       unsigned pa[FJB_QK][4];

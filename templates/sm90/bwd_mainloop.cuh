@@ -118,9 +118,8 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
       float ds = pr * (dp[i] - dl[e & 1]);
 #if FJ_HAS_SCORE_MOD
       // d score_mod / d score, and the trainable buffers' gradients, only
-      // where the pair is allowed (ds 0 adds nothing; a call, not a branch,
-      // for every element).
-      ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, keep ? ds : 0.f);
+      // where the pair is allowed.
+      if (keep) ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, ds);
 #endif
       s[i] = pr;
       dp[i] = ds;
@@ -327,13 +326,10 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_fence_regs(sacc);
       fjh_fence_regs(dpacc);
       // One loop for every tile (a second, unchecked copy spills at D=128).
-      // A trainable read whose index is one value over the tile sums its
-      // gradient in a register and adds it once, after the loop.
-      fj_grad_tile(p.user, w.sizes(p), b, it.h, q0, q0 + FJ_BLOCK_M - 1, wkv0,
-                   wkv0 + FJHB_WG_KV - 1, gc);
+      // Trainable reads go element by element here (fj_grad_tile's sums
+      // spill this step with a large score_mod).
       fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s),
                              sacc, dpacc, gc);
-      fj_grad_tile_end(p.grads, gc);
       fjhb_pack(sacc, pa);
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();
