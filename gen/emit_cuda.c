@@ -364,6 +364,90 @@ static void put_body(emitter *e, int which, const char *absent) {
   fjg_buf_printf(e->out, ";\n");
 }
 
+/* Whether read r adds to a gradient (its derivative is not the constant
+ * 0). */
+static int has_grad(const fjg_graph *g, const fjg_buffer_grad *r) {
+  const fjg_node *grad = fjg_node_at(g, r->grad);
+  return !(grad->op == FJG_OP_CONST && grad->imm.f == 0.0f);
+}
+
+/* The number of trainable reads that add to a gradient. */
+static int num_grad_reads(const fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  int n = 0;
+  for (int i = 0; d && i < d->num_buffer_grads; i++) n += has_grad(g, &d->buffer_grads[i]);
+  return n;
+}
+
+static void put_iv_nodes(emitter *e, int which);
+
+static int has_score_mod(const fjg_graph *g) {
+  int root = fjg_score_root(g);
+  if (root < 0) return 0;
+  const fjg_node *n = fjg_node_at(g, root);
+  return !(n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE);
+}
+
+/* 1 when g's score_mod is additive: its derivative with respect to the
+ * score is the constant 1, and each trainable read's is the constant 0 or
+ * 1 at an index that does not read the score. Its dS is then P (dP -
+ * delta) and its buffers' gradients need that and the indices alone
+ * (common/fj_bwd.cuh, FJ_SCORE_GRAD_ONE; fj_grad_bufs). */
+static int score_grad_one(const fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  if (!has_score_mod(g) || !d) return 0;
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    const fjg_node *grad = fjg_node_at(g, r->grad);
+    if (grad->op != FJG_OP_CONST || (grad->imm.f != 0.0f && grad->imm.f != 1.0f) ||
+        (fjg_input_deps(g, r->index) & (1u << FJG_IN_SCORE)))
+      return 0;
+  }
+  const fjg_node *n = fjg_node_at(g, d->dscore);
+  return n->op == FJG_OP_CONST && n->type == FJG_F32 && n->imm.f == 1.0f;
+}
+
+/* The body of fj_grad_tile: the intervals of the derivative's i32 and
+ * bool nodes over the tile (as fj_tile_class's over the mask's), then for
+ * each trainable read whose index is one value over the whole tile that
+ * value (-1 outside the buffer: no gradient), else FJ_GRAD_VARIES. */
+static void put_grad_tile_body(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  if (!num_grad_reads(e->g)) {
+    fjg_buf_printf(e->out, "  (void)u, (void)z, (void)b, (void)h, (void)q0, (void)q1, "
+                           "(void)kv0, (void)kv1, (void)gc;\n");
+    return;
+  }
+  put_iv_nodes(e, 2);
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    if (!has_grad(e->g, r)) continue;
+    const int v = (int)e->slot[r->index];
+    fjg_buf_printf(e->out,
+                   "  gc.u%d = v%d.lo != v%d.hi ? FJ_GRAD_VARIES\n"
+                   "          : fj_buf_in(u.n_%s, (int)v%d.lo) ? (int)v%d.lo : -1;\n",
+                   i, v, v, fjg_arg_at(e->g, r->buffer)->name, v, v);
+  }
+}
+
+/* The body of fj_grad_tile_end: each read's tile sum into its slot. */
+static void put_grad_tile_end_body(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  if (!num_grad_reads(e->g)) {
+    fjg_buf_printf(e->out, "  (void)gr, (void)gc;\n");
+    return;
+  }
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    if (!has_grad(e->g, r)) continue;
+    fjg_buf_printf(e->out,
+                   "  if (gc.u%d != FJ_GRAD_VARIES)\n"
+                   "    fj_grad_add(gc.s%d, gr.g_%s, gc.u%d >= 0, gc.u%d, gc.a%d);\n"
+                   "  gc.u%d = FJ_GRAD_VARIES;\n  gc.a%d = 0.0f;\n",
+                   i, i, fjg_arg_at(e->g, r->buffer)->name, i, i, i, i, i);
+  }
+}
+
 /* The body of fj_score_grad: one statement per non-leaf node of the
  * derivative (fjg_reachable list 2, which holds the score_mod's nodes it
  * reads, so they are computed here once), with the f32 rules of a
@@ -374,14 +458,11 @@ static void put_body(emitter *e, int which, const char *absent) {
  * none), and ds times d score_mod / d score.
  * An element with ds == 0 (P == 0: a score_mod's -inf, or underflow)
  * contributes nothing and costs no atomic, also where the derivative there
- * is infinite or NaN (log at 0, an overflowing exp). */
-static void put_grad_body(emitter *e) {
-  const fjg_derivative *d = fjg_graph_derivative(e->g);
-  if (!d) { /* no score_mod: the score passes unchanged */
-    fjg_buf_printf(e->out, "  return ds;\n");
-    return;
-  }
-  fjg_buf_printf(e->out, "  if (ds == 0.0f) return 0.0f;\n");
+ * is infinite or NaN (log at 0, an overflowing exp): selected away, not
+ * branched around, so the caller's unrolled loop stays one block. */
+/* The derivative's nodes (fjg_reachable list 2) as SSA statements t0, t1,
+ * ... with a score_mod's f32 rules. */
+static void put_grad_nodes(emitter *e) {
   int count, next = 0;
   const int32_t *list = fjg_reachable(e->g, 2, &count);
   e->score = 1;
@@ -395,22 +476,57 @@ static void put_grad_body(emitter *e) {
     put_expr(e, n);
     fjg_buf_printf(e->out, ";\n");
   }
-  for (int i = 0; i < d->num_buffer_grads; i++) {
+}
+
+/* Each trainable read's add of ds times its derivative where live: to the
+ * tile's sum where fj_grad_tile found its index one value, else through
+ * its slot where the index is inside the buffer. */
+static void put_grad_adds(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  for (int i = 0; d && i < d->num_buffer_grads; i++) {
     const fjg_buffer_grad *r = &d->buffer_grads[i];
-    const fjg_node *grad = fjg_node_at(e->g, r->grad);
-    if (grad->op == FJG_OP_CONST && grad->imm.f == 0.0f) continue;
+    if (!has_grad(e->g, r)) continue;
     const char *name = fjg_arg_at(e->g, r->buffer)->name;
-    fjg_buf_printf(e->out, "  if (fj_buf_in(u.n_%s, ", name);
+    fjg_buf_printf(e->out, "  if (gc.u%d != FJ_GRAD_VARIES)\n    gc.a%d += live ? ds * ", i, i);
+    put_operand(e, r->grad);
+    fjg_buf_printf(e->out, " : 0.0f;\n  else\n  ");
+    fjg_buf_printf(e->out, "  fj_grad_add(gc.s%d, gr.g_%s, live && fj_buf_in(u.n_%s, ", i, name,
+                   name);
     put_operand(e, r->index);
-    fjg_buf_printf(e->out, ")) fj_grad_add(gc.s%d, gr.g_%s, ", i, name);
+    fjg_buf_printf(e->out, "), ");
     put_operand(e, r->index);
     fjg_buf_printf(e->out, ", ds * ");
     put_operand(e, r->grad);
     fjg_buf_printf(e->out, ");\n");
   }
-  fjg_buf_printf(e->out, "  return ds * ");
+}
+
+static void put_grad_body(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  if (!d) { /* no score_mod: the score passes unchanged */
+    fjg_buf_printf(e->out, "  return ds;\n");
+    return;
+  }
+  fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
+  put_grad_nodes(e);
+  put_grad_adds(e);
+  fjg_buf_printf(e->out, "  return live ? ds * ");
   put_operand(e, d->dscore);
-  fjg_buf_printf(e->out, ";\n");
+  fjg_buf_printf(e->out, " : 0.0f;\n");
+}
+
+/* The body of fj_grad_bufs: fj_score_grad's adds alone, for an additive
+ * score_mod (score_grad_one), whose reads' indices and derivatives do not
+ * read the score; empty for any other. */
+static void put_grad_bufs_body(emitter *e) {
+  if (!score_grad_one(e->g) || !num_grad_reads(e->g)) {
+    fjg_buf_printf(e->out, "  (void)u, (void)gr, (void)gc, (void)z, (void)b, (void)h, (void)q, "
+                           "(void)kv, (void)ds;\n");
+    return;
+  }
+  fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
+  put_grad_nodes(e);
+  put_grad_adds(e);
 }
 
 /* ---- tile classifier ---- */
@@ -491,22 +607,29 @@ static void put_iv_expr(emitter *e, const fjg_node *n) {
   }
 }
 
+/* One fj_iv statement per i32 or bool node of fjg_reachable(which), v0,
+ * v1, ... in order (e->slot maps a node to its number); f32 nodes are
+ * unknown and no rule reads them. */
+static void put_iv_nodes(emitter *e, int which) {
+  int count, next = 0;
+  const int32_t *list = fjg_reachable(e->g, which, &count);
+  for (int k = 0; k < count; k++) {
+    const fjg_node *n = fjg_node_at(e->g, list[k]);
+    if (n->type == FJG_F32) continue;
+    e->slot[list[k]] = next;
+    fjg_buf_printf(e->out, "  const fj_iv v%d = ", next++);
+    put_iv_expr(e, n);
+    fjg_buf_printf(e->out, ";\n");
+  }
+}
+
 static void put_tile_class_body(emitter *e) {
   int root = fjg_mask_root(e->g);
   if (root < 0) {
     fjg_buf_printf(e->out, "  return FJ_TILE_FULL;\n");
     return;
   }
-  int count, next = 0;
-  const int32_t *list = fjg_reachable(e->g, 0, &count);
-  for (int k = 0; k < count; k++) {
-    const fjg_node *n = fjg_node_at(e->g, list[k]);
-    if (n->type == FJG_F32) continue; /* unknown; no rule reads it */
-    e->slot[list[k]] = next;
-    fjg_buf_printf(e->out, "  const fj_iv v%d = ", next++);
-    put_iv_expr(e, n);
-    fjg_buf_printf(e->out, ";\n");
-  }
+  put_iv_nodes(e, 0);
   fjg_buf_printf(e->out, "  return fj_iv_tile_class(v%d);\n",
                  (int)e->slot[root]);
 }
@@ -551,14 +674,19 @@ static void put_params_struct(fjg_buf *out, const fjg_graph *g) {
   fjg_buf_printf(out, "};\n\n");
 }
 
-fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
-  /* Without a mask every tile is full and the rules would be dead code. */
-  if (g && fjg_mask_root(g) < 0) return FJ_OK;
+static void put_interval_rules(fjg_buf *out) {
   fjg_buf_printf(out,
       "// Interval rules shared with gen/interval.c (fj_tile_class uses them).\n"
       "#define FJ_IV_FN static __device__ __forceinline__\n");
   put_reflowed(out, fjg_interval_rules_source());
   fjg_buf_printf(out, "\n");
+}
+
+fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
+  /* Without a mask every tile is full and the rules would be dead code
+   * (a backward unit's hooks add them when its gradients need them). */
+  if (g && fjg_mask_root(g) < 0) return FJ_OK;
+  put_interval_rules(out);
   return out->failed ? FJ_ENOMEM : FJ_OK;
 }
 
@@ -624,7 +752,12 @@ static void put_grad_cache(fjg_buf *out, const fjg_graph *g) {
   const fjg_derivative *d = fjg_graph_derivative(g);
   const int n = d ? d->num_buffer_grads : 0;
   fjg_buf_printf(out, "struct fj_grad_cache {\n");
-  for (int i = 0; i < n; i++) fjg_buf_printf(out, "  fj_grad_slot s%d;\n", i);
+  for (int i = 0; i < n; i++)
+    fjg_buf_printf(out,
+                   "  fj_grad_slot s%d;\n"
+                   "  int u%d = FJ_GRAD_VARIES;  // the tile's one index (fj_grad_tile)\n"
+                   "  float a%d = 0.0f;  // the tile's sum for u%d\n",
+                   i, i, i, i);
   fjg_buf_printf(out, "};\n");
   fjg_buf_printf(out,
       "__device__ __forceinline__ void fj_grad_flush(const fj_user_grads &gr, "
@@ -642,13 +775,33 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
   emitter e;
   if (emitter_open(&e, g, out) != FJ_OK) return FJ_ENOMEM;
   fjg_buf_printf(out, "// ---- generated backward hooks (gen/emit_cuda.c) ----\n");
+  /* fj_grad_tile reads the interval rules, which the prologue has only
+   * with a mask. */
+  if (fjg_mask_root(g) < 0 && num_grad_reads(g)) put_interval_rules(out);
   put_grads_struct(out, g);
   put_grad_cache(out, g);
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ void fj_grad_tile(const fj_user_params &u,"
+      "\n    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1, "
+      "fj_grad_cache &gc) {\n");
+  put_grad_tile_body(&e);
+  fjg_buf_printf(out, "}\n");
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ void fj_grad_tile_end(const fj_user_grads &gr, "
+      "fj_grad_cache &gc) {\n");
+  put_grad_tile_end_body(&e);
+  fjg_buf_printf(out, "}\n");
   fjg_buf_printf(out,
       "__device__ __forceinline__ float fj_score_grad(const fj_user_params &u,"
       "\n    const fj_user_grads &gr, fj_grad_cache &gc, const fj_sizes &z, float score, "
       "int b,\n    int h, int q, int kv, float ds) {\n");
   put_grad_body(&e);
+  fjg_buf_printf(out, "}\n");
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ void fj_grad_bufs(const fj_user_params &u,"
+      "\n    const fj_user_grads &gr, fj_grad_cache &gc, const fj_sizes &z, int b, int h, "
+      "int q,\n    int kv, float ds) {\n");
+  put_grad_bufs_body(&e);
   fjg_buf_printf(out, "}\n// ---- end of generated backward hooks ----\n");
   return emitter_close(&e);
 }
@@ -675,12 +828,6 @@ static int has_mask(const fjg_graph *g) {
   return !(n->op == FJG_OP_CONST && n->imm.i != 0);
 }
 
-static int has_score_mod(const fjg_graph *g) {
-  int root = fjg_score_root(g);
-  if (root < 0) return 0;
-  const fjg_node *n = fjg_node_at(g, root);
-  return !(n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE);
-}
 
 static void put_config_defines(fjg_buf *out, const fjg_graph *g,
                                const fjg_config *cfg) {
@@ -740,6 +887,7 @@ fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
   const char *const *parts = fjg_template_parts(cfg->template_name, "backward");
   if (!parts) return FJ_ENOTFOUND;
   put_config_defines(out, g, cfg);
+  if (score_grad_one(g)) fjg_buf_printf(out, "#define FJ_SCORE_GRAD_ONE 1\n");
   return emit_parts(g, parts, 1, out);
 }
 

@@ -23,6 +23,13 @@
  *                        keeps across its calls
  *   fj_grad_flush(gr, gc) adds what the slots hold (atomicAdd); a thread
  *                        calls it once, after its last fj_score_grad
+ *   fj_grad_tile(u, z, b, h, q0, q1, kv0, kv1, gc)
+ *                        before a tile's fj_score_grad calls: each trainable
+ *                        read whose index is one value over the tile
+ *                        (interval analysis over the derivative's nodes,
+ *                        the rules of the prologue, emitted here when it has
+ *                        none) sums its adds in gc instead
+ *   fj_grad_tile_end(gr, gc) after them: those sums into the slots
  *   fj_score_grad(u, gr, gc, z, score, b, h, q, kv, ds)
  *                        ds * d score_mod / d score, after adding
  *                        ds * d score_mod / d buf[n] to gr.g_<name>[n]

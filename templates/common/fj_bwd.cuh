@@ -30,6 +30,15 @@
 #ifndef FJ_VARLEN
 #define FJ_VARLEN 0
 #endif
+// FJ_SCORE_GRAD_ONE 1: the score_mod is additive (ALiBi, a relative bias,
+// frozen or trainable): its derivative with respect to the score is the
+// constant 1, and each trainable read's the constant 0 or 1 at an index that
+// does not read the score. So dS = P (dP - delta) needs no score, and the
+// buffers' gradients need dS' and the indices alone (fj_grad_bufs): a kernel
+// may apply the score_mod where it computes P (gen/emit_cuda.c defines it).
+#ifndef FJ_SCORE_GRAD_ONE
+#define FJ_SCORE_GRAD_ONE 0
+#endif
 
 #if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
     !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \

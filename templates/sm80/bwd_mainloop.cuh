@@ -176,7 +176,9 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, const fj_sizes 
         float ds = pr * (dp[nt][e] - dlt[e & 1]);
 #if FJ_HAS_SCORE_MOD
         // d score_mod / d score, and the trainable buffers' gradients, only
-        // where the pair is allowed: a masked pair has no gradient.
+        // where the pair is allowed: a masked pair has no gradient. (A call
+        // for every element, not a branch, as the sm90 kernel makes it,
+        // spills here.)
         if (keep) ds = fj_score_grad(p.user, p.grads, gc, z, score, b, h, qi, ki, ds);
 #endif
         s[nt][e] = pr;

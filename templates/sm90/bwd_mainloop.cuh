@@ -128,10 +128,11 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
   (void)need_mask, (void)edge, (void)gc;
 }
 
-// Without a score_mod the elementwise step is split in two so that each
-// half runs beside a product on the tensor cores: P^T (fjhb_probs, while
-// dP^T is computed), then dS^T (fjhb_dsoft, while dV += P^T dO is), which
-// needs no mask (a masked P is 0) and no score.
+// Without a score_mod, or with one whose derivative is 1 (FJ_SCORE_GRAD_ONE:
+// an additive bias, applied here), the elementwise step is split in two so
+// that each half runs beside a product on the tensor cores: P^T
+// (fjhb_probs, while dP^T is computed), then dS^T (fjhb_dsoft, while dV +=
+// P^T dO is), which needs no mask (a masked P is 0) and no score.
 // CHECK (need_mask or edge, uniform over the warpgroup) is a template
 // argument: the caller branches once, and the unmasked tiles' loop holds no
 // index arithmetic (as one loop with per-element selects it ran 6% slower
@@ -150,30 +151,49 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e;
+      const int qi = q0 + 8 * j + 2 * t4 + (e & 1);
+      const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
       bool keep = true;
       if constexpr (CHECK) {
-        const int qi = q0 + 8 * j + 2 * t4 + (e & 1);
-        const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
 #if FJ_HAS_MASK
         if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
 #endif
         if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
       }
+#if FJ_HAS_SCORE_MOD
+      const float x = fj_score_mod(p.user, z, s[i] * p.scale, b, h, qi, ki) * FJHB_LOG2E;
+      s[i] = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
+#else
+      (void)qi, (void)ki;
       s[i] = keep ? fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1])) : 0.f;
+#endif
     }
   }
   (void)need_mask, (void)b, (void)h, (void)w, (void)g, (void)q0, (void)wkv0, (void)edge;
 }
-__device__ __forceinline__ void fjhb_dsoft(unsigned s_delta, const float (&pr)[FJHB_S_REGS],
-                                           float (&dp)[FJHB_S_REGS]) {
-  const int t4 = fj_tid() & 3;
+// With an additive score_mod that has trainable reads, dS^T's elements also
+// go to their gradients (fj_grad_bufs; a masked element's dS is 0).
+__device__ __forceinline__ void fjhb_dsoft(const fj_bwd_params &p, const fj_sizes &z, int b,
+                                           int h, int q0, int wkv0, unsigned s_delta,
+                                           const float (&pr)[FJHB_S_REGS],
+                                           float (&dp)[FJHB_S_REGS], fj_grad_cache &gc) {
+  const int t = fj_tid() & 127;
+  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
 #pragma unroll
   for (int j = 0; j < FJ_BLOCK_M / 8; ++j) {
     float dl[2];
     fjhb_ld_shared_f2(s_delta + (8 * j + 2 * t4) * 4, dl[0], dl[1]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - dl[e & 1]);
+    for (int e = 0; e < 4; ++e) {
+      const float ds = pr[4 * j + e] * (dp[4 * j + e] - dl[e & 1]);
+#if FJ_HAS_SCORE_MOD
+      fj_grad_bufs(p.user, p.grads, gc, z, b, h, q0 + 8 * j + 2 * t4 + (e & 1),
+                   wkv0 + 16 * w + g + 8 * (e >> 1), ds);
+#endif
+      dp[4 * j + e] = ds;
+    }
   }
+  (void)p, (void)z, (void)b, (void)h, (void)q0, (void)wkv0, (void)w, (void)g, (void)gc;
 }
 
 // The consumer's dS^T fragments into its 64 rows of the dS^T tile
@@ -299,13 +319,15 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjhb_issue_rows_d(dpacc, v_lo, do_lo);
       fjh_wgmma_commit();
       fjh_mbar_wait_warp(sm.rows_full(s), ph);
-#if FJ_HAS_SCORE_MOD
+#if FJ_HAS_SCORE_MOD && !FJ_SCORE_GRAD_ONE
       // The score_mod's derivative needs the score next to dP^T: both
       // products first, then the elementwise step in one pass.
       fjh_wgmma_wait<0>();
       fjh_fence_regs(sacc);
       fjh_fence_regs(dpacc);
       // One loop for every tile (a second, unchecked copy spills at D=128).
+      // Trainable reads go element by element here (fj_grad_tile's sums
+      // spill this step with a large score_mod).
       fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s),
                              sacc, dpacc, gc);
       fjhb_pack(sacc, pa);
@@ -317,7 +339,14 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #else
       fjh_wgmma_wait<1>();  // S^T is ready; dP^T runs on
       fjh_fence_regs(sacc);
-      if (need_mask || edge)
+      // With a score_mod (an additive one), one loop for every tile, as the
+      // one-pass step: a second, unchecked copy spills with a large one.
+      // Its trainable reads' indices over the tile first (fj_grad_tile).
+#if FJ_HAS_SCORE_MOD
+      fj_grad_tile(p.user, w.sizes(p), b, it.h, q0, q0 + FJ_BLOCK_M - 1, wkv0,
+                   wkv0 + FJHB_WG_KV - 1, gc);
+#endif
+      if (FJ_HAS_SCORE_MOD || need_mask || edge)
         fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
       else
         fjhb_probs<false>(p, p.sz, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
@@ -327,7 +356,10 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_commit();
       fjh_wgmma_wait<1>();  // dP^T is ready; dV += P^T dO runs on
       fjh_fence_regs(dpacc);
-      fjhb_dsoft(sm.delta(s), sacc, dpacc);
+      fjhb_dsoft(p, w.sizes(p), b, it.h, q0, wkv0, sm.delta(s), sacc, dpacc, gc);
+#if FJ_HAS_SCORE_MOD
+      fj_grad_tile_end(p.grads, gc);
+#endif
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));

@@ -61,15 +61,29 @@ static const char fjt_softcap_bias[] =
 /* For the backward unit: a causal mask; a tanh softcap plus a bias from a
  * trainable f32 buffer read at the relative position kv - q + 64 (the
  * generator's fj_score_grad: ds times d score_mod / d score returned, ds
- * added to the buffer's gradient where the read is inside it). Compiled with
+ * added to the buffer's gradient where the read is inside it, summed over a
+ * tile where fj_grad_tile finds its index one value). Compiled with
  * every combination of FJ_HAS_MASK and FJ_HAS_SCORE_MOD. */
 static const char fjt_bwd_causal_softcap_bias[] =
     "struct fj_user_params {\n  long long fj_reserved_;\n  const float *a_bias;\n"
     "  long long n_bias;\n};\n"
     "struct fj_user_grads {\n  float *g_bias;\n};\n"
-    "struct fj_grad_cache {\n  fj_grad_slot s0;\n};\n"
+    "struct fj_grad_cache {\n  fj_grad_slot s0;\n  int u0 = FJ_GRAD_VARIES;\n"
+    "  float a0 = 0.0f;\n};\n"
     "__device__ __forceinline__ void fj_grad_flush(const fj_user_grads &gr, "
     "fj_grad_cache &gc) {\n  fj_grad_slot_flush(gc.s0, gr.g_bias);\n}\n"
+    "__device__ __forceinline__ void fj_grad_tile(const fj_user_params &u,\n"
+    "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1, "
+    "fj_grad_cache &gc) {\n"
+    "  const long long lo = kv0 - (long long)q1 + 64, hi = kv1 - (long long)q0 + 64;\n"
+    "  gc.u0 = lo != hi ? FJ_GRAD_VARIES : fj_buf_in(u.n_bias, (int)lo) ? (int)lo : -1;\n}\n"
+    "__device__ __forceinline__ void fj_grad_tile_end(const fj_user_grads &gr, "
+    "fj_grad_cache &gc) {\n"
+    "  if (gc.u0 != FJ_GRAD_VARIES) fj_grad_add(gc.s0, gr.g_bias, gc.u0 >= 0, gc.u0, gc.a0);\n"
+    "  gc.u0 = FJ_GRAD_VARIES;\n  gc.a0 = 0.0f;\n}\n"
+    "__device__ __forceinline__ void fj_grad_bufs(const fj_user_params &u,\n"
+    "    const fj_user_grads &gr, fj_grad_cache &gc, const fj_sizes &z, int b, int h, int q,\n"
+    "    int kv, float ds) {}\n"
     "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes &z,\n"
     "    int b, int h, int q, int kv) {\n  bool t0 = kv <= q;\n  return t0;\n}\n"
     "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
@@ -83,7 +97,8 @@ static const char fjt_bwd_causal_softcap_bias[] =
     "  float t0 = score * 0.0333333351f;\n  float t1 = fj_tanh_f32(t0);\n"
     "  float t2 = t1 * t1;\n  float t3 = 1.0f - t2;\n  int t4 = kv - q;\n"
     "  int t5 = t4 + 64;\n"
-    "  if (fj_buf_in(u.n_bias, t5)) fj_grad_add(gc.s0, g.g_bias, t5, ds);\n"
+    "  if (gc.u0 != FJ_GRAD_VARIES)\n    gc.a0 += ds != 0.0f ? ds : 0.0f;\n  else\n"
+    "    fj_grad_add(gc.s0, g.g_bias, ds != 0.0f && fj_buf_in(u.n_bias, t5), t5, ds);\n"
     "  return ds * t3;\n}\n"
     "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"

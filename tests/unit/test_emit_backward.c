@@ -8,7 +8,8 @@
  * the derivative's nodes (gen/derivative.c) as the CPU evaluator computes
  * them, on the prelude's score_mods (alibi, softcap, relative_bias, T5
  * buckets with a trainable table) and random score_mods reading a
- * trainable buffer. NVRTC compiles the hooks for sm_80. Adding the
+ * trainable buffer; and on tiles (fj_grad_tile, where a read's index is one
+ * value over the tile, and fj_grad_tile_end) as element by element. NVRTC compiles the hooks for sm_80. Adding the
  * derivative to a graph leaves the forward translation unit's bytes as
  * they were. */
 #include <dlfcn.h>
@@ -211,6 +212,48 @@ static void test_backward_unit(void **state) {
   fjg_graph_destroy(g);
 }
 
+/* FJ_SCORE_GRAD_ONE marks the backward units of additive score_mods (the
+ * derivative with respect to the score the constant 1, each trainable
+ * read's 0 or 1): ALiBi, a frozen or trainable bias; not softcap, trainable
+ * ALiBi slopes, a trainable scale or no score_mod. */
+static void test_score_grad_one(void **state) {
+  (void)state;
+  static const struct {
+    const char *src;
+    int one;
+  } cases[] = {
+      {"return { mask_mod = causal(), score_mod = alibi() }", 1},
+      {"local bias = buffer('bias', 'f32')\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + bias[q - kv + 8] end }", 1},
+      {"local cap = param('cap', 'f32')\nreturn { score_mod = softcap(cap) }", 0},
+      {"local bias = buffer('rel_bias', 'f32', {grad = true})\n"
+       "return { mask_mod = causal(), score_mod = relative_bias(bias) }", 1},
+      {"local slopes = buffer('slopes', 'f32', {grad = true})\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + slopes[h] * (kv - q) end }", 0},
+      {"local t = buffer('t', 'f32', {grad = true})\n"
+       "return { score_mod = function(s, b, h, q, kv) return s * t[h] end }", 0},
+      {"return { mask_mod = causal() }", 0},
+      {"return { score_mod = function(s, b, h, q, kv) return s * 2 end }", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fjg_graph *g = trace(cases[i].src);
+    fjg_config c = sm80_config();
+    fjg_buf b;
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_backward_tu(g, &c, &b), FJ_OK);
+    const int one = strstr(b.data, "#define FJ_SCORE_GRAD_ONE 1\n") != NULL;
+    if (one != cases[i].one) fail_msg("case %zu: FJ_SCORE_GRAD_ONE %d, expected %d\n%s", i,
+                                      one, cases[i].one, cases[i].src);
+    fjg_buf_free(&b);
+    /* The forward unit never has it. */
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
+    assert_null(strstr(b.data, "FJ_SCORE_GRAD_ONE"));
+    fjg_buf_free(&b);
+    fjg_graph_destroy(g);
+  }
+}
+
 /* The hooks are valid CUDA: the prologue and hooks of every example, with
  * a kernel calling fj_score_grad, through NVRTC for sm_80. */
 static void test_hooks_compile_with_nvrtc(void **state) {
@@ -400,6 +443,51 @@ static void *build_host_library(fjg_graph **graphs, int n, const char *dir) {
         "  g%d::fj_grad_flush(*(const g%d::fj_user_grads *)gr, gc);\n"
         "  return r;\n}\n",
         i, i, i, i, i, i, i);
+    /* A tile as the kernels run it: fj_grad_tile, fj_score_grad on every
+     * element (row-major), fj_grad_tile_end; *one counts the reads whose
+     * index fj_grad_tile found to be one value. */
+    fjg_buf_printf(&src,
+        "extern \"C\" void tile_%d(const void *u, const void *gr, const int *z, int b, int h,\n"
+        "    int q0, int q1, int kv0, int kv1, const float *s, const float *ds, float *ret,\n"
+        "    int *one) {\n"
+        "  const g%d::fj_user_params &uu = *(const g%d::fj_user_params *)u;\n"
+        "  const g%d::fj_user_grads &gg = *(const g%d::fj_user_grads *)gr;\n"
+        "  const fj_sizes &zz = *(const fj_sizes *)z;\n"
+        "  g%d::fj_grad_cache gc;\n"
+        "  g%d::fj_grad_tile(uu, zz, b, h, q0, q1, kv0, kv1, gc);\n"
+        "  *one = 0",
+        i, i, i, i, i, i, i);
+    const fjg_derivative *d = fjg_graph_derivative(graphs[i]);
+    for (int r = 0; d && r < d->num_buffer_grads; r++) {
+      const fjg_node *gn = fjg_node_at(graphs[i], d->buffer_grads[r].grad);
+      if (!(gn->op == FJG_OP_CONST && gn->imm.f == 0.0f))
+        fjg_buf_printf(&src, " + (gc.u%d != FJ_GRAD_VARIES)", r);
+    }
+    fjg_buf_printf(&src,
+        ";\n  int e = 0;\n"
+        "  for (int q = q0; q <= q1; q++)\n"
+        "    for (int kv = kv0; kv <= kv1; kv++, e++)\n"
+        "      ret[e] = g%d::fj_score_grad(uu, gg, gc, zz, s[e], b, h, q, kv, ds[e]);\n"
+        "  g%d::fj_grad_tile_end(gg, gc);\n"
+        "  g%d::fj_grad_flush(gg, gc);\n}\n",
+        i, i, i);
+    /* The same tile through fj_grad_bufs, as the sm90 kernel's split step
+     * runs an additive score_mod. */
+    fjg_buf_printf(&src,
+        "extern \"C\" void bufs_%d(const void *u, const void *gr, const int *z, int b, int h,\n"
+        "    int q0, int q1, int kv0, int kv1, const float *ds) {\n"
+        "  const g%d::fj_user_params &uu = *(const g%d::fj_user_params *)u;\n"
+        "  const g%d::fj_user_grads &gg = *(const g%d::fj_user_grads *)gr;\n"
+        "  const fj_sizes &zz = *(const fj_sizes *)z;\n"
+        "  g%d::fj_grad_cache gc;\n"
+        "  g%d::fj_grad_tile(uu, zz, b, h, q0, q1, kv0, kv1, gc);\n"
+        "  int e = 0;\n"
+        "  for (int q = q0; q <= q1; q++)\n"
+        "    for (int kv = kv0; kv <= kv1; kv++, e++)\n"
+        "      g%d::fj_grad_bufs(uu, gg, gc, zz, b, h, q, kv, ds[e]);\n"
+        "  g%d::fj_grad_tile_end(gg, gc);\n"
+        "  g%d::fj_grad_flush(gg, gc);\n}\n",
+        i, i, i, i, i, i, i, i, i, i);
   }
   assert_false(src.failed);
   char cpp[512], so[512], cmd[1600];
@@ -446,6 +534,46 @@ static int close_to(double got, double want) {
   return fabs(got - want) <= 2e-5 * (1 + fabs(want));
 }
 
+/* A graph's arguments for the emitted code on the host: every buffer
+ * BUF_LEN long (f32 values, i32 document ids), random params, packed as
+ * fj_user_params. */
+typedef struct host_args {
+  float fdata[8][BUF_LEN];
+  int32_t idata[8][BUF_LEN];
+  const void *data[8];
+  int32_t i32s[8];
+  float f32s[8];
+  uint64_t ptrs[8];
+  int64_t lens[8];
+  unsigned char params[512];
+} host_args;
+
+static void host_args_fill(host_args *A, fjg_graph *g) {
+  memset(A, 0, sizeof *A);
+  const int nargs = fjg_num_args(g);
+  assert_true(nargs <= 8);
+  for (int a = 0; a < nargs; a++) {
+    const fjg_arg *arg = fjg_arg_at(g, a);
+    for (int j = 0; j < BUF_LEN; j++)
+      A->fdata[a][j] = (float)range(-96, 96) / 32.0f, A->idata[a][j] = range(0, 2);
+    A->f32s[a] = (float)range(8, 64) / 16.0f;
+    A->i32s[a] = range(1, 9);
+    A->data[a] = arg->type == FJG_F32 ? (const void *)A->fdata[a] : (const void *)A->idata[a];
+    A->ptrs[a] = (uint64_t)(uintptr_t)A->data[a];
+    A->lens[a] = BUF_LEN;
+  }
+  assert_true(fjg_user_params_size(g) <= sizeof A->params);
+  fjg_user_params_pack(g, A->i32s, A->f32s, A->ptrs, A->lens, A->params);
+}
+
+/* fj_user_grads pointing at gdata[a] for each trainable argument a. */
+static void host_grads(fjg_graph *g, float (*gdata)[BUF_LEN], unsigned char out[128]) {
+  uint64_t p[8] = {0};
+  for (int a = 0; a < fjg_num_args(g); a++) p[a] = (uint64_t)(uintptr_t)gdata[a];
+  assert_true(fjg_user_grads_size(g) <= 128);
+  fjg_user_grads_pack(g, p, out);
+}
+
 /* Checks fj_score_grad of graph i at random points: the return value and
  * the gradient buffers against the derivative's nodes. */
 static int check_graph(void *lib, int i, fjg_graph *g) {
@@ -454,33 +582,12 @@ static int check_graph(void *lib, int i, fjg_graph *g) {
   grad_fn grad = (grad_fn)dlsym(lib, name);
   assert_non_null(grad);
   const int nargs = fjg_num_args(g);
-  assert_true(nargs <= 8);
-  /* Every buffer BUF_LEN long: f32 values, i32 document ids. */
-  float fdata[8][BUF_LEN];
-  int32_t idata[8][BUF_LEN];
+  host_args A;
+  host_args_fill(&A, g);
   float gdata[8][BUF_LEN], want[8][BUF_LEN];
-  const void *data[8] = {0};
-  int32_t i32s[8] = {0};
-  float f32s[8] = {0};
-  uint64_t ptrs[8] = {0}, gptrs[8] = {0};
-  int64_t lens[8] = {0};
-  for (int a = 0; a < nargs; a++) {
-    const fjg_arg *arg = fjg_arg_at(g, a);
-    for (int j = 0; j < BUF_LEN; j++)
-      fdata[a][j] = (float)range(-96, 96) / 32.0f, idata[a][j] = range(0, 2);
-    f32s[a] = (float)range(8, 64) / 16.0f;
-    i32s[a] = range(1, 9);
-    data[a] = arg->type == FJG_F32 ? (const void *)fdata[a] : (const void *)idata[a];
-    ptrs[a] = (uint64_t)(uintptr_t)data[a];
-    lens[a] = BUF_LEN;
-    gptrs[a] = (uint64_t)(uintptr_t)gdata[a];
-  }
-  unsigned char params[512], grads[128];
-  assert_true(fjg_user_params_size(g) <= sizeof params);
-  assert_true(fjg_user_grads_size(g) <= sizeof grads);
-  fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
-  fjg_user_grads_pack(g, gptrs, grads);
-  fjg_env env = {{2, 4, 2, 40, 40}, 0, 0, i32s, f32s, data, lens};
+  unsigned char grads[128];
+  host_grads(g, gdata, grads);
+  fjg_env env = {{2, 4, 2, 40, 40}, 0, 0, A.i32s, A.f32s, A.data, A.lens};
   const fjg_derivative *d = fjg_graph_derivative(g);
   int checked = 0;
   for (int t = 0; t < 60; t++) {
@@ -490,7 +597,7 @@ static int check_graph(void *lib, int i, fjg_graph *g) {
     if (t < 2) p.s = 0.0f, ds = (float)t; /* where log and sqrt have inf slopes */
     memset(gdata, 0, sizeof gdata);
     memset(want, 0, sizeof want);
-    float got = grad(params, grads, env.sizes, p.s, p.b, p.h, p.q, p.kv, ds);
+    float got = grad(A.params, grads, env.sizes, p.s, p.b, p.h, p.q, p.kv, ds);
     int jump = 0;
     double dscore = d ? node_value(g, &env, d->dscore, &p, &jump) : 1.0;
     for (int r = 0; d && r < d->num_buffer_grads; r++) {
@@ -517,6 +624,99 @@ static int check_graph(void *lib, int i, fjg_graph *g) {
   return checked;
 }
 
+typedef void (*tile_fn)(const void *u, const void *gr, const int *z, int b, int h, int q0,
+                        int q1, int kv0, int kv1, const float *s, const float *ds, float *ret,
+                        int *one);
+typedef void (*bufs_fn)(const void *u, const void *gr, const int *z, int b, int h, int q0,
+                        int q1, int kv0, int kv1, const float *ds);
+
+/* Whether g's score_mod is additive, as gen/emit_cuda.c decides where it
+ * defines FJ_SCORE_GRAD_ONE: dscore the constant 1, each trainable read's
+ * derivative the constant 0 or 1 at an index that does not read the
+ * score. */
+static int additive(fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  if (!d) return 0;
+  for (int r = 0; r < d->num_buffer_grads; r++) {
+    const fjg_node *gn = fjg_node_at(g, d->buffer_grads[r].grad);
+    if (gn->op != FJG_OP_CONST || (gn->imm.f != 0.0f && gn->imm.f != 1.0f) ||
+        (fjg_input_deps(g, d->buffer_grads[r].index) & (1u << FJG_IN_SCORE)))
+      return 0;
+  }
+  const fjg_node *n = fjg_node_at(g, d->dscore);
+  return n->op == FJG_OP_CONST && n->imm.f == 1.0f;
+}
+
+/* Graph i on random tiles (up to 6 x 6, some of one row or column) through
+ * tile_i, against fj_score_grad element by element (grad_i, itself checked
+ * against the evaluator): the same return values and, up to the order of
+ * the sums, the same gradients. Returns how many tiles had a read whose
+ * index fj_grad_tile found to be one value. */
+static int check_tiles(void *lib, int i, fjg_graph *g, int *additive_tiles) {
+  char name[32];
+  snprintf(name, sizeof name, "bufs_%d", i);
+  bufs_fn bufs = (bufs_fn)dlsym(lib, name);
+  assert_non_null(bufs);
+  snprintf(name, sizeof name, "tile_%d", i);
+  tile_fn tile = (tile_fn)dlsym(lib, name);
+  snprintf(name, sizeof name, "grad_%d", i);
+  grad_fn grad = (grad_fn)dlsym(lib, name);
+  assert_non_null(tile);
+  assert_non_null(grad);
+  const int nargs = fjg_num_args(g);
+  host_args A;
+  host_args_fill(&A, g);
+  float got_g[8][BUF_LEN], want_g[8][BUF_LEN];
+  unsigned char grads_got[128], grads_want[128];
+  host_grads(g, got_g, grads_got);
+  host_grads(g, want_g, grads_want);
+  const int sizes[5] = {2, 4, 2, 40, 40};
+  int with_one = 0;
+  for (int t = 0; t < 40; t++) {
+    const int b = range(0, 1), h = range(0, 3);
+    const int q0 = range(0, 39), kv0 = range(0, 39);
+    const int dq = t % 4 == 0 ? 0 : range(0, 5), dkv = t % 4 == 1 ? 0 : range(0, 5);
+    const int q1 = q0 + dq > 39 ? 39 : q0 + dq, kv1 = kv0 + dkv > 39 ? 39 : kv0 + dkv;
+    float sv[36], dsv[36], ret[36];
+    const int n = (q1 - q0 + 1) * (kv1 - kv0 + 1);
+    for (int e = 0; e < n; e++) {
+      sv[e] = (float)range(-300, 300) / 32.0f;
+      dsv[e] = e % 7 == 6 ? 0.0f : (float)range(-64, 64) / 16.0f;
+    }
+    memset(got_g, 0, sizeof got_g);
+    memset(want_g, 0, sizeof want_g);
+    int one = 0;
+    tile(A.params, grads_got, sizes, b, h, q0, q1, kv0, kv1, sv, dsv, ret, &one);
+    with_one += one > 0;
+    int e = 0;
+    for (int q = q0; q <= q1; q++)
+      for (int kv = kv0; kv <= kv1; kv++, e++) {
+        const float r = grad(A.params, grads_want, sizes, sv[e], b, h, q, kv, dsv[e]);
+        if (!(r == ret[e] || (isnan(r) && isnan(ret[e]))))
+          fail_msg("graph %d, tile q %d..%d kv %d..%d: fj_score_grad returned %.9g in the "
+                   "tile, %.9g alone at q=%d kv=%d", i, q0, q1, kv0, kv1, ret[e], r, q, kv);
+      }
+    for (int a = 0; a < nargs; a++)
+      for (int j = 0; j < BUF_LEN; j++)
+        if (!close_to(got_g[a][j], want_g[a][j]))
+          fail_msg("graph %d, tile q %d..%d kv %d..%d (%d reads of one index): gradient of "
+                   "%s[%d] %.9g, element by element %.9g", i, q0, q1, kv0, kv1, one,
+                   fjg_arg_at(g, a)->name, j, got_g[a][j], want_g[a][j]);
+    if (!additive(g)) continue;
+    /* An additive score_mod: fj_grad_bufs adds what fj_score_grad does. */
+    memset(got_g, 0, sizeof got_g);
+    bufs(A.params, grads_got, sizes, b, h, q0, q1, kv0, kv1, dsv);
+    (*additive_tiles)++;
+    for (int a = 0; a < nargs; a++)
+      for (int j = 0; j < BUF_LEN; j++)
+        if (!close_to(got_g[a][j], want_g[a][j]))
+          fail_msg("graph %d, tile q %d..%d kv %d..%d: gradient of %s[%d] %.9g by "
+                   "fj_grad_bufs, element by element %.9g", i, q0, q1, kv0, kv1,
+                   fjg_arg_at(g, a)->name, j, got_g[a][j], want_g[a][j]);
+  }
+  return with_one;
+}
+
 static void test_score_grad_matches_derivative(void **state) {
   (void)state;
   if (system("g++ --version > /dev/null 2>&1") != 0) {
@@ -529,8 +729,9 @@ static void test_score_grad_matches_derivative(void **state) {
   for (int i = 0; i < NUM_EXAMPLES; i++) graphs[i] = trace(example_specs[i]);
   for (int i = NUM_EXAMPLES; i < MAX_GRAPHS; i++) graphs[i] = random_graph(1);
   void *lib = build_host_library(graphs, MAX_GRAPHS, dir);
-  int checked = 0, nonzero_grads = 0;
+  int checked = 0, nonzero_grads = 0, tiles_with_one = 0, additive_tiles = 0;
   for (int i = 0; i < MAX_GRAPHS; i++) {
+    tiles_with_one += check_tiles(lib, i, graphs[i], &additive_tiles);
     int n = check_graph(lib, i, graphs[i]);
     if (n < 30) fail_msg("graph %d: only %d of 60 points predictable", i, n);
     checked += n;
@@ -539,8 +740,13 @@ static void test_score_grad_matches_derivative(void **state) {
   }
   /* The examples with trainable reads and most random graphs have some. */
   assert_true(nonzero_grads > MAX_GRAPHS / 2);
-  print_message("%d points checked on %d graphs (%d with buffer gradients)\n", checked,
-                MAX_GRAPHS, nonzero_grads);
+  /* fj_grad_tile's one-index path ran, not only the element-wise one, and
+   * fj_grad_bufs on the additive examples. */
+  assert_true(tiles_with_one > MAX_GRAPHS);
+  assert_true(additive_tiles >= 40);
+  print_message("%d points checked on %d graphs (%d with buffer gradients); %d tiles with a "
+                "read of one index; %d tiles of additive score_mods through fj_grad_bufs\n",
+                checked, MAX_GRAPHS, nonzero_grads, tiles_with_one, additive_tiles);
   dlclose(lib);
   for (int i = 0; i < MAX_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
   char cmd[600];
@@ -553,6 +759,7 @@ int main(void) {
       cmocka_unit_test(test_user_grads_layout),
       cmocka_unit_test(test_forward_unit_unchanged),
       cmocka_unit_test(test_backward_unit),
+      cmocka_unit_test(test_score_grad_one),
       cmocka_unit_test(test_hooks_compile_with_nvrtc),
       cmocka_unit_test(test_score_grad_matches_derivative),
   };
