@@ -430,6 +430,19 @@ static void put_grad_tile_body(emitter *e) {
   }
 }
 
+/* The body of fj_grad_tile_uniform: whether fj_grad_tile found every
+ * read's index one value (true without reads). A kernel branches on it so
+ * that the copy of its loop under the branch adds to the tile's sums alone. */
+static void put_grad_tile_uniform_body(emitter *e) {
+  const fjg_derivative *d = fjg_graph_derivative(e->g);
+  fjg_buf_printf(e->out, "  return true");
+  for (int i = 0; d && i < d->num_buffer_grads; i++)
+    if (has_grad(e->g, &d->buffer_grads[i]))
+      fjg_buf_printf(e->out, " && gc.u%d != FJ_GRAD_VARIES", i);
+  fjg_buf_printf(e->out, ";\n");
+  if (!num_grad_reads(e->g)) fjg_buf_printf(e->out, "  (void)gc;\n");
+}
+
 /* The body of fj_grad_tile_end: each read's tile sum into its slot. */
 static void put_grad_tile_end_body(emitter *e) {
   const fjg_derivative *d = fjg_graph_derivative(e->g);
@@ -487,9 +500,17 @@ static void put_grad_adds(emitter *e) {
     const fjg_buffer_grad *r = &d->buffer_grads[i];
     if (!has_grad(e->g, r)) continue;
     const char *name = fjg_arg_at(e->g, r->buffer)->name;
-    fjg_buf_printf(e->out, "  if (gc.u%d != FJ_GRAD_VARIES)\n    gc.a%d += live ? ds * ", i, i);
-    put_operand(e, r->grad);
-    fjg_buf_printf(e->out, " : 0.0f;\n  else\n  ");
+    /* A derivative of the constant 1 adds ds itself: where ds == 0 that
+     * adds nothing, and a NaN ds is live either way. */
+    const fjg_node *gn = fjg_node_at(e->g, r->grad);
+    if (gn->op == FJG_OP_CONST && gn->type == FJG_F32 && gn->imm.f == 1.0f) {
+      fjg_buf_printf(e->out, "  if (gc.u%d != FJ_GRAD_VARIES)\n    gc.a%d += ds;\n  else\n  ", i,
+                     i);
+    } else {
+      fjg_buf_printf(e->out, "  if (gc.u%d != FJ_GRAD_VARIES)\n    gc.a%d += live ? ds * ", i, i);
+      put_operand(e, r->grad);
+      fjg_buf_printf(e->out, " : 0.0f;\n  else\n  ");
+    }
     fjg_buf_printf(e->out, "  fj_grad_add(gc.s%d, gr.g_%s, live && fj_buf_in(u.n_%s, ", i, name,
                    name);
     put_operand(e, r->index);
@@ -785,6 +806,10 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
       "\n    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1, "
       "fj_grad_cache &gc) {\n");
   put_grad_tile_body(&e);
+  fjg_buf_printf(out, "}\n");
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ bool fj_grad_tile_uniform(const fj_grad_cache &gc) {\n");
+  put_grad_tile_uniform_body(&e);
   fjg_buf_printf(out, "}\n");
   fjg_buf_printf(out,
       "__device__ __forceinline__ void fj_grad_tile_end(const fj_user_grads &gr, "

@@ -29,6 +29,9 @@
  *                        (interval analysis over the derivative's nodes,
  *                        the rules of the prologue, emitted here when it has
  *                        none) sums its adds in gc instead
+ *   fj_grad_tile_uniform(gc) whether every read's index was one value
+ *                        (a kernel branches on it: under the branch its
+ *                        loop of adds is a sum)
  *   fj_grad_tile_end(gr, gc) after them: those sums into the slots
  *   fj_score_grad(u, gr, gc, z, score, b, h, q, kv, ds)
  *                        ds * d score_mod / d score, after adding

@@ -171,29 +171,43 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
   }
   (void)need_mask, (void)b, (void)h, (void)w, (void)g, (void)q0, (void)wkv0, (void)edge;
 }
-// With an additive score_mod that has trainable reads, dS^T's elements also
-// go to their gradients (fj_grad_bufs; a masked element's dS is 0).
-__device__ __forceinline__ void fjhb_dsoft(const fj_bwd_params &p, const fj_sizes &z, int b,
-                                           int h, int q0, int wkv0, unsigned s_delta,
-                                           const float (&pr)[FJHB_S_REGS],
-                                           float (&dp)[FJHB_S_REGS], fj_grad_cache &gc) {
-  const int t = fj_tid() & 127;
-  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
+__device__ __forceinline__ void fjhb_dsoft(unsigned s_delta, const float (&pr)[FJHB_S_REGS],
+                                           float (&dp)[FJHB_S_REGS]) {
+  const int t4 = fj_tid() & 3;
 #pragma unroll
   for (int j = 0; j < FJ_BLOCK_M / 8; ++j) {
     float dl[2];
     fjhb_ld_shared_f2(s_delta + (8 * j + 2 * t4) * 4, dl[0], dl[1]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float ds = pr[4 * j + e] * (dp[4 * j + e] - dl[e & 1]);
-#if FJ_HAS_SCORE_MOD
-      fj_grad_bufs(p.user, p.grads, gc, z, b, h, q0 + 8 * j + 2 * t4 + (e & 1),
-                   wkv0 + 16 * w + g + 8 * (e >> 1), ds);
-#endif
-      dp[4 * j + e] = ds;
-    }
+    for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - dl[e & 1]);
   }
-  (void)p, (void)z, (void)b, (void)h, (void)q0, (void)wkv0, (void)w, (void)g, (void)gc;
+}
+// An additive score_mod's trainable reads: dS^T's elements to their
+// gradients (fj_grad_bufs; a masked element's dS is 0), then the tile's sums
+// to the slots. Called once the dK product that reads dS^T is issued, so
+// that it runs beside the tensor cores. Where fj_grad_tile found every
+// read's index one value over the tile (all but a band of tiles for a
+// relative bias) the loop is a sum: the copy under that branch has no index
+// arithmetic and no atomic.
+__device__ __forceinline__ void fjhb_grad_bufs(const fj_bwd_params &p, const fj_sizes &z, int b,
+                                               int h, int q0, int wkv0,
+                                               const float (&ds)[FJHB_S_REGS],
+                                               fj_grad_cache &gc) {
+  const int t = fj_tid() & 127;
+  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
+  const auto each = [&] {
+#pragma unroll
+    for (int j = 0; j < FJ_BLOCK_M / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        fj_grad_bufs(p.user, p.grads, gc, z, b, h, q0 + 8 * j + 2 * t4 + (e & 1),
+                     wkv0 + 16 * w + g + 8 * (e >> 1), ds[4 * j + e]);
+  };
+  if (fj_grad_tile_uniform(gc))
+    each();
+  else
+    each();
+  fj_grad_tile_end(p.grads, gc);
 }
 
 // The consumer's dS^T fragments into its 64 rows of the dS^T tile
@@ -356,14 +370,14 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_commit();
       fjh_wgmma_wait<1>();  // dP^T is ready; dV += P^T dO runs on
       fjh_fence_regs(dpacc);
-      fjhb_dsoft(p, w.sizes(p), b, it.h, q0, wkv0, sm.delta(s), sacc, dpacc, gc);
-#if FJ_HAS_SCORE_MOD
-      fj_grad_tile_end(p.grads, gc);
-#endif
+      fjhb_dsoft(sm.delta(s), sacc, dpacc);
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
       fjh_wgmma_commit();
+#if FJ_HAS_SCORE_MOD
+      fjhb_grad_bufs(p, w.sizes(p), b, it.h, q0, wkv0, dpacc, gc);
+#endif
 #endif
     } else {
 #pragma unroll

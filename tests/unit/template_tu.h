@@ -77,6 +77,8 @@ static const char fjt_bwd_causal_softcap_bias[] =
     "fj_grad_cache &gc) {\n"
     "  const long long lo = kv0 - (long long)q1 + 64, hi = kv1 - (long long)q0 + 64;\n"
     "  gc.u0 = lo != hi ? FJ_GRAD_VARIES : fj_buf_in(u.n_bias, (int)lo) ? (int)lo : -1;\n}\n"
+    "__device__ __forceinline__ bool fj_grad_tile_uniform(const fj_grad_cache &gc) {\n"
+    "  return gc.u0 != FJ_GRAD_VARIES;\n}\n"
     "__device__ __forceinline__ void fj_grad_tile_end(const fj_user_grads &gr, "
     "fj_grad_cache &gc) {\n"
     "  if (gc.u0 != FJ_GRAD_VARIES) fj_grad_add(gc.s0, gr.g_bias, gc.u0 >= 0, gc.u0, gc.a0);\n"
