@@ -67,6 +67,7 @@ typedef struct merge_params {
   int64_t l_sb, l_sh, l_sl;
   int32_t N, B, H, L, D;
   int32_t in_dtype, out_dtype;
+  int32_t wpr;
 } merge_params;
 
 typedef struct csr_params {
@@ -76,6 +77,14 @@ typedef struct csr_params {
 } csr_params;
 
 enum { MERGE_F32 = 0, MERGE_BF16 = 1, MERGE_F16 = 2 };
+
+/* The merge kernel's warps a row for n segments: a warp loads 16 segments
+ * at once (merge.cuh's FJM_UNROLL), so up to 64 arrive in one memory
+ * latency; fewer warps where fewer suffice. */
+static int merge_warps_per_row(int64_t n) { return n <= 16 ? 1 : n <= 32 ? 2 : 4; }
+
+/* The merge kernel's grid: 4 warps a CTA. */
+static unsigned merge_grid(int64_t rows, int wpr) { return (unsigned)((rows * wpr + 3) / 4); }
 
 /* The util kernels for arch (NULL: the context's), compiled once per
  * target into the context's builtin spec, not loaded. */
@@ -245,8 +254,9 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
         .o_sb = p->o_sb, .o_sh = p->o_sh, .o_sl = p->o_ss,
         .l_sb = p->lse_sb, .l_sh = p->lse_sh, .l_sl = 1,
         .N = splits, .B = (int32_t)B, .H = (int32_t)Hq, .L = (int32_t)Lq, .D = D,
-        .in_dtype = MERGE_F32, .out_dtype = dtype == FJ_DTYPE_BF16 ? MERGE_BF16 : MERGE_F16};
-    st = launch_util(ctx, u, 0, &m, sizeof m, (unsigned)((B * Hq * Lq + 3) / 4), 1, stream);
+        .in_dtype = MERGE_F32, .out_dtype = dtype == FJ_DTYPE_BF16 ? MERGE_BF16 : MERGE_F16,
+        .wpr = merge_warps_per_row(splits)};
+    st = launch_util(ctx, u, 0, &m, sizeof m, merge_grid(B * Hq * Lq, m.wpr), 1, stream);
   }
 
   if (owned) {
@@ -327,8 +337,9 @@ fj_status fj_merge_states(fj_context *ctx, const fj_merge_args *a) {
   if (D % 8 != 0 || D > 256)
     return fjr_fail(ctx, FJ_EUNSUPPORTED, "head dim %lld: fj_merge_states takes multiples of 8 "
                     "up to 256", (long long)D);
-  if (N > 65535 || B * H * L > (int64_t)4 * 2147483647LL || B > INT32_MAX || H > INT32_MAX ||
-      L > INT32_MAX)
+  const int wpr = merge_warps_per_row(N);
+  if (N > 65535 || B * H * L * wpr > (int64_t)4 * 2147483647LL || B > INT32_MAX ||
+      H > INT32_MAX || L > INT32_MAX)
     return fjr_fail(ctx, FJ_ETENSOR, "fj_merge_states: sizes too large");
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   fjr_kernel *u = NULL;
@@ -341,8 +352,8 @@ fj_status fj_merge_states(fj_context *ctx, const fj_merge_args *a) {
       .o_sb = os[0], .o_sh = os[1], .o_sl = os[2],
       .l_sb = ls[0], .l_sh = ls[1], .l_sl = ls[2],
       .N = (int32_t)N, .B = (int32_t)B, .H = (int32_t)H, .L = (int32_t)L, .D = (int32_t)D,
-      .in_dtype = in, .out_dtype = out};
-  return launch_util(ctx, u, 0, &m, sizeof m, (unsigned)((B * H * L + 3) / 4), 1,
+      .in_dtype = in, .out_dtype = out, .wpr = wpr};
+  return launch_util(ctx, u, 0, &m, sizeof m, merge_grid(B * H * L, wpr), 1,
                      (CUstream)a->stream);
 }
 
