@@ -77,6 +77,12 @@ __device__ __forceinline__ unsigned short fjm_round(float x, int dtype) {
 // 128 threads.
 extern "C" __global__ void __launch_bounds__(128)
 fj_merge_states_kernel(const __grid_constant__ fj_merge_params p) {
+#if __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the decode kernel (sm_90 and
+  // newer): its partials are complete and visible past this point. A plain
+  // launch passes at once.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   __shared__ __align__(16) float part[4][128];  // [warp][d - d0]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long gw = (long long)blockIdx.x * 4 + warp;
