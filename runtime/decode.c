@@ -67,6 +67,7 @@ typedef struct merge_params {
   int64_t l_sb, l_sh, l_sl;
   int32_t N, B, H, L, D;
   int32_t in_dtype, out_dtype;
+  int32_t wpr;
 } merge_params;
 
 typedef struct csr_params {
@@ -76,6 +77,14 @@ typedef struct csr_params {
 } csr_params;
 
 enum { MERGE_F32 = 0, MERGE_BF16 = 1, MERGE_F16 = 2 };
+
+/* The merge kernel's warps a row for n segments: a warp loads 16 segments
+ * at once (merge.cuh's FJM_UNROLL), so up to 64 arrive in one memory
+ * latency; fewer warps where fewer suffice. */
+static int merge_warps_per_row(int64_t n) { return n <= 16 ? 1 : n <= 32 ? 2 : 4; }
+
+/* The merge kernel's grid: 4 warps a CTA. */
+static unsigned merge_grid(int64_t rows, int wpr) { return (unsigned)((rows * wpr + 3) / 4); }
 
 /* The util kernels for arch (NULL: the context's), compiled once per
  * target into the context's builtin spec, not loaded. */
@@ -117,11 +126,33 @@ static fj_status decode_kernel_get(fj_context *ctx, const fj_spec *spec,
   return fjr_kernel_get(ctx, (fj_spec *)spec, &decode_kind, &cfg, out, resident);
 }
 
+/* after_kernel: the launch follows a kernel of ours on the stream (the
+ * decode's merge), and on sm_90 and newer is a programmatic dependent
+ * launch: it may start while that kernel finishes (the decode kernel
+ * allows it after its main loop), and waits for its results at
+ * griddepcontrol.wait (merge.cuh). The public fj_merge_states follows the
+ * caller's work, so it is launched plainly. */
 static fj_status launch_util(fj_context *ctx, fjr_kernel *k, int entry, const void *params,
-                             size_t size, unsigned gx, unsigned gy, CUstream stream) {
+                             size_t size, unsigned gx, unsigned gy, CUstream stream,
+                             int after_kernel) {
   size_t psize = size;
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, (void *)params, CU_LAUNCH_PARAM_BUFFER_SIZE,
                    &psize, CU_LAUNCH_PARAM_END};
+  if (after_kernel && k->cfg.sm >= 90) {
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig lc;
+    memset(&lc, 0, sizeof lc);
+    lc.gridDimX = gx, lc.gridDimY = gy, lc.gridDimZ = 1;
+    lc.blockDimX = 128, lc.blockDimY = 1, lc.blockDimZ = 1;
+    lc.hStream = stream;
+    lc.attrs = &attr;
+    lc.numAttrs = 1;
+    CUresult r = ctx->drv->cuLaunchKernelEx(&lc, k->fn[entry], NULL, extra);
+    return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, "cuLaunchKernelEx", r);
+  }
   CUresult r = ctx->drv->cuLaunchKernel(k->fn[entry], gx, gy, 1, 128, 1, 1, 0, stream, NULL,
                                         extra);
   return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, "cuLaunchKernel", r);
@@ -245,8 +276,9 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
         .o_sb = p->o_sb, .o_sh = p->o_sh, .o_sl = p->o_ss,
         .l_sb = p->lse_sb, .l_sh = p->lse_sh, .l_sl = 1,
         .N = splits, .B = (int32_t)B, .H = (int32_t)Hq, .L = (int32_t)Lq, .D = D,
-        .in_dtype = MERGE_F32, .out_dtype = dtype == FJ_DTYPE_BF16 ? MERGE_BF16 : MERGE_F16};
-    st = launch_util(ctx, u, 0, &m, sizeof m, (unsigned)((B * Hq * Lq + 3) / 4), 1, stream);
+        .in_dtype = MERGE_F32, .out_dtype = dtype == FJ_DTYPE_BF16 ? MERGE_BF16 : MERGE_F16,
+        .wpr = merge_warps_per_row(splits)};
+    st = launch_util(ctx, u, 0, &m, sizeof m, merge_grid(B * Hq * Lq, m.wpr), 1, stream, 1);
   }
 
   if (owned) {
@@ -327,8 +359,9 @@ fj_status fj_merge_states(fj_context *ctx, const fj_merge_args *a) {
   if (D % 8 != 0 || D > 256)
     return fjr_fail(ctx, FJ_EUNSUPPORTED, "head dim %lld: fj_merge_states takes multiples of 8 "
                     "up to 256", (long long)D);
-  if (N > 65535 || B * H * L > (int64_t)4 * 2147483647LL || B > INT32_MAX || H > INT32_MAX ||
-      L > INT32_MAX)
+  const int wpr = merge_warps_per_row(N);
+  if (N > 65535 || B * H * L * wpr > (int64_t)4 * 2147483647LL || B > INT32_MAX ||
+      H > INT32_MAX || L > INT32_MAX)
     return fjr_fail(ctx, FJ_ETENSOR, "fj_merge_states: sizes too large");
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   fjr_kernel *u = NULL;
@@ -341,9 +374,9 @@ fj_status fj_merge_states(fj_context *ctx, const fj_merge_args *a) {
       .o_sb = os[0], .o_sh = os[1], .o_sl = os[2],
       .l_sb = ls[0], .l_sh = ls[1], .l_sl = ls[2],
       .N = (int32_t)N, .B = (int32_t)B, .H = (int32_t)H, .L = (int32_t)L, .D = (int32_t)D,
-      .in_dtype = in, .out_dtype = out};
-  return launch_util(ctx, u, 0, &m, sizeof m, (unsigned)((B * H * L + 3) / 4), 1,
-                     (CUstream)a->stream);
+      .in_dtype = in, .out_dtype = out, .wpr = wpr};
+  return launch_util(ctx, u, 0, &m, sizeof m, merge_grid(B * H * L, wpr), 1,
+                     (CUstream)a->stream, 0);
 }
 
 /* ---- fj_paged_from_csr ---- */
@@ -391,5 +424,5 @@ fj_status fj_paged_from_csr(fj_context *ctx, const fj_paged_csr_args *a) {
                         .max_pages = (int32_t)max_pages,
                         .page_size = a->page_size};
   return launch_util(ctx, u, 1, &c, sizeof c, (unsigned)((max_pages + 127) / 128), (unsigned)B,
-                     (CUstream)a->stream);
+                     (CUstream)a->stream, 0);
 }

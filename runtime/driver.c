@@ -87,6 +87,7 @@ static int resolve_all(const fjr_getproc *gp, fjr_driver *drv, const char *lib,
   FJR_RESOLVE(cuFuncGetAttribute);
   FJR_RESOLVE(cuOccupancyMaxActiveBlocksPerMultiprocessor);
   FJR_RESOLVE(cuLaunchKernel);
+  FJR_RESOLVE(cuLaunchKernelEx);
   FJR_RESOLVE(cuMemAlloc);
   FJR_RESOLVE(cuMemFree);
   FJR_RESOLVE(cuMemcpyHtoD);

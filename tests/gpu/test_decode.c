@@ -344,9 +344,11 @@ static int run_case(fj_context *ctx, const fjr_driver *drv, int idx) {
 }
 
 /* fj_merge_states over N random segments (one row with all of them empty)
- * against the CPU; fp32 and bf16 parts. */
-static int test_merge(fj_context *ctx, const fjr_driver *drv) {
-  const int N = 5, B = 2, H = 3, L = 7, D = 72;
+ * against the CPU; fp32 and bf16 parts, and fp32 parts at an address 4
+ * bytes past 16-byte alignment (the kernel's scalar loads). N 5, 23 and 45
+ * take one, two and four warps a row. */
+static int test_merge_n(fj_context *ctx, const fjr_driver *drv, int N) {
+  const int B = 2, H = 3, L = 7, D = 72;
   const size_t rows = (size_t)B * H * L;
   uint64_t s = 0x3e96e;
   float *op = malloc(4 * N * rows * D), *lp = malloc(4 * N * rows);
@@ -361,24 +363,26 @@ static int test_merge(fj_context *ctx, const fjr_driver *drv) {
   for (size_t i = 0; ok && i < N * rows; i++)
     lp[i] = (i % rows == 4 || gpu_uniform(&s) < 0.2) ? -INFINITY : (float)(3 * gpu_normal(&s));
   int pass = ok;
-  for (int variant = 0; pass && variant < 2; variant++) {
+  for (int variant = 0; pass && variant < 3; variant++) {
     gpu_tensor tp, tl, to, tlse;
     memset(&tp, 0, sizeof tp), memset(&tl, 0, sizeof tl);
     memset(&to, 0, sizeof to), memset(&tlse, 0, sizeof tlse);
-    const int esz = variant ? 2 : 4;
+    const int esz = variant == 1 ? 2 : 4, skew = variant == 2 ? 4 : 0;
     int64_t pshape[5] = {N, B, H, L, D}, pstr[5] = {(int64_t)rows * D, (int64_t)H * L * D,
                                                     (int64_t)L * D, D, 1};
     int64_t lshape[4] = {N, B, H, L}, lstr[4] = {(int64_t)rows, H * L, L, 1};
     DLTensor dp = {0}, dl = {0};
-    pass = gpu_alloc(drv, &tp, N * rows * D * esz) &&
-           gpu_cu_ok(drv, drv->cuMemcpyHtoD(tp.ptr, variant ? (void *)op16 : (void *)op,
+    pass = gpu_alloc(drv, &tp, N * rows * D * esz + skew) &&
+           gpu_cu_ok(drv, drv->cuMemcpyHtoD(tp.ptr + skew,
+                                            variant == 1 ? (void *)op16 : (void *)op,
                                             N * rows * D * esz), "upload") &&
            gpu_alloc(drv, &tl, N * rows * 4) &&
            gpu_cu_ok(drv, drv->cuMemcpyHtoD(tl.ptr, lp, N * rows * 4), "upload") &&
            gpu_alloc_bhld(drv, &to, FJ_DTYPE_BF16, 0, B, H, L, D) &&
            gpu_alloc_lse(drv, &tlse, B, H, L) && gpu_poison(drv, &to, FJ_DTYPE_BF16, &tlse);
-    dp.data = (void *)(uintptr_t)tp.ptr, dp.device = (DLDevice){kDLCUDA, 0}, dp.ndim = 5;
-    dp.dtype = (DLDataType){variant ? kDLBfloat : kDLFloat, (uint8_t)(esz * 8), 1};
+    dp.data = (void *)(uintptr_t)(tp.ptr + skew), dp.device = (DLDevice){kDLCUDA, 0};
+    dp.ndim = 5;
+    dp.dtype = (DLDataType){variant == 1 ? kDLBfloat : kDLFloat, (uint8_t)(esz * 8), 1};
     dp.shape = pshape, dp.strides = pstr;
     dl.data = (void *)(uintptr_t)tl.ptr, dl.device = (DLDevice){kDLCUDA, 0}, dl.ndim = 4;
     dl.dtype = (DLDataType){kDLFloat, 32, 1}, dl.shape = lshape, dl.strides = lstr;
@@ -408,12 +412,17 @@ static int test_merge(fj_context *ctx, const fjr_driver *drv) {
         worst = fmax(worst, e);
       }
     }
-    printf("[merge] %s parts: max err %.2e  %s\n", variant ? "bf16" : "fp32", worst,
+    printf("[merge] N=%d %s parts: max err %.2e  %s\n", N,
+           variant == 1 ? "bf16" : variant == 2 ? "fp32, unaligned" : "fp32", worst,
            pass ? "PASS" : "FAIL");
     gpu_free(drv, &tp), gpu_free(drv, &tl), gpu_free(drv, &to), gpu_free(drv, &tlse);
   }
   free(op), free(lp), free(o), free(l), free(op16);
   return pass;
+}
+
+static int test_merge(fj_context *ctx, const fjr_driver *drv) {
+  return test_merge_n(ctx, drv, 5) && test_merge_n(ctx, drv, 23) && test_merge_n(ctx, drv, 45);
 }
 
 /* fj_paged_from_csr: three sequences (one empty, one cut to max_pages). */
