@@ -15,11 +15,12 @@
 #include "runtime/decode.h"
 
 /* The H200 with two decode CTAs a multiprocessor. */
-#define SLOTS (2 * 132)
+#define SMS 132
+#define SLOTS (2 * SMS)
 
 static void plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int bm,
                  int64_t *rb, int *s) {
-  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, bm, 64, SLOTS, rb, s);
+  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, bm, 64, SMS, 2, rb, s);
 }
 
 static void test_issue_shapes(void **state) {
@@ -35,8 +36,12 @@ static void test_issue_shapes(void **state) {
   assert_true(8 * s <= SLOTS && 8 * s > SLOTS / 2);
   plan(64, 32, 8, 1, 2048, 16, &rb, &s);
   assert_int_equal(s, 1); /* 512 CTAs already */
+  /* 128 CTAs cover 97% of the multiprocessors: unsplit. */
   plan(16, 32, 8, 1, 8192, 16, &rb, &s);
-  assert_int_equal(s, 2);
+  assert_int_equal(s, 1);
+  /* 112 cover 85%: split. */
+  plan(14, 32, 8, 1, 8192, 16, &rb, &s);
+  assert_true(s >= 2);
 }
 
 static void test_limits(void **state) {
