@@ -189,15 +189,18 @@ size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
 }
 
 /* Splits of each CTA's kv run. CTAs that already cover nearly every
- * multiprocessor (90%) are not split: a split adds the partials and the
- * merge, and one CTA a multiprocessor streams as fast as two (16 x 8192,
- * GQA 32/8 on the H200: 3.91 TB/s unsplit, 3.83 with 2 splits). Fewer CTAs
+ * multiprocessor (90%) are not split when `fill` says so: a split adds the
+ * partials and the merge, and one CTA a multiprocessor streams as fast as
+ * two from a contiguous cache or pages of 64 rows or more (16 x 8192, GQA
+ * 32/8 on the H200: 3.91 TB/s unsplit, 3.83 with 2 splits), but not from
+ * pages of 16 or 32, whose block-table reads two CTAs hide. Fewer CTAs
  * take the count that minimizes waves x tiles per CTA over the `slots` that
  * run at once, a split costing about one tile more (its partials and the
  * merge), at most `cap` and the tile count; fewer splits unless more save
  * 5%. */
-static int choose_splits(int64_t ctas, int sms, int slots, int64_t tiles, int64_t cap) {
-  if (ctas * 10 >= (int64_t)sms * 9) return 1;
+static int choose_splits(int64_t ctas, int sms, int slots, int64_t tiles, int64_t cap,
+                         int fill) {
+  if (fill && ctas * 10 >= (int64_t)sms * 9) return 1;
   int best = 1;
   double best_cost = 0;
   for (int s = 1; s <= cap && s <= tiles; s++) {
@@ -209,7 +212,8 @@ static int choose_splits(int64_t ctas, int sms, int slots, int64_t tiles, int64_
 }
 
 void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int block_m,
-                     int block_n, int sms, int per_sm, int64_t *row_blocks, int *splits) {
+                     int block_n, int page_rows, int sms, int per_sm, int64_t *row_blocks,
+                     int *splits) {
   const int64_t rows = Hq / Hkv * Lq;
   *row_blocks = (rows + block_m - 1) / block_m;
   const int64_t tiles = (Lk + block_n - 1) / block_n;
@@ -217,7 +221,8 @@ void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk,
   if (*row_blocks * cap > 65535) cap = 65535 / *row_blocks;
   sms = sms > 0 ? sms : 1;
   per_sm = per_sm > 0 ? per_sm : 1;
-  *splits = Lk > 0 ? choose_splits(*row_blocks * Hkv * B, sms, sms * per_sm, tiles, cap) : 1;
+  const int fill = page_rows == 0 || page_rows >= 64;
+  *splits = Lk > 0 ? choose_splits(*row_blocks * Hkv * B, sms, sms * per_sm, tiles, cap, fill) : 1;
 }
 
 fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_args *a,
@@ -242,8 +247,8 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
   int64_t row_blocks = 1;
   int splits = 1;
   fjr_decode_plan(B, Hq, Hkv, Lq, Lk, cfg.block_m, cfg.block_n,
-                  ctx->num_sms, fjr_kernel_occupancy(ctx, k),
-                  &row_blocks, &splits);
+                  a->block_table ? (int)a->k->shape[1] : 0, ctx->num_sms,
+                  fjr_kernel_occupancy(ctx, k), &row_blocks, &splits);
   CUstream stream = (CUstream)a->stream;
 
   /* The merge is ready before anything is launched: a launch that cannot

@@ -21,13 +21,16 @@ size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
 
 /* The launch plan of a decode over B x Hq query heads (Hkv KV heads) of
  * Lq tokens against Lk keys, for a kernel of block_m rows and block_n-row
- * tiles on a GPU of `sms` multiprocessors that each run `per_sm` of its
- * CTAs at once: row blocks a KV group, and splits of the kv tiles (each CTA
- * a run of them, merged by LSE): none when the CTAs cover nearly every
- * multiprocessor already, else chosen to fill whole waves; at most the
- * splits whose partials fj_forward_workspace_size counts. */
+ * tiles, from a cache of pages of page_rows rows (0: contiguous), on a GPU
+ * of `sms` multiprocessors that each run `per_sm` of its CTAs at once: row
+ * blocks a KV group, and splits of the kv tiles (each CTA a run of them,
+ * merged by LSE): none when the CTAs cover nearly every multiprocessor
+ * already (contiguous, or pages of 64 rows or more), else chosen to fill
+ * whole waves; at most the splits whose partials fj_forward_workspace_size
+ * counts. */
 void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int block_m,
-                     int block_n, int sms, int per_sm, int64_t *row_blocks, int *splits);
+                     int block_n, int page_rows, int sms, int per_sm, int64_t *row_blocks,
+                     int *splits);
 
 /* The decode launch: pbuf holds the forward's parameter struct as
  * fj_attention_forward checked and filled it (psize bytes, the user

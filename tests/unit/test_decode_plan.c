@@ -20,7 +20,7 @@
 
 static void plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int bm,
                  int64_t *rb, int *s) {
-  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, bm, 64, SMS, 2, rb, s);
+  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, bm, 64, 0, SMS, 2, rb, s);
 }
 
 static void test_issue_shapes(void **state) {
@@ -42,6 +42,11 @@ static void test_issue_shapes(void **state) {
   /* 112 cover 85%: split. */
   plan(14, 32, 8, 1, 8192, 16, &rb, &s);
   assert_true(s >= 2);
+  /* Pages of 16 rows: split as if fewer; of 64, not. */
+  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 64, 16, SMS, 2, &rb, &s);
+  assert_int_equal(s, 2);
+  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 64, 64, SMS, 2, &rb, &s);
+  assert_int_equal(s, 1);
 }
 
 static void test_limits(void **state) {
