@@ -31,7 +31,6 @@ check is skipped (exit 77). Usage: python3 bench/sass_check.py [--cuobjdump PATH
 [--nvdisasm PATH] [--specs causal,...] [--head-dims 64,...]
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -142,36 +141,31 @@ def check_all_kinds(a, cuobjdump, nvdisasm, tmp):
     if r.returncode != 0:
         print("FAIL all kinds: flexjit precompile: %s" % (r.stderr or r.stdout).strip()[-300:])
         return 1
-    cubins = sorted(os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs
-                    if f.endswith(".cubin"))
+    # The entries' keys (their file names), read back by `flexjit cache
+    # export`, which checks each and strips its header.
+    entries = sorted(f[:-len(".cubin")] for _, _, fs in os.walk(out) for f in fs
+                     if f.endswith(".cubin"))
     failed = 0
     raw_cubin = os.path.join(tmp, "entry.cubin")
-    for cubin in cubins:
-        name = os.path.basename(cubin)
+    for key in entries:
         try:
-            with open(cubin[:-len(".cubin")] + ".json") as f:
-                name = json.load(f).get("name", name)  # the entry's metadata
-        except (OSError, ValueError):
-            pass
-        try:
-            with open(cubin, "rb") as f:
-                entry = f.read()
-            # A cache entry: a header (cache/store.h: the magic, then its size
-            # at byte 12), then the cubin.
-            if entry[:8] != b"FJCUBIN1":
-                raise RuntimeError("not a cache entry (magic %r)" % entry[:8])
-            with open(raw_cubin, "wb") as f:
-                f.write(entry[int.from_bytes(entry[12:16], "little"):])
+            r = subprocess.run([a.flexjit, "cache", "export", key, "--out", raw_cubin,
+                                "--dir", out], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError("flexjit cache export: %s" % r.stderr.strip()[-300:])
+            # "wrote N bytes of cubin (ARCH, NAME) to FILE"
+            m = re.search(r"\([^,]+, (.*)\) to ", r.stdout)
+            name = m.group(1) if m else key
             n = sum(1 for _, i in sass(cuobjdump, nvdisasm, raw_cubin) if CAS.search(i))
             problems = ["cas: %d shared-memory compare-and-swap instruction(s)" % n] if n else []
         except RuntimeError as e:
-            problems = [str(e)]
+            name, problems = key, [str(e)]
         if problems:
             print("FAIL %s: %s" % (name, "; ".join(problems)))
             failed += 1
     print("all kinds: %d kernel(s), %d without a shared-memory compare-and-swap" %
-          (len(cubins), len(cubins) - failed))
-    return failed + (0 if cubins else 1)
+          (len(entries), len(entries) - failed))
+    return failed + (0 if entries else 1)
 
 
 def main():

@@ -408,13 +408,14 @@ fail:
   return st;
 }
 
-const char *fjc_entry_check_fd(int fd, const fjc_key *key, uint8_t key_out[16],
-                               int *foreign) {
+/* fjc_entry_read_fd, and the key the header names into key_out (if not
+ * NULL) when sound. */
+static const char *read_checked(int fd, const fjc_key *key, uint8_t key_out[16],
+                                void **data, size_t *size, int *foreign) {
   unsigned char raw[ENTRY_HEADER_SIZE];
   fjc_key named;
-  const char *why;
-  void *data = NULL;
-  size_t size = 0;
+  *data = NULL;
+  *size = 0;
   *foreign = 0;
   if (fjc_pread_all(fd, raw, sizeof raw, 0) != 0)
     return "truncated header";
@@ -425,9 +426,22 @@ const char *fjc_entry_check_fd(int fd, const fjc_key *key, uint8_t key_out[16],
   }
   /* Without an expected key, check against the key the header names. */
   memcpy(named.bytes, raw + 32, 16);
-  why = read_entry(fd, key ? key : &named, &data, &size);
+  const char *why = read_entry(fd, key ? key : &named, data, size);
   if (!why && key_out)
     memcpy(key_out, named.bytes, 16);
+  return why;
+}
+
+const char *fjc_entry_read_fd(int fd, const fjc_key *key, void **data, size_t *size,
+                              int *foreign) {
+  return read_checked(fd, key, NULL, data, size, foreign);
+}
+
+const char *fjc_entry_check_fd(int fd, const fjc_key *key, uint8_t key_out[16],
+                               int *foreign) {
+  void *data;
+  size_t size;
+  const char *why = read_checked(fd, key, key_out, &data, &size, foreign);
   free(data);
   return why;
 }

@@ -110,6 +110,12 @@ void fjc_store_log(const fjc_store *store, fj_log_level level, const char *fmt,
 const char *fjc_entry_check_fd(int fd, const fjc_key *key, uint8_t key_out[16],
                                int *foreign);
 
+/* Reads one open entry file from offset 0 with the checks of
+ * fjc_entry_check_fd. NULL when sound, with *data (malloc'd, the caller
+ * frees) and *size the cubin; else why not, *data NULL. */
+const char *fjc_entry_read_fd(int fd, const fjc_key *key, void **data, size_t *size,
+                              int *foreign);
+
 /* Reads an open source-key alias file: 0 with *key the entry it names, or
  * -1 when it is not an alias the store writes. */
 int fjc_alias_read_fd(int fd, fjc_key *key);

@@ -1,13 +1,16 @@
 /*
- * cli/cmd_cache.c: `flexjit cache ls | stats | verify | prune | clear`:
- * inspecting and maintaining a kernel cache directory (and listing or
- * checking a .fjpack).
+ * cli/cmd_cache.c: `flexjit cache ls | stats | verify | prune | clear |
+ * export`: inspecting and maintaining a kernel cache directory (and listing
+ * or checking a .fjpack), and writing out one entry's cubin.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cache/inspect.h"
 #include "cache/pack.h"
@@ -33,6 +36,8 @@ static const char cache_usage[] =
     "  prune --max-bytes N  evict least recently used entries until at most\n"
     "                     N bytes remain (N may end in K, M, G, T)\n"
     "  clear              delete every entry\n"
+    "  export KEY --out FILE  write entry KEY's cubin (verified) to FILE,\n"
+    "                     for cuobjdump or nvdisasm\n"
     "\n"
     "options:\n"
     "  --dir DIR          the cache root (default: $FLEXJIT_CACHE_DIR, else\n"
@@ -79,10 +84,18 @@ static const char *const action_help[][2] = {
               "Deletes every entry (and alias, lock and temp file) of every\n"
               "release under the cache root. Only files the cache created are\n"
               "touched. Exit status 1 when one could not be removed.\n"},
+    {"export", "usage: flexjit cache export KEY --out FILE [--arch ARCH] [--dir DIR]\n"
+               "\n"
+               "Writes the cubin of the entry whose key is KEY (32 hex digits, as\n"
+               "`flexjit cache ls` prints them), checked as verify checks it and\n"
+               "without the entry's header, to FILE: an ELF file for\n"
+               "`cuobjdump -sass` or `nvdisasm`. --arch picks among entries of\n"
+               "one key for several targets. Exit status 1 when there is no such\n"
+               "entry, it is corrupt, or FILE cannot be written.\n"},
 };
 
 typedef struct cc_opts {
-  const char *action, *dir, *pack, *max_bytes;
+  const char *action, *dir, *pack, *max_bytes, *key, *out, *arch;
   int remove;
 } cc_opts;
 
@@ -133,6 +146,14 @@ static int parse_args(int argc, char **argv, cc_opts *o) {
       if (m < 0)
         goto missing;
       o->max_bytes = v;
+    } else if ((m = cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
+      if (m < 0)
+        goto missing;
+      o->out = v;
+    } else if ((m = cli_opt_value(argc, argv, &i, "--arch", &v)) != 0) {
+      if (m < 0)
+        goto missing;
+      o->arch = v;
     } else if (!strcmp(a, "--remove")) {
       o->remove = 1;
     } else if (a[0] == '-') {
@@ -140,9 +161,11 @@ static int parse_args(int argc, char **argv, cc_opts *o) {
       return CC_USAGE;
     } else if (!o->action && known_action(a)) {
       o->action = a;
+    } else if (o->action && !strcmp(o->action, "export") && !o->key) {
+      o->key = a;
     } else {
       cc_error("unexpected '%s': the action is one of ls, stats, verify, "
-               "prune, clear (see --help)",
+               "prune, clear, export (see --help)",
                a);
       return CC_USAGE;
     }
@@ -525,6 +548,98 @@ static int cmd_clear(const cc_opts *o) {
   return st == FJ_OK ? CC_OK : CC_FAIL;
 }
 
+/* The entries of one key (and target, when given). */
+typedef struct key_match {
+  fjc_key key;
+  const char *arch;
+  int n;
+  char path[4096], arch_of[32], name[128];
+} key_match;
+
+static int match_key(void *user, const fjc_entry_info *e) {
+  key_match *m = user;
+  if (strcmp(e->key.hex, m->key.hex) || (m->arch && strcmp(e->arch, m->arch)))
+    return 0;
+  if (m->n++ == 0) {
+    snprintf(m->path, sizeof m->path, "%s", e->path);
+    snprintf(m->arch_of, sizeof m->arch_of, "%s", e->arch);
+    snprintf(m->name, sizeof m->name, "%s", e->name);
+  }
+  return 0;
+}
+
+/* Writes size bytes to path: 0, or -1 with errno set and no partial file
+ * left. */
+static int write_file(const char *path, const void *data, size_t size) {
+  FILE *f = fopen(path, "wb");
+  if (!f)
+    return -1;
+  const int wrote = fwrite(data, 1, size, f) == size;
+  const int e = errno;
+  if (fclose(f) != 0 || !wrote) {
+    if (!wrote)
+      errno = e ? e : EIO;
+    const int keep = errno;
+    remove(path);
+    errno = keep;
+    return -1;
+  }
+  return 0;
+}
+
+static int cmd_export(const cc_opts *o) {
+  key_match m;
+  char err[1024];
+  memset(&m, 0, sizeof m);
+  if (!o->key || !o->out) {
+    cc_error("export needs KEY and --out FILE (see flexjit cache export --help)");
+    return CC_USAGE;
+  }
+  if (fjc_key_from_hex(o->key, &m.key) != 0) {
+    cc_error("export: '%s' is not a key (32 hex digits, as flexjit cache ls prints)",
+             o->key);
+    return CC_USAGE;
+  }
+  m.arch = o->arch;
+  fjc_store *s = open_store(o);
+  if (!s)
+    return CC_FAIL;
+  int rc = CC_FAIL;
+  void *data = NULL;
+  size_t size = 0;
+  if (fjc_store_list(s, match_key, &m, err, sizeof err) != FJ_OK) {
+    cc_error("export: %s", err);
+  } else if (m.n == 0) {
+    cc_error("export: no entry with key %s%s%s under %s (flexjit cache ls lists them)",
+             m.key.hex, o->arch ? " for " : "", o->arch ? o->arch : "", fjc_store_root(s));
+  } else if (m.n > 1) {
+    cc_error("export: %d entries have key %s (several releases or targets); give "
+             "--arch, or clear the old releases",
+             m.n, m.key.hex);
+  } else {
+    const int fd = open(m.path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int foreign = 0;
+    const char *why = fd < 0 ? strerror(errno)
+                             : fjc_entry_read_fd(fd, &m.key, &data, &size, &foreign);
+    if (fd >= 0)
+      close(fd);
+    if (why) {
+      cc_error("export: %s: %s%s", m.path, why,
+               foreign ? " (another flexjit release wrote it: export it with that one)"
+                       : " (flexjit cache verify --remove deletes a corrupt entry)");
+    } else if (write_file(o->out, data, size) != 0) {
+      cc_error("export: cannot write %s: %s", o->out, strerror(errno));
+    } else {
+      printf("wrote %zu bytes of cubin (%s, %s) to %s\n", size, m.arch_of,
+             m.name[0] ? m.name : "no metadata", o->out);
+      rc = CC_OK;
+    }
+  }
+  free(data);
+  fjc_store_close(s);
+  return rc;
+}
+
 int fj_cli_cache(int argc, char **argv) {
   cc_opts o;
   int rc = parse_args(argc, argv, &o);
@@ -542,5 +657,7 @@ int fj_cli_cache(int argc, char **argv) {
     return cmd_verify(&o);
   if (!strcmp(o.action, "prune"))
     return cmd_prune(&o);
+  if (!strcmp(o.action, "export"))
+    return cmd_export(&o);
   return cmd_clear(&o);
 }

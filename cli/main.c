@@ -26,7 +26,7 @@ static const char top_usage[] =
     "  precompile MANIFEST.lua --out DIR|FILE.fjpack [-j N]\n"
     "                     compile every kernel a manifest lists, into a cache\n"
     "                     directory or one pack file for deployment\n"
-    "  cache ls|stats|verify|prune|clear\n"
+    "  cache ls|stats|verify|prune|clear|export\n"
     "                     inspect and maintain the on-disk kernel cache\n"
     "  mask SPEC.lua --q-len N [--svg FILE]\n"
     "                     draw a mask (elements or blocks) and its density, on\n"

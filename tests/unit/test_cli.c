@@ -417,6 +417,55 @@ static void test_cache_maintenance_reports_failures(void **state) {
   fjt_expect_in(fjt_out, "fj_fwd_test_causal_d64_bf16");
 }
 
+/* `cache export` writes an entry's cubin as NVRTC made it (an ELF file,
+ * byte for byte --emit-cubin's), and refuses a corrupt entry, an unknown
+ * key, a target without the key and a bad key, naming why. */
+static void test_cache_export(void **state) {
+  (void)state;
+  char spec[400], dir[400], key[33], good[33], cubin[1024], ref[400], out[400];
+  snprintf(spec, sizeof spec, "%s", fjt_write_text("causal.lua", causal_spec));
+  snprintf(dir, sizeof dir, "%s", fjt_path("cache-x"));
+  snprintf(ref, sizeof ref, "%s", fjt_path("ref.cubin"));
+  snprintf(out, sizeof out, "%s", fjt_path("out.cubin"));
+  int rc = fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 --cache-dir %s "
+                               "--emit-cubin %s", spec, dir, ref);
+  if (rc != 0) fail_msg("compile failed (%d): %s", rc, fjt_err);
+  printed_key(key);
+  memcpy(good, key, sizeof good);
+  const char *p = strstr(fjt_out, "cubin   ");
+  assert_non_null(p);
+  p += 8;
+  size_t n = strcspn(p, " ");
+  assert_true(n > 0 && n < sizeof cubin);
+  memcpy(cubin, p, n);
+  cubin[n] = '\0';
+
+  rc = fjt_flexjit(NULL, "cache export %s --out %s --dir %s", key, out, dir);
+  if (rc != 0) fail_msg("export failed (%d): %s", rc, fjt_err);
+  fjt_expect_in(fjt_out, "sm_80");
+  fjt_expect_in(fjt_out, "fj_fwd_test_causal_d64_bf16");
+  char cmd[1400];
+  snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", ref, out);
+  assert_int_equal(system(cmd), 0);
+
+  assert_int_equal(fjt_flexjit(NULL, "cache export %s --arch sm_90a --out %s --dir %s", key,
+                               out, dir), 1);
+  fjt_expect_in(fjt_err, "no entry with key");
+  key[0] = key[0] == '0' ? '1' : '0';
+  assert_int_equal(fjt_flexjit(NULL, "cache export %s --out %s --dir %s", key, out, dir), 1);
+  fjt_expect_in(fjt_err, "no entry with key");
+  key[0] = 'g';
+  assert_int_equal(fjt_flexjit(NULL, "cache export %s --out %s --dir %s", key, out, dir), 2);
+  fjt_expect_in(fjt_err, "is not a key");
+  assert_int_equal(fjt_flexjit(NULL, "cache export --out %s --dir %s", out, dir), 2);
+  fjt_expect_in(fjt_err, "needs KEY");
+
+  flip_file_byte(cubin, 300);
+  assert_int_equal(fjt_flexjit(NULL, "cache export %s --out %s --dir %s", good, out, dir), 1);
+  fjt_expect_in(fjt_err, "checksum mismatch");
+  fjt_expect_in(fjt_err, cubin);
+}
+
 /* A 1-D int32 .npy of n values in the test's folder (format 1.0). */
 static const char *write_npy_i32(const char *name, const int32_t *x, int n) {
   const char *path = fjt_path(name);
@@ -628,6 +677,7 @@ int main(void) {
       cmocka_unit_test(test_pack_option),
       cmocka_unit_test(test_warnings_reach_stderr),
       cmocka_unit_test(test_cache_maintenance_reports_failures),
+      cmocka_unit_test(test_cache_export),
       cmocka_unit_test(test_run_checks_options_before_the_gpu),
       cmocka_unit_test(test_run_serving_options),
       cmocka_unit_test(test_precompile_checks_output_first),
