@@ -287,6 +287,17 @@ static void printed_key(char key[33]) {
   key[32] = '\0';
 }
 
+/* The cache entry's path after "cubin   " in `compile`'s output. */
+static void printed_cubin(char *path, size_t len) {
+  const char *p = strstr(fjt_out, "cubin   ");
+  if (!p) fail_msg("no cubin path in:\n%s", fjt_out);
+  p += 8;
+  const size_t n = strcspn(p, " ");
+  assert_true(n > 0 && n < len);
+  memcpy(path, p, n);
+  path[n] = '\0';
+}
+
 /* A kernel compiled into the cache is found there by a process without
  * NVRTC, which cannot know the full key (it holds the NVRTC version). */
 static void test_cache_serves_without_nvrtc(void **state) {
@@ -375,13 +386,7 @@ static void test_warnings_reach_stderr(void **state) {
   rc = fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
                            "--cache-dir %s", spec, fjt_path("cache-c"));
   if (rc != 0) fail_msg("compile failed (%d): %s", rc, fjt_err);
-  const char *p = strstr(fjt_out, "cubin   ");
-  assert_non_null(p);
-  p += 8;
-  size_t n = strcspn(p, " ");
-  assert_true(n > 0 && n < sizeof cubin);
-  memcpy(cubin, p, n);
-  cubin[n] = '\0';
+  printed_cubin(cubin, sizeof cubin);
   flip_file_byte(cubin, 200);
   rc = fjt_flexjit(NO_GPU, "compile %s --arch sm_80 --head-dim 64 "
                            "--cache-dir %s", spec, fjt_path("cache-c"));
@@ -432,13 +437,7 @@ static void test_cache_export(void **state) {
   if (rc != 0) fail_msg("compile failed (%d): %s", rc, fjt_err);
   printed_key(key);
   memcpy(good, key, sizeof good);
-  const char *p = strstr(fjt_out, "cubin   ");
-  assert_non_null(p);
-  p += 8;
-  size_t n = strcspn(p, " ");
-  assert_true(n > 0 && n < sizeof cubin);
-  memcpy(cubin, p, n);
-  cubin[n] = '\0';
+  printed_cubin(cubin, sizeof cubin);
 
   rc = fjt_flexjit(NULL, "cache export %s --out %s --dir %s", key, out, dir);
   if (rc != 0) fail_msg("export failed (%d): %s", rc, fjt_err);
