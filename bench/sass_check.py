@@ -23,7 +23,7 @@ backward, decode, the block-mask builder, their varlen variants; D 64 and
   cas    no compare-and-swap on shared memory (ATOMS.CAS, ATOMS.CAST): a float
          atomicAdd on shared memory compiles to such a loop on these GPUs, and
          with warps contending for the same words it cost the decode kernel
-         about 30 us a CTA (bench/RESULTS.md, session 18)
+         about 30 us a CTA (bench/RESULTS-archive.md, session 18)
 
 cuobjdump (with nvdisasm beside it) comes with the CUDA toolkit or PyPI's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (13.0 series). Without it the

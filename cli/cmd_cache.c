@@ -129,32 +129,25 @@ static int known_action(const char *a) {
 /* Returns -1 to go on, else an exit status. */
 static int parse_args(int argc, char **argv, cc_opts *o) {
   memset(o, 0, sizeof *o);
+  const struct {
+    const char *name;
+    const char **value;
+  } valued[] = {{"--dir", &o->dir}, {"--pack", &o->pack}, {"--max-bytes", &o->max_bytes},
+                {"--out", &o->out}, {"--arch", &o->arch}};
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = NULL;
-    int m;
+    const char *a = argv[i];
+    int m = 0;
     if (!strcmp(a, "--help") || !strcmp(a, "-h"))
       return print_help(o->action);
-    if ((m = cli_opt_value(argc, argv, &i, "--dir", &v)) != 0) {
-      if (m < 0)
-        goto missing;
-      o->dir = v;
-    } else if ((m = cli_opt_value(argc, argv, &i, "--pack", &v)) != 0) {
-      if (m < 0)
-        goto missing;
-      o->pack = v;
-    } else if ((m = cli_opt_value(argc, argv, &i, "--max-bytes", &v)) != 0) {
-      if (m < 0)
-        goto missing;
-      o->max_bytes = v;
-    } else if ((m = cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
-      if (m < 0)
-        goto missing;
-      o->out = v;
-    } else if ((m = cli_opt_value(argc, argv, &i, "--arch", &v)) != 0) {
-      if (m < 0)
-        goto missing;
-      o->arch = v;
-    } else if (!strcmp(a, "--remove")) {
+    for (size_t k = 0; !m && k < sizeof valued / sizeof *valued; k++)
+      m = cli_opt_value(argc, argv, &i, valued[k].name, valued[k].value);
+    if (m < 0) {
+      cc_error("%s needs a value", a);
+      return CC_USAGE;
+    }
+    if (m > 0)
+      continue;
+    if (!strcmp(a, "--remove")) {
       o->remove = 1;
     } else if (a[0] == '-') {
       cc_error("unknown option '%s' (see --help)", a);
@@ -169,10 +162,6 @@ static int parse_args(int argc, char **argv, cc_opts *o) {
                a);
       return CC_USAGE;
     }
-    continue;
-  missing:
-    cc_error("%s needs a value", a);
-    return CC_USAGE;
   }
   if (!o->action) {
     fputs(cache_usage, stderr);

@@ -435,12 +435,12 @@ static void put_grad_tile_body(emitter *e) {
  * that the copy of its loop under the branch adds to the tile's sums alone. */
 static void put_grad_tile_uniform_body(emitter *e) {
   const fjg_derivative *d = fjg_graph_derivative(e->g);
+  if (!num_grad_reads(e->g)) fjg_buf_printf(e->out, "  (void)gc;\n");
   fjg_buf_printf(e->out, "  return true");
   for (int i = 0; d && i < d->num_buffer_grads; i++)
     if (has_grad(e->g, &d->buffer_grads[i]))
       fjg_buf_printf(e->out, " && gc.u%d != FJ_GRAD_VARIES", i);
   fjg_buf_printf(e->out, ";\n");
-  if (!num_grad_reads(e->g)) fjg_buf_printf(e->out, "  (void)gc;\n");
 }
 
 /* The body of fj_grad_tile_end: each read's tile sum into its slot. */

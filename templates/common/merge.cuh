@@ -18,7 +18,7 @@ struct fj_merge_params {
   int N, B, H, L, D;
   int in_dtype;   // 0 float32, 1 bf16, 2 fp16
   int out_dtype;  // 1 bf16, 2 fp16
-  int wpr;        // warps a row: 1, 2 or 4 (fjm_warps_per_row)
+  int wpr;        // warps a row: 1, 2 or 4 (runtime/decode.c, merge_warps_per_row)
 };
 
 // Four consecutive elements i .. i + 3 of p as floats; vec: one 16-byte

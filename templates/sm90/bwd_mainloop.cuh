@@ -187,8 +187,10 @@ __device__ __forceinline__ void fjhb_dsoft(unsigned s_delta, const float (&pr)[F
 // to the slots. Called once the dK product that reads dS^T is issued, so
 // that it runs beside the tensor cores. Where fj_grad_tile found every
 // read's index one value over the tile (all but a band of tiles for a
-// relative bias) the loop is a sum: the copy under that branch has no index
-// arithmetic and no atomic.
+// relative bias) the loop is a sum: the same loop is written under both
+// branches so that the compiler, knowing every gc.u there, drops the index
+// arithmetic and the atomics from the first copy and the sums from the
+// second.
 __device__ __forceinline__ void fjhb_grad_bufs(const fj_bwd_params &p, const fj_sizes &z, int b,
                                                int h, int q0, int wkv0,
                                                const float (&ds)[FJHB_S_REGS],

@@ -16,11 +16,12 @@
 
 /* The H200 with two decode CTAs a multiprocessor. */
 #define SMS 132
-#define SLOTS (2 * SMS)
+#define PER_SM 2
+#define SLOTS (PER_SM * SMS)
 
 static void plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int bm,
                  int64_t *rb, int *s) {
-  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, bm, 64, 0, SMS, 2, rb, s);
+  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, bm, 64, 0, SMS, PER_SM, rb, s);
 }
 
 static void test_issue_shapes(void **state) {
@@ -43,9 +44,9 @@ static void test_issue_shapes(void **state) {
   plan(14, 32, 8, 1, 8192, 16, &rb, &s);
   assert_true(s >= 2);
   /* Pages of 16 rows: split as if fewer; of 64, not. */
-  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 64, 16, SMS, 2, &rb, &s);
+  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 64, 16, SMS, PER_SM, &rb, &s);
   assert_int_equal(s, 2);
-  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 64, 64, SMS, 2, &rb, &s);
+  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 64, 64, SMS, PER_SM, &rb, &s);
   assert_int_equal(s, 1);
 }
 
