@@ -629,16 +629,16 @@ static int report_kernel(run_state *s) {
  * broadcast over batch and heads unless the mask reads b or h. */
 static int build_block_mask(run_state *s) {
   const run_config *c = s->c;
-  int root = fjg_mask_root(s->g);
-  if (c->block_mask == CLI_BM_OFF || root < 0 || s->serving || c->q_offset || c->kv_offset ||
-      (c->block_mask == CLI_BM_AUTO && fjg_mask_is_index_only(s->g)))
+  const unsigned deps = fj_spec_mask_deps(s->spec);
+  if (c->block_mask == CLI_BM_OFF || fjg_mask_root(s->g) < 0 || s->serving ||
+      (c->block_mask == CLI_BM_AUTO && !(deps & FJ_MASK_READS_BUFFER)))
     return 1;
-  unsigned deps = fjg_input_deps(s->g, root);
   fj_block_mask_options o;
   fj_block_mask_options_init(&o);
-  o.B = deps & (1u << FJG_IN_B) ? c->B : 1;
-  o.H = deps & (1u << FJG_IN_H) ? c->Hq : 1;
+  o.B = deps & FJ_MASK_READS_B ? c->B : 1;
+  o.H = deps & FJ_MASK_READS_H ? c->Hq : 1;
   o.q_len = c->Lq, o.kv_len = c->Lk;
+  o.q_offset = c->q_offset, o.kv_offset = c->kv_offset;
   o.args = s->args, o.num_args = s->nargs;
   if (fj_block_mask_build(s->ctx, s->spec, &o, &s->bm) != FJ_OK) {
     cli_error("run", "block mask: %s", fj_context_last_error(s->ctx));

@@ -58,9 +58,9 @@ static const char run_usage[] =
     "  --q-offset N, --kv-offset N\n"
     "                      positions of q's and k's first rows in a whole\n"
     "                      sequence (a context parallel shard): the spec\n"
-    "                      sees q + N and kv + N (docs/context_parallel.md);\n"
-    "                      not with --varlen, a block mask or a spec that\n"
-    "                      reads Lq or Lk\n"
+    "                      sees q + N and kv + N (docs/context_parallel.md),\n"
+    "                      and so does the block mask; not with --varlen or\n"
+    "                      a spec that reads Lq or Lk\n"
     "  --skip-softmax T    Skip Softmax threshold, 0 <= T < 1 (0: exact).\n"
     "                      --check then reports the error against exact\n"
     "                      attention (float64) and fails only on NaN/Inf or\n"
@@ -359,10 +359,9 @@ static int check_serving(run_config *c) {
               c->page_size ? "paged KV" : c->seqlens_k ? "seqlens_k" : "Skip Softmax");
     return CLI_USAGE;
   }
-  if ((c->q_offset || c->kv_offset) && (c->varlen_n || c->block_mask == CLI_BM_ON)) {
-    cli_error("run", "--q-offset/--kv-offset with %s: offsets apply to [B, H, L, D] "
-              "shards without a block mask (docs/context_parallel.md)",
-              c->varlen_n ? "--varlen" : "--block-mask on");
+  if ((c->q_offset || c->kv_offset) && c->varlen_n) {
+    cli_error("run", "--q-offset/--kv-offset with --varlen: offsets apply to [B, H, L, D] "
+              "shards (docs/context_parallel.md)");
     return CLI_USAGE;
   }
   if (serving && c->block_mask == CLI_BM_ON) {

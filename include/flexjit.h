@@ -165,6 +165,18 @@ fj_status fj_spec_arg_dtype(const fj_spec *spec, int index, DLDataType *dtype);
  * for every other argument. */
 fj_status fj_spec_arg_trainable(const fj_spec *spec, int index, int *trainable);
 
+/* What the spec's mask_mod reads, as fj_mask_dep flags (0 for no mask_mod
+ * or a NULL spec). A mask that reads a buffer (a document mask) cannot have
+ * its tiles classified from indices alone: a block mask (fj_block_mask_build)
+ * is what lets launches skip them, built per batch entry or per head
+ * (fj_block_mask_options.B, H) where the mask reads b or h. */
+typedef enum fj_mask_dep {
+  FJ_MASK_READS_BUFFER = 1,
+  FJ_MASK_READS_B = 2,
+  FJ_MASK_READS_H = 4,
+} fj_mask_dep;
+unsigned fj_spec_mask_deps(const fj_spec *spec);
+
 /* A runtime value supplied at launch, matched by name. */
 typedef struct fj_arg {
   const char *name;
@@ -516,6 +528,11 @@ typedef struct fj_block_mask_options {
    * allocation. */
   const uint64_t *arrays;
   uint64_t scratch;
+  /* Context parallel shards (docs/context_parallel.md): the positions of the
+   * mask's first query row and first kv column in the whole sequence (>= 0;
+   * default 0). mask_mod sees q + q_offset and kv + kv_offset, as in a
+   * launch with these offsets, which is the only launch that takes the mask. */
+  int q_offset, kv_offset;
 } fj_block_mask_options;
 
 /* Fills defaults (B = H = 1, block sizes 0, everything else 0/NULL). */
@@ -569,6 +586,7 @@ typedef enum {
 typedef struct fj_block_mask_info {
   int B, H, q_len, kv_len, block_q, block_kv;
   int num_q_blocks, num_kv_blocks; /* nq, nkv */
+  int q_offset, kv_offset;         /* the positions it was built for */
 } fj_block_mask_info;
 
 fj_status fj_block_mask_get_info(const fj_block_mask *mask,

@@ -324,7 +324,7 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   if (st != FJ_OK) return st;
   const int packed = p->cu_seqlens_q != 0;
   if ((st = fjr_offsets_bind(ctx, spec->graph, args->q_offset, args->kv_offset, packed,
-                             args->block_mask != NULL, &p->sz)) != FJ_OK)
+                             &p->sz)) != FJ_OK)
     return st;
   if ((st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
                           pbuf + FJR_BWD_USER_OFFSET)) != FJ_OK ||
@@ -353,8 +353,8 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
       (st = fjr_kernel_get(ctx, (fj_spec *)spec, &backward_kind, &cfg, &k, NULL)) != FJ_OK ||
       (st = fjr_kernel_load(ctx, k)) != FJ_OK)
     return st;
-  st = fjr_block_mask_bind_bwd(ctx, args->block_mask, (int)B, (int)Hq, (int)Lq, p->sz.Lk,
-                               k->cfg.block_m, k->cfg.block_n, p);
+  st = fjr_block_mask_bind_bwd(ctx, args->block_mask, &p->sz, k->cfg.block_m, k->cfg.block_n,
+                               p);
   if (st != FJ_OK) return st;
 
   CUstream stream = (CUstream)args->stream;

@@ -22,6 +22,7 @@
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
 #include "runtime/kernels.h"
+#include "runtime/serving.h"
 #include "runtime/tensor.h"
 
 #define FJR_BM_DEFAULT_BLOCK 128
@@ -51,6 +52,7 @@ struct fj_block_mask {
   const fj_spec *spec; /* borrowed: its graph packs the runtime values */
   int device;
   int B, H, q_len, kv_len, block_q, block_kv, nq, nkv;
+  int q_off, kv_off; /* the whole sequence's positions of its first row, column */
   fjr_kernel *builder;  /* borrowed from the spec's kernel table; NULL wrapped */
   CUdeviceptr mem;      /* owned: the arrays and cls in one allocation; else 0 */
   CUdeviceptr arrays[FJ_BM_NUM_ARRAYS], cls;
@@ -198,7 +200,7 @@ static fj_status launch_builder(fj_block_mask *m, const fj_arg *args,
   bm_params_fixed *p = (bm_params_fixed *)pbuf;
   p->cls = m->cls;
   for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++) p->arrays[i] = m->arrays[i];
-  p->sz = (fjr_sizes){m->B, m->H, m->H, m->q_len, m->kv_len, 0, 0};
+  p->sz = (fjr_sizes){m->B, m->H, m->H, m->q_len, m->kv_len, m->q_off, m->kv_off};
   p->H = m->H, p->block_q = m->block_q, p->block_kv = m->block_kv;
   p->nq = m->nq, p->nkv = m->nkv;
 
@@ -250,6 +252,12 @@ fj_status fj_block_mask_build(fj_context *ctx, const fj_spec *spec,
   int block_q = 0, block_kv = 0;
   fj_status st = check_options(ctx, opts, &block_q, &block_kv);
   if (st != FJ_OK) return st;
+  /* The offsets by the launches' rules (a spec that reads Lq or Lk would see
+   * the mask's lengths, not the whole sequence's). */
+  fjr_sizes at = {opts->B, opts->H, opts->H, opts->q_len, opts->kv_len, 0, 0};
+  if ((st = fjr_offsets_bind(ctx, spec->graph, opts->q_offset, opts->kv_offset, 0, &at)) !=
+      FJ_OK)
+    return st;
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   fj_block_mask *m = calloc(1, sizeof *m);
   if (!m) return fjr_fail(ctx, FJ_ENOMEM, "out of memory");
@@ -258,6 +266,7 @@ fj_status fj_block_mask_build(fj_context *ctx, const fj_spec *spec,
   m->device = ctx->opts.device;
   m->B = opts->B, m->H = opts->H;
   m->q_len = opts->q_len, m->kv_len = opts->kv_len;
+  m->q_off = at.q_off, m->kv_off = at.kv_off;
   m->block_q = block_q, m->block_kv = block_kv;
   m->nq = (int)((opts->q_len + (long long)block_q - 1) / block_q);
   m->nkv = (int)((opts->kv_len + (long long)block_kv - 1) / block_kv);
@@ -305,6 +314,9 @@ fj_status fj_block_mask_wrap(fj_context *ctx, const fj_block_mask_info *info,
                     "fj_block_mask_wrap: B %d, H %d, q_len %d, kv_len %d must be >= 1 "
                     "and block sizes %d x %d in [1, 2^20]",
                     i->B, i->H, i->q_len, i->kv_len, i->block_q, i->block_kv);
+  if (i->q_offset < 0 || i->kv_offset < 0)
+    return fjr_fail(ctx, FJ_EINVAL, "fj_block_mask_wrap: q_offset (%d) and kv_offset (%d) "
+                    "must be >= 0", i->q_offset, i->kv_offset);
   const long long nq = (i->q_len + (long long)i->block_q - 1) / i->block_q;
   const long long nkv = (i->kv_len + (long long)i->block_kv - 1) / i->block_kv;
   if (i->num_q_blocks < nq || i->num_kv_blocks < nkv)
@@ -325,6 +337,7 @@ fj_status fj_block_mask_wrap(fj_context *ctx, const fj_block_mask_info *info,
   m->ctx = ctx;
   m->device = ctx->opts.device;
   m->B = i->B, m->H = i->H, m->q_len = i->q_len, m->kv_len = i->kv_len;
+  m->q_off = i->q_offset, m->kv_off = i->kv_offset;
   m->block_q = i->block_q, m->block_kv = i->block_kv;
   m->nq = i->num_q_blocks, m->nkv = i->num_kv_blocks;
   fjg_block_mask_counts(m->B, m->H, m->nq, m->nkv, m->counts);
@@ -346,7 +359,8 @@ fj_status fj_block_mask_get_info(const fj_block_mask *m,
   if (!m || !info) return FJ_EINVAL;
   *info = (fj_block_mask_info){m->B,        m->H,        m->q_len,
                                m->kv_len,   m->block_q,  m->block_kv,
-                               m->nq,       m->nkv};
+                               m->nq,       m->nkv,      m->q_off,
+                               m->kv_off};
   return FJ_OK;
 }
 
@@ -387,10 +401,12 @@ fj_status fj_block_mask_download(fj_block_mask *m, fj_block_mask_array which,
 
 /* ---- binding to a forward launch ---- */
 
-/* Whether mask m describes a launch of B x Hq heads over Lq x Lk with
- * block_m x block_n tiles; FJ_EINVAL naming both values when not. */
-static fj_status check_fit(fj_context *ctx, const fj_block_mask *m, int B, int Hq, int Lq,
-                           int Lk, int block_m, int block_n) {
+/* Whether mask m describes a launch of sizes sz (B x Hq heads over Lq x Lk
+ * at offsets q_off, kv_off) with block_m x block_n tiles; FJ_EINVAL naming
+ * both values when not. */
+static fj_status check_fit(fj_context *ctx, const fj_block_mask *m, const fjr_sizes *sz,
+                           int block_m, int block_n) {
+  const int B = sz->B, Hq = sz->Hq, Lq = sz->Lq, Lk = sz->Lk;
   if (m->device != ctx->opts.device)
     return fjr_fail(ctx, FJ_EINVAL,
                     "block mask was built on CUDA device %d, the launch uses "
@@ -399,6 +415,11 @@ static fj_status check_fit(fj_context *ctx, const fj_block_mask *m, int B, int H
     return fjr_fail(ctx, FJ_EINVAL,
                     "block mask is for q_len %d x kv_len %d, the launch has "
                     "Lq %d x Lk %d", m->q_len, m->kv_len, Lq, Lk);
+  if (m->q_off != sz->q_off || m->kv_off != sz->kv_off)
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "block mask is for q_offset %d, kv_offset %d; the launch has q_offset "
+                    "%d, kv_offset %d (build the mask at the launch's offsets)",
+                    m->q_off, m->kv_off, sz->q_off, sz->kv_off);
   if ((m->B != 1 && m->B != B) || (m->H != 1 && m->H != Hq))
     return fjr_fail(ctx, FJ_EINVAL,
                     "block mask has B %d, H %d; the launch has B %d, Hq %d "
@@ -413,14 +434,14 @@ static fj_status check_fit(fj_context *ctx, const fj_block_mask *m, int B, int H
   return FJ_OK;
 }
 
-fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
-                              int Hq, int Lq, int Lk, int block_m,
-                              int block_n, fjr_fwd_params_fixed *p) {
+fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m,
+                              const fjr_sizes *sz, int block_m, int block_n,
+                              fjr_fwd_params_fixed *p) {
   p->bm_kv_num = p->bm_kv_idx = p->bm_full_num = p->bm_full_idx = 0;
   p->bm_b_stride = p->bm_h_stride = p->bm_nkv = 0;
   p->bm_q_ratio = p->bm_kv_ratio = 1;
   if (!m) return FJ_OK;
-  fj_status st = check_fit(ctx, m, B, Hq, Lq, Lk, block_m, block_n);
+  fj_status st = check_fit(ctx, m, sz, block_m, block_n);
   if (st != FJ_OK) return st;
   p->bm_kv_num = m->arrays[FJ_BM_KV_NUM_BLOCKS];
   p->bm_kv_idx = m->arrays[FJ_BM_KV_INDICES];
@@ -434,8 +455,8 @@ fj_status fjr_block_mask_bind(fj_context *ctx, const fj_block_mask *m, int B,
   return FJ_OK;
 }
 
-fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *m, int B, int Hq,
-                                  int Lq, int Lk, int block_m, int block_n,
+fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *m,
+                                  const fjr_sizes *sz, int block_m, int block_n,
                                   fjr_bwd_params_fixed *p) {
   p->bm_q_num = p->bm_q_idx = p->bm_full_q_num = p->bm_full_q_idx = 0;
   p->bm_kv_num = p->bm_kv_idx = p->bm_full_kv_num = p->bm_full_kv_idx = 0;
@@ -443,7 +464,7 @@ fj_status fjr_block_mask_bind_bwd(fj_context *ctx, const fj_block_mask *m, int B
   p->bm_qb_stride = p->bm_qh_stride = p->bm_nkv = 0;
   p->bm_q_ratio = p->bm_kv_ratio = 1;
   if (!m) return FJ_OK;
-  fj_status st = check_fit(ctx, m, B, Hq, Lq, Lk, block_m, block_n);
+  fj_status st = check_fit(ctx, m, sz, block_m, block_n);
   if (st != FJ_OK) return st;
   for (int a = FJ_BM_Q_NUM_BLOCKS; a < FJ_BM_NUM_ARRAYS; a++)
     if (!m->arrays[a])

@@ -424,7 +424,7 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   fj_status st = fjr_forward_check(ctx, args, &dtype, p);
   if (st != FJ_OK) return st;
   st = fjr_offsets_bind(ctx, spec->graph, args->q_offset, args->kv_offset,
-                        p->cu_seqlens_q != 0, args->block_mask != NULL, &p->sz);
+                        p->cu_seqlens_q != 0, &p->sz);
   if (st != FJ_OK) return st;
   st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
                      pbuf + FJR_FWD_USER_OFFSET);
@@ -457,8 +457,7 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
                           mi.block_q, mi.block_kv, serving, skip, &k)) != FJ_OK)
     return st;
   /* The block mask, if any: validated against this launch (blockmask.c). */
-  st = fjr_block_mask_bind(ctx, args->block_mask, p->sz.B, p->sz.Hq, p->sz.Lq, p->sz.Lk,
-                           k->cfg.block_m, k->cfg.block_n, p);
+  st = fjr_block_mask_bind(ctx, args->block_mask, &p->sz, k->cfg.block_m, k->cfg.block_n, p);
   if (st != FJ_OK) return st;
 
   unsigned grid[3];

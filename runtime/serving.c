@@ -141,7 +141,7 @@ static int reads_lengths(const fjg_graph *g) {
 }
 
 fj_status fjr_offsets_bind(fj_context *ctx, const fjg_graph *g, int64_t q_offset,
-                           int64_t kv_offset, int packed, int block_mask, fjr_sizes *sz) {
+                           int64_t kv_offset, int packed, fjr_sizes *sz) {
   if (q_offset == 0 && kv_offset == 0) return FJ_OK;
   if (q_offset < 0 || kv_offset < 0)
     return fjr_fail(ctx, FJ_EINVAL, "q_offset (%lld) and kv_offset (%lld) must be >= 0",
@@ -153,11 +153,6 @@ fj_status fjr_offsets_bind(fj_context *ctx, const fjg_graph *g, int64_t q_offset
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
                     "q_offset and kv_offset are not supported with packed batches "
                     "(cu_seqlens): each sequence's positions start at 0");
-  if (block_mask)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                    "q_offset and kv_offset are not supported with a block mask (it is built "
-                    "for positions from 0); without one the kernels classify tiles at the "
-                    "offset positions themselves");
   if (reads_lengths(g))
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
                     "this spec reads the lengths Lq or Lk (bottom-right alignment, a "

@@ -49,10 +49,11 @@ fj_status fjr_serving_bind(fj_context *ctx, const fj_forward_args *a, const fjr_
 
 /* Context parallel offsets (fj_forward_args.q_offset, kv_offset; the
  * backward's the same) into sz: both 0 leaves sz alone; else both >= 0,
- * offset + length below 2^31, and refused with a packed batch, a block mask
- * or a spec (graph g) that reads Lq or Lk. */
+ * offset + length below 2^31, and refused with a packed batch or a spec
+ * (graph g) that reads Lq or Lk. A block mask must have been built at the
+ * same offsets (blockmask.c checks). */
 struct fjg_graph;
 fj_status fjr_offsets_bind(fj_context *ctx, const struct fjg_graph *g, int64_t q_offset,
-                           int64_t kv_offset, int packed, int block_mask, fjr_sizes *sz);
+                           int64_t kv_offset, int packed, fjr_sizes *sz);
 
 #endif /* FJR_SERVING_H */

@@ -109,6 +109,15 @@ const char *fj_spec_name(const fj_spec *spec) {
   return spec ? spec->name : NULL;
 }
 
+unsigned fj_spec_mask_deps(const fj_spec *spec) {
+  const int root = spec ? fjg_mask_root(spec->graph) : -1;
+  if (root < 0) return 0;
+  const unsigned in = fjg_input_deps(spec->graph, root);
+  return (fjg_mask_is_index_only(spec->graph) ? 0u : FJ_MASK_READS_BUFFER) |
+         (in & (1u << FJG_IN_B) ? FJ_MASK_READS_B : 0u) |
+         (in & (1u << FJG_IN_H) ? FJ_MASK_READS_H : 0u);
+}
+
 int fj_spec_num_args(const fj_spec *spec) {
   return spec ? fjg_num_args(spec->graph) : 0;
 }
@@ -164,7 +173,7 @@ fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_a
    * refused with them, as the kernels refuse it). */
   fjr_sizes sz = {(int32_t)b->B, (int32_t)b->Hq, (int32_t)b->Hkv, (int32_t)b->Lq,
                   (int32_t)b->Lk, 0, 0};
-  fj_status st = fjr_offsets_bind(ctx, g, b->q_offset, b->kv_offset, 0, 0, &sz);
+  fj_status st = fjr_offsets_bind(ctx, g, b->q_offset, b->kv_offset, 0, &sz);
   if (st != FJ_OK) return st;
   const int n = fjg_num_args(g);
   int32_t i32s[FJG_MAX_ARGS];

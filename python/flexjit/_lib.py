@@ -106,6 +106,10 @@ class BlockQuery(Structure):
 
 # fj_spec_block_class's classes, by value
 BLOCK_CLASSES = ("empty", "partial", "full")
+MASK_READS_BUFFER, MASK_READS_B, MASK_READS_H = 1, 2, 4  # fj_mask_dep
+# The header's enum values mirrored here (tests/test_abi.py checks them).
+CONSTANTS = {"FJ_MASK_READS_BUFFER": MASK_READS_BUFFER, "FJ_MASK_READS_B": MASK_READS_B,
+             "FJ_MASK_READS_H": MASK_READS_H}
 
 
 class PagedCsrArgs(Structure):
@@ -122,13 +126,14 @@ class BlockMaskOptions(Structure):
     _fields_ = [("B", c_int), ("H", c_int), ("q_len", c_int), ("kv_len", c_int),
                 ("block_q", c_int), ("block_kv", c_int), ("args", c_void_p),
                 ("num_args", c_int), ("stream", c_void_p),
-                ("arrays", POINTER(c_uint64)), ("scratch", c_uint64)]
+                ("arrays", POINTER(c_uint64)), ("scratch", c_uint64),
+                ("q_offset", c_int), ("kv_offset", c_int)]
 
 
 class BlockMaskInfo(Structure):
     _fields_ = [("B", c_int), ("H", c_int), ("q_len", c_int), ("kv_len", c_int),
                 ("block_q", c_int), ("block_kv", c_int), ("num_q_blocks", c_int),
-                ("num_kv_blocks", c_int)]
+                ("num_kv_blocks", c_int), ("q_offset", c_int), ("kv_offset", c_int)]
 
 
 STRUCTS = {
@@ -143,6 +148,7 @@ STRUCTS = {
 # name: (restype, argtypes)
 _PROTOTYPES = {
     "fj_version_number": (c_uint, []),
+    "fj_spec_mask_deps": (c_uint, [c_void_p]),
     "fj_version_string": (c_char_p, []),
     "fj_status_name": (c_char_p, [c_int]),
     "fj_context_options_init": (None, [c_void_p]),

@@ -44,14 +44,32 @@ def _chunks(rank: int, n: int, length: int, layout: str) -> List[Tuple[int, int,
     return [(0, rank * c, c), (c, (2 * n - 1 - rank) * c, c)]
 
 
-def _pair_fwd(q, k, v, sid, scale, ints, floats, bufs, q_off, kv_off):
-    return fjt.run_forward(q, k, v, sid, scale, ints, floats, bufs, [], [],
+# Block size of the pairs' block masks (fits every kernel's tiles).
+_BLOCK = 128
+
+
+def _pair_mask(core, ints, floats, bufs, q, ql, qp, kl, kp):
+    """The block mask of a (q chunk, kv chunk) pair at its offsets, where the
+    spec's mask reads a buffer (document ids): the kernels cannot classify
+    its tiles from indices, and without one every tile the interval analysis
+    leaves undecided would be computed. [] for an index-only mask."""
+    if not core.mask_reads_buffer:
+        return []
+    B = q.shape[0] if core.mask_reads_b else 1
+    H = q.shape[1] if core.mask_reads_h else 1
+    return fjt.run_block_mask(core.id, B, H, ql, kl, _BLOCK, _BLOCK, ints, floats, bufs,
+                              q.device, qp, kp)
+
+
+def _pair_fwd(q, k, v, sid, scale, ints, floats, bufs, bm, q_off, kv_off):
+    return fjt.run_forward(q, k, v, sid, scale, ints, floats, bufs, bm,
+                           [_BLOCK, _BLOCK] if bm else [],
                            *fjt.Layout(q_offset=q_off, kv_offset=kv_off))
 
 
-def _pair_bwd(dout, q, k, v, out, lse, sid, scale, ints, floats, bufs, q_off, kv_off):
-    return fjt.run_backward(dout, None, q, k, v, out, lse, sid, scale, ints, floats, bufs, [],
-                            [], None, None, 0, 0, q_off, kv_off)
+def _pair_bwd(dout, q, k, v, out, lse, sid, scale, ints, floats, bufs, bm, q_off, kv_off):
+    return fjt.run_backward(dout, None, q, k, v, out, lse, sid, scale, ints, floats, bufs, bm,
+                            [_BLOCK, _BLOCK] if bm else [], None, None, 0, 0, q_off, kv_off)
 
 
 def _empty(core, ints, floats, q, k, qp, ql, kp, kl):
@@ -102,6 +120,7 @@ class _Ring(torch.autograd.Function):
         acc = [None] * len(mine)
         core = fjt.core_by_id(sid)
         empty = set()  # (q position, kv position) of the pairs not launched
+        masks = {}  # their block masks, by the same key, for the backward
         k_cur, v_cur = k.contiguous(), v.contiguous()
         for step in range(n):
             reqs = []
@@ -114,9 +133,11 @@ class _Ring(torch.autograd.Function):
                     if _empty(core, ints, floats, q, k_cur, qp, ql, kp, kl):
                         empty.add((qp, kp))
                         continue
+                    bm = masks[qp, kp] = _pair_mask(core, ints, floats, bufs, q, ql, qp, kl,
+                                                    kp)
                     o, lse = _pair_fwd(q[:, :, qs:qs + ql], k_cur[:, :, ks:ks + kl],
                                        v_cur[:, :, ks:ks + kl], sid, scale, ints, floats,
-                                       bufs, qp, kp)
+                                       bufs, bm, qp, kp)
                     acc[i] = _merge(acc[i], o, lse)
             _wait(reqs)
             if step < n - 1:
@@ -130,7 +151,7 @@ class _Ring(torch.autograd.Function):
         out = torch.cat([a[0] for a in acc], 2).to(q.dtype)
         lse = torch.cat([a[1] for a in acc], 2)
         ctx.save_for_backward(q, k, v, out, lse, *bufs)
-        ctx.flexjit = (sid, scale, ints, floats, layout, group, empty)
+        ctx.flexjit = (sid, scale, ints, floats, layout, group, empty, masks)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -138,7 +159,7 @@ class _Ring(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, *bufs = ctx.saved_tensors
-        sid, scale, ints, floats, layout, group, empty = ctx.flexjit
+        sid, scale, ints, floats, layout, group, empty, masks = ctx.flexjit
         rank, n = dist.get_rank(group), dist.get_world_size(group)
         S = q.shape[2]
         mine = _chunks(rank, n, S, layout)
@@ -171,7 +192,7 @@ class _Ring(torch.autograd.Function):
                     gq, gk, gv, gb = _pair_bwd(dout[:, :, rows], q[:, :, rows],
                                                k_cur[:, :, cols], v_cur[:, :, cols],
                                                out[:, :, rows], lse[:, :, rows], sid, scale,
-                                               ints, floats, bufs, qp, kp)
+                                               ints, floats, bufs, masks[qp, kp], qp, kp)
                     dq[:, :, rows] += gq
                     dk_step[:, :, cols] += gk
                     dv_step[:, :, cols] += gv

@@ -187,15 +187,17 @@ def _cache_put(cache, key, value):
     return value
 
 
-def _wrap_mask(ctx, bm, bs, Lq, Lk):
-    """An fj_block_mask over the eight tensors bm (cached by their addresses
-    and geometry: it holds nothing else)."""
+def _wrap_mask(ctx, bm, bs, Lq, Lk, q_offset, kv_offset):
+    """An fj_block_mask over the eight tensors bm, for a launch at q_offset,
+    kv_offset (cached by their addresses and geometry: it holds nothing
+    else). attention() has checked that the mask was built for those
+    offsets."""
     if not bm:
         return None
     ptrs = tuple(t.data_ptr() for t in bm)
     B, H, nq = bm[0].shape
     nkv = bm[1].shape[3]
-    key = (ptrs, B, H, nq, nkv, Lq, Lk, bs[0], bs[1])
+    key = (ptrs, B, H, nq, nkv, Lq, Lk, bs[0], bs[1], q_offset, kv_offset)
     cache = ctx.wrapped_masks
     h = cache.get(key)
     if h is not None:
@@ -204,7 +206,7 @@ def _wrap_mask(ctx, bm, bs, Lq, Lk):
         if t.dtype != torch.int32 or not t.is_contiguous() or t.device != bm[0].device:
             raise ValueError(f"block mask: {name} must be a contiguous int32 tensor on "
                              f"the launch's device (got {t.dtype}, {t.device})")
-    info = _lib.BlockMaskInfo(B, H, Lq, Lk, bs[0], bs[1], nq, nkv)
+    info = _lib.BlockMaskInfo(B, H, Lq, Lk, bs[0], bs[1], nq, nkv, q_offset, kv_offset)
     arr = (ctypes.c_uint64 * 8)(*ptrs)
     out = ctypes.c_void_p()
     ctx.check(lib.fj_block_mask_wrap(ctx.ptr, ctypes.byref(info), arr, ctypes.byref(out)))
@@ -266,8 +268,8 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, spec: int, scale: float,
         a.kv_offset = kv_offset
         a.scale = scale
         a.stream = stream
-        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[-2], k.shape[2]) \
-            if block_mask else None
+        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[-2], k.shape[2],
+                                  q_offset, kv_offset) if block_mask else None
         a.workspace = buf.data_ptr() + at * 4
         a.workspace_bytes = ws
         st = lib.fj_attention_forward(ctx.ptr, L.handle, L.addr)
@@ -350,8 +352,8 @@ def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
         a = Lb.a
         a.scale = scale
         a.stream = _stream(q)
-        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[-2], k.shape[-2]) \
-            if block_mask else None
+        a.block_mask = _wrap_mask(ctx, block_mask, block_size, q.shape[-2], k.shape[-2],
+                                  q_offset, kv_offset) if block_mask else None
         a.max_seqlen_q = max_seqlen_q
         a.max_seqlen_k = max_seqlen_k
         a.q_offset = q_offset
@@ -370,7 +372,7 @@ def _mask_shapes(B, H, nq, nkv):
 
 
 def _build_into(spec, arrays, B, H, q_len, kv_len, block_q, block_kv, ints, floats,
-                buffers, device):
+                buffers, device, q_offset=0, kv_offset=0):
     core = core_by_id(spec)
     ctx = _runtime.context(device.index or 0)
     h = core.handle(ctx)
@@ -381,6 +383,7 @@ def _build_into(spec, arrays, B, H, q_len, kv_len, block_q, block_kv, ints, floa
     o = _lib.BlockMaskOptions()
     lib.fj_block_mask_options_init(ctypes.byref(o))
     o.B, o.H, o.q_len, o.kv_len, o.block_q, o.block_kv = B, H, q_len, kv_len, block_q, block_kv
+    o.q_offset, o.kv_offset = q_offset, kv_offset
     o.args = values.addr
     o.num_args = values.n
     o.stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
@@ -397,12 +400,13 @@ def _build_into(spec, arrays, B, H, q_len, kv_len, block_q, block_kv, ints, floa
 
 def block_mask_impl(spec: int, B: int, H: int, q_len: int, kv_len: int, block_q: int,
                     block_kv: int, ints: List[int], floats: List[float],
-                    buffers: List[Tensor], device: torch.device) -> List[Tensor]:
+                    buffers: List[Tensor], device: torch.device, q_offset: int = 0,
+                    kv_offset: int = 0) -> List[Tensor]:
     nq, nkv = -(-q_len // block_q), -(-kv_len // block_kv)
     arrays = [torch.empty(s, dtype=torch.int32, device=device)
               for s in _mask_shapes(B, H, nq, nkv)]
     _build_into(spec, arrays, B, H, q_len, kv_len, block_q, block_kv, ints, floats,
-                buffers, device)
+                buffers, device, q_offset, kv_offset)
     return arrays
 
 
@@ -434,7 +438,8 @@ def _(dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, block_m
 
 
 @block_mask_op.register_fake
-def _(spec, B, H, q_len, kv_len, block_q, block_kv, ints, floats, buffers, device):
+def _(spec, B, H, q_len, kv_len, block_q, block_kv, ints, floats, buffers, device,
+      q_offset=0, kv_offset=0):
     nq, nkv = -(-q_len // block_q), -(-kv_len // block_kv)
     return [torch.empty(s, dtype=torch.int32, device=device)
             for s in _mask_shapes(B, H, nq, nkv)]
@@ -553,16 +558,19 @@ class BlockMask:
     full_kv_num_blocks, full_kv_indices, and the transposed q_num_blocks
     [B, H, nkv], q_indices [B, H, nkv, nq], full_q_num_blocks,
     full_q_indices; BLOCK_SIZE (block_q, block_kv) and seq_lengths (q_len,
-    kv_len). B and H of 1 broadcast. flexjit.attention takes it (and
-    FlexAttention's own BlockMask)."""
+    kv_len). B and H of 1 broadcast. offsets (q_offset, kv_offset): the
+    whole sequence's positions it was built at (a context parallel shard's;
+    docs/context_parallel.md), which a launch must share. flexjit.attention
+    takes it (and FlexAttention's own BlockMask, at offsets 0)."""
 
-    def __init__(self, arrays, block_size, seq_lengths, spec=None):
+    def __init__(self, arrays, block_size, seq_lengths, spec=None, offsets=(0, 0)):
         (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks, self.full_kv_indices,
          self.q_num_blocks, self.q_indices, self.full_q_num_blocks,
          self.full_q_indices) = arrays
         self.BLOCK_SIZE = tuple(block_size)
         self.seq_lengths = tuple(seq_lengths)
         self.spec = spec
+        self.offsets = tuple(offsets)
 
     @property
     def shape(self):
@@ -581,7 +589,7 @@ class BlockMask:
         B, H = self.kv_num_blocks.shape[:2]
         _build_into(core.id, self.arrays(), B, H, self.seq_lengths[0], self.seq_lengths[1],
                     self.BLOCK_SIZE[0], self.BLOCK_SIZE[1], ints, floats, bufs,
-                    self.kv_num_blocks.device)
+                    self.kv_num_blocks.device, *self.offsets)
         return self
 
     def to_flex_attention(self, mask_mod=None):
@@ -595,16 +603,20 @@ class BlockMask:
             seq_lengths=self.seq_lengths)
 
     def __repr__(self):
-        return (f"flexjit.BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, "
+        at = f", offsets={self.offsets}" if any(self.offsets) else ""
+        return (f"flexjit.BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}{at}, "
                 f"spec={self.spec.name if self.spec else None!r})")
 
 
 def block_mask(spec: Spec, B: Optional[int], H: Optional[int], q_len: int, kv_len: int,
-               params=None, buffers=None, block_size=128, device=None) -> BlockMask:
+               params=None, buffers=None, block_size=128, device=None, *,
+               q_offset: int = 0, kv_offset: int = 0) -> BlockMask:
     """Builds spec's block mask on the GPU (as FlexAttention's
     create_block_mask, without materializing the mask): B and H None or 1
     broadcast; params and buffers as flexjit.attention takes them;
-    block_size an int or (block_q, block_kv). The arrays come from torch's
+    block_size an int or (block_q, block_kv); q_offset and kv_offset as
+    flexjit.attention takes them (a shard of the whole sequence: the mask
+    is for launches at those offsets). The arrays come from torch's
     allocator and the build runs on the current stream."""
     core = spec._core
     ints, floats, bufs = core.values(params, buffers)
@@ -612,9 +624,10 @@ def block_mask(spec: Spec, B: Optional[int], H: Optional[int], q_len: int, kv_le
     if device is None:
         device = bufs[0].device if bufs else torch.device("cuda", torch.cuda.current_device())
     device = torch.device(device)
+    q_offset, kv_offset = int(q_offset), int(kv_offset)
     arrays = block_mask_op(core.id, B or 1, H or 1, q_len, kv_len, bq, bkv, ints, floats,
-                           bufs, device)
-    return BlockMask(arrays, (bq, bkv), (q_len, kv_len), spec)
+                           bufs, device, q_offset, kv_offset)
+    return BlockMask(arrays, (bq, bkv), (q_len, kv_len), spec, (q_offset, kv_offset))
 
 
 def _mask_args(m):
@@ -714,6 +727,17 @@ def run_backward(*args):
     return backward_impl(*args) if _eager(args[2]) else attention_bwd(*args)
 
 
+def run_block_mask(spec, B, H, q_len, kv_len, block_q, block_kv, ints, floats, buffers,
+                   device, q_offset=0, kv_offset=0):
+    """flexjit::block_mask's arrays, as run_forward decides (eager on a CUDA
+    device and outside tracing: the implementation)."""
+    args = (spec, B, H, q_len, kv_len, block_q, block_kv, ints, floats, buffers, device,
+            q_offset, kv_offset)
+    eager = (device.type == "cuda" and not torch.compiler.is_compiling() and
+             (_dispatch_modes is None or _dispatch_modes() == 0))
+    return block_mask_impl(*args) if eager else block_mask_op(*args)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=None,
               block_mask=None, scale: Optional[float] = None, return_lse: bool = False, *,
               seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
@@ -741,7 +765,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
     sequence; the spec sees q + q_offset and kv + kv_offset, so a shard of a
     causal, sliding-window or document mask is masked as in the whole
     (buffers indexed by position cover the whole sequence). Differentiable;
-    not with a block mask or a spec that reads Lq or Lk."""
+    a block mask must be flexjit.block_mask's at the same offsets; not with
+    a spec that reads Lq or Lk."""
     core = spec._core
     ints, floats, bufs = core.values(params, buffers)
     bm, bs = _mask_args(block_mask)
@@ -760,11 +785,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
         q_offset, kv_offset = int(q_offset), int(kv_offset)
         if q_offset < 0 or kv_offset < 0:
             raise ValueError(f"q_offset ({q_offset}) and kv_offset ({kv_offset}) must be >= 0")
-        if block_mask is not None:
-            raise ValueError("q_offset and kv_offset cannot be combined with a block mask (it "
-                             "is built for positions from 0; the kernels classify tiles at "
-                             "the offset positions themselves)")
         layout = layout._replace(q_offset=q_offset, kv_offset=kv_offset)
+    if block_mask is not None:
+        at = getattr(block_mask, "offsets", (0, 0))
+        if tuple(at) != (int(q_offset), int(kv_offset)):
+            raise ValueError(f"the block mask was built at q_offset, kv_offset {tuple(at)}, the "
+                             f"call has ({q_offset}, {kv_offset}): build it with "
+                             "flexjit.block_mask(..., q_offset=, kv_offset=) at the call's")
     out, lse = _run(q, k, v, core, sc, ints, floats, bufs, bm, bs, layout)
     return (out, lse) if return_lse else out
 

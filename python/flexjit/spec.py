@@ -66,6 +66,11 @@ class _Core:
         self.param_names = frozenset(a.name for a in self.params)
         self.buffer_names = frozenset(a.name for a in self.buffers)
         self.trainable = tuple(a.trainable for a in self.buffers)
+        # fj_spec_mask_deps's flags: whether mask_mod reads a buffer, b, h.
+        deps = lib.fj_spec_mask_deps(handle)
+        self.mask_reads_buffer = bool(deps & _lib.MASK_READS_BUFFER)
+        self.mask_reads_b = bool(deps & _lib.MASK_READS_B)
+        self.mask_reads_h = bool(deps & _lib.MASK_READS_H)
         # fj_arg name fields for launches, kept alive with the core.
         self.c_names = tuple(a.name.encode() for a in args)
 

@@ -1,8 +1,11 @@
-"""CPU kernels for flexjit's custom ops (attention_fwd, attention_bwd),
-computing dense float64 attention from the specs' Python twins
+"""CPU kernels for flexjit's custom ops (attention_fwd, attention_bwd,
+block_mask), computing dense float64 attention from the specs' Python twins
 (reference.py), so that everything around the CUDA kernels (the ops'
 plumbing, autograd, torch.compile, the ring over torch.distributed) runs on
-a machine without a GPU. Importing this module registers them."""
+a machine without a GPU. Importing this module registers them.
+
+A block mask's empty blocks are masked here as the kernels skip them, so a
+mask built for other positions than the launch's changes the result."""
 import torch
 
 import flexjit  # noqa: F401  (defines the ops)
@@ -58,6 +61,59 @@ def _shifted(mods, q_offset, kv_offset):
             (lambda s, b, h, qi, ki: score(s, b, h, qi + q_offset, ki + kv_offset)))
 
 
+def _cpu_block_mask(spec, B, H, q_len, kv_len, block_q, block_kv, ints, floats, buffers,
+                    device, q_offset=0, kv_offset=0):
+    """The eight arrays (fj_block_mask_array order) of the spec's mask at the
+    offsets, from the dense mask of its Python twin (b = h = 0: these specs
+    read neither)."""
+    core = core_by_id(spec)
+    mask, _ = _shifted(_mods_for(core, H, q_len, kv_len, buffers, ints), q_offset, kv_offset)
+    qi = torch.arange(q_len).view(q_len, 1)
+    ki = torch.arange(kv_len).view(1, kv_len)
+    dense = mask(torch.tensor(0), torch.tensor(0), qi, ki).expand(q_len, kv_len)
+    nq, nkv = -(-q_len // block_q), -(-kv_len // block_kv)
+    pad = torch.zeros(nq * block_q, nkv * block_kv, dtype=torch.int64)
+    valid = torch.zeros_like(pad)
+    pad[:q_len, :kv_len] = dense.long()
+    valid[:q_len, :kv_len] = 1
+    count = pad.view(nq, block_q, nkv, block_kv).sum((1, 3))
+    size = valid.view(nq, block_q, nkv, block_kv).sum((1, 3))
+    full, partial = count == size, (count > 0) & (count < size)
+
+    def lists(cls):  # per row: how many, then their indices ascending, then 0s
+        num = cls.sum(1).to(torch.int32)
+        idx = torch.zeros(cls.shape, dtype=torch.int32)
+        for r in range(cls.shape[0]):
+            cols = cls[r].nonzero().flatten()
+            idx[r, :cols.numel()] = cols.to(torch.int32)
+        return num.expand(B, H, -1).contiguous(), idx.expand(B, H, -1, -1).contiguous()
+
+    return [*lists(partial), *lists(full), *lists(partial.T), *lists(full.T)]
+
+
+def _blocks_allowed(block_mask, block_size, Lq, Lk):
+    """[Lq, Lk]: True where a block the mask lists (partial or full) lies."""
+    bq, bkv = block_size
+    num, idx, fnum, fidx = (t[0, 0] for t in block_mask[:4])
+    nq, nkv = num.shape[0], idx.shape[1]
+    listed = torch.zeros(nq, nkv, dtype=torch.bool)
+    for r in range(nq):
+        listed[r, idx[r, :num[r]].long()] = True
+        listed[r, fidx[r, :fnum[r]].long()] = True
+    return listed.repeat_interleave(bq, 0).repeat_interleave(bkv, 1)[:Lq, :Lk]
+
+
+def _with_blocks(mods, block_mask, block_size, Lq, Lk):
+    """mask_mod limited to the blocks block_mask lists, as the kernels read it."""
+    mask, score = mods
+    if not block_mask:
+        return mask, score
+    allowed = _blocks_allowed(block_mask, block_size, Lq, Lk)
+    if mask is None:
+        return (lambda b, h, qi, ki: allowed[qi, ki]), score
+    return (lambda b, h, qi, ki: mask(b, h, qi, ki) & allowed[qi, ki]), score
+
+
 def _cpu_fwd(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size, seqlens_k,
              block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, skip,
              q_offset, kv_offset):
@@ -65,7 +121,9 @@ def _cpu_fwd(q, k, v, spec, scale, ints, floats, buffers, block_mask, block_size
     with torch.no_grad():
         if (seqlens_k is None and block_table is None and cu_seqlens_q is None and
                 cu_seqlens_k is None):
-            mask, score = _shifted(_mods(core, q, k, buffers, ints), q_offset, kv_offset)
+            mask, score = _with_blocks(
+                _shifted(_mods(core, q, k, buffers, ints), q_offset, kv_offset), block_mask,
+                block_size, q.shape[2], k.shape[2])
             o, lse = dense_attention(q.double(), k.double(), v.double(), mask, score,
                                      scale or None)
         else:
@@ -82,8 +140,9 @@ def _cpu_bwd(dout, dlse, q, k, v, out, lse, spec, scale, ints, floats, buffers, 
     if cu_seqlens_q is not None:
         return _cpu_varlen_bwd(dout, dlse, q, k, v, core, scale, ints, buffers, cu_seqlens_q,
                                cu_seqlens_k)
-    mask, score = _shifted(_mods(core, q, k, [b.double() for b in buffers], ints), q_offset,
-                           kv_offset)
+    mask, score = _with_blocks(
+        _shifted(_mods(core, q, k, [b.double() for b in buffers], ints), q_offset, kv_offset),
+        block_mask, block_size, q.shape[2], k.shape[2])
     dq, dk, dv, ds = dense_backward(q.double(), k.double(), v.double(), dout.double(),
                                     None if dlse is None else dlse.double(), mask, score,
                                     scale or None, out.double(), lse.double())
@@ -119,3 +178,4 @@ def _cpu_varlen_bwd(dout, dlse, q, k, v, core, scale, ints, buffers, cu_q, cu_k)
 
 torch.library.register_kernel("flexjit::attention_fwd", "cpu", _cpu_fwd)
 torch.library.register_kernel("flexjit::attention_bwd", "cpu", _cpu_bwd)
+torch.library.register_kernel("flexjit::block_mask", "cpu", _cpu_block_mask)

@@ -1,7 +1,7 @@
 """The ctypes structs of flexjit/_lib.py against include/flexjit.h: a C program
 compiled with the header prints every struct's size and every field's
 offset, and the Python layouts must match (a field added to the header and
-not to _lib.py fails here)."""
+not to _lib.py fails here); the enum values _lib.py mirrors, likewise."""
 import ctypes
 import os
 import re
@@ -21,6 +21,8 @@ def _c_program():
         lines.append(f'  printf("{cname} %zu\\n", sizeof({cname}));')
         for field, _ in py._fields_:
             lines.append(f'  printf("{cname}.{field} %zu\\n", offsetof({cname}, {field}));')
+    for name in _lib.CONSTANTS:
+        lines.append(f'  printf("{name} %d\\n", (int){name});')
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
 
@@ -46,6 +48,8 @@ def test_struct_layouts_match_the_header(tmp_path):
         for field, _ in py._fields_:
             assert int(got[f"{cname}.{field}"]) == getattr(py, field).offset, \
                 f"{cname}.{field}"
+    for name, value in _lib.CONSTANTS.items():
+        assert int(got[name]) == value, name
 
 
 def test_every_struct_field_is_mirrored():

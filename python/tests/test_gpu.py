@@ -586,6 +586,43 @@ def test_serving_errors_on_the_gpu():
                                                                  dtype=torch.float32))
 
 
+@pytest.mark.parametrize("name", ["document", "sliding_window"])
+def test_context_parallel_offsets_block_mask(name):
+    """A block mask built at a shard's offsets (flexjit.block_mask(...,
+    q_offset=, kv_offset=)) skips the blocks the whole sequence's mask
+    leaves empty there; forward and gradients against float64 attention of
+    the same rows (a document mask's kv shard of other documents costs no
+    tile)."""
+    B, Hq, Hkv, L, D = 2, 4, 2, 1100, 128
+    mask, score, params, buffers = example_mods(name, Hq, L, L, "cuda")
+    spec = flexjit.Spec(example(f"{name}.lua"))
+    q_all, k_all, v_all = _inputs(B, Hq, Hkv, L, L, D, seed=11)
+    shift = lambda f, a, c: (None if f is None else  # noqa: E731
+                             (lambda *x: f(*x[:-2], x[-2] + a, x[-1] + c)))
+    for a, m, c, n in ((517, 383, 131, 700), (300, 300, 0, 600)):
+        q = q_all[:, :, a:a + m].detach().clone().requires_grad_()
+        k = k_all[:, :, c:c + n].detach().clone().requires_grad_()
+        v = v_all[:, :, c:c + n].detach().clone().requires_grad_()
+        ins = [q, k, v]
+        bm = flexjit.block_mask(spec, None, None, m, n, params, buffers, q_offset=a,
+                                kv_offset=c)
+        assert bm.offsets == (a, c)
+        ref = dense_attention(*(t.double() for t in ins), shift(mask, a, c),
+                              shift(score, a, c))
+        base = dense_attention(*ins, shift(mask, a, c), shift(score, a, c))
+        got = flexjit.attention(q, k, v, spec, params, buffers, block_mask=bm,
+                                return_lse=True, q_offset=a, kv_offset=c)
+        _check_serving(f"{name} block mask q {a}+{m} kv {c}+{n}", got, ref, base)
+        g = torch.Generator(device="cuda").manual_seed(a)
+        dout = torch.randn(ref[0].shape, device="cuda", dtype=torch.float64, generator=g)
+        ref_g = _grads(ref[0], ref[1], ins, dout)
+        base_g = _grads(base[0], base[1], ins, dout)
+        got_g = _grads(got[0], got[1], ins, dout)
+        for what, x, r, bl in zip("qkv", got_g, ref_g, base_g):
+            e = lambda t: (t.double() - r).abs().max().item()  # noqa: E731
+            _check(f"{name} block mask d{what} q {a} kv {c}", e(x), e(bl), 3)
+
+
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "alibi"])
 def test_context_parallel_offsets(name):
     """Context parallel shards (docs/context_parallel.md): q rows a .. a+m-1

@@ -5,7 +5,10 @@ trainable buffer's) against float64 attention over the whole sequence, for
 the contiguous and the zigzag layout and specs whose masks span the shards
 (causal, sliding window, document ids, a learned bias by kv position, and
 one whose first rows see no key, so that whole q chunks have no pair: the
-ring skips the pairs fj_spec_block_class calls empty)."""
+ring skips the pairs fj_spec_block_class calls empty). The document mask
+reads a buffer, so each pair takes a block mask built at its offsets; the
+CPU kernels mask what it leaves out, and blocks of 2 here make a mask of
+the wrong positions change the result."""
 import os
 import socket
 import traceback
@@ -63,6 +66,10 @@ def _worker(rank, n, port, name, layout, S, errors, backend="gloo"):
     try:
         import cpu_ops  # noqa: F401  (the ops' CPU kernels, in this process too)
         from reference import dense_attention
+
+        from flexjit import _ring
+        if backend == "gloo":
+            _ring._BLOCK = 2  # block masks fine enough to matter at these lengths
         from torch.distributed.device_mesh import init_device_mesh
         dev = torch.device("cpu")
         if backend == "nccl":
@@ -183,6 +190,42 @@ def test_ring_skips_empty_pairs(monkeypatch):
             flexjit.ring_attention(q, q, q, spec, group=mesh)
         out = flexjit.ring_attention(q, q, q, spec, group=mesh["cp"])
         assert (out[:, :, :12] == 0).all() and (out[:, :, 12:] != 0).any()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ring_document_pairs_take_block_masks(monkeypatch):
+    """A mask that reads a buffer gets a block mask for each pair launched,
+    built at the pair's offsets and handed to its forward and backward; an
+    index-only mask gets none."""
+    import cpu_ops  # noqa: F401
+    from flexjit import _ring
+    built, given = [], []
+    real_mask = _ring.fjt.run_block_mask
+    monkeypatch.setattr(_ring.fjt, "run_block_mask",
+                        lambda *a: built.append((a[3], a[4], a[11], a[12])) or real_mask(*a))
+    for fn, at in (("_pair_fwd", 8), ("_pair_bwd", 11)):
+        real = getattr(_ring, fn)
+        monkeypatch.setattr(_ring, fn, lambda *a, _f=real, _n=fn, _at=at:
+                            given.append((_n, bool(a[_at]), a[-2], a[-1])) or _f(*a))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1)
+    try:
+        S = 20
+        doc = torch.repeat_interleave(torch.arange(5, dtype=torch.int32), 4)
+        for name, buffers, masked in (("document", {"doc": doc}, True),
+                                      ("causal", None, False)):
+            built.clear(), given.clear()
+            q, k, v = (torch.randn(1, 2, S, 16, dtype=torch.bfloat16).requires_grad_()
+                       for _ in range(3))
+            out = flexjit.ring_attention(q, k, v, flexjit.Spec(example(f"{name}.lua")),
+                                         buffers=buffers, layout="zigzag")
+            out.float().sum().backward()
+            # Zigzag on one rank: chunks at 0 and 10; (0, 10) is empty (causal).
+            pairs = [(0, 0), (10, 0), (10, 10)]
+            assert built == ([(10, 10, qp, kp) for qp, kp in pairs] if masked else []), built
+            assert sorted(given) == sorted((fn, masked, qp, kp) for fn in ("_pair_fwd", "_pair_bwd")
+                                           for qp, kp in pairs), given
     finally:
         dist.destroy_process_group()
 

@@ -423,5 +423,9 @@ def test_context_parallel_offset_errors():
     with pytest.raises(ValueError, match="must be >= 0"):
         flexjit.attention(q, k, v, spec, {"window": 5}, q_offset=-1)
     bm = fjt.BlockMask([torch.zeros(1, 1, 1, dtype=torch.int32)] * 8, (128, 128), (48, 48))
-    with pytest.raises(ValueError, match="cannot be combined with a block mask"):
+    with pytest.raises(ValueError, match=r"built at q_offset, kv_offset \(0, 0\), the call "
+                       r"has \(0, 48\)"):
         flexjit.attention(q, k, v, spec, {"window": 5}, block_mask=bm, kv_offset=48)
+    bm.offsets = (0, 48)  # as flexjit.block_mask(..., kv_offset=48) makes it
+    with pytest.raises(ValueError, match=r"built at q_offset, kv_offset \(0, 48\)"):
+        flexjit.attention(q, k, v, spec, {"window": 5}, block_mask=bm)

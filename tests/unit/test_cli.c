@@ -523,7 +523,6 @@ static void test_run_serving_options(void **state) {
       {"--q-offset -1", "--q-offset: '-1' is not an integer in [0, 1073741824]"},
       {"--kv-offset x", "--kv-offset: 'x' is not an integer"},
       {"--q-offset 64 --varlen 3", "--q-offset/--kv-offset with --varlen"},
-      {"--kv-offset 64 --block-mask on", "--q-offset/--kv-offset with --block-mask on"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     assert_int_equal(fjt_flexjit(NO_GPU, "run %s --batch 2 --heads 4 --kv-heads 2 "

@@ -90,6 +90,7 @@ static void test_arg_introspection(void **state) {
   assert_int_equal(dt.bits, 32);
   assert_int_equal(fj_spec_arg_info(spec, 2, &name, &kind), FJ_EINVAL);
   assert_int_equal(fj_spec_arg_dtype(spec, -1, &dt), FJ_EINVAL);
+  assert_int_equal(fj_spec_mask_deps(spec), FJ_MASK_READS_BUFFER); /* doc[q] == doc[kv] */
   int trainable = -1;
   assert_int_equal(fj_spec_arg_trainable(spec, 1, &trainable), FJ_OK);
   assert_int_equal(trainable, 0);
@@ -108,7 +109,23 @@ static void test_arg_introspection(void **state) {
   assert_int_equal(fj_spec_arg_trainable(spec, 1, &trainable), FJ_OK);
   assert_int_equal(trainable, 1);
   assert_int_equal(fj_spec_arg_trainable(spec, 1, NULL), FJ_EINVAL);
+  assert_int_equal(fj_spec_mask_deps(spec), 0); /* no mask_mod */
   fj_spec_destroy(spec);
+  /* A buffer read by the score_mod only: the mask is index-only. */
+  const char alibi[] = "local slope = buffer('slope', 'f32')\n"
+                       "return { mask_mod = causal(), score_mod = function(s, b, h, q, kv)\n"
+                       "  return s + slope[h] * (kv - q) end }\n";
+  assert_int_equal(fj_spec_load_string(ctx, alibi, strlen(alibi), "alibi.lua", &spec), FJ_OK);
+  assert_int_equal(fj_spec_mask_deps(spec), 0);
+  fj_spec_destroy(spec);
+  /* Per-head document ids: a buffer, read at h. */
+  const char perhead[] = "local doc = buffer('doc', 'i32')\n"
+                         "return { mask_mod = function(b, h, q, kv)\n"
+                         "  return eq(doc[h * 4096 + q], doc[h * 4096 + kv]) end }\n";
+  assert_int_equal(fj_spec_load_string(ctx, perhead, strlen(perhead), "ph.lua", &spec), FJ_OK);
+  assert_int_equal(fj_spec_mask_deps(spec), FJ_MASK_READS_BUFFER | FJ_MASK_READS_H);
+  fj_spec_destroy(spec);
+  assert_int_equal(fj_spec_mask_deps(NULL), 0u);
   fj_context_destroy(ctx);
 }
 
