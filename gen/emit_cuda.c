@@ -906,6 +906,22 @@ fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
   return emit_parts(g, parts, 0, out);
 }
 
+/* 1 when every trainable read's index reads q (a relative position, or a
+ * per-query element): then a thread's dS^T elements (j, e) and (j + 1, e +
+ * 2), which share q - kv, and (j, e) and (j, e + 2), which share q, are best
+ * visited in the order that sm90's fjhb_grad_bufs takes under
+ * FJ_GRAD_DIAGONAL; an index of kv alone keeps the row-major order, whose
+ * neighbours share kv. */
+static int grad_diagonal(const fjg_graph *g) {
+  const fjg_derivative *d = fjg_graph_derivative(g);
+  if (!d || !num_grad_reads(g)) return 0;
+  for (int i = 0; i < d->num_buffer_grads; i++) {
+    const fjg_buffer_grad *r = &d->buffer_grads[i];
+    if (has_grad(g, r) && !(fjg_input_deps(g, r->index) & (1u << FJG_IN_Q))) return 0;
+  }
+  return 1;
+}
+
 fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
                                fjg_buf *out) {
   if (!cfg || !cfg->template_name) return FJ_EINVAL;
@@ -913,6 +929,7 @@ fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
   if (!parts) return FJ_ENOTFOUND;
   put_config_defines(out, g, cfg);
   if (score_grad_one(g)) fjg_buf_printf(out, "#define FJ_SCORE_GRAD_ONE 1\n");
+  if (grad_diagonal(g)) fjg_buf_printf(out, "#define FJ_GRAD_DIAGONAL 1\n");
   return emit_parts(g, parts, 1, out);
 }
 

@@ -39,6 +39,13 @@
 #ifndef FJ_SCORE_GRAD_ONE
 #define FJ_SCORE_GRAD_ONE 0
 #endif
+// FJ_GRAD_DIAGONAL 1: every trainable read's index reads q (a relative
+// position, a per-query element; gen/emit_cuda.c defines it), so a thread
+// visits its dS^T elements by diagonal when adding their gradients
+// (sm90/bwd_mainloop.cuh, fjhb_grad_bufs).
+#ifndef FJ_GRAD_DIAGONAL
+#define FJ_GRAD_DIAGONAL 0
+#endif
 
 #if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \
     !defined(FJ_NUM_WARPS) || !defined(FJ_NUM_STAGES) ||                      \

@@ -197,18 +197,34 @@ __device__ __forceinline__ void fjhb_grad_bufs(const fj_bwd_params &p, const fj_
                                                fj_grad_cache &gc) {
   const int t = fj_tid() & 127;
   const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
-  const auto each = [&] {
+  // Element (j, e) is query 8 j + 2 t4 + (e & 1), kv row 16 w + g + 8 (e >> 1).
+  const auto add = [&](int j, int e) {
+    fj_grad_bufs(p.user, p.grads, gc, z, b, h, q0 + 8 * j + 2 * t4 + (e & 1),
+                 wkv0 + 16 * w + g + 8 * (e >> 1), ds[4 * j + e]);
+  };
+  const auto rows = [&] {
 #pragma unroll
     for (int j = 0; j < FJ_BLOCK_M / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        fj_grad_bufs(p.user, p.grads, gc, z, b, h, q0 + 8 * j + 2 * t4 + (e & 1),
-                     wkv0 + 16 * w + g + 8 * (e >> 1), ds[4 * j + e]);
+      for (int e = 0; e < 4; ++e) add(j, e);
   };
-  if (fj_grad_tile_uniform(gc))
-    each();
-  else
-    each();
+  if (fj_grad_tile_uniform(gc)) {
+    rows();
+  } else if (FJ_GRAD_DIAGONAL) {
+    // Elements with one q - kv in turn, (j, e) then (j + 1, e + 2), so
+    // that a relative position's adds meet in the slot: about 10 atomics a
+    // thread in a tile of the diagonal band of a clamped relative bias, 17
+    // in row-major order (CPU count over the fragment layout).
+#pragma unroll
+    for (int par = 0; par < 2; ++par)
+#pragma unroll
+      for (int j = -1; j < FJ_BLOCK_M / 8; ++j) {
+        if (j >= 0) add(j, par);
+        if (j + 1 < FJ_BLOCK_M / 8) add(j + 1, par + 2);
+      }
+  } else {
+    rows();
+  }
   fj_grad_tile_end(p.grads, gc);
 }
 

@@ -254,6 +254,45 @@ static void test_score_grad_one(void **state) {
   }
 }
 
+/* FJ_GRAD_DIAGONAL: defined where every trainable read's index reads q (a
+ * relative position, a per-query element), not for an index of kv alone,
+ * nor without trainable reads. */
+static void test_grad_diagonal(void **state) {
+  (void)state;
+  static const struct {
+    const char *src;
+    int diagonal;
+  } cases[] = {
+      {"local bias = buffer('rel_bias', 'f32', {grad = true})\n"
+       "return { mask_mod = causal(), score_mod = relative_bias(bias) }", 1},
+      {"local t = buffer('t', 'f32', {grad = true})\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + t[q] end }", 1},
+      {"local t = buffer('t', 'f32', {grad = true})\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + t[kv] end }", 0},
+      {"local t = buffer('t', 'f32', {grad = true})\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + t[q - kv + 8] + t[kv] end }",
+       0},
+      {"local t = buffer('t', 'f32', {grad = true})\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + t[h] end }", 0},
+      {"local bias = buffer('bias', 'f32')\n"
+       "return { score_mod = function(s, b, h, q, kv) return s + bias[q - kv + 8] end }", 0},
+      {"return { mask_mod = causal(), score_mod = alibi() }", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fjg_graph *g = trace(cases[i].src);
+    fjg_config c = sm80_config();
+    fjg_buf b;
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_backward_tu(g, &c, &b), FJ_OK);
+    const int diagonal = strstr(b.data, "#define FJ_GRAD_DIAGONAL 1\n") != NULL;
+    if (diagonal != cases[i].diagonal)
+      fail_msg("case %zu: FJ_GRAD_DIAGONAL %d, expected %d\n%s", i, diagonal,
+               cases[i].diagonal, cases[i].src);
+    fjg_buf_free(&b);
+    fjg_graph_destroy(g);
+  }
+}
+
 /* The hooks are valid CUDA: the prologue and hooks of every example, with
  * a kernel calling fj_score_grad, through NVRTC for sm_80. */
 static void test_hooks_compile_with_nvrtc(void **state) {
@@ -760,6 +799,7 @@ int main(void) {
       cmocka_unit_test(test_forward_unit_unchanged),
       cmocka_unit_test(test_backward_unit),
       cmocka_unit_test(test_score_grad_one),
+      cmocka_unit_test(test_grad_diagonal),
       cmocka_unit_test(test_hooks_compile_with_nvrtc),
       cmocka_unit_test(test_score_grad_matches_derivative),
   };
