@@ -118,7 +118,12 @@ struct fjh_sched_one_tile {
 // CTAs finish (with equal items, as under a sliding window, the last wave
 // otherwise leaves most CTAs idle for up to an item); their K and V are a
 // few tiles a head, which stay in L2. Full attention, whose rows are all
-// alike and read all of K and V, keeps the head-by-head order.
+// alike and read all of K and V, keeps the head-by-head order, and so does
+// a query much shorter than its keys (Lk >= 2 Lq: a chunk of new tokens over
+// a cache, whose bottom-right causal rows are all about Lk long): there a
+// tail would be every item (4 query blocks a head for 512 new tokens), all
+// heads' block m together, each KV group read from memory once a block
+// instead of once.
 #define FJH_TAIL_ROWS 8
 __device__ __forceinline__ int fjh_num_m(const fj_fwd_params &p) {
   return (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
@@ -130,7 +135,8 @@ __device__ __forceinline__ int fjh_num_items(const fj_fwd_params &p) {
 __device__ __forceinline__ fjh_work fjh_work_at(const fj_fwd_params &p, int i) {
   const int nm = fjh_num_m(p);
 #if FJ_HAS_MASK
-  const int nt = min(nm, FJH_TAIL_ROWS), nh = nm - nt;  // tail rows, head rows
+  const int nt = p.sz.Lk >= 2 * p.sz.Lq ? 0 : min(nm, FJH_TAIL_ROWS);  // tail rows
+  const int nh = nm - nt;                                                // head rows
   const int hbs = p.sz.Hq * p.sz.B;
   if (i >= nh * hbs) {
     const int r = i - nh * hbs, k = r / hbs, hb = r - k * hbs;
