@@ -233,15 +233,27 @@ int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t 
   return items;
 }
 
-/* The persistent kernel's work counter: a zeroed int of its own, allocated
- * in stream order (the caller frees it after the launch, the same way), so
- * that launches in flight on other streams never share it (about 2.5 us of
- * host time a launch); only where CTAs
- * have more than one item to deal out. *out = 0 without memory pools (the
- * allocation refused): the kernel then takes its items statically. */
-/* The persistent kernel's work counter, zeroed in stream order: in the
- * caller's workspace, else allocated here (*owned = 1: freed after the
- * launch). */
+/* The sm90 persistent scheduler's tail (templates/sm90/scheduler.cuh): the
+ * first 8 query blocks of every head (or all of them, if fewer) are dealt
+ * out last, the shortest rows under causal, sliding-window and document
+ * masks (sliding window +1%, bench/RESULTS-archive.md, session 12). None
+ * where Lk >= 2 Lq: a chunk of new tokens over a cache, whose bottom-right
+ * rows are all about Lk long; with few query blocks a head every item would
+ * be a tail item, all heads' KV groups streaming at once, where head by head
+ * a group's items share K and V (chunked prefill 594 -> 615 TFLOP/s,
+ * bench/RESULTS.md, session 20). The kernel reads it only when masked. */
+static int32_t tail_rows(const fjg_config *cfg, int64_t Lq, int64_t Lk) {
+  const int64_t m = (Lq + cfg->block_m - 1) / cfg->block_m;
+  return Lk >= 2 * Lq ? 0 : (int32_t)(m < 8 ? m : 8);
+}
+
+/* The persistent kernel's work counter, zeroed in stream order, where CTAs
+ * have more than one item to deal out: in the caller's workspace, else a
+ * zeroed int of its own allocated here in stream order (*owned = 1: freed
+ * after the launch the same way), so that launches in flight on other
+ * streams never share it (about 2.5 us of host time a launch). *out = 0
+ * without memory pools (the allocation refused): the kernel then takes its
+ * items statically. */
 static fj_status work_counter(fj_context *ctx, const fj_forward_args *a, CUstream stream,
                               CUdeviceptr *out, int *owned) {
   CUdeviceptr c = 0;
@@ -463,6 +475,7 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   unsigned grid[3];
   const int64_t items = fjr_forward_grid(&k->cfg, ctx->num_sms, p->sz.B, p->sz.Hq,
                                          p->sz.Lq, grid);
+  p->tail_rows = tail_rows(&k->cfg, p->sz.Lq, p->sz.Lk);
   CUstream stream = (CUstream)args->stream;
   CUresult r;
   if (k->cfg.uses_tma) {

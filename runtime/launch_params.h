@@ -42,6 +42,8 @@ typedef struct fjr_fwd_params_fixed {
   /* The decode kernel's split-KV partials; zero when unsplit. */
   uint64_t part_o, part_lse;
   int32_t num_splits;
+  /* The sm90 persistent scheduler's tail query blocks a head (forward.c). */
+  int32_t tail_rows;
 } fjr_fwd_params_fixed;
 
 /* Offset of `user` in the device struct: its first member is a long long. */

@@ -71,8 +71,14 @@ struct fj_fwd_params {
   float *part_o;
   float *part_lse;
   int num_splits;
+  // The persistent scheduler's tail: the first tail_rows query blocks of
+  // every head come last in a masked kernel's order (sm90/scheduler.cuh;
+  // the host's rule, runtime/forward.c's tail_rows).
+  int tail_rows;
   fj_user_params user;
 };
+// The host fills the fixed part through its mirror, fjr_fwd_params_fixed
+// (runtime/launch_params.h: 320 bytes, tail_rows last, asserted there).
 
 // FJ_VARLEN (0 unless the generator defines it 1; part of the key): the
 // variant of the forward kernels for the serving layouts (seqlens_k, packed

@@ -111,20 +111,17 @@ struct fjh_sched_one_tile {
 // (under a causal mask, the longest rows first), then the next head: the
 // CTAs at work at one time share a head's K and V in L2 (all heads' query
 // block m together was 24% slower on full attention). In masked kernels the
-// first FJH_TAIL_ROWS query blocks of every head come last, block
-// FJH_TAIL_ROWS - 1 of each head, then the block before, ..., after all the
+// first p.tail_rows query blocks of every head come last, block
+// tail_rows - 1 of each head, then the block before, ..., after all the
 // other items: under causal, sliding-window or document masks those rows
 // are the shortest, and a run of short items at the end evens out when the
 // CTAs finish (with equal items, as under a sliding window, the last wave
 // otherwise leaves most CTAs idle for up to an item); their K and V are a
-// few tiles a head, which stay in L2. Full attention, whose rows are all
-// alike and read all of K and V, keeps the head-by-head order, and so does
-// a query much shorter than its keys (Lk >= 2 Lq: a chunk of new tokens over
-// a cache, whose bottom-right causal rows are all about Lk long): there a
-// tail would be every item (4 query blocks a head for 512 new tokens), all
-// heads' block m together, each KV group read from memory once a block
-// instead of once.
-#define FJH_TAIL_ROWS 8
+// few tiles a head, which stay in L2. The host sets tail_rows (0: none; the
+// rule is runtime/forward.c's tail_rows), a parameter rather than a value
+// the kernel derives, so the producer warp, short of registers, need not
+// keep it live. Full attention, whose rows are all alike and read all of K
+// and V, keeps the head-by-head order.
 __device__ __forceinline__ int fjh_num_m(const fj_fwd_params &p) {
   return (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
 }
@@ -135,8 +132,8 @@ __device__ __forceinline__ int fjh_num_items(const fj_fwd_params &p) {
 __device__ __forceinline__ fjh_work fjh_work_at(const fj_fwd_params &p, int i) {
   const int nm = fjh_num_m(p);
 #if FJ_HAS_MASK
-  const int nt = p.sz.Lk >= 2 * p.sz.Lq ? 0 : min(nm, FJH_TAIL_ROWS);  // tail rows
-  const int nh = nm - nt;                                                // head rows
+  const int nt = p.tail_rows;  // tail rows, at most nm
+  const int nh = nm - nt;      // head rows
   const int hbs = p.sz.Hq * p.sz.B;
   if (i >= nh * hbs) {
     const int r = i - nh * hbs, k = r / hbs, hb = r - k * hbs;

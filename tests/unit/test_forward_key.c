@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "f47925d037fc5b94e6df563ed0bd47e8"
+#define PINNED_SOURCE_KEY "391a63d6a239babb25838ec6fbdcab1a"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
