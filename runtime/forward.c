@@ -236,12 +236,11 @@ int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t 
 /* The sm90 persistent scheduler's tail (templates/sm90/scheduler.cuh): the
  * first 8 query blocks of every head (or all of them, if fewer) are dealt
  * out last, the shortest rows under causal, sliding-window and document
- * masks (sliding window +1%, bench/RESULTS-archive.md, session 12). None
+ * masks, so that a run of short items evens out the CTAs' finish. None
  * where Lk >= 2 Lq: a chunk of new tokens over a cache, whose bottom-right
  * rows are all about Lk long; with few query blocks a head every item would
  * be a tail item, all heads' KV groups streaming at once, where head by head
- * a group's items share K and V (chunked prefill 594 -> 615 TFLOP/s,
- * bench/RESULTS.md, session 20). The kernel reads it only when masked. */
+ * a group's items share K and V. The kernel reads it only when masked. */
 static int32_t tail_rows(const fjg_config *cfg, int64_t Lq, int64_t Lk) {
   const int64_t m = (Lq + cfg->block_m - 1) / cfg->block_m;
   return Lk >= 2 * Lq ? 0 : (int32_t)(m < 8 ? m : 8);

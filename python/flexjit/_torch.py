@@ -652,9 +652,15 @@ def _mask_args(m):
 
 # ---- attention ----
 
-def _eager(q):
-    return (type(q) is Tensor and q.is_cuda and not torch.compiler.is_compiling() and
+def _eager_on(device):
+    """Whether work on device can call an implementation directly: a CUDA
+    device, outside tracing and dispatch modes."""
+    return (device.type == "cuda" and not torch.compiler.is_compiling() and
             (_dispatch_modes is None or _dispatch_modes() == 0))
+
+
+def _eager(q):
+    return type(q) is Tensor and _eager_on(q.device)
 
 
 def _shape(t):
@@ -729,13 +735,10 @@ def run_backward(*args):
 
 def run_block_mask(spec, B, H, q_len, kv_len, block_q, block_kv, ints, floats, buffers,
                    device, q_offset=0, kv_offset=0):
-    """flexjit::block_mask's arrays, as run_forward decides (eager on a CUDA
-    device and outside tracing: the implementation)."""
+    """flexjit::block_mask's arrays, as run_forward decides (_eager_on)."""
     args = (spec, B, H, q_len, kv_len, block_q, block_kv, ints, floats, buffers, device,
             q_offset, kv_offset)
-    eager = (device.type == "cuda" and not torch.compiler.is_compiling() and
-             (_dispatch_modes is None or _dispatch_modes() == 0))
-    return block_mask_impl(*args) if eager else block_mask_op(*args)
+    return block_mask_impl(*args) if _eager_on(device) else block_mask_op(*args)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=None,

@@ -586,6 +586,32 @@ def test_serving_errors_on_the_gpu():
                                                                  dtype=torch.float32))
 
 
+def _shift(f, a, c):
+    """mask_mod or score_mod f seeing positions q + a, kv + c."""
+    return None if f is None else (lambda *x: f(*x[:-2], x[-2] + a, x[-1] + c))
+
+
+def _check_shard_pair(what, spec, params, buffers, mods, q, k, v, a, c, seed, block_mask=None):
+    """flexjit.attention of the shard pair q (whole positions a..), k and v
+    (c..), forward and gradients, against float64 attention of the same rows
+    with the whole sequence's mods (mask, score) shifted there."""
+    mask, score = (_shift(f, a, c) for f in mods)
+    ins = [q, k, v]
+    ref = dense_attention(*(t.double() for t in ins), mask, score)
+    base = dense_attention(*ins, mask, score)
+    got = flexjit.attention(q, k, v, spec, params, buffers, block_mask=block_mask,
+                            return_lse=True, q_offset=a, kv_offset=c)
+    _check_serving(what, got, ref, base)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dout = torch.randn(ref[0].shape, device="cuda", dtype=torch.float64, generator=g)
+    ref_g = _grads(ref[0], ref[1], ins, dout)
+    base_g = _grads(base[0], base[1], ins, dout)
+    got_g = _grads(got[0], got[1], ins, dout)
+    for x_name, x, r, bl in zip("qkv", got_g, ref_g, base_g):
+        e = lambda t: (t.double() - r).abs().max().item()  # noqa: E731
+        _check(f"{what} d{x_name}", e(x), e(bl), 3)
+
+
 @pytest.mark.parametrize("name", ["document", "sliding_window"])
 def test_context_parallel_offsets_block_mask(name):
     """A block mask built at a shard's offsets (flexjit.block_mask(...,
@@ -597,30 +623,15 @@ def test_context_parallel_offsets_block_mask(name):
     mask, score, params, buffers = example_mods(name, Hq, L, L, "cuda")
     spec = flexjit.Spec(example(f"{name}.lua"))
     q_all, k_all, v_all = _inputs(B, Hq, Hkv, L, L, D, seed=11)
-    shift = lambda f, a, c: (None if f is None else  # noqa: E731
-                             (lambda *x: f(*x[:-2], x[-2] + a, x[-1] + c)))
     for a, m, c, n in ((517, 383, 131, 700), (300, 300, 0, 600)):
         q = q_all[:, :, a:a + m].detach().clone().requires_grad_()
         k = k_all[:, :, c:c + n].detach().clone().requires_grad_()
         v = v_all[:, :, c:c + n].detach().clone().requires_grad_()
-        ins = [q, k, v]
         bm = flexjit.block_mask(spec, None, None, m, n, params, buffers, q_offset=a,
                                 kv_offset=c)
         assert bm.offsets == (a, c)
-        ref = dense_attention(*(t.double() for t in ins), shift(mask, a, c),
-                              shift(score, a, c))
-        base = dense_attention(*ins, shift(mask, a, c), shift(score, a, c))
-        got = flexjit.attention(q, k, v, spec, params, buffers, block_mask=bm,
-                                return_lse=True, q_offset=a, kv_offset=c)
-        _check_serving(f"{name} block mask q {a}+{m} kv {c}+{n}", got, ref, base)
-        g = torch.Generator(device="cuda").manual_seed(a)
-        dout = torch.randn(ref[0].shape, device="cuda", dtype=torch.float64, generator=g)
-        ref_g = _grads(ref[0], ref[1], ins, dout)
-        base_g = _grads(base[0], base[1], ins, dout)
-        got_g = _grads(got[0], got[1], ins, dout)
-        for what, x, r, bl in zip("qkv", got_g, ref_g, base_g):
-            e = lambda t: (t.double() - r).abs().max().item()  # noqa: E731
-            _check(f"{name} block mask d{what} q {a} kv {c}", e(x), e(bl), 3)
+        _check_shard_pair(f"{name} block mask q {a}+{m} kv {c}+{n}", spec, params, buffers,
+                          (mask, score), q, k, v, a, c, seed=a, block_mask=bm)
 
 
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "alibi"])
@@ -636,43 +647,29 @@ def test_context_parallel_offsets(name):
     q_all, k_all, v_all = _inputs(B, Hq, Hkv, L, L, D, seed=7)
     a, m = 193, 256
     q = q_all[:, :, a:a + m].detach().clone().requires_grad_()
-    shift = lambda f, c: (None if f is None else  # noqa: E731
-                          (lambda *x: f(*x[:-2], x[-2] + a, x[-1] + c)))
     for c, n in ((0, 320), (320, 320), (64, 401)):
         k = k_all[:, :, c:c + n].detach().clone().requires_grad_()
         v = v_all[:, :, c:c + n].detach().clone().requires_grad_()
-        ins = [q, k, v]
-        ref = dense_attention(*(t.double() for t in ins), shift(mask, c), shift(score, c))
-        base = dense_attention(*ins, shift(mask, c), shift(score, c))
-        got = flexjit.attention(q, k, v, spec, params, buffers, return_lse=True,
-                                q_offset=a, kv_offset=c)
-        _check_serving(f"{name} q {a}+{m} kv {c}+{n}", got, ref, base)
-        g = torch.Generator(device="cuda").manual_seed(c)
-        dout = torch.randn(ref[0].shape, device="cuda", dtype=torch.float64, generator=g)
-        ref_g = _grads(ref[0], ref[1], ins, dout)
-        base_g = _grads(base[0], base[1], ins, dout)
-        got_g = _grads(got[0], got[1], ins, dout)
-        for what, x, r, bl in zip("qkv", got_g, ref_g, base_g):
-            e = lambda t: (t.double() - r).abs().max().item()  # noqa: E731
-            _check(f"{name} d{what} kv {c}+{n}", e(x), e(bl), 3)
+        _check_shard_pair(f"{name} q {a}+{m} kv {c}+{n}", spec, params, buffers,
+                          (mask, score), q, k, v, a, c, seed=c)
     # A ring step: the q shard over kv [0, 320) and [320, 640), merged.
     with torch.no_grad():
         parts = [flexjit.attention(q, k_all[:, :, c:c + 320], v_all[:, :, c:c + 320], spec,
                                    params, buffers, return_lse=True, q_offset=a, kv_offset=c)
                  for c in (0, 320)]
         o, lse = flexjit.merge_states([p[0] for p in parts], [p[1] for p in parts])
-        ref = dense_attention(q.double(), k_all.double(), v_all.double(), shift(mask, 0),
-                              shift(score, 0))
-        base = dense_attention(q, k_all, v_all, shift(mask, 0), shift(score, 0))
+        ref = dense_attention(q.double(), k_all.double(), v_all.double(), _shift(mask, a, 0),
+                              _shift(score, a, 0))
+        base = dense_attention(q, k_all, v_all, _shift(mask, a, 0), _shift(score, a, 0))
     _check_serving(f"{name} merged", (o, lse), ref, base)
     # Its backward: each pair's backward given the merged O and LSE yields
     # that pair's part of the whole gradients (dq summed over the pairs).
     g = torch.Generator(device="cuda").manual_seed(5)
     dout = torch.randn(ref[0].shape, device="cuda", dtype=torch.float64, generator=g)
     ins = [q, k_all, v_all]
-    ref_g = _grads(*dense_attention(*(t.double() for t in ins), shift(mask, 0),
-                                    shift(score, 0)), ins, dout)
-    base_g = _grads(*dense_attention(*ins, shift(mask, 0), shift(score, 0)), ins, dout)
+    ref_g = _grads(*dense_attention(*(t.double() for t in ins), _shift(mask, a, 0),
+                                    _shift(score, a, 0)), ins, dout)
+    base_g = _grads(*dense_attention(*ins, _shift(mask, a, 0), _shift(score, a, 0)), ins, dout)
     ints, floats, bufs = spec._core.values(params, buffers)
     dq = torch.zeros_like(q, dtype=torch.float32)
     dkv = []

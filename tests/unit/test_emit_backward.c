@@ -212,6 +212,19 @@ static void test_backward_unit(void **state) {
   fjg_graph_destroy(g);
 }
 
+/* Whether g's backward unit (sm80) defines flag as 1. */
+static int backward_defines(const fjg_graph *g, const char *flag) {
+  fjg_config c = sm80_config();
+  fjg_buf b;
+  fjg_buf_init(&b);
+  assert_int_equal(fjg_emit_backward_tu(g, &c, &b), FJ_OK);
+  char line[96];
+  snprintf(line, sizeof line, "#define %s 1\n", flag);
+  const int found = strstr(b.data, line) != NULL;
+  fjg_buf_free(&b);
+  return found;
+}
+
 /* FJ_SCORE_GRAD_ONE marks the backward units of additive score_mods (the
  * derivative with respect to the score the constant 1, each trainable
  * read's 0 or 1): ALiBi, a frozen or trainable bias; not softcap, trainable
@@ -237,15 +250,12 @@ static void test_score_grad_one(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     fjg_graph *g = trace(cases[i].src);
-    fjg_config c = sm80_config();
-    fjg_buf b;
-    fjg_buf_init(&b);
-    assert_int_equal(fjg_emit_backward_tu(g, &c, &b), FJ_OK);
-    const int one = strstr(b.data, "#define FJ_SCORE_GRAD_ONE 1\n") != NULL;
+    const int one = backward_defines(g, "FJ_SCORE_GRAD_ONE");
     if (one != cases[i].one) fail_msg("case %zu: FJ_SCORE_GRAD_ONE %d, expected %d\n%s", i,
                                       one, cases[i].one, cases[i].src);
-    fjg_buf_free(&b);
     /* The forward unit never has it. */
+    fjg_config c = sm80_config();
+    fjg_buf b;
     fjg_buf_init(&b);
     assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
     assert_null(strstr(b.data, "FJ_SCORE_GRAD_ONE"));
@@ -280,15 +290,10 @@ static void test_grad_diagonal(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     fjg_graph *g = trace(cases[i].src);
-    fjg_config c = sm80_config();
-    fjg_buf b;
-    fjg_buf_init(&b);
-    assert_int_equal(fjg_emit_backward_tu(g, &c, &b), FJ_OK);
-    const int diagonal = strstr(b.data, "#define FJ_GRAD_DIAGONAL 1\n") != NULL;
+    const int diagonal = backward_defines(g, "FJ_GRAD_DIAGONAL");
     if (diagonal != cases[i].diagonal)
       fail_msg("case %zu: FJ_GRAD_DIAGONAL %d, expected %d\n%s", i, diagonal,
                cases[i].diagonal, cases[i].src);
-    fjg_buf_free(&b);
     fjg_graph_destroy(g);
   }
 }
