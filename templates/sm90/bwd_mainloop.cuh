@@ -247,10 +247,9 @@ __device__ __forceinline__ void fjhb_store_ds(unsigned s_ds, int c,
   }
 }
 
-// dQ (times scale) into a dQ buffer: FJHB_DQ_BOXES blocks of 64 rows x 32
-// floats, 128-byte swizzled as the reduce-add's map reads them.
-__device__ __forceinline__ void fjhb_store_dq(unsigned buf, const float (&acc)[FJHB_DQ_REGS],
-                                              float scale) {
+// dQ into a dQ buffer: FJHB_DQ_BOXES blocks of 64 rows x 32 floats,
+// 128-byte swizzled as the reduce-add's map reads them.
+__device__ __forceinline__ void fjhb_store_dq(unsigned buf, const float (&acc)[FJHB_DQ_REGS]) {
   const int t = fj_tid() & 127;
   const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
 #pragma unroll
@@ -261,7 +260,7 @@ __device__ __forceinline__ void fjhb_store_dq(unsigned buf, const float (&acc)[F
     for (int hh = 0; hh < 2; ++hh) {
       const int r = 16 * w + g + 8 * hh;
       fjhb_st_shared_f2(blk + r * 128 + ((chunk ^ (unsigned)g) << 4) + 8 * (t4 & 1),
-                        acc[4 * j + 2 * hh] * scale, acc[4 * j + 2 * hh + 1] * scale);
+                        acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
     }
   }
 }
@@ -285,11 +284,30 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
   }
 }
 
+// Item m's dQ into consumer c's dQ buffer m & 1 once the writer warp has
+// released it (its reduce-add of item m - 2 has read it), then handed to
+// the writer.
+__device__ __forceinline__ void fjhb_put_dq(const fjhb_smem &sm, int c, int m,
+                                            const float (&dq)[FJHB_DQ_REGS]) {
+  const int bi = m & 1;
+  fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(m >> 1) & 1u) ^ 1u);
+  fjhb_store_dq(sm.dq(c, bi), dq);
+  fjh_fence_proxy_async();
+  fjh_mbar_arrive(sm.dq_full(c, bi));
+}
+
 // Consumer c's whole part of the CTA's work (the walk w, kv head hk): its
 // items, then dK and dV. Its dQ goes to dq_accum through the writer warp
 // (bwd.cuh, fjhb_write_dq). The sequence's sizes are read from the walk's
 // record where they are used (held across the loop they cost the masked
 // D=128 kernel a spill).
+//
+// Two latencies are hidden behind the tensor cores: item n's dQ is put in
+// its buffer while item n + 1's S^T is computed (the proxy fence after the
+// shared-memory writes waits for them), and the walk to item n + 1 runs
+// while item n's dQ product does. Every product is issued and waited for in
+// the same item (a product in flight from one item to the next, through
+// the branches on `run`, made ptxas serialize every wgmma: C7518).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, int c, const fjb_walk &w,
                                              int hk) {
@@ -314,9 +332,9 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   fj_grad_cache gc;  // trainable buffers' gradients, flushed at the end
   fjb_item it = w.first(p);
   if (!w.done(it)) fjh_mbar_wait_warp(sm.kv_full(), 0);
+  float dq[FJHB_DQ_REGS];  // the item before's dQ (times scale) until it is put
   int n = 0;
   while (!w.done(it)) {
-    const fjb_item nxt = w.next(p, it);
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
@@ -348,6 +366,8 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_fence();
       fjhb_issue_rows_d(sacc, k_lo, q_lo);
       fjh_wgmma_commit();
+      if (n > 0) fjhb_put_dq(sm, c, n - 1, dq);
+      fjh_wgmma_fence();
       fjhb_issue_rows_d(dpacc, v_lo, do_lo);
       fjh_wgmma_commit();
       fjh_mbar_wait_warp(sm.rows_full(s), ph);
@@ -398,6 +418,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #endif
 #endif
     } else {
+      if (n > 0) fjhb_put_dq(sm, c, n - 1, dq);
 #pragma unroll
       for (int kk = 0; kk < FJHB_PK; ++kk)
 #pragma unroll
@@ -409,27 +430,27 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjhb_store_ds(sm.ds(bi), c, dsa);
     fjh_fence_proxy_async();
     fjh_bar_sync(FJHB_BAR_DS_FULL, 256);
-    float dq[FJHB_DQ_REGS];
     fjh_wgmma_fence();
     fjhb_issue_dq(dq, ds_lo + bi * (FJHB_DS_BYTES >> 4), kq_lo);
     fjh_wgmma_commit();
+    const fjb_item nxt = w.next(p, it);  // beside the products
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
+    // Scaled here, with no product in flight: registers a wgmma wrote and
+    // that are read while a later one runs (fjhb_put_dq, beside the next
+    // S^T) make ptxas wait for that one first (C7517).
+#pragma unroll
+    for (int i = 0; i < FJHB_DQ_REGS; ++i) dq[i] *= p.scale;
     fjh_fence_regs(dk);
     fjh_fence_regs(dv);
     fjh_fence_regs(pa);
     fjh_fence_regs(dsa);
     // Q, dO, LSE and delta of stage s are read.
     fjh_mbar_arrive(sm.empty(s));
-    // dQ into buffer n & 1 once the writer warp has released it (its
-    // reduce-add of two items ago has read it), then handed to the writer.
-    fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(n >> 1) & 1u) ^ 1u);
-    fjhb_store_dq(sm.dq(c, bi), dq, p.scale);
-    fjh_fence_proxy_async();
-    fjh_mbar_arrive(sm.dq_full(c, bi));
     it = nxt;
     ++n;
   }
+  if (n > 0) fjhb_put_dq(sm, c, n - 1, dq);
 
   fj_grad_flush(p.grads, gc);
 
