@@ -7,7 +7,9 @@
 #   Set PROFILE_DEFINES to profile a template variant (FLEXJIT_KERNEL_DEFINES).
 #   PROFILE_FLEXJIT_ONLY=1: no cuDNN profile. PROFILE_SOURCE=1: also the
 #   memory sections and warp-state sampling per SASS instruction, written as
-#   $OUT/source-flexjit-CASE.csv (ncu's source page) beside the report.
+#   $OUT/source-flexjit-CASE.csv (ncu's source page) beside the report
+#   (bench/ncu_stalls.py reads it). PROFILE_BACKWARD=1: the backward's main
+#   kernel (fj_attention_bwd) instead of the forward, and no cuDNN profile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flexjit-out}; mkdir -p "$OUT"
@@ -30,12 +32,14 @@ for c in "$@"; do
     *) echo "unknown case $c"; continue ;;
   esac
   # Compile (and cache) first so the profiled process only launches.
+  kernel=fj_attention
+  if [ "${PROFILE_BACKWARD:-0}" = 1 ]; then extra+=(--backward); kernel='fj_attention_bwd$'; fi
   FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" build/flexjit run $spec "${extra[@]}" \
     --batch $B --heads $H --q-len $S --head-dim $D >/dev/null 2>&1
   export_opt=()
   [ "${PROFILE_SOURCE:-0}" = 1 ] && export_opt=(--export "$OUT/flexjit-$c" --force-overwrite)
   FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" timeout 300 ncu --clock-control none \
-    -k regex:fj_attention "${sections[@]}" "${export_opt[@]}" -c 1 \
+    -k "regex:$kernel" "${sections[@]}" "${export_opt[@]}" -c 1 \
     build/flexjit run $spec "${extra[@]}" --batch $B --heads $H --q-len $S --head-dim $D \
     > "$OUT/profile-flexjit-$c.txt" 2>&1
   echo "flexjit $c: exit $?"
@@ -44,7 +48,7 @@ for c in "$@"; do
       --print-source sass > "$OUT/source-flexjit-$c.csv" 2>&1
     echo "source page $c: exit $?"
   fi
-  [ "${PROFILE_FLEXJIT_ONLY:-0}" = 1 ] && continue
+  [ "${PROFILE_FLEXJIT_ONLY:-0}" = 1 ] || [ "${PROFILE_BACKWARD:-0}" = 1 ] && continue
   [ "$spec" = examples/causal.lua ] || continue  # cuDNN has causal and full only
   timeout 300 ncu --clock-control none -k regex:'sdpa|fmha|flash|cudnn|sm90' \
     "${sections[@]}" -c 1 python3 - $B $H $S $D > "$OUT/profile-cudnn-$c.txt" 2>&1 <<'PY'
