@@ -29,15 +29,6 @@
 #define FJR_BM_MAX_PARAM_BYTES 4096
 #define FJR_BM_ALIGN 256
 
-/* The forward parameter's block-mask fields follow scale_log2 directly, on
- * the host as on the device (templates/common/fj_fwd.cuh). */
-_Static_assert(offsetof(fjr_fwd_params_fixed, bm_kv_num) == 192,
-               "fj_fwd_params: block-mask fields moved");
-_Static_assert(sizeof(fjr_fwd_params_fixed) == 320 &&
-                   offsetof(fjr_fwd_params_fixed, tail_rows) == 316,
-               "fj_fwd_params: fixed part changed (templates/common/fj_fwd.cuh must "
-               "match)");
-
 /* Host mirror of struct fj_bm_params (gen/emit_blockmask.c) up to `user`,
  * which follows at the next 8-byte boundary. */
 typedef struct bm_params_fixed {

@@ -49,6 +49,13 @@ typedef struct fjr_fwd_params_fixed {
 /* Offset of `user` in the device struct: its first member is a long long. */
 #define FJR_FWD_USER_OFFSET \
   ((sizeof(fjr_fwd_params_fixed) + 7u) & ~(size_t)7u)
+/* The layout templates/common/fj_fwd.cuh's fj_fwd_params has: the
+ * block-mask fields right after scale_log2, tail_rows last. */
+_Static_assert(offsetof(fjr_fwd_params_fixed, bm_kv_num) == 192,
+               "fjr_fwd_params_fixed layout: block-mask fields moved");
+_Static_assert(offsetof(fjr_fwd_params_fixed, tail_rows) == 316 &&
+                   sizeof(fjr_fwd_params_fixed) == 320,
+               "fjr_fwd_params_fixed layout: fixed part changed");
 
 /* Host mirror of templates/common/fj_bwd.cuh's fj_bwd_params up to `user`
  * (docs/backward.md); the generated fj_user_params follows at the next
