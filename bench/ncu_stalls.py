@@ -99,7 +99,7 @@ def top_reasons(by, total, n=2):
                     for h, v in by.most_common(n) if v > 0)
 
 
-def report(instrs, reasons, top, min_share, out):
+def report(instrs, top, min_share, out):
     total = sum(i["samples"] for i in instrs)
     if total == 0:
         raise ValueError("no samples in the range")
@@ -150,7 +150,7 @@ def self_test():
     assert [(s["start"], s["count"], s["samples"]) for s in segs] == [
         (0, 1, 2.0), (0x10, 3, 2.0), (0x40, 2, 12.0), (0x60, 2, 4.0)], segs
     buf = io.StringIO()
-    total = report(instrs, reasons, 3, 0.0, buf)
+    total = report(instrs, 3, 0.0, buf)
     text = buf.getvalue()
     assert total == 20 and "barrier                 50.0%" in text, text
     assert re.search(r"\n\s+40-50\s+2\s+60\.0%\s+barrier 50\.0% wait 10\.0%", text), text
@@ -178,11 +178,11 @@ def main():
         ap.error("a CSV file is needed (or --self-test)")
     try:
         with open(a.csv, newline="") as f:
-            instrs, reasons = read_page(f.read())
+            instrs, _ = read_page(f.read())
         if a.range:
             lo, hi = (int(x, 16) for x in a.range.split(":"))
             instrs = [i for i in instrs if lo <= i["offset"] < hi]
-        report(instrs, reasons, a.top, a.min_share, sys.stdout)
+        report(instrs, a.top, a.min_share, sys.stdout)
     except (OSError, ValueError) as e:
         print("ncu_stalls: %s" % e, file=sys.stderr)
         return 1
