@@ -156,10 +156,13 @@ static_assert(sizeof(fj_bwd_params) ==
 
 // A packed sequence's scratch rows start at a multiple of this many rows,
 // with a tile of it free before the next sequence's (gen/config.h's
-// FJG_BWD_SEQ_PAD names the same number for the host). Every query tile of
-// the backward kernels (FJ_BLOCK_M) divides it.
+// FJG_BWD_SEQ_PAD names the same number for the host). The query tile of
+// every packed-batch kernel (FJ_BLOCK_M) divides it (the sm90 kernel's
+// 128-row tiles are not taken there: gen/config.c,
+// fjg_config_backward_variant).
 constexpr int FJB_SEQ_PAD = 64;
-static_assert(FJB_SEQ_PAD % FJ_BLOCK_M == 0, "backward: query tiles divide FJB_SEQ_PAD");
+static_assert(!FJ_VARLEN || FJB_SEQ_PAD % FJ_BLOCK_M == 0,
+              "backward: query tiles divide FJB_SEQ_PAD");
 
 // Sequence b of a backward launch: p.sz with Lq and Lk set to the
 // sequence's own (what fj_mask, fj_score_mod, fj_score_grad and

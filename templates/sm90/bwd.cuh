@@ -89,8 +89,10 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // Producer warp 2, the dQ writer: each item's dQ buffers, once a consumer
 // has filled its own, added to dq_accum by TMA reduce-adds (rows past Lq are
 // skipped by the map; in a packed batch they fall in the sequence's own
-// padded scratch rows, fjb_seq_of, and add 0), and released once the reduce-add has read them (the
-// item after, so that a buffer is read while the consumer fills the other).
+// padded scratch rows, fjb_seq_of, and add 0), and released once the
+// reduce-add has read them: with two buffers a consumer, the item after, so
+// that a buffer is read while the consumer fills the other; with one, at
+// once (the consumer fills it again only after its next S^T product).
 // Lane 0 issues; every lane walks.
 __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                               const fjhb_smem &sm, const fjb_walk &w) {
@@ -98,20 +100,25 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_b
   fjb_item it = w.first(p);
   int n = 0;
   for (; !w.done(it); ++n) {
-    const int bi = n & 1;
+    const int bi = n % FJHB_DQ_BUFS;
     if (lane == 0) {
       const fjb_seq sq = w.seq(p);
       const int qa = sq.acc_q0 + it.i * FJ_BLOCK_M;  // the tile's row in its head's scratch
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n >> 1) & 1u);
+        fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n / FJHB_DQ_BUFS) & 1u);
 #pragma unroll
         for (int x = 0; x < FJHB_DQ_BOXES; ++x)
-          fjh_tma_reduce_add_3d(&maps.dq_accum, sm.dq(c, bi) + x * (FJ_BLOCK_M * 128),
-                                c * FJHB_DQ_COLS + 32 * x, qa, sq.acc_h0 + it.h);
+          fjh_tma_reduce_add_3d(&maps.dq_accum, sm.dq(c, bi) + x * (FJHB_DQ_ROWS * 128),
+                                fjhb_dq_col0(c) + 32 * x, qa + fjhb_dq_row0(c),
+                                sq.acc_h0 + it.h);
         fjh_bulk_commit();
+        if constexpr (FJHB_DQ_BUFS == 1) {
+          fjh_bulk_wait_read_n<0>();
+          fjh_mbar_arrive(sm.dq_empty(c, 0));
+        }
       }
-      if (n > 0) {
+      if (FJHB_DQ_BUFS == 2 && n > 0) {
         fjh_bulk_wait_read_n<2>();  // the previous item's two groups
         fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
         fjh_mbar_arrive(sm.dq_empty(1, bi ^ 1));
@@ -120,7 +127,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_b
     __syncwarp();
     it = w.next(p, it);
   }
-  if (lane == 0 && n > 0) {
+  if (FJHB_DQ_BUFS == 2 && lane == 0 && n > 0) {
     fjh_bulk_wait_read_n<0>();
     fjh_mbar_arrive(sm.dq_empty(0, (n - 1) & 1));
     fjh_mbar_arrive(sm.dq_empty(1, (n - 1) & 1));
@@ -155,7 +162,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
       fjh_mbar_init(sm.empty(s), 256);  // every consumer thread arrives
     }
     for (int c = 0; c < 2; ++c)
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < FJHB_DQ_BUFS; ++i) {
         fjh_mbar_init(sm.dq_full(c, i), 128);  // every thread of consumer c
         fjh_mbar_init(sm.dq_empty(c, i), 1);   // the writer
       }

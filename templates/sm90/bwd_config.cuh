@@ -8,7 +8,8 @@
 // Macros the generator defines (gen/config.c, choose_sm90_backward):
 //   FJ_HEAD_DIM        64 | 128
 //   FJ_DTYPE_BF16 1  or  FJ_DTYPE_F16 1
-//   FJ_BLOCK_M         64: query rows of a work item
+//   FJ_BLOCK_M         64, or 128 at FJ_HEAD_DIM 64: query rows of a work
+//                      item
 //   FJ_BLOCK_N         128: kv rows of a CTA, 64 a consumer warpgroup
 //   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute
 //   FJ_NUM_STAGES      2: Q / dO stages in shared memory
@@ -48,13 +49,25 @@
 //   dV_c += P^T dO,  dK_c += dS^T Q          (wgmma, A from registers: the
 //                                             accumulators repacked)
 // writes dS^T into shared memory and, after both consumers have, computes
-//   dQ[:, cols_c] = dS K[:, cols_c]           (wgmma, both operands read
-//                                             MN-major from shared memory)
-// over all 128 kv rows for its half of the head dim, and adds it, times
-// scale, into one of its two dQ buffers; a producer warp (the writer)
+// its part of dQ = dS K over all 128 kv rows (wgmma, both operands read
+// MN-major from shared memory): with 64-row items, by columns, all the
+// item's rows for its half of the head dim,
+//   dQ[:, cols_c] = dS K[:, cols_c],
+// with 128-row items, by rows, its 64 query rows for all of the head dim,
+//   dQ[rows_c, :] = dS[rows_c, :] K,
+// (at D=64 the split by rows makes it an n64 product where the split by
+// columns is n32); it adds that part, times scale, into one of its dQ
+// buffers (two with 64-row items, one with 128: no shared memory is left
+// for a second); a producer warp (the writer)
 // adds each buffer to dq_accum with TMA reduce-adds and releases it. At the
-// end the consumer stores dK (times scale) and dV by TMA through the same
+// end the consumer stores dK (times scale) and dV by TMA through its
 // buffers.
+//
+// With 128-row items a consumer holds 64-register S^T and dP^T
+// accumulators: P^T packed into its A fragments lets S^T die, and dS^T is
+// computed from the packed P^T (FJHB_DS_FROM_PACKED_P: P rounded to the
+// element type, as dV's product reads it), which keeps the consumer within
+// its registers.
 #pragma once
 
 // ---- shapes ----------------------------------------------------------------
@@ -65,36 +78,52 @@ constexpr int FJHB_CHUNKS64 = FJ_HEAD_DIM / 64;           // 128-byte column blo
 constexpr int FJHB_KV_BYTES = FJ_BLOCK_N * FJ_HEAD_DIM * 2;  // K or V
 constexpr int FJHB_Q_BYTES = FJ_BLOCK_M * FJ_HEAD_DIM * 2;   // Q or dO of a stage
 constexpr int FJHB_DS_BYTES = FJ_BLOCK_N * FJ_BLOCK_M * 2;   // dS^T [kv][query]
-constexpr int FJHB_DQ_COLS = FJ_HEAD_DIM / 2;             // dQ columns of a consumer
+constexpr int FJHB_ROWS_BYTES = FJHB_WG_KV * FJ_HEAD_DIM * 2;  // a consumer's dK or dV
+// dQ by rows (128-row items) or by columns (64-row items): a consumer's
+// part is 64 query rows x FJHB_DQ_COLS, starting at the item's row
+// fjhb_dq_row0(c) and column fjhb_dq_col0(c).
+constexpr bool FJHB_DQ_BY_ROWS = FJ_BLOCK_M == 128;
+constexpr int FJHB_DQ_ROWS = 64;
+constexpr int FJHB_DQ_COLS = FJHB_DQ_BY_ROWS ? FJ_HEAD_DIM : FJ_HEAD_DIM / 2;
 constexpr int FJHB_DQ_BOXES = FJHB_DQ_COLS / 32;          // fp32 boxes of 32 columns
-constexpr int FJHB_DQ_BYTES = FJ_BLOCK_M * FJHB_DQ_COLS * 4;  // one dQ buffer
+constexpr int FJHB_DQ_BYTES = FJHB_DQ_ROWS * FJHB_DQ_COLS * 4;  // one dQ buffer
+constexpr int FJHB_DQ_BUFS = FJHB_DQ_BY_ROWS ? 1 : 2;     // dQ buffers a consumer
 constexpr int FJHB_S_REGS = FJ_BLOCK_M / 2;               // S^T, dP^T accumulators
 constexpr int FJHB_D_REGS = FJ_HEAD_DIM / 2;              // dK, dV accumulators
 constexpr int FJHB_DQ_REGS = FJHB_DQ_COLS / 2;            // dQ accumulators
 constexpr int FJHB_PK = FJ_BLOCK_M / 16;                  // k16 steps of P^T dO
+// dS^T from the packed P^T rather than from the fp32 one (with 128-row
+// items the fp32 one does not fit beside dP^T, dK, dV and the fragments).
+constexpr bool FJHB_DS_FROM_PACKED_P = FJ_BLOCK_M == 128;
+__device__ __forceinline__ int fjhb_dq_row0(int c) { return FJHB_DQ_BY_ROWS ? 64 * c : 0; }
+__device__ __forceinline__ int fjhb_dq_col0(int c) {
+  return FJHB_DQ_BY_ROWS ? 0 : c * FJHB_DQ_COLS;
+}
 
 // Shared memory, byte offsets from the 1024-aligned base: K, V, the stages'
-// Q and dO, two dS^T buffers (items alternate), each consumer's two dQ
-// buffers, the stages' LSE and delta (FJ_BLOCK_M floats each), then the
-// mbarriers: K/V full; per stage Q/dO full, LSE/delta full, stage empty;
-// per consumer and dQ buffer full (the consumer's 128 threads have written
-// it) and empty (the writer's reduce-add has read it); then the sequence's
-// record (common/fj_bwd.cuh's fjb_seq_sts: FJB_SEQ_WORDS words), which the
-// roles read where they use it. Tiles of 2-byte
-// elements are stored as blocks of (rows x 64 elements), 128-byte swizzled
-// (TMA's layout); a dS^T buffer is one such block of FJ_BLOCK_N rows; a dQ
-// buffer is FJHB_DQ_BOXES blocks of (64 rows x 32 floats), 128-byte
-// swizzled.
+// Q and dO, two dS^T buffers (items alternate), each consumer's
+// FJHB_DQ_BUFS dQ buffers (consecutive), the stages' LSE and delta
+// (FJ_BLOCK_M floats each), then the mbarriers: K/V full; per stage Q/dO
+// full, LSE/delta full, stage empty; per consumer and dQ buffer full (the
+// consumer's 128 threads have written it) and empty (the writer's
+// reduce-add has read it); then the sequence's record (common/fj_bwd.cuh's
+// fjb_seq_sts: FJB_SEQ_WORDS words), which the roles read where they use
+// it. Tiles of 2-byte elements are stored as blocks of (rows x 64
+// elements), 128-byte swizzled (TMA's layout); a dS^T buffer is
+// FJ_BLOCK_M / 64 such blocks of FJ_BLOCK_N rows; a dQ buffer is
+// FJHB_DQ_BOXES blocks of (64 rows x 32 floats), 128-byte swizzled. At the
+// end a consumer's dQ buffers hold its dK and then its dV tile
+// (FJHB_ROWS_BYTES each).
 constexpr int FJHB_OFF_K = 0;
 constexpr int FJHB_OFF_V = FJHB_OFF_K + FJHB_KV_BYTES;
 constexpr int FJHB_OFF_Q = FJHB_OFF_V + FJHB_KV_BYTES;
 constexpr int FJHB_OFF_DO = FJHB_OFF_Q + FJ_NUM_STAGES * FJHB_Q_BYTES;
 constexpr int FJHB_OFF_DS = FJHB_OFF_DO + FJ_NUM_STAGES * FJHB_Q_BYTES;
 constexpr int FJHB_OFF_DQ = FJHB_OFF_DS + 2 * FJHB_DS_BYTES;
-constexpr int FJHB_OFF_LSE = FJHB_OFF_DQ + 4 * FJHB_DQ_BYTES;
+constexpr int FJHB_OFF_LSE = FJHB_OFF_DQ + 2 * FJHB_DQ_BUFS * FJHB_DQ_BYTES;
 constexpr int FJHB_OFF_DELTA = FJHB_OFF_LSE + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 constexpr int FJHB_OFF_BAR = FJHB_OFF_DELTA + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
-constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 8;
+constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS;
 constexpr int FJHB_OFF_SEQ = FJHB_OFF_BAR + 8 * FJHB_BARS;
 // What gen/config.c computes as smem_bytes (1024 to align the base).
 constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
@@ -112,11 +141,13 @@ enum { FJHB_BAR_DS_FULL = 1, FJHB_BAR_WG = 2 };
 // ---- budgets ---------------------------------------------------------------
 
 static_assert(FJ_HEAD_DIM == 64 || FJ_HEAD_DIM == 128, "sm90 backward: head dim 64 or 128");
-static_assert(FJ_BLOCK_M == 64 && FJ_BLOCK_N == 2 * FJHB_WG_KV && FJ_NUM_WARPS == 12,
-              "sm90 backward: 64-query items, 128 kv rows, two consumer warpgroups");
+static_assert((FJ_BLOCK_M == 64 || (FJ_BLOCK_M == 128 && FJ_HEAD_DIM == 64)) &&
+                  FJ_BLOCK_N == 2 * FJHB_WG_KV && FJ_NUM_WARPS == 12,
+              "sm90 backward: 64-query items (128 at head dim 64), 128 kv rows, two "
+              "consumer warpgroups");
 static_assert(FJ_NUM_STAGES == 2, "sm90 backward: two Q / dO stages");
-static_assert(FJHB_DQ_BYTES * 2 >= FJ_HEAD_DIM * FJHB_WG_KV * 2,
-              "sm90 backward: a consumer's dQ buffers hold its dK (or dV) tile");
+static_assert(FJHB_DQ_BUFS * FJHB_DQ_BYTES >= 2 * FJHB_ROWS_BYTES,
+              "sm90 backward: a consumer's dQ buffers hold its dK and dV tiles");
 static_assert(FJHB_SMEM_BYTES <= 227 * 1024, "sm90 backward: shared memory over 227 KiB");
 static_assert(FJHB_PRODUCER_REGS + 2 * FJHB_CONSUMER_REGS <= 3 * ((65536 / FJHB_THREADS) & ~7),
               "sm90 backward: register split over the CTA's pool");
@@ -138,10 +169,13 @@ struct fjhb_smem {
   __device__ unsigned q(int s) const { return base + FJHB_OFF_Q + s * FJHB_Q_BYTES; }
   __device__ unsigned dout(int s) const { return base + FJHB_OFF_DO + s * FJHB_Q_BYTES; }
   __device__ unsigned ds(int i) const { return base + FJHB_OFF_DS + i * FJHB_DS_BYTES; }
-  // Consumer c's dQ buffer i (0, 1).
+  // Consumer c's dQ buffer i (below FJHB_DQ_BUFS); at the end its dK and
+  // dV tiles.
   __device__ unsigned dq(int c, int i) const {
-    return base + FJHB_OFF_DQ + (2 * c + i) * FJHB_DQ_BYTES;
+    return base + FJHB_OFF_DQ + (FJHB_DQ_BUFS * c + i) * FJHB_DQ_BYTES;
   }
+  __device__ unsigned dk_out(int c) const { return dq(c, 0); }
+  __device__ unsigned dv_out(int c) const { return dq(c, 0) + FJHB_ROWS_BYTES; }
   __device__ unsigned lse(int s) const { return base + FJHB_OFF_LSE + s * FJ_BLOCK_M * 4; }
   __device__ unsigned delta(int s) const { return base + FJHB_OFF_DELTA + s * FJ_BLOCK_M * 4; }
   __device__ unsigned kv_full() const { return base + FJHB_OFF_BAR; }
@@ -153,10 +187,11 @@ struct fjhb_smem {
     return base + FJHB_OFF_BAR + 8 * (1 + 2 * FJ_NUM_STAGES + s);
   }
   __device__ unsigned dq_full(int c, int i) const {
-    return base + FJHB_OFF_BAR + 8 * (1 + 3 * FJ_NUM_STAGES + 2 * c + i);
+    return base + FJHB_OFF_BAR + 8 * (1 + 3 * FJ_NUM_STAGES + FJHB_DQ_BUFS * c + i);
   }
   __device__ unsigned dq_empty(int c, int i) const {
-    return base + FJHB_OFF_BAR + 8 * (1 + 3 * FJ_NUM_STAGES + 4 + 2 * c + i);
+    return base + FJHB_OFF_BAR +
+           8 * (1 + 3 * FJ_NUM_STAGES + 2 * FJHB_DQ_BUFS + FJHB_DQ_BUFS * c + i);
   }
   __device__ unsigned seq() const { return base + FJHB_OFF_SEQ; }
 };

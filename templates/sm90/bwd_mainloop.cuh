@@ -1,9 +1,9 @@
 // templates/sm90/bwd_mainloop.cuh: a consumer warpgroup's share of the
 // backward (the scheme: sm90/bwd_config.cuh): for each work item S^T and
 // dP^T, the elementwise P^T and dS^T, dV += P^T dO and dK += dS^T Q, dS^T
-// into shared memory, dQ = dS K for its half of the head dim into a dQ
-// buffer for the writer warp (bwd.cuh); at the end dK and dV to global
-// memory.
+// into shared memory, its part of dQ = dS K (its half of the head dim, or
+// with 128-row items its 64 query rows) into a dQ buffer for the writer
+// warp (bwd.cuh); at the end dK and dV to global memory.
 //
 // A wgmma m64nN accumulator (N / 2 floats a thread of the warpgroup; t the
 // thread's index in it, w = t / 32, g = (t % 32) / 4, t4 = t % 4): element
@@ -37,9 +37,10 @@ __device__ __forceinline__ void fjhb_issue_rows_q(float (&acc)[FJHB_D_REGS],
   for (int kk = 0; kk < FJHB_PK; ++kk) fjh_wgmma_rs(acc, a[kk], fjh_desc(b_lo, kk * 16 * 128));
 }
 
-// dQ[:, cols] = dS K[:, cols] over the CTA's FJ_BLOCK_N kv rows: A = dS^T
-// (ds_lo) and B = K (k_lo: the consumer's first column) both MN-major,
-// 16 kv rows (2048 bytes) a step.
+// The consumer's part of dQ = dS K (64 query rows x FJHB_DQ_COLS) over
+// the CTA's FJ_BLOCK_N kv rows: A = dS^T (ds_lo: the 64-column block of
+// the part's query rows) and B = K (k_lo: the part's first column) both
+// MN-major, 16 kv rows (2048 bytes) a step.
 __device__ __forceinline__ void fjhb_issue_dq(float (&acc)[FJHB_DQ_REGS], unsigned ds_lo,
                                               unsigned k_lo) {
 #pragma unroll
@@ -53,16 +54,19 @@ __device__ __forceinline__ void fjhb_issue_dq(float (&acc)[FJHB_DQ_REGS], unsign
 
 // Accumulators (64 x FJ_BLOCK_M) as the A fragments of a k16 step each:
 // n8 blocks 2 kk and 2 kk + 1 are step kk's fragment, rounded to the
-// element type.
+// element type. fjhb_pack_step packs step kk alone, for loops that let
+// the accumulators die a step at a time.
+__device__ __forceinline__ void fjhb_pack_step(const float (&x)[FJHB_S_REGS], int kk,
+                                               unsigned (&a)[4]) {
+  a[0] = fj_pack2(x[8 * kk + 0], x[8 * kk + 1]);
+  a[1] = fj_pack2(x[8 * kk + 2], x[8 * kk + 3]);
+  a[2] = fj_pack2(x[8 * kk + 4], x[8 * kk + 5]);
+  a[3] = fj_pack2(x[8 * kk + 6], x[8 * kk + 7]);
+}
 __device__ __forceinline__ void fjhb_pack(const float (&x)[FJHB_S_REGS],
                                           unsigned (&a)[FJHB_PK][4]) {
 #pragma unroll
-  for (int kk = 0; kk < FJHB_PK; ++kk) {
-    a[kk][0] = fj_pack2(x[8 * kk + 0], x[8 * kk + 1]);
-    a[kk][1] = fj_pack2(x[8 * kk + 2], x[8 * kk + 3]);
-    a[kk][2] = fj_pack2(x[8 * kk + 4], x[8 * kk + 5]);
-    a[kk][3] = fj_pack2(x[8 * kk + 6], x[8 * kk + 7]);
-  }
+  for (int kk = 0; kk < FJHB_PK; ++kk) fjhb_pack_step(x, kk, a[kk]);
 }
 
 __device__ __forceinline__ void fjhb_ld_shared_f2(unsigned addr, float &x, float &y) {
@@ -75,12 +79,14 @@ __device__ __forceinline__ void fjhb_st_shared_f2(unsigned addr, float x, float 
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(addr), "f"(x), "f"(y) : "memory");
 }
 
-// P^T into s and dS^T into dp, elementwise: query q0 + column, kv row wkv0
-// + row (the accumulator layout above) of a sequence of sizes z
-// (fjb_seq_of); LSE (log2 units, +inf for a row without an allowed pair or
-// past Lq) and delta from the stage's rows. need_mask: evaluate fj_mask per
-// element; edge: rows or columns reach past Lk or Lq, which are masked.
-// CHECK as for fjhb_probs below (the score_mod path takes true only).
+// P^T and dS^T from S^T (s) and dP^T (dp), elementwise, packed into their
+// A fragments (pa, dsa) a k16 step at a time, so that s and dp die step by
+// step: query q0 + column, kv row wkv0 + row (the accumulator layout
+// above) of a sequence of sizes z (fjb_seq_of); LSE (log2 units, +inf for
+// a row without an allowed pair or past Lq) and delta from the stage's
+// rows. need_mask: evaluate fj_mask per element; edge: rows or columns
+// reach past Lk or Lq, which are masked. CHECK as for fjhb_probs below
+// (the score_mod path takes true only).
 template <bool CHECK>
 __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const fj_sizes &z,
                                                  int b, int h, int q0,
@@ -88,6 +94,8 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
                                                  unsigned s_lse, unsigned s_delta,
                                                  float (&s)[FJHB_S_REGS],
                                                  float (&dp)[FJHB_S_REGS],
+                                                 unsigned (&pa)[FJHB_PK][4],
+                                                 unsigned (&dsa)[FJHB_PK][4],
                                                  fj_grad_cache &gc) {
   const int t = fj_tid() & 127;
   const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
@@ -123,6 +131,10 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
 #endif
       s[i] = pr;
       dp[i] = ds;
+    }
+    if (j % 2 == 1) {
+      fjhb_pack_step(s, j / 2, pa[j / 2]);
+      fjhb_pack_step(dp, j / 2, dsa[j / 2]);
     }
   }
   (void)need_mask, (void)edge, (void)gc;
@@ -171,15 +183,28 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
   }
   (void)need_mask, (void)b, (void)h, (void)w, (void)g, (void)q0, (void)wkv0, (void)edge;
 }
+// dS^T = P^T (dP^T - delta) into dp, P^T from its fp32 accumulators (pr)
+// or, FJHB_DS_FROM_PACKED_P, from its A fragments (pa: rounded to the
+// element type, as dV's product reads it), so that the fp32 P^T need not
+// live until here.
 __device__ __forceinline__ void fjhb_dsoft(unsigned s_delta, const float (&pr)[FJHB_S_REGS],
+                                           const unsigned (&pa)[FJHB_PK][4],
                                            float (&dp)[FJHB_S_REGS]) {
   const int t4 = fj_tid() & 3;
 #pragma unroll
   for (int j = 0; j < FJ_BLOCK_M / 8; ++j) {
-    float dl[2];
+    float dl[2], pj[4];
     fjhb_ld_shared_f2(s_delta + (8 * j + 2 * t4) * 4, dl[0], dl[1]);
+    if constexpr (FJHB_DS_FROM_PACKED_P) {
+      // n8 block j is registers 2 (j % 2) and 2 (j % 2) + 1 of fragment j / 2.
+      fjb_unpack2(pa[j / 2][2 * (j % 2)], pj[0], pj[1]);
+      fjb_unpack2(pa[j / 2][2 * (j % 2) + 1], pj[2], pj[3]);
+    } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - dl[e & 1]);
+      for (int e = 0; e < 4; ++e) pj[e] = pr[4 * j + e];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[4 * j + e] = pj[e] * (dp[4 * j + e] - dl[e & 1]);
   }
 }
 // An additive score_mod's trainable reads: dS^T's elements to their
@@ -228,10 +253,11 @@ __device__ __forceinline__ void fjhb_grad_bufs(const fj_bwd_params &p, const fj_
   fj_grad_tile_end(p.grads, gc);
 }
 
-// The consumer's dS^T fragments into its 64 rows of the dS^T tile
-// (128-byte swizzle: 16-byte chunk k of row r at k ^ (r & 7)). Fragment kk
-// holds columns 16 kk + 2 t4 (+1): [0] row g, chunk 2 kk; [1] row g + 8;
-// [2], [3] the next chunk.
+// The consumer's dS^T fragments into its 64 rows of the dS^T tile: blocks
+// of 64 query columns (FJ_BLOCK_N rows apart), 128-byte swizzled (16-byte
+// chunk k of row r at k ^ (r & 7)). Fragment kk holds columns 16 kk + 2 t4
+// (+1), in block kk / 4: [0] row g, chunk 2 (kk % 4); [1] row g + 8; [2],
+// [3] the next chunk.
 __device__ __forceinline__ void fjhb_store_ds(unsigned s_ds, int c,
                                               const unsigned (&a)[FJHB_PK][4]) {
   const int t = fj_tid() & 127;
@@ -239,22 +265,23 @@ __device__ __forceinline__ void fjhb_store_ds(unsigned s_ds, int c,
   const unsigned row = s_ds + (c * FJHB_WG_KV + 16 * w + g) * 128 + 4 * t4;
 #pragma unroll
   for (int kk = 0; kk < FJHB_PK; ++kk) {
-    const unsigned lo = ((2 * kk) ^ g) << 4, hi = ((2 * kk + 1) ^ g) << 4;
-    fjhb_st_shared_u32(row + lo, a[kk][0]);
-    fjhb_st_shared_u32(row + 8 * 128 + lo, a[kk][1]);
-    fjhb_st_shared_u32(row + hi, a[kk][2]);
-    fjhb_st_shared_u32(row + 8 * 128 + hi, a[kk][3]);
+    const unsigned blk = row + (kk / 4) * (FJ_BLOCK_N * 128);
+    const unsigned lo = ((2 * (kk % 4)) ^ g) << 4, hi = ((2 * (kk % 4) + 1) ^ g) << 4;
+    fjhb_st_shared_u32(blk + lo, a[kk][0]);
+    fjhb_st_shared_u32(blk + 8 * 128 + lo, a[kk][1]);
+    fjhb_st_shared_u32(blk + hi, a[kk][2]);
+    fjhb_st_shared_u32(blk + 8 * 128 + hi, a[kk][3]);
   }
 }
 
-// dQ into a dQ buffer: FJHB_DQ_BOXES blocks of 64 rows x 32 floats,
-// 128-byte swizzled as the reduce-add's map reads them.
+// A consumer's dQ part into a dQ buffer: FJHB_DQ_BOXES blocks of 64 rows x
+// 32 floats, 128-byte swizzled as the reduce-add's map reads them.
 __device__ __forceinline__ void fjhb_store_dq(unsigned buf, const float (&acc)[FJHB_DQ_REGS]) {
   const int t = fj_tid() & 127;
   const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
 #pragma unroll
   for (int j = 0; j < FJHB_DQ_COLS / 8; ++j) {
-    const unsigned blk = buf + (j / 4) * (FJ_BLOCK_M * 128);
+    const unsigned blk = buf + (j / 4) * (FJHB_DQ_ROWS * 128);
     const unsigned chunk = (unsigned)((j % 4) * 2 + (t4 >> 1));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -284,13 +311,13 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
   }
 }
 
-// Item m's dQ into consumer c's dQ buffer m & 1 once the writer warp has
-// released it (its reduce-add of item m - 2 has read it), then handed to
-// the writer.
+// Item m's dQ part into consumer c's dQ buffer m % FJHB_DQ_BUFS once the
+// writer warp has released it (its reduce-add of item m - FJHB_DQ_BUFS has
+// read it), then handed to the writer.
 __device__ __forceinline__ void fjhb_put_dq(const fjhb_smem &sm, int c, int m,
                                             const float (&dq)[FJHB_DQ_REGS]) {
-  const int bi = m & 1;
-  fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(m >> 1) & 1u) ^ 1u);
+  const int bi = m % FJHB_DQ_BUFS;
+  fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(m / FJHB_DQ_BUFS) & 1u) ^ 1u);
   fjhb_store_dq(sm.dq(c, bi), dq);
   fjh_fence_proxy_async();
   fjh_mbar_arrive(sm.dq_full(c, bi));
@@ -320,13 +347,15 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #pragma unroll
   for (int i = 0; i < FJHB_D_REGS; ++i) dk[i] = dv[i] = 0.f;
 
-  // Descriptor low words: the consumer's rows of K and V (K-major), dS^T
-  // and its head-dim columns of K (MN-major).
+  // Descriptor low words: the consumer's rows of K and V (K-major); for
+  // its part of dQ, dS^T's block of the part's query rows and K's block of
+  // its first column (MN-major).
   const unsigned k_lo = fjh_desc_lo(sm.k() + c * FJHB_WG_KV * 128, 16);
   const unsigned v_lo = fjh_desc_lo(sm.v() + c * FJHB_WG_KV * 128, 16);
-  const unsigned ds_lo = fjh_desc_lo(sm.ds(0), FJ_BLOCK_N * 128);
-  const unsigned kq_lo = fjh_desc_lo(sm.k() + (c * FJHB_DQ_COLS / 64) * (FJ_BLOCK_N * 128) +
-                                         (c * FJHB_DQ_COLS % 64) * 2,
+  const unsigned ds_lo =
+      fjh_desc_lo(sm.ds(0) + (fjhb_dq_row0(c) / 64) * (FJ_BLOCK_N * 128), FJ_BLOCK_N * 128);
+  const unsigned kq_lo = fjh_desc_lo(sm.k() + (fjhb_dq_col0(c) / 64) * (FJ_BLOCK_N * 128) +
+                                         (fjhb_dq_col0(c) % 64) * 2,
                                      FJ_BLOCK_N * 128);
 
   fj_grad_cache gc;  // trainable buffers' gradients, flushed at the end
@@ -380,10 +409,8 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       // One loop for every tile (a second, unchecked copy spills at D=128).
       // Trainable reads go element by element here (fj_grad_tile's sums
       // spill this step with a large score_mod).
-      fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.delta(s),
-                             sacc, dpacc, gc);
-      fjhb_pack(sacc, pa);
-      fjhb_pack(dpacc, dsa);
+      fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
+                             sm.delta(s), sacc, dpacc, pa, dsa, gc);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
       fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
@@ -408,7 +435,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_commit();
       fjh_wgmma_wait<1>();  // dP^T is ready; dV += P^T dO runs on
       fjh_fence_regs(dpacc);
-      fjhb_dsoft(sm.delta(s), sacc, dpacc);
+      fjhb_dsoft(sm.delta(s), sacc, pa, dpacc);
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
@@ -455,12 +482,14 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   fj_grad_flush(p.grads, gc);
 
   // ---- dK (times scale) and dV through the consumer's dQ buffers, once
-  // the writer has released both: buffer i's last use is its u-th, u =
-  // (n + 1 - i) / 2.
-  fjh_mbar_wait_warp(sm.dq_empty(c, 0), ((unsigned)((n + 1) / 2) & 1u) ^ 1u);
-  fjh_mbar_wait_warp(sm.dq_empty(c, 1), ((unsigned)(n / 2) & 1u) ^ 1u);
-  fjhb_store_rows(sm.dq(c, 0), dk, p.scale);
-  fjhb_store_rows(sm.dq(c, 1), dv, 1.f);
+  // the writer has released them: buffer i's last use is its u-th, u =
+  // (n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS.
+#pragma unroll
+  for (int i = 0; i < FJHB_DQ_BUFS; ++i)
+    fjh_mbar_wait_warp(sm.dq_empty(c, i),
+                       ((unsigned)((n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS) & 1u) ^ 1u);
+  fjhb_store_rows(sm.dk_out(c), dk, p.scale);
+  fjhb_store_rows(sm.dv_out(c), dv, 1.f);
   fjh_fence_proxy_async();
   fjh_bar_sync(FJHB_BAR_WG + c, 128);
   const fjb_seq sq = w.seq(p);
@@ -473,8 +502,8 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     const int kr = sq.k_row0 + wkv0, kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : b;
 #pragma unroll
     for (int x = 0; x < FJHB_CHUNKS64; ++x) {
-      fjh_tma_store_4d(&maps.dk, sm.dq(c, 0) + x * (64 * 128), 64 * x, kr, hk, kb);
-      fjh_tma_store_4d(&maps.dv, sm.dq(c, 1) + x * (64 * 128), 64 * x, kr, hk, kb);
+      fjh_tma_store_4d(&maps.dk, sm.dk_out(c) + x * (64 * 128), 64 * x, kr, hk, kb);
+      fjh_tma_store_4d(&maps.dv, sm.dv_out(c) + x * (64 * 128), 64 * x, kr, hk, kb);
     }
     fjh_bulk_commit();
     fjh_bulk_wait_read();
@@ -494,10 +523,10 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
           (unsigned)((x / 8) * (64 * 128) + r * 128 + (((x % 8) ^ (r & 7)) << 4));
       unsigned v0, v1, v2, v3;
       asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dq(c, 0) + off));
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dk_out(c) + off));
       fj_st_global_v4(gdk + r * p.dk_ss + x * 8, v0, v1, v2, v3);
       asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dq(c, 1) + off));
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dv_out(c) + off));
       fj_st_global_v4(gdv + r * p.dv_ss + x * 8, v0, v1, v2, v3);
     }
   }
