@@ -309,22 +309,29 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
 
 /* Must equal templates/sm90/bwd_config.cuh's FJHB_SMEM_BYTES: 1024 to align
  * the base; K and V; two stages of Q and dO; two dS^T buffers (block_n x
- * block_m); each consumer's two fp32 dQ buffers (block_m x head_dim / 2);
- * two stages of LSE and delta; 1 + 3 * stages + 8 mbarriers; the
- * sequence's record (6 int32: its sizes and rows in a packed batch). */
+ * block_m); each consumer's fp32 dQ buffers, two of 64 x head_dim / 2 at
+ * block_m 64, one of 64 x head_dim at 128 (dQ split by columns or by rows);
+ * two stages of LSE and delta; 1 + 3 * stages + 4 * (dQ buffers a consumer)
+ * mbarriers; the sequence's record (6 int32: its sizes and rows in a
+ * packed batch). */
 static int sm90_bwd_smem_bytes(const fjg_config *c) {
+  const int by_rows = c->block_m == 128;
+  const int dq_bufs = by_rows ? 1 : 2, dq_cols = by_rows ? c->head_dim : c->head_dim / 2;
   return 1024 + (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
-         2 * c->block_n * c->block_m * 2 + 4 * c->block_m * (c->head_dim / 2) * 4 +
-         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 8) + 4 * 6;
+         2 * c->block_n * c->block_m * 2 + 2 * dq_bufs * 64 * dq_cols * 4 +
+         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 4 * dq_bufs) +
+         4 * 6;
 }
+
+int fjg_sm90_bwd_block_m(int head_dim) { return head_dim == 64 ? 128 : 64; }
 
 /* The sm90 backward (templates/sm90/bwd_*.cuh), FlashAttention-3's shape: a
  * CTA owns 128 kv rows, 64 for each of two consumer warpgroups (their dK
- * and dV in registers), and streams 64-row query tiles through two TMA
- * stages; a producer warpgroup loads and adds dQ. 226 KiB at D=128, 131 KiB
- * at D=64.
- * The same tiles as the sm80 backward, so a block mask that fits one fits
- * the other. */
+ * and dV in registers), and streams query tiles through two TMA stages; a
+ * producer warpgroup loads and adds dQ. Query tiles of 64 rows at D=128
+ * (226 KiB; no shared memory or registers are left for more), 128 at D=64
+ * (195 KiB; with 64-row tiles its n64 products left it at 0.86x cuDNN),
+ * which fjg_config_backward_variant lowers to 64 where 128 does not fit. */
 static fj_status choose_sm90_backward(fjg_config *out, char *err, size_t errlen) {
   const char *a = out->arch;
   if (out->sm != 90 || a[strlen(a) - 1] != 'a')
@@ -338,7 +345,7 @@ static fj_status choose_sm90_backward(fjg_config *out, char *err, size_t errlen)
   out->num_stages = 2;
   out->num_warps = 12;
   out->threads = 384;
-  out->block_m = 64;
+  out->block_m = fjg_sm90_bwd_block_m(out->head_dim);
   out->block_n = 128;
   out->smem_bytes = sm90_bwd_smem_bytes(out);
   if (out->smem_bytes > max_smem_per_block(out->sm))
@@ -346,6 +353,21 @@ static fj_status choose_sm90_backward(fjg_config *out, char *err, size_t errlen)
                 "backward configuration needs %d bytes of shared memory, more than %s "
                 "allows", out->smem_bytes, out->arch);
   return FJ_OK;
+}
+
+void fjg_config_backward_variant(fjg_config *c, int deterministic, int varlen, int block_q) {
+  if (!c) return;
+  c->deterministic = deterministic ? 1 : 0;
+  c->varlen = varlen ? 1 : 0;
+  /* The sm90 kernel's 128-row tiles give way to 64-row ones where a
+   * tile must lie inside 64 rows: a packed sequence's scratch rows are
+   * whole tiles of FJG_BWD_SEQ_PAD (64) rows, and a block mask's blocks are
+   * whole tiles. */
+  if (c->uses_tma && c->block_m != 64 &&
+      (c->varlen || (block_q > 0 && block_q % c->block_m != 0))) {
+    c->block_m = 64;
+    c->smem_bytes = sm90_bwd_smem_bytes(c);
+  }
 }
 
 fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *arch,

@@ -57,14 +57,14 @@ typedef struct fjg_config {
   const char *spill_fallback;
   /* Backward only: 1 is the deterministic variant (FJ_DETERMINISTIC, a
    * macro of the unit and so of its key: docs/backward.md), which adds dQ
-   * in a fixed order; 0 otherwise and for every other kind. Set by the
-   * runtime after fjg_config_choose_backward. */
+   * in a fixed order; 0 otherwise and for every other kind. Set by
+   * fjg_config_backward_variant. */
   int deterministic;
   /* 1 is the serving layouts' variant (FJ_VARLEN, a macro of the unit and
    * of its key: docs/serving.md, docs/backward.md): the forward's reads
    * seqlens_k, block_table and cu_seqlens, the backward's cu_seqlens; 0
    * otherwise, where the kernels keep the launch's sizes as constants.
-   * Set by the runtime, as deterministic. */
+   * Set by the runtime (the backward's by fjg_config_backward_variant). */
   int varlen;
   /* Forward only: 1 is the Skip Softmax variant (FJ_SKIP: docs/serving.md),
    * which a forward with skip_softmax_threshold > 0 launches; 0 otherwise.
@@ -139,9 +139,11 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
  * template_name NULL or "sm80": the mma.sync backward, on every arch from
  * sm_80; "sm90": the wgmma + TMA backward, target sm_90a only (else
  * FJ_EUNSUPPORTED); another name FJ_EINVAL, head dim 256 FJ_EUNSUPPORTED.
- * Both use 64-row query tiles and 128 kv rows a CTA. The fields mean, for
- * the backward unit's macros (templates/sm80/bwd_config.cuh,
- * templates/sm90/bwd_config.cuh):
+ * Both take 128 kv rows a CTA; query tiles of 64 rows (32 on sm80's parts
+ * with about 100 KiB), and 128 in the sm90 kernel at head dim 64
+ * (fjg_sm90_bwd_block_m; fjg_config_backward_variant says where it gives
+ * way). The fields mean, for the backward unit's macros
+ * (templates/sm80/bwd_config.cuh, templates/sm90/bwd_config.cuh):
  *   block_m     FJ_BLOCK_M: query rows of a streamed Q / dO tile
  *   block_n     FJ_BLOCK_N: kv rows a CTA owns, 16 * num_warps
  *   num_warps   FJ_NUM_WARPS; threads = 32 * num_warps
@@ -159,6 +161,17 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
 fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *arch,
                                      const char *template_name, fjg_config *out,
                                      char *err, size_t errlen);
+/* The sm90 backward's query rows of a work item at head_dim (64 or 128):
+ * 128 at 64, else 64. */
+int fjg_sm90_bwd_block_m(int head_dim);
+/* The variant of a backward configuration that a compile or launch takes:
+ * sets deterministic and varlen (0 or 1), and lowers the sm90 kernel's
+ * 128-row query tiles to 64 (smem_bytes with them) for a packed batch
+ * (varlen: a sequence's scratch rows are whole tiles of FJG_BWD_SEQ_PAD)
+ * and for a block mask of block_q-row blocks (0: none) that 128 does not
+ * divide. Other configurations keep their tiles (the launch refuses a block
+ * mask they do not fit). c NULL: a no-op. */
+void fjg_config_backward_variant(fjg_config *c, int deterministic, int varlen, int block_q);
 /*
  * The decode kernel's configuration (templates/sm80/decode_config.cuh:
  * docs/serving.md) for head_dim (64, 128), dtype and arch: block_m query

@@ -227,8 +227,10 @@ typedef struct fj_kernel_options {
   const char *kernel_template;
   /* 0: launched without a block mask; else the block_q of the block masks
    * the kernel is launched with, whose blocks must be whole tiles: at head
-   * dim 64 the sm90 kernel's tile has 192 query rows, and block masks of
-   * 128-row blocks (FlexAttention's default) take its 128-row variant. */
+   * dim 64 the sm90 forward's tile has 192 query rows, and block masks of
+   * 128-row blocks (FlexAttention's default) take its 128-row variant; the
+   * sm90 backward's has 128 there, and blocks of 64 rows take its 64-row
+   * variant. */
   int block_mask_block_q;
   /* fj_compile_backward only: 1 compiles the deterministic variant, the
    * kernel fj_backward_args.deterministic launches (a kernel of its own,

@@ -29,11 +29,15 @@ static fj_status emit_backward(const fjg_graph *g, const fjg_config *cfg, fjg_bu
   return fjg_emit_backward_tu(g, cfg, out);
 }
 
-/* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>, then _det for the
+/* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>, then _m<rows> for an sm90
+ * kernel whose query tiles are not its head dim's default, _det for the
  * deterministic variant and _varlen for the packed-batch one. */
 static void backward_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
-  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s%s", spec, cfg->head_dim,
-           cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch,
+  char rows[16] = "";
+  if (cfg->uses_tma && cfg->block_m != fjg_sm90_bwd_block_m(cfg->head_dim))
+    snprintf(rows, sizeof rows, "_m%d", cfg->block_m);
+  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s%s%s", spec, cfg->head_dim,
+           cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch, rows,
            cfg->deterministic ? "_det" : "", cfg->varlen ? "_varlen" : "");
 }
 
@@ -55,12 +59,19 @@ static const fjr_kernel_kind backward_kind = {
  * caller's template, else the context's (FLEXJIT_TEMPLATE, as for the
  * forward), else sm90 (wgmma + TMA) on sm_90a and sm80 (mma.sync) on every
  * other target; the deterministic variant when asked for, which only sm80
- * has (so it is the default there on every target). Both templates take
- * 64 x 128 tiles, so a block mask that fits one fits the other. The
- * packed-batch variant (FJ_VARLEN) when asked for, which both have. */
+ * has (so it is the default there on every target). The packed-batch
+ * variant (FJ_VARLEN) when asked for, which both have. Both templates take
+ * 64 x 128 tiles, or 128 x 128 in the sm90 kernel at head dim 64, which
+ * takes 64-row tiles for a packed batch and for a block mask (o's
+ * block_mask_block_q) whose blocks 128 does not divide
+ * (fjg_config_backward_variant), so that a block mask that fits one
+ * template fits the other. */
 static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                                  fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
+  if (o->block_mask_block_q < 0)
+    return fjr_fail(ctx, FJ_EINVAL, "block_mask_block_q %d is negative",
+                    o->block_mask_block_q);
   const char *arch = o->arch;
   fj_status st;
   if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
@@ -73,8 +84,7 @@ static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
                     "the %s backward has no deterministic mode (the sm80 one has)",
                     cfg->template_name);
-  cfg->deterministic = o->deterministic ? 1 : 0;
-  cfg->varlen = o->varlen ? 1 : 0;
+  fjg_config_backward_variant(cfg, o->deterministic, o->varlen, o->block_mask_block_q);
   return FJ_OK;
 }
 
@@ -344,7 +354,12 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
                     packed ? "; for a packed batch, of B, Hq, max_seqlen_q + 64 and D" : "");
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
 
+  /* The kernel's query tiles depend on the block mask's block_q. */
+  fj_block_mask_info mi = {0};
+  if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)
+    return fjr_fail(ctx, FJ_EINVAL, "fj_attention_backward: bad block mask");
   const fj_kernel_options ko = {.head_dim = (int)D, .dtype = dtype,
+                                .block_mask_block_q = mi.block_q,
                                 .deterministic = args->deterministic ? 1 : 0,
                                 .varlen = packed};
   fjg_config cfg;

@@ -10,7 +10,10 @@
  * for sm_80, sm_86 and sm_90a the same way, with its ordered dQ (acquire polls,
  * the rank's counting barriers, release fences), which the other lacks; and
  * the packed-batch variant (FJ_VARLEN), alone and deterministic, which reads
- * cu_seqlens_q (the parameter's bytes at 464) where no other unit does.
+ * cu_seqlens_q (the parameter's bytes at 464) where no other unit does; and
+ * the sm90 kernel's query tiles: 128 rows at head dim 64, 64 for a packed
+ * batch or a block mask of 64-row blocks (fjg_config_backward_variant),
+ * each compiled.
  * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units and logs.
  */
 #include <setjmp.h>
@@ -58,7 +61,7 @@ static void test_config(void **state) {
           assert_true(c.smem_bytes > 0 && c.smem_bytes <= fjt_smem_limit(archs[a]));
           assert_int_equal(c.uses_tma, 0);
           assert_int_equal(c.persistent, 0);
-          assert_int_equal(c.deterministic, 0); /* the runtime sets it */
+          assert_int_equal(c.deterministic, 0); /* fjg_config_backward_variant sets it */
           assert_null(c.spill_fallback);
         }
       }
@@ -69,14 +72,16 @@ static void test_config(void **state) {
                                               sizeof err),
                    FJ_EUNSUPPORTED);
   assert_non_null(strstr(err, "64 and 128"));
-  /* The sm90 backward: sm_90a only, the sm80 backward's tiles. */
+  /* The sm90 backward: sm_90a only, 128 kv rows a CTA, query tiles of 64
+   * rows, 128 at head dim 64. */
   for (int d = 64; d <= 128; d *= 2) {
     assert_int_equal(fjg_config_choose_backward(d, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, err,
                                                 sizeof err),
                      FJ_OK);
     assert_string_equal(c.template_name, "sm90");
     assert_int_equal(c.uses_tma, 1);
-    assert_int_equal(c.block_m, 64);
+    assert_int_equal(c.block_m, d == 64 ? 128 : 64);
+    assert_int_equal(c.block_m, fjg_sm90_bwd_block_m(d));
     assert_int_equal(c.block_n, 128);
     assert_int_equal(c.threads, 384);
     assert_true(c.smem_bytes > 0 && c.smem_bytes <= fjt_smem_limit("sm_90a"));
@@ -126,14 +131,15 @@ static void test_parts(void **state) {
       fail_msg("part %s is not embedded", *p);
 }
 
+/* block_q: a block mask's (0: none), which may change the sm90 kernel's
+ * query tiles. */
 static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dtype dt,
-                        int has_mask, int has_score_mod, int det, int varlen) {
+                        int has_mask, int has_score_mod, int det, int varlen, int block_q) {
   fjg_config c;
   char err[256];
   if (fjg_config_choose_backward(head_dim, dt, arch, tmpl, &c, err, sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
-  c.deterministic = det;
-  c.varlen = varlen;
+  fjg_config_backward_variant(&c, det, varlen, block_q);
   const int sm90 = c.uses_tma;
   /* The template's numbers must be the configuration's and config.h's. */
   char tail[640];
@@ -150,9 +156,9 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
   char *tu = fjt_build_kernel_tu(&c, "backward", has_mask, has_score_mod,
                                  fjt_bwd_causal_softcap_bias, tail);
   char what[128];
-  snprintf(what, sizeof what, "bwd_%s%s%s_m%d_s%d_d%d_%s_%s", c.template_name,
+  snprintf(what, sizeof what, "bwd_%s%s%s_m%d_s%d_d%d_%s_%s_bm%d", c.template_name,
            det ? "_det" : "", varlen ? "_varlen" : "", has_mask,
-           has_score_mod, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
+           has_score_mod, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch, c.block_m);
   fjt_dump(what, "cu", tu);
 
   char archopt[64];
@@ -183,6 +189,9 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
   assert_non_null(strstr(ptx, ".entry fj_attention_bwd_post("));
   if (sm90) {
     assert_non_null(strstr(ptx, "wgmma.mma_async.sync.aligned.m64n64k16.f32"));
+    /* S^T and dP^T of 128-row items */
+    if (c.block_m == 128)
+      assert_non_null(strstr(ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32"));
     assert_non_null(strstr(ptx, "cp.async.bulk.tensor.4d.shared::cluster.global"));
     /* dq_accum's reduce-adds, dK and dV's stores */
     assert_non_null(strstr(ptx, "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add"));
@@ -233,7 +242,7 @@ static void run_arch(const char *arch, const char *tmpl) {
     for (size_t t = 0; t < 2; t++)
       for (int mask = 0; mask < 2; mask++)
         for (int mod = 0; mod < 2; mod++)
-          compile_one(arch, tmpl, dims[d], dts[t], mask, mod, 0, 0);
+          compile_one(arch, tmpl, dims[d], dts[t], mask, mod, 0, 0, 0);
 }
 
 /* The deterministic variant (sm80 only): every combination of mask and
@@ -245,7 +254,8 @@ static void run_arch_det(const char *arch) {
   for (size_t d = 0; d < 2; d++)
     for (int mask = 0; mask < 2; mask++)
       for (int mod = 0; mod < 2; mod++)
-        compile_one(arch, "sm80", dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, 1, 0);
+        compile_one(arch, "sm80", dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, 1, 0,
+                    0);
 }
 
 /* The packed-batch variant (FJ_VARLEN): every combination of mask and
@@ -256,7 +266,8 @@ static void run_arch_varlen(const char *arch, const char *tmpl, int det) {
   for (size_t d = 0; d < 2; d++)
     for (int mask = 0; mask < 2; mask++)
       for (int mod = 0; mod < 2; mod++)
-        compile_one(arch, tmpl, dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, det, 1);
+        compile_one(arch, tmpl, dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, det, 1,
+                    0);
 }
 
 static void test_compile_sm80(void **state) {
@@ -271,6 +282,13 @@ static void test_compile_sm90a(void **state) {
   (void)state;
   run_arch("sm_90a", "sm80");
   run_arch("sm_90a", "sm90");
+  /* The sm90 kernel's 64-row tiles at head dim 64, for block masks of
+   * 64-row blocks (packed batches take them too: run_arch_varlen). */
+  static const fj_dtype dts[] = {FJ_DTYPE_BF16, FJ_DTYPE_F16};
+  for (size_t t = 0; t < 2; t++)
+    for (int mask = 0; mask < 2; mask++)
+      for (int mod = 0; mod < 2; mod++)
+        compile_one("sm_90a", "sm90", 64, dts[t], mask, mod, 0, 0, 64);
 }
 static void test_compile_varlen_sm80(void **state) {
   (void)state;

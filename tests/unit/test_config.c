@@ -325,6 +325,58 @@ static void test_set_stages(void **state) {
   assert_int_equal(fjg_config_set_stages(NULL, 3), -1);
 }
 
+/* The sm90 backward's query tiles: 128 rows at head dim 64 (64 at 128),
+ * lowered to 64 by fjg_config_backward_variant for a packed batch and for a
+ * block mask whose block_q 128 does not divide, with smem_bytes (the
+ * template's FJHB_SMEM_BYTES, unit/test_bwd_compile) following; the sm80
+ * backward keeps its tiles. */
+static void test_sm90_backward_tiles(void **state) {
+  (void)state;
+  fjg_config c;
+  assert_int_equal(fjg_sm90_bwd_block_m(64), 128);
+  assert_int_equal(fjg_sm90_bwd_block_m(128), 64);
+  static const struct {
+    int d, det, varlen, block_q, block_m;
+  } cases[] = {
+      {64, 0, 0, 0, 128},   {64, 0, 0, 128, 128}, {64, 0, 0, 256, 128},
+      {64, 0, 0, 384, 128}, {64, 0, 0, 64, 64},   {64, 0, 0, 192, 64},
+      {64, 0, 1, 0, 64},    {64, 0, 1, 128, 64},  {128, 0, 0, 0, 64},
+      {128, 0, 0, 64, 64},  {128, 0, 1, 0, 64},   {128, 0, 0, 128, 64},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    assert_int_equal(fjg_config_choose_backward(cases[i].d, FJ_DTYPE_BF16, "sm_90a", "sm90", &c,
+                                                NULL, 0),
+                     FJ_OK);
+    const int smem = c.smem_bytes, block_m = c.block_m;
+    fjg_config_backward_variant(&c, cases[i].det, cases[i].varlen, cases[i].block_q);
+    if (c.block_m != cases[i].block_m)
+      fail_msg("case %zu: D=%d varlen %d block_q %d: block_m %d, expected %d", i, cases[i].d,
+               cases[i].varlen, cases[i].block_q, c.block_m, cases[i].block_m);
+    assert_int_equal(c.varlen, cases[i].varlen);
+    assert_int_equal(c.deterministic, cases[i].det);
+    if (c.block_m == block_m) assert_int_equal(c.smem_bytes, smem);
+  }
+  /* D=64: 195 KiB with 128-row tiles (one dQ buffer a consumer), 131 KiB
+   * with 64-row ones. */
+  assert_int_equal(fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, NULL, 0),
+                   FJ_OK);
+  assert_int_equal(c.smem_bytes, 1024 + 2 * 16384 + 4 * 16384 + 2 * 32768 + 2 * 16384 +
+                                     4 * 128 * 4 + 8 * (1 + 6 + 4) + 24);
+  fjg_config_backward_variant(&c, 0, 1, 0);
+  assert_int_equal(c.smem_bytes, 1024 + 2 * 16384 + 4 * 8192 + 2 * 16384 + 4 * 8192 +
+                                     4 * 64 * 4 + 8 * (1 + 6 + 8) + 24);
+  /* The sm80 backward's tiles do not change. */
+  assert_int_equal(fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_90a", "sm80", &c, NULL, 0),
+                   FJ_OK);
+  const fjg_config before = c;
+  fjg_config_backward_variant(&c, 1, 1, 128);
+  assert_int_equal(c.block_m, before.block_m);
+  assert_int_equal(c.smem_bytes, before.smem_bytes);
+  assert_int_equal(c.deterministic, 1);
+  assert_int_equal(c.varlen, 1);
+  fjg_config_backward_variant(NULL, 0, 0, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_h100_class),        cmocka_unit_test(test_arch_parsing),
@@ -335,6 +387,7 @@ int main(void) {
       cmocka_unit_test(test_set_stages),
       cmocka_unit_test(test_spill_fallback_and_persistence),
       cmocka_unit_test(test_persistent_q_buffers),
+      cmocka_unit_test(test_sm90_backward_tiles),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
