@@ -9,7 +9,9 @@
  * Each case: random q, k, v, dO (and dLSE) rounded to the dtype, the
  * forward on the GPU for O and LSE, dq, dk, dv poisoned with NaN, trainable
  * buffers' gradients zeroed, then the backward. Sizes are odd (no multiple
- * of a tile), GQA and Lq != Lk among them, BHSD and BSHD. The deterministic
+ * of a tile), GQA and Lq != Lk among them, BHSD and BSHD; block masks of
+ * 128-row blocks and of 64 and 192 (the sm90 kernel's 64-row tiles at head
+ * dim 64, where it takes 128 otherwise). The deterministic
  * mode's cases (det) run the backward three times, each on poisoned
  * outputs: dq, dk and dv must be bitwise equal in all three, and the first
  * within the tolerance. Exits 77 without a GPU.
@@ -45,10 +47,11 @@ static const char *const specs[][2] = {
 };
 enum { NSPECS = sizeof specs / sizeof specs[0] };
 
+/* block_q: a block mask's (of 128-column blocks), 0 for none. */
 typedef struct tcase {
   int spec;
   fj_dtype dt;
-  int D, B, Hq, Hkv, Lq, Lk, bshd, dlse, block_mask, det;
+  int D, B, Hq, Hkv, Lq, Lk, bshd, dlse, block_q, det;
 } tcase;
 
 static const tcase cases[] = {
@@ -60,8 +63,12 @@ static const tcase cases[] = {
     {2, FJ_DTYPE_BF16, 128, 1, 4, 4, 333, 333, 0, 0, 0, 0},
     {2, FJ_DTYPE_F16, 64, 2, 2, 1, 150, 150, 1, 0, 0, 0},
     {3, FJ_DTYPE_BF16, 128, 2, 4, 2, 500, 500, 0, 0, 0, 0},
-    {3, FJ_DTYPE_BF16, 64, 2, 4, 4, 384, 384, 0, 0, 1, 0},
-    {3, FJ_DTYPE_F16, 128, 1, 2, 2, 256, 256, 0, 1, 1, 0},
+    {3, FJ_DTYPE_BF16, 64, 2, 4, 4, 384, 384, 0, 0, 128, 0},
+    {3, FJ_DTYPE_F16, 128, 1, 2, 2, 256, 256, 0, 1, 128, 0},
+    {3, FJ_DTYPE_F16, 64, 1, 4, 2, 321, 321, 0, 0, 64, 0},
+    {1, FJ_DTYPE_BF16, 64, 2, 2, 1, 450, 450, 1, 0, 64, 0},
+    {1, FJ_DTYPE_F16, 64, 1, 4, 2, 400, 400, 0, 0, 192, 0},
+    {6, FJ_DTYPE_BF16, 64, 1, 2, 2, 260, 260, 0, 0, 128, 0},
     {4, FJ_DTYPE_BF16, 128, 1, 4, 2, 221, 221, 0, 0, 0, 0},
     {4, FJ_DTYPE_F16, 64, 2, 2, 2, 129, 129, 1, 0, 0, 0},
     {5, FJ_DTYPE_BF16, 64, 1, 8, 2, 190, 190, 0, 0, 0, 0},
@@ -70,13 +77,17 @@ static const tcase cases[] = {
     {6, FJ_DTYPE_F16, 64, 2, 2, 2, 97, 97, 0, 1, 0, 0},
     {7, FJ_DTYPE_BF16, 64, 1, 2, 2, 100, 100, 0, 0, 0, 0},
     {7, FJ_DTYPE_F16, 128, 2, 4, 1, 45, 70, 1, 0, 0, 0},
+    /* Head dim 64 beside the cases above: Lq > Lk, a 128-row tile whose
+     * second half is past Lq. */
+    {1, FJ_DTYPE_F16, 64, 2, 4, 2, 301, 130, 0, 0, 0, 0},
+    {4, FJ_DTYPE_BF16, 64, 1, 2, 1, 70, 200, 1, 1, 0, 0},
     /* The deterministic mode: causal (GQA; Lq < Lk and Lq > Lk), document
      * ids with and without a block mask, a sliding window with a group of
      * 4, softcap, ALiBi, no mask with Lq != Lk, fully masked rows. */
     {1, FJ_DTYPE_BF16, 128, 2, 4, 2, 611, 611, 0, 0, 0, 1},
     {1, FJ_DTYPE_F16, 64, 1, 4, 4, 300, 1000, 1, 1, 0, 1},
     {1, FJ_DTYPE_BF16, 128, 2, 2, 1, 777, 333, 0, 0, 0, 1},
-    {3, FJ_DTYPE_BF16, 128, 2, 4, 2, 1000, 1000, 0, 0, 1, 1},
+    {3, FJ_DTYPE_BF16, 128, 2, 4, 2, 1000, 1000, 0, 0, 128, 1},
     {3, FJ_DTYPE_F16, 64, 1, 2, 2, 700, 700, 0, 0, 0, 1},
     {2, FJ_DTYPE_BF16, 64, 2, 8, 2, 900, 900, 1, 0, 0, 1},
     {4, FJ_DTYPE_BF16, 128, 1, 4, 2, 513, 513, 0, 0, 0, 1},
@@ -164,10 +175,11 @@ static int run_case(fj_context *ctx, const fjr_driver *drv, int idx) {
   memset(&io, 0, sizeof io);
   int pass = 0;
   fj_spec *spec = NULL;
+  char bm[16] = "";
+  if (c->block_q) snprintf(bm, sizeof bm, " bm%d", c->block_q);
   printf("[%2d] %-10s %s D%-3d B%d H%d/%d %3dx%-3d %s%s%s%s ", idx, specs[c->spec][0],
          c->dt == FJ_DTYPE_F16 ? "fp16" : "bf16", c->D, c->B, c->Hq, c->Hkv, c->Lq, c->Lk,
-         c->bshd ? "bshd" : "bhsd", c->dlse ? " dlse" : "", c->block_mask ? " bm" : "",
-         c->det ? " det" : "");
+         c->bshd ? "bshd" : "bhsd", c->dlse ? " dlse" : "", bm, c->det ? " det" : "");
   fflush(stdout);
   const char *src = specs[c->spec][1];
   if (fj_spec_load_string(ctx, src, strlen(src), specs[c->spec][0], &spec) != FJ_OK) {
@@ -225,19 +237,21 @@ static int run_case(fj_context *ctx, const fjr_driver *drv, int idx) {
     gpu_describe(t, 1, (DLDataType){kDLFloat, 32, 1});
     io.vals.args[a].grad = &t->t;
   }
-  if (c->block_mask) {
+  if (c->block_q) {
     fj_block_mask_options bo;
     fj_block_mask_options_init(&bo);
-    bo.B = c->B, bo.H = 1, bo.q_len = c->Lq, bo.kv_len = c->Lk;
+    bo.B = c->B, bo.H = 1, bo.q_len = c->Lq, bo.kv_len = c->Lk, bo.block_q = c->block_q;
     bo.args = io.vals.args, bo.num_args = io.vals.n;
     if (fj_block_mask_build(ctx, spec, &bo, &io.bm) != FJ_OK) {
       printf("block mask: %s ", fj_context_last_error(ctx));
       goto done;
     }
   }
+  /* Every forward kernel takes blocks of 128 rows, not every one 64 or 192:
+   * the forward classifies its own tiles for those. */
   fj_forward_args fa = {.q = &io.tq.t, .k = &io.tk.t, .v = &io.tv.t, .o = &io.to.t,
                         .lse = &io.tlse.t, .args = io.vals.args, .num_args = io.vals.n,
-                        .block_mask = io.bm};
+                        .block_mask = c->block_q % 128 == 0 ? io.bm : NULL};
   if (fj_attention_forward(ctx, spec, &fa) != FJ_OK) {
     printf("forward: %s ", fj_context_last_error(ctx));
     goto done;
