@@ -255,22 +255,21 @@ __device__ __forceinline__ void fjhb_grad_bufs(const fj_bwd_params &p, const fj_
 
 // The consumer's dS^T fragments into its 64 rows of the dS^T tile: blocks
 // of 64 query columns (FJ_BLOCK_N rows apart), 128-byte swizzled (16-byte
-// chunk k of row r at k ^ (r & 7)). Fragment kk holds columns 16 kk + 2 t4
-// (+1), in block kk / 4: [0] row g, chunk 2 (kk % 4); [1] row g + 8; [2],
-// [3] the next chunk.
+// chunk k of row r at k ^ (r & 7)), one stmatrix a k16 step. Fragment kk
+// holds columns 16 kk + 2 t4 (+1), in block kk / 4: [0] row g, chunk
+// 2 (kk % 4); [1] row g + 8; [2], [3] the next chunk; lane l addresses row
+// l % 8 of matrix l / 8 (rows + 8 for odd matrices, chunk + 1 for the
+// upper two).
 __device__ __forceinline__ void fjhb_store_ds(unsigned s_ds, int c,
                                               const unsigned (&a)[FJHB_PK][4]) {
   const int t = fj_tid() & 127;
-  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
-  const unsigned row = s_ds + (c * FJHB_WG_KV + 16 * w + g) * 128 + 4 * t4;
+  const int w = t >> 5, l = t & 31, r = l & 7, m = l >> 3;
+  const unsigned row = s_ds + (c * FJHB_WG_KV + 16 * w + r + 8 * (m & 1)) * 128;
 #pragma unroll
   for (int kk = 0; kk < FJHB_PK; ++kk) {
     const unsigned blk = row + (kk / 4) * (FJ_BLOCK_N * 128);
-    const unsigned lo = ((2 * (kk % 4)) ^ g) << 4, hi = ((2 * (kk % 4) + 1) ^ g) << 4;
-    fjhb_st_shared_u32(blk + lo, a[kk][0]);
-    fjhb_st_shared_u32(blk + 8 * 128 + lo, a[kk][1]);
-    fjhb_st_shared_u32(blk + hi, a[kk][2]);
-    fjhb_st_shared_u32(blk + 8 * 128 + hi, a[kk][3]);
+    const unsigned chunk = (unsigned)(2 * (kk % 4) + (m >> 1));
+    fjh_stmatrix_x4(blk + ((chunk ^ (unsigned)r) << 4), a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
   }
 }
 

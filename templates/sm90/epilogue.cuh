@@ -78,8 +78,7 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
     const unsigned v1 = fj_pack2(o[4 * i + 2] * inv_l[1], o[4 * i + 3] * inv_l[1]);
     const unsigned v2 = fj_pack2(o[4 * i + 4] * inv_l[0], o[4 * i + 5] * inv_l[0]);
     const unsigned v3 = fj_pack2(o[4 * i + 6] * inv_l[1], o[4 * i + 7] * inv_l[1]);
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                 :: "r"(addr), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
+    fjh_stmatrix_x4(addr, v0, v1, v2, v3);
   }
   if (maps.o_ok) {
     // The stmatrix writes (generic proxy) before the TMA's reads (async).

@@ -103,6 +103,15 @@ __device__ __forceinline__ void fjh_tma_reduce_add_3d(const fjh_tensor_map *map,
 // 4 bytes global to shared without a register in between (cp.async), and
 // the wait for this thread's copies: the paged loads stage block-table
 // entries with them.
+// Four 8 x 8 matrices of 16-bit elements into shared memory: lanes 8 m ..
+// 8 m + 7 give the addresses of matrix m's rows (16 bytes each); register m
+// holds, in every lane l, row l / 4's elements 2 (l % 4) and 2 (l % 4) + 1
+// of matrix m (the mma fragment layout).
+__device__ __forceinline__ void fjh_stmatrix_x4(unsigned addr, unsigned r0, unsigned r1,
+                                                unsigned r2, unsigned r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
 __device__ __forceinline__ void fjh_cp_async4(unsigned dst, const void *src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src) : "memory");
 }
