@@ -434,6 +434,11 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_commit();
       fjh_wgmma_wait<1>();  // dP^T is ready; dV += P^T dO runs on
       fjh_fence_regs(dpacc);
+      // With FJHB_DS_FROM_PACKED_P this reads pa while the dV product, which
+      // reads it too, is in flight: the PTX ISA leaves any access to an
+      // in-flight wgmma's A registers undefined, but a read beside a read
+      // is what ptxas allows here (no wait inserted, no C751x) and what the
+      // GPU tests check (D=64, tests/gpu/test_backward.c).
       fjhb_dsoft(sm.delta(s), sacc, pa, dpacc);
       fjhb_pack(dpacc, dsa);
       fjh_wgmma_fence();
