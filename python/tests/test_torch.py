@@ -80,7 +80,10 @@ def _check_grads(spec, params=None, buffers=None, fn=None):
 def test_autograd_through_the_ops():
     _check_grads(flexjit.Spec(example("causal.lua")))
     _check_grads(flexjit.Spec(example("sliding_window.lua")), params={"window": 5})
-    bias = (torch.randn(48) * 0.3).requires_grad_()
+    # Seeded: the bias gradient sums dS over many pairs, and some draws take
+    # it near the fixed tolerance.
+    g = torch.Generator().manual_seed(2)
+    bias = (torch.randn(48, generator=g) * 0.3).requires_grad_()
     _check_grads(flexjit.Spec.from_string(BIAS_SPEC, "bias.lua"), buffers={"bias": bias})
     assert bias.grad is not None and bias.grad.abs().sum() > 0
 
