@@ -42,7 +42,7 @@ static const char top_usage[] =
     "FLEXJIT_DUMP_DIR (write compiled CUDA source there), FLEXJIT_KERNEL_DEFINES\n"
     "(\"NAME=VALUE ...\": optional template macros, e.g. FJ_PINGPONG=0),\n"
     "FLEXJIT_PERSISTENT (1 / 0: for / against the persistent sm90 kernel, the\n"
-    "default at head dim 128),\n"
+    "forward's default at head dim 128, the backward's but for packed batches),\n"
     "FLEXJIT_STAGES (2..9: the sm90 kernel's K/V pipeline depth, when it fits),\n"
     "FLEXJIT_CONSUMERS (2 or 3: the sm90 kernel's consumer warpgroups; 3, the\n"
     "default at head dim 64, only there),\n"

@@ -312,15 +312,16 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
  * block_m); each consumer's fp32 dQ buffers, two of 64 x head_dim / 2 at
  * block_m 64, one of 64 x head_dim at 128 (dQ split by columns or by rows);
  * two stages of LSE and delta; 1 + 3 * stages + 4 * (dQ buffers a consumer)
- * mbarriers; the sequence's record (6 int32: its sizes and rows in a
- * packed batch). */
+ * + 5 mbarriers (5: the persistent kernel's); the sequence's record (6
+ * int32: its sizes and rows in a packed batch); the persistent kernel's
+ * ring of two int32 slots. */
 static int sm90_bwd_smem_bytes(const fjg_config *c) {
   const int by_rows = c->block_m == 128;
   const int dq_bufs = by_rows ? 1 : 2, dq_cols = by_rows ? c->head_dim : c->head_dim / 2;
   return 1024 + (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
          2 * c->block_n * c->block_m * 2 + 2 * dq_bufs * 64 * dq_cols * 4 +
-         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 4 * dq_bufs) +
-         4 * 6;
+         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 4 * dq_bufs + 5) +
+         4 * 6 + 4 * 2;
 }
 
 int fjg_sm90_bwd_block_m(int head_dim) { return head_dim == 64 ? 128 : 64; }
@@ -347,6 +348,7 @@ static fj_status choose_sm90_backward(fjg_config *out, char *err, size_t errlen)
   out->threads = 384;
   out->block_m = fjg_sm90_bwd_block_m(out->head_dim);
   out->block_n = 128;
+  out->persistent = 1;
   out->smem_bytes = sm90_bwd_smem_bytes(out);
   if (out->smem_bytes > max_smem_per_block(out->sm))
     return fail(err, errlen, FJ_EUNSUPPORTED,
@@ -359,6 +361,8 @@ void fjg_config_backward_variant(fjg_config *c, int deterministic, int varlen, i
   if (!c) return;
   c->deterministic = deterministic ? 1 : 0;
   c->varlen = varlen ? 1 : 0;
+  /* The persistent sm90 kernel takes whole sequences of the launch's sizes. */
+  if (c->varlen) c->persistent = 0;
   /* The sm90 kernel's 128-row tiles give way to 64-row ones where a
    * tile must lie inside 64 rows: a packed sequence's scratch rows are
    * whole tiles of FJG_BWD_SEQ_PAD (64) rows, and a block mask's blocks are

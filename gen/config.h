@@ -41,7 +41,9 @@ typedef struct fjg_config {
    * (min(SMs, ceil(Lq / block_m) * Hq * B), 1, 1), each CTA looping over
    * work items (the default at head dim 128; FLEXJIT_PERSISTENT=1 / =0
    * asks for / against it, see runtime/forward.c). 0: one CTA per query
-   * block, grid as above. */
+   * block, grid as above. The sm90 backward: launched on grid (min(SMs,
+   * ceil(Lk / block_n) * Hkv * B), 1, 1), each CTA looping over kv tiles
+   * (the default but for packed batches; runtime/backward.c). */
   int persistent;
   /* sm90's Q tiles in shared memory (FJ_Q_BUFS), derived from persistent
    * and num_stages by the setters: 2 for the persistent kernel where they
@@ -155,7 +157,8 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
  * no dynamic shared memory; fj_attention_bwd between them on grid
  * (ceil(Lk / block_n), Hkv, B) with `threads` threads and smem_bytes; for
  * sm90 (uses_tma 1) with kernelParams {&params, &maps} (runtime/tma.h's
- * fjr_tma_bwd_maps). persistent, q_bufs 0; spill_fallback NULL.
+ * fjr_tma_bwd_maps). sm90: persistent 1 (then fj_attention_bwd's grid is
+ * (min(SMs, its CTAs above), 1, 1)); q_bufs 0; spill_fallback NULL.
  * Thread-safe; no allocation.
  */
 fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *arch,

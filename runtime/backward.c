@@ -30,14 +30,16 @@ static fj_status emit_backward(const fjg_graph *g, const fjg_config *cfg, fjg_bu
 }
 
 /* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>, then _m<rows> for an sm90
- * kernel whose query tiles are not its head dim's default, _det for the
- * deterministic variant and _varlen for the packed-batch one. */
+ * kernel whose query tiles are not its head dim's default, _1t for the sm90
+ * kernel of one CTA a kv tile (not persistent) on unpacked batches, _det
+ * for the deterministic variant and _varlen for the packed-batch one. */
 static void backward_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
   char rows[16] = "";
   if (cfg->uses_tma && cfg->block_m != fjg_sm90_bwd_block_m(cfg->head_dim))
     snprintf(rows, sizeof rows, "_m%d", cfg->block_m);
-  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s%s%s", spec, cfg->head_dim,
+  snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s%s%s%s", spec, cfg->head_dim,
            cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch, rows,
+           cfg->uses_tma && !cfg->varlen && !cfg->persistent ? "_1t" : "",
            cfg->deterministic ? "_det" : "", cfg->varlen ? "_varlen" : "");
 }
 
@@ -65,7 +67,9 @@ static const fjr_kernel_kind backward_kind = {
  * takes 64-row tiles for a packed batch and for a block mask (o's
  * block_mask_block_q) whose blocks 128 does not divide
  * (fjg_config_backward_variant), so that a block mask that fits one
- * template fits the other. */
+ * template fits the other. The sm90 kernel is persistent but for packed
+ * batches; FLEXJIT_PERSISTENT=0 asks for its one-CTA-a-tile form, as for
+ * the forward. */
 static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                                  fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
@@ -85,6 +89,7 @@ static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                     "the %s backward has no deterministic mode (the sm80 one has)",
                     cfg->template_name);
   fjg_config_backward_variant(cfg, o->deterministic, o->varlen, o->block_mask_block_q);
+  if (ctx->opts.persistent == 0) cfg->persistent = 0;
   return FJ_OK;
 }
 
@@ -398,8 +403,13 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
-  const unsigned cols[3] = {(unsigned)((p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n),
-                            (unsigned)p->sz.Hkv, (unsigned)B};
+  unsigned cols[3] = {(unsigned)((p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n),
+                      (unsigned)p->sz.Hkv, (unsigned)B};
+  if (k->cfg.persistent) { /* one CTA an SM, each looping over kv tiles */
+    const int64_t tiles = (int64_t)cols[0] * cols[1] * cols[2];
+    cols[0] = (unsigned)(tiles < ctx->num_sms ? tiles : ctx->num_sms);
+    cols[1] = cols[2] = 1;
+  }
   if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
                    NULL, "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
       (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,

@@ -14,7 +14,8 @@
  *                            load means NVRTC is unavailable)
  *   FLEXJIT_LIBCUDA          the driver library to load
  *   FLEXJIT_TEMPLATE         sm80 | sm90
- *   FLEXJIT_PERSISTENT       1 | 0: for or against the persistent sm90 kernel
+ *   FLEXJIT_PERSISTENT       1 | 0: for or against the persistent sm90 kernels
+ *                            (forward and backward)
  *   FLEXJIT_STAGES           N: the sm90 kernel's K/V pipeline depth
  *   FLEXJIT_CONSUMERS        2 | 3: the sm90 kernel's consumer warpgroups
  *   FLEXJIT_FAST_COMPILE     1: NVRTC's --Ofast-compile=max

@@ -5,7 +5,8 @@
 //   fj_attention_bwd_pre:  delta = dO . O - dLSE per query row (0 where
 //                          LSE = -inf), and zeroes the row's dq_accum (and,
 //                          FJ_DETERMINISTIC, the semaphores of the query
-//                          tiles that start in its rows: common/bwd_order.cuh)
+//                          tiles that start in its rows: common/bwd_order.cuh;
+//                          FJ_PERSISTENT, the main kernel's tile counter)
 //   fj_attention_bwd_post: dq = dq_accum in the element type
 // Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B) (Lq: max_seqlen_q for a
 // packed batch, whose shorter sequences' CTAs past their rows return at
@@ -102,6 +103,9 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
     fj_st_global_v4(acc + 4 * k, 0u, 0u, 0u, 0u);
 #if FJ_DETERMINISTIC
   fjb_order_zero(p, Lq, b, h, q0, FJB_ROW_BLOCK, tid, FJB_ROW_THREADS);
+#endif
+#if FJ_PERSISTENT
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | tid) == 0) p.dq_sem[0] = 0;
 #endif
 }
 

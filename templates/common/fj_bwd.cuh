@@ -30,6 +30,12 @@
 #ifndef FJ_VARLEN
 #define FJ_VARLEN 0
 #endif
+// FJ_PERSISTENT (0 unless the generator defines it 1; part of the key):
+// the sm90 template's persistent main kernel (sm90/bwd_config.cuh), whose
+// tile counter is dq_sem[0].
+#ifndef FJ_PERSISTENT
+#define FJ_PERSISTENT 0
+#endif
 // FJ_SCORE_GRAD_ONE 1: the score_mod is additive (ALiBi, a relative bias,
 // frozen or trainable): its derivative with respect to the score is the
 // constant 1, and each trainable read's the constant 0 or 1 at an index that
@@ -119,7 +125,9 @@ struct fj_bwd_params {
   // indexed by b * bm_qb_stride + h * bm_qh_stride + query block (strides 0
   // broadcast), index arrays holding bm_nkv entries per count, ascending.
   // They are the transposes of the lists above (fj_block_mask_build
-  // compacts both from one classification).
+  // compacts both from one classification). FJ_PERSISTENT (never with
+  // FJ_DETERMINISTIC): dq_sem[0] is the kernel's tile counter, zeroed by
+  // pre.
   int *dq_sem;
   const int *bm_kv_num;       // PARTIAL kv blocks per query block
   const int *bm_kv_idx;

@@ -1,21 +1,31 @@
 // templates/sm90/bwd.cuh: the sm90 backward's main kernel (contract and
 // scheme: sm90/bwd_config.cuh): the producer warpgroup's three warps (Q and
-// dO loads, LSE and delta rows, the dQ writer) and the entry point that
-// splits the CTA into its roles.
+// dO loads, LSE and delta rows, the dQ writer), the persistent kernel's
+// ring of kv tiles, and the entry point that splits the CTA into its roles.
+//
+// Each role's function does one kv tile (the walk w), the CTA's k-th
+// (kv_full's and kv_empty's phases follow it), and takes by reference n,
+// the items so far, which runs on from tile to tile (the stages, the dS^T
+// and dQ buffers and their phases follow it).
 #pragma once
 
-// Producer warp 0: K and V of the CTA's tile once (only if it has an item:
-// a CTA must not exit with loads in flight), then each item's Q and dO into
-// its stage once the consumers have released it. Lane 0 issues; every lane
-// walks (the walk's scan votes across the warp).
+// Producer warp 0: K and V of the tile (in the persistent kernel once the
+// consumers are done with the tile before's; a tile without an item loads
+// none, a CTA must not exit with loads in flight, and completes kv_full's
+// phase by a bare arrival), then each item's Q and dO into its stage once
+// the consumers have released it. Lane 0 issues; every lane walks (the
+// walk's scan votes across the warp).
 __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bwd_maps &maps,
-                                             const fjhb_smem &sm, const fjb_walk &w, int hk) {
+                                             const fjhb_smem &sm, const fjb_walk &w, int hk,
+                                             int k, int &n) {
   const int lane = fj_tid() & 31;
   // Packed tensors' maps are (D, total, H, 1): the sequence's first row and
   // batch 0 (rows past its end are masked by the consumers).
   const int qb = FJ_VARLEN && p.cu_seqlens_q != nullptr ? 0 : w.b;
   const int kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : w.b;
   fjb_item it = w.first(p);
+  if (lane == 0 && FJ_PERSISTENT) fjh_mbar_wait(sm.kv_empty(), ((unsigned)k & 1u) ^ 1u);
+  if (lane == 0 && w.done(it)) fjh_mbar_arrive(sm.kv_full());
   if (!w.done(it) && lane == 0) {
     fjh_tma_prefetch_desc(&maps.q);
     fjh_tma_prefetch_desc(&maps.dout);
@@ -29,7 +39,7 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
                       sm.kv_full());
     }
   }
-  for (int n = 0; !w.done(it); ++n) {
+  for (; !w.done(it); ++n) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     if (lane == 0) {
@@ -54,10 +64,10 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
 // into its stage, two rows a lane; every lane arrives on the stage's
 // rows-full barrier.
 __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const fjhb_smem &sm,
-                                                  const fjb_walk &w) {
+                                                  const fjb_walk &w, int &n) {
   const int lane = fj_tid() & 31;
   fjb_item it = w.first(p);
-  for (int n = 0; !w.done(it); ++n) {
+  for (; !w.done(it); ++n) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
@@ -92,13 +102,14 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // padded scratch rows, fjb_seq_of, and add 0), and released once the
 // reduce-add has read them: with two buffers a consumer, the item after, so
 // that a buffer is read while the consumer fills the other; with one, at
-// once (the consumer fills it again only after its next S^T product).
-// Lane 0 issues; every lane walks.
+// once (the consumer fills it again only after its next S^T product). The
+// tile's last buffers are released at its end: the consumers stage dK and
+// dV in them. Lane 0 issues; every lane walks.
 __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_bwd_maps &maps,
-                                              const fjhb_smem &sm, const fjb_walk &w) {
+                                              const fjhb_smem &sm, const fjb_walk &w, int &n) {
   const int lane = fj_tid() & 31;
   fjb_item it = w.first(p);
-  int n = 0;
+  const int n0 = n;
   for (; !w.done(it); ++n) {
     const int bi = n % FJHB_DQ_BUFS;
     if (lane == 0) {
@@ -118,7 +129,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_b
           fjh_mbar_arrive(sm.dq_empty(c, 0));
         }
       }
-      if (FJHB_DQ_BUFS == 2 && n > 0) {
+      if (FJHB_DQ_BUFS == 2 && n > n0) {
         fjh_bulk_wait_read_n<2>();  // the previous item's two groups
         fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
         fjh_mbar_arrive(sm.dq_empty(1, bi ^ 1));
@@ -127,12 +138,57 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_b
     __syncwarp();
     it = w.next(p, it);
   }
-  if (FJHB_DQ_BUFS == 2 && lane == 0 && n > 0) {
+  if (FJHB_DQ_BUFS == 2 && lane == 0 && n > n0) {
     fjh_bulk_wait_read_n<0>();
     fjh_mbar_arrive(sm.dq_empty(0, (n - 1) & 1));
     fjh_mbar_arrive(sm.dq_empty(1, (n - 1) & 1));
   }
 }
+
+#if FJ_PERSISTENT
+// The kv tile at position t of the order: kv tile fastest, then kv head,
+// then batch (the one-tile grid's blockIdx x, y, z).
+__device__ __forceinline__ int fjhb_num_tiles(const fj_bwd_params &p) {
+  return (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N * p.sz.Hkv * p.sz.B;
+}
+__device__ __forceinline__ fjb_walk fjhb_tile_walk(const fj_bwd_params &p, const fjhb_smem &sm,
+                                                   int t, int *hk) {
+  const int nkv = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+  const int hb = t / nkv;
+  *hk = hb % p.sz.Hkv;
+  return fjb_walk(p, sm.seq(), t - hb * nkv, *hk, hb / p.sz.Hkv);
+}
+
+// Producer warp 0's lane 0: the CTA's k-th tile (its blockIdx.x first, then
+// the counter's next value plus gridDim.x; -1 past the last) into ring slot
+// k & 1 once every reader is done with the slot's previous tile. All of the
+// warp calls it and gets the tile.
+__device__ __forceinline__ int fjhb_take_tile(const fj_bwd_params &p, const fjhb_smem &sm,
+                                              int k) {
+  int t = 0;
+  if ((fj_tid() & 31) == 0) {
+    t = k == 0 ? (int)blockIdx.x : atomicAdd(p.dq_sem, 1) + (int)gridDim.x;
+    if (t >= fjhb_num_tiles(p)) t = -1;
+    fjh_mbar_wait(sm.ring_empty(k & 1), ((unsigned)(k >> 1) & 1u) ^ 1u);
+    asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.ring(k & 1)), "r"(t) : "memory");
+    fjh_mbar_arrive(sm.ring_full(k & 1));
+  }
+  return __shfl_sync(0xffffffffu, t, 0);
+}
+
+// Every other warp: the k-th tile from its slot; the warp's lane 0 then
+// releases the slot (FJHB_RING_READERS arrivals: producer warps 1 and 2 and
+// the consumers' eight warps).
+constexpr int FJHB_RING_READERS = 10;
+__device__ __forceinline__ int fjhb_read_tile(const fjhb_smem &sm, int k) {
+  fjh_mbar_wait_warp(sm.ring_full(k & 1), (unsigned)(k >> 1) & 1u);
+  int t;
+  asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(sm.ring(k & 1)) : "memory");
+  __syncwarp();
+  if ((fj_tid() & 31) == 0) fjh_mbar_arrive(sm.ring_empty(k & 1));
+  return t;
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(FJHB_THREADS, 1)
 fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
@@ -140,6 +196,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
   extern __shared__ __align__(1024) unsigned char fjhb_smem_raw[];
   fjhb_smem sm;
   sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
+#if !FJ_PERSISTENT
   const int hk = blockIdx.y;
   // The sequence's sizes and rows (fjb_seq_of: p.sz unless packed), as a
   // record in shared memory that every role reads where it needs it
@@ -154,6 +211,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
   }
 #endif
   const fjb_walk w(p, sm.seq(), blockIdx.x, hk, blockIdx.z);
+#endif
   if (threadIdx.x == 0) {
     fjh_mbar_init(sm.kv_full(), 1);
     for (int s = 0; s < FJ_NUM_STAGES; ++s) {
@@ -166,22 +224,64 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
         fjh_mbar_init(sm.dq_full(c, i), 128);  // every thread of consumer c
         fjh_mbar_init(sm.dq_empty(c, i), 1);   // the writer
       }
+#if FJ_PERSISTENT
+    fjh_mbar_init(sm.kv_empty(), 256);  // every consumer thread
+    for (int s = 0; s < 2; ++s) {
+      fjh_mbar_init(sm.ring_full(s), 1);
+      fjh_mbar_init(sm.ring_empty(s), FJHB_RING_READERS);
+    }
+#endif
     fjh_fence_barrier_init();
   }
   __syncthreads();
   // The role must be warp-uniform for setmaxnreg (.aligned): take lane 0's.
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  // The counts are declared after setmaxnreg: values live across it go
+  // through local memory.
   if (wg == 0) {
     fjh_setmaxnreg_dec<FJHB_PRODUCER_REGS>();
+    int n = 0;
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
+#if FJ_PERSISTENT
+    if (warp > 2) return;
+    for (int k = 0;; ++k) {
+      const int t = warp == 0 ? fjhb_take_tile(p, sm, k) : fjhb_read_tile(sm, k);
+      if (t < 0) break;
+      int hk;
+      const fjb_walk w = fjhb_tile_walk(p, sm, t, &hk);
+      if (warp == 0)
+        fjhb_produce(p, maps, sm, w, hk, k, n);
+      else if (warp == 1)
+        fjhb_produce_rows(p, sm, w, n);
+      else
+        fjhb_write_dq(p, maps, sm, w, n);
+    }
+#else
     if (warp == 0)
-      fjhb_produce(p, maps, sm, w, hk);
+      fjhb_produce(p, maps, sm, w, hk, 0, n);
     else if (warp == 1)
-      fjhb_produce_rows(p, sm, w);
+      fjhb_produce_rows(p, sm, w, n);
     else if (warp == 2)
-      fjhb_write_dq(p, maps, sm, w);
+      fjhb_write_dq(p, maps, sm, w, n);
+#endif
   } else {
     fjh_setmaxnreg_inc<FJHB_CONSUMER_REGS>();
-    fjhb_consume(p, maps, sm, wg - 1, w, hk);
+    int n = 0;
+#if FJ_PERSISTENT
+    for (int k = 0;; ++k) {
+      const int t = fjhb_read_tile(sm, k);
+      if (t < 0) break;
+      // The map's addresses are derived anew for each tile (from a base the
+      // compiler cannot see through): held across tiles they were one
+      // register too many for the masked D=64 kernel.
+      fjhb_smem st;
+      asm volatile("mov.b32 %0, %1;\n" : "=r"(st.base) : "r"(sm.base));
+      int hk;
+      const fjb_walk w = fjhb_tile_walk(p, st, t, &hk);
+      fjhb_consume(p, maps, st, wg - 1, w, hk, k, n);
+    }
+#else
+    fjhb_consume(p, maps, sm, wg - 1, w, hk, 0, n);
+#endif
   }
 }

@@ -16,6 +16,8 @@
 //   FJ_HAS_MASK, FJ_HAS_SCORE_MOD: as sm80/config.cuh
 //   FJ_VARLEN          1 or undefined (0): the packed-batch variant, as the
 //                      sm80 backward's (sm80/bwd_config.cuh)
+//   FJ_PERSISTENT      1 or undefined (0): the persistent kernel (not with
+//                      FJ_VARLEN), below
 // Hooks: fj_user_params, fj_tile_class, fj_mask, fj_score_mod and the
 //   backward's fj_user_grads and fj_score_grad, as the sm80 backward.
 // Kernel (bwd.cuh):
@@ -23,8 +25,10 @@
 //       const __grid_constant__ fj_bwd_params p,
 //       const __grid_constant__ fj_bwd_maps maps)
 //   launched with kernelParams {&params, &maps}, grid (ceil(Lk / 128), Hkv,
-//   B), 384 threads, no cluster, FJHB_SMEM_BYTES of dynamic shared memory
-//   (gen/config.c computes the same), after fj_attention_bwd_pre and before
+//   B) or, FJ_PERSISTENT, (min(SMs, ceil(Lk / 128) * Hkv * B), 1, 1), 384
+//   threads, no cluster, FJHB_SMEM_BYTES of dynamic shared memory
+//   (gen/config.c computes the same), after fj_attention_bwd_pre (which
+//   zeroes the persistent kernel's tile counter, p.dq_sem[0]) and before
 //   fj_attention_bwd_post on the same stream. maps (runtime/tma.c,
 //   fjr_tma_bwd_maps_build): q, dout (boxes of 64 x FJ_BLOCK_M), k, v (64 x
 //   FJ_BLOCK_N), dk, dv (64 x 64) over the 4-D tensors (D, L, H, B) of the
@@ -62,6 +66,18 @@
 // adds each buffer to dq_accum with TMA reduce-adds and releases it. At the
 // end the consumer stores dK (times scale) and dV by TMA through its
 // buffers.
+//
+// The persistent kernel (FJ_PERSISTENT): one CTA a multiprocessor, each
+// taking kv tiles in the one-tile grid's order (kv tile fastest, then kv
+// head, then batch) from a counter as it finishes one, as the hardware deals
+// out the one-tile grid's CTAs. Producer warp 0 takes them and hands each to
+// the other roles through a ring of two slots in shared memory. The stage,
+// dS^T and dQ buffer counts run on from tile to tile; K and V of the next
+// tile load once both consumers have issued their last product of the
+// tile's (kv_empty), while they store dK and dV: a tile's fixed cost (K and
+// V in flight, the first items' loads, dK and dV out) is hidden behind the
+// tile before, where the one-tile kernel pays it with the SM idle (about two
+// items' time a CTA at D=128).
 //
 // With 128-row items a consumer holds 64-register S^T and dP^T
 // accumulators: P^T packed into its A fragments lets S^T die, and dS^T is
@@ -106,9 +122,11 @@ __device__ __forceinline__ int fjhb_dq_col0(int c) {
 // (FJ_BLOCK_M floats each), then the mbarriers: K/V full; per stage Q/dO
 // full, LSE/delta full, stage empty; per consumer and dQ buffer full (the
 // consumer's 128 threads have written it) and empty (the writer's
-// reduce-add has read it); then the sequence's record (common/fj_bwd.cuh's
-// fjb_seq_sts: FJB_SEQ_WORDS words), which the roles read where they use
-// it. Tiles of 2-byte elements are stored as blocks of (rows x 64
+// reduce-add has read it); the persistent kernel's K/V empty (both
+// consumers are done with the tile's K and V) and per ring slot full and
+// empty; then the sequence's record (common/fj_bwd.cuh's fjb_seq_sts:
+// FJB_SEQ_WORDS words), which the roles read where they use it, and the
+// ring's two slots (a kv tile's position in the order, -1: no more). Tiles of 2-byte elements are stored as blocks of (rows x 64
 // elements), 128-byte swizzled (TMA's layout); a dS^T buffer is
 // FJ_BLOCK_M / 64 such blocks of FJ_BLOCK_N rows; a dQ buffer is
 // FJHB_DQ_BOXES blocks of (64 rows x 32 floats), 128-byte swizzled. At the
@@ -123,10 +141,11 @@ constexpr int FJHB_OFF_DQ = FJHB_OFF_DS + 2 * FJHB_DS_BYTES;
 constexpr int FJHB_OFF_LSE = FJHB_OFF_DQ + 2 * FJHB_DQ_BUFS * FJHB_DQ_BYTES;
 constexpr int FJHB_OFF_DELTA = FJHB_OFF_LSE + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 constexpr int FJHB_OFF_BAR = FJHB_OFF_DELTA + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
-constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS;
+constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS + 5;
 constexpr int FJHB_OFF_SEQ = FJHB_OFF_BAR + 8 * FJHB_BARS;
+constexpr int FJHB_OFF_RING = FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
 // What gen/config.c computes as smem_bytes (1024 to align the base).
-constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
+constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_RING + 8;
 
 // setmaxnreg targets: the producer warps walk the items (the classifier is
 // inlined there), the consumers hold dK, dV, S^T, dP^T and dQ.
@@ -146,6 +165,7 @@ static_assert((FJ_BLOCK_M == 64 || (FJ_BLOCK_M == 128 && FJ_HEAD_DIM == 64)) &&
               "sm90 backward: 64-query items (128 at head dim 64), 128 kv rows, two "
               "consumer warpgroups");
 static_assert(FJ_NUM_STAGES == 2, "sm90 backward: two Q / dO stages");
+static_assert(!(FJ_PERSISTENT && FJ_VARLEN), "sm90 backward: the persistent kernel is not packed");
 static_assert(FJHB_DQ_BUFS * FJHB_DQ_BYTES >= 2 * FJHB_ROWS_BYTES,
               "sm90 backward: a consumer's dQ buffers hold its dK and dV tiles");
 static_assert(FJHB_SMEM_BYTES <= 227 * 1024, "sm90 backward: shared memory over 227 KiB");
@@ -193,5 +213,11 @@ struct fjhb_smem {
     return base + FJHB_OFF_BAR +
            8 * (1 + 3 * FJ_NUM_STAGES + 2 * FJHB_DQ_BUFS + FJHB_DQ_BUFS * c + i);
   }
+  __device__ unsigned kv_empty() const {
+    return base + FJHB_OFF_BAR + 8 * (1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS);
+  }
+  __device__ unsigned ring_full(int s) const { return kv_empty() + 8 * (1 + s); }
+  __device__ unsigned ring_empty(int s) const { return kv_empty() + 8 * (3 + s); }
   __device__ unsigned seq() const { return base + FJHB_OFF_SEQ; }
+  __device__ unsigned ring(int s) const { return base + FJHB_OFF_RING + 4 * s; }
 };

@@ -322,9 +322,9 @@ __device__ __forceinline__ void fjhb_put_dq(const fjhb_smem &sm, int c, int m,
   fjh_mbar_arrive(sm.dq_full(c, bi));
 }
 
-// Consumer c's whole part of the CTA's work (the walk w, kv head hk): its
-// items, then dK and dV. Its dQ goes to dq_accum through the writer warp
-// (bwd.cuh, fjhb_write_dq). The sequence's sizes are read from the walk's
+// Consumer c's part of a kv tile (the walk w, kv head hk): its items, then
+// dK and dV; k and n as bwd.cuh's roles take them. Its dQ goes to
+// dq_accum through the writer warp (bwd.cuh, fjhb_write_dq). The sequence's sizes are read from the walk's
 // record where they are used (held across the loop they cost the masked
 // D=128 kernel a spill).
 //
@@ -336,7 +336,7 @@ __device__ __forceinline__ void fjhb_put_dq(const fjhb_smem &sm, int c, int m,
 // the branches on `run`, made ptxas serialize every wgmma: C7518).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, int c, const fjb_walk &w,
-                                             int hk) {
+                                             int hk, int k, int &n) {
   const int b = w.b;
   const int wkv0 = w.kv0 + c * FJHB_WG_KV;
   const int wkv1 = min(wkv0 + FJHB_WG_KV, w.sizes(p).Lk) - 1;
@@ -359,9 +359,9 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 
   fj_grad_cache gc;  // trainable buffers' gradients, flushed at the end
   fjb_item it = w.first(p);
-  if (!w.done(it)) fjh_mbar_wait_warp(sm.kv_full(), 0);
+  fjh_mbar_wait_warp(sm.kv_full(), (unsigned)k & 1u);
   float dq[FJHB_DQ_REGS];  // the item before's dQ (times scale) until it is put
-  int n = 0;
+  bool put = false;  // dq holds an item's dQ, not yet put (a predicate, not a register)
   while (!w.done(it)) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
@@ -394,7 +394,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_fence();
       fjhb_issue_rows_d(sacc, k_lo, q_lo);
       fjh_wgmma_commit();
-      if (n > 0) fjhb_put_dq(sm, c, n - 1, dq);
+      if (put) fjhb_put_dq(sm, c, n - 1, dq);
       fjh_wgmma_fence();
       fjhb_issue_rows_d(dpacc, v_lo, do_lo);
       fjh_wgmma_commit();
@@ -449,7 +449,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #endif
 #endif
     } else {
-      if (n > 0) fjhb_put_dq(sm, c, n - 1, dq);
+      if (put) fjhb_put_dq(sm, c, n - 1, dq);
 #pragma unroll
       for (int kk = 0; kk < FJHB_PK; ++kk)
 #pragma unroll
@@ -480,8 +480,12 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_mbar_arrive(sm.empty(s));
     it = nxt;
     ++n;
+    put = true;
   }
-  if (n > 0) fjhb_put_dq(sm, c, n - 1, dq);
+  // K and V are read (the last dQ product was waited for): the producer may
+  // load the next tile's while dK and dV go out.
+  if (FJ_PERSISTENT) fjh_mbar_arrive(sm.kv_empty());
+  if (put) fjhb_put_dq(sm, c, n - 1, dq);
 
   fj_grad_flush(p.grads, gc);
 
@@ -512,6 +516,8 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_bulk_commit();
     fjh_bulk_wait_read();
   }
+  // The buffers take the next tile's dQ once the store has read them.
+  if (FJ_PERSISTENT) fjh_bar_sync(FJHB_BAR_WG + c, 128);
 #if FJ_VARLEN
   else if (by_threads && wkv0 < Lk) {
     // 16 bytes a thread: chunk x of row r is at x ^ (r & 7) in its

@@ -132,14 +132,19 @@ static void test_parts(void **state) {
 }
 
 /* block_q: a block mask's (0: none), which may change the sm90 kernel's
- * query tiles. */
-static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dtype dt,
-                        int has_mask, int has_score_mod, int det, int varlen, int block_q) {
+ * query tiles; one_tile: the sm90 kernel of one CTA a kv tile, not the
+ * persistent one (FLEXJIT_PERSISTENT=0). */
+static void compile_one_as(const char *arch, const char *tmpl, int head_dim, fj_dtype dt,
+                           int has_mask, int has_score_mod, int det, int varlen, int block_q,
+                           int one_tile) {
   fjg_config c;
   char err[256];
   if (fjg_config_choose_backward(head_dim, dt, arch, tmpl, &c, err, sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
   fjg_config_backward_variant(&c, det, varlen, block_q);
+  if (one_tile) c.persistent = 0;
+  /* The sm90 kernel is persistent but for packed batches. */
+  assert_int_equal(c.persistent, c.uses_tma && !varlen && !one_tile);
   const int sm90 = c.uses_tma;
   /* The template's numbers must be the configuration's and config.h's. */
   char tail[640];
@@ -156,8 +161,8 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
   char *tu = fjt_build_kernel_tu(&c, "backward", has_mask, has_score_mod,
                                  fjt_bwd_causal_softcap_bias, tail);
   char what[128];
-  snprintf(what, sizeof what, "bwd_%s%s%s_m%d_s%d_d%d_%s_%s_bm%d", c.template_name,
-           det ? "_det" : "", varlen ? "_varlen" : "", has_mask,
+  snprintf(what, sizeof what, "bwd_%s%s%s%s_m%d_s%d_d%d_%s_%s_bm%d", c.template_name,
+           det ? "_det" : "", varlen ? "_varlen" : "", one_tile ? "_1t" : "", has_mask,
            has_score_mod, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch, c.block_m);
   fjt_dump(what, "cu", tu);
 
@@ -197,6 +202,11 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
     assert_non_null(strstr(ptx, "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add"));
     assert_non_null(strstr(ptx, "cp.async.bulk.tensor.4d.global.shared::cta"));
     assert_non_null(strstr(ptx, "setmaxnreg.inc"));
+    /* The persistent kernel's tile counter */
+    if (c.persistent)
+      assert_non_null(strstr(ptx, "atom.global.add.u32"));
+    else
+      assert_null(strstr(ptx, "atom.global.add.u32"));
   } else {
     assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16"));
     assert_non_null(strstr(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans"));
@@ -233,6 +243,10 @@ static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dty
   free(log);
   nvrtcDestroyProgram(&prog);
   free(tu);
+}
+static void compile_one(const char *arch, const char *tmpl, int head_dim, fj_dtype dt,
+                        int has_mask, int has_score_mod, int det, int varlen, int block_q) {
+  compile_one_as(arch, tmpl, head_dim, dt, has_mask, has_score_mod, det, varlen, block_q, 0);
 }
 
 static void run_arch(const char *arch, const char *tmpl) {
@@ -289,6 +303,10 @@ static void test_compile_sm90a(void **state) {
     for (int mask = 0; mask < 2; mask++)
       for (int mod = 0; mod < 2; mod++)
         compile_one("sm_90a", "sm90", 64, dts[t], mask, mod, 0, 0, 64);
+  /* The one-CTA-a-tile form (FLEXJIT_PERSISTENT=0) at both head dims. */
+  for (int d = 64; d <= 128; d += 64)
+    for (int mask = 0; mask < 2; mask++)
+      compile_one_as("sm_90a", "sm90", d, FJ_DTYPE_BF16, mask, 1, 0, 0, 0, 1);
 }
 static void test_compile_varlen_sm80(void **state) {
   (void)state;
