@@ -323,10 +323,10 @@ __device__ __forceinline__ void fjhb_put_dq(const fjhb_smem &sm, int c, int m,
 }
 
 // Consumer c's part of a kv tile (the walk w, kv head hk): its items, then
-// dK and dV; k and n as bwd.cuh's roles take them. Its dQ goes to
-// dq_accum through the writer warp (bwd.cuh, fjhb_write_dq). The sequence's sizes are read from the walk's
-// record where they are used (held across the loop they cost the masked
-// D=128 kernel a spill).
+// dK and dV; k and n as bwd.cuh's roles take them. Its dQ goes to dq_accum
+// through the writer warp (bwd.cuh, fjhb_write_dq). The sequence's sizes
+// are read from the walk's record where they are used (held across the
+// loop they cost the masked D=128 kernel a spill).
 //
 // Two latencies are hidden behind the tensor cores: item n's dQ is put in
 // its buffer while item n + 1's S^T is computed (the proxy fence after the
@@ -361,7 +361,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   fjb_item it = w.first(p);
   fjh_mbar_wait_warp(sm.kv_full(), (unsigned)k & 1u);
   float dq[FJHB_DQ_REGS];  // the item before's dQ (times scale) until it is put
-  bool put = false;  // dq holds an item's dQ, not yet put (a predicate, not a register)
+  bool put = false;  // dq holds the item before's dQ, not yet put
   while (!w.done(it)) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
@@ -516,8 +516,6 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_bulk_commit();
     fjh_bulk_wait_read();
   }
-  // The buffers take the next tile's dQ once the store has read them.
-  if (FJ_PERSISTENT) fjh_bar_sync(FJHB_BAR_WG + c, 128);
 #if FJ_VARLEN
   else if (by_threads && wkv0 < Lk) {
     // 16 bytes a thread: chunk x of row r is at x ^ (r & 7) in its
@@ -527,8 +525,8 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     const long long r0 = (long long)(sq.k_row0 + wkv0);
     fj_u16 *gdk = (fj_u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + r0 * p.dk_ss;
     fj_u16 *gdv = (fj_u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + r0 * p.dv_ss;
-    for (int k = fj_tid() & 127; k < rows * CH; k += 128) {
-      const int r = k / CH, x = k % CH;
+    for (int e = fj_tid() & 127; e < rows * CH; e += 128) {
+      const int r = e / CH, x = e % CH;
       const unsigned off =
           (unsigned)((x / 8) * (64 * 128) + r * 128 + (((x % 8) ^ (r & 7)) << 4));
       unsigned v0, v1, v2, v3;
@@ -541,4 +539,6 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     }
   }
 #endif
+  // The buffers take the next tile's dQ once the store has read them.
+  if (FJ_PERSISTENT) fjh_bar_sync(FJHB_BAR_WG + c, 128);
 }
