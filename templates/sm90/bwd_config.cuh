@@ -73,11 +73,11 @@
 // out the one-tile grid's CTAs. Producer warp 0 takes them and hands each to
 // the other roles through a ring of two slots in shared memory. The stage,
 // dS^T and dQ buffer counts run on from tile to tile; K and V of the next
-// tile load once both consumers have issued their last product of the
-// tile's (kv_empty), while they store dK and dV: a tile's fixed cost (K and
-// V in flight, the first items' loads, dK and dV out) is hidden behind the
-// tile before, where the one-tile kernel pays it with the SM idle (about two
-// items' time a CTA at D=128).
+// tile load once both consumers have waited for their last product of the
+// tile (kv_empty), while they store dK and dV. So part of a tile's fixed
+// cost (K and V in flight, the first items' loads), which the one-tile
+// kernel pays with the SM idle (about two items' time a CTA at D=128),
+// overlaps the tile before.
 //
 // With 128-row items a consumer holds 64-register S^T and dP^T
 // accumulators: P^T packed into its A fragments lets S^T die, and dS^T is
@@ -126,8 +126,9 @@ __device__ __forceinline__ int fjhb_dq_col0(int c) {
 // consumers are done with the tile's K and V) and per ring slot full and
 // empty; then the sequence's record (common/fj_bwd.cuh's fjb_seq_sts:
 // FJB_SEQ_WORDS words), which the roles read where they use it, and the
-// ring's two slots (a kv tile's position in the order, -1: no more). Tiles of 2-byte elements are stored as blocks of (rows x 64
-// elements), 128-byte swizzled (TMA's layout); a dS^T buffer is
+// ring's two slots (a kv tile's position in the order, -1: no more). Tiles
+// of 2-byte elements are stored as blocks of (rows x 64 elements), 128-byte
+// swizzled (TMA's layout); a dS^T buffer is
 // FJ_BLOCK_M / 64 such blocks of FJ_BLOCK_N rows; a dQ buffer is
 // FJHB_DQ_BOXES blocks of (64 rows x 32 floats), 128-byte swizzled. At the
 // end a consumer's dQ buffers hold its dK and then its dV tile
