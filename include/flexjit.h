@@ -473,7 +473,8 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 
 /* Bytes of scratch a backward over B x Hq x Lq rows of head dim D needs
  * (fp32 delta and dq accumulator, and the deterministic mode's int32
- * semaphores, one per 16 query rows), for callers that pass their own. 0
+ * semaphores, one per 16 query rows, whose first is the persistent sm90
+ * kernel's tile counter otherwise), for callers that pass their own. 0
  * when a size is below 1. A packed batch of B sequences needs at most
  * fj_backward_workspace_size(B, Hq, max_seqlen_q + 64, D) when q holds only
  * its sequences' rows (total_q <= B * max_seqlen_q). */
