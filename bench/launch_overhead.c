@@ -138,7 +138,8 @@ static int measure(const fjr_driver *drv, const char *spec_path,
    * where fj_attention_forward takes one (more items than CTAs) the
    * overhead below includes its allocation, zeroing and free. */
   unsigned grid[3];
-  fjr_forward_grid(&kern->cfg, ctx->num_sms, B, H, L, grid);
+  fjr_kernel_grid(&kern->cfg, ctx->num_sms, (L + kern->cfg.block_m - 1) / kern->cfg.block_m, H, B,
+                  grid);
   enum { N = 2000, ROUNDS = 7 };
   double fj_round[ROUNDS], bare_round[ROUNDS];
   for (int r = 0; r < ROUNDS; r++) {

@@ -403,13 +403,9 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
-  unsigned cols[3] = {(unsigned)((p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n),
-                      (unsigned)p->sz.Hkv, (unsigned)B};
-  if (k->cfg.persistent) { /* one CTA an SM, each looping over kv tiles */
-    const int64_t tiles = (int64_t)cols[0] * cols[1] * cols[2];
-    cols[0] = (unsigned)(tiles < ctx->num_sms ? tiles : ctx->num_sms);
-    cols[1] = cols[2] = 1;
-  }
+  unsigned cols[3];
+  fjr_kernel_grid(&k->cfg, ctx->num_sms, (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n,
+                  p->sz.Hkv, B, cols);
   if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
                    NULL, "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
       (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,

@@ -220,19 +220,6 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
 
 /* ---- the launch ---- */
 
-int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t Hq,
-                         int64_t Lq, unsigned grid[3]) {
-  const int64_t m = (Lq + cfg->block_m - 1) / cfg->block_m;
-  const int64_t items = m * Hq * B;
-  if (cfg->persistent) { /* one CTA per SM, each looping over work items */
-    grid[0] = (unsigned)(items < num_sms ? items : num_sms);
-    grid[1] = grid[2] = 1;
-  } else {
-    grid[0] = (unsigned)m, grid[1] = (unsigned)Hq, grid[2] = (unsigned)B;
-  }
-  return items;
-}
-
 /* The sm90 persistent scheduler's tail (templates/sm90/scheduler.cuh): the
  * first 8 query blocks of every head (or all of them, if fewer) are dealt
  * out last, the shortest rows under causal, sliding-window and document
@@ -472,8 +459,9 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   if (st != FJ_OK) return st;
 
   unsigned grid[3];
-  const int64_t items = fjr_forward_grid(&k->cfg, ctx->num_sms, p->sz.B, p->sz.Hq,
-                                         p->sz.Lq, grid);
+  const int64_t items =
+      fjr_kernel_grid(&k->cfg, ctx->num_sms, (p->sz.Lq + k->cfg.block_m - 1) / k->cfg.block_m,
+                      p->sz.Hq, p->sz.B, grid);
   p->tail_rows = tail_rows(&k->cfg, p->sz.Lq, p->sz.Lk);
   CUstream stream = (CUstream)args->stream;
   CUresult r;

@@ -20,12 +20,6 @@ fj_status fjr_forward_cubin(fj_context *ctx, const fj_spec *spec,
                             const fj_kernel_options *opts, const void **data,
                             size_t *size);
 
-/* The grid a kernel of configuration cfg is launched on: (ceil(Lq /
- * block_m), Hq, B), or for the persistent kernel (min(num_sms, work items),
- * 1, 1). Returns the number of work items (query blocks x heads x batch). */
-int64_t fjr_forward_grid(const fjg_config *cfg, int num_sms, int64_t B, int64_t Hq,
-                         int64_t Lq, unsigned grid[3]);
-
 /* The checks of a forward launch's tensors and serving fields (every
  * layout: BHSD/BSHD, packed varlen, paged KV; runtime/serving.c), each
  * failure naming the tensor and the rule; fills the fixed part of the

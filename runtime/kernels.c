@@ -484,3 +484,15 @@ int fjr_kernel_occupancy(fj_context *ctx, fjr_kernel *k) {
     n = 1;
   return k->occupancy = n;
 }
+
+int64_t fjr_kernel_grid(const fjg_config *cfg, int num_sms, int64_t tiles, int64_t heads,
+                        int64_t B, unsigned grid[3]) {
+  const int64_t items = tiles * heads * B;
+  if (cfg->persistent) {
+    grid[0] = (unsigned)(items < num_sms ? items : num_sms);
+    grid[1] = grid[2] = 1;
+  } else {
+    grid[0] = (unsigned)tiles, grid[1] = (unsigned)heads, grid[2] = (unsigned)B;
+  }
+  return items;
+}

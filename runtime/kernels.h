@@ -99,6 +99,14 @@ int fjr_kernel_occupancy(fj_context *ctx, fjr_kernel *k);
  * from the cache, with no compile time. */
 void fjr_kernel_info(const fjr_kernel *k, int resident, fj_kernel_info *info);
 
+/* The grid of a kernel whose work items are (tile, head, batch) triples:
+ * (tiles, heads, B), one CTA an item, or for a persistent kernel
+ * (cfg->persistent: each CTA loops over items) (min(num_sms, items), 1, 1).
+ * The forward's tiles are query blocks of its heads, the backward's kv
+ * blocks of its kv heads. Returns the number of items. */
+int64_t fjr_kernel_grid(const fjg_config *cfg, int num_sms, int64_t tiles, int64_t heads,
+                        int64_t B, unsigned grid[3]);
+
 /* Unloads and frees a spec's table. */
 void fjr_kernels_release(fj_context *ctx, fjr_kernel *list);
 

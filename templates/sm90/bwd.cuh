@@ -170,7 +170,7 @@ __device__ __forceinline__ int fjhb_take_tile(const fj_bwd_params &p, const fjhb
     t = k == 0 ? (int)blockIdx.x : atomicAdd(p.dq_sem, 1) + (int)gridDim.x;
     if (t >= fjhb_num_tiles(p)) t = -1;
     fjh_mbar_wait(sm.ring_empty(k & 1), ((unsigned)(k >> 1) & 1u) ^ 1u);
-    asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.ring(k & 1)), "r"(t) : "memory");
+    fjhb_st_shared_u32(sm.ring(k & 1), (unsigned)t);
     fjh_mbar_arrive(sm.ring_full(k & 1));
   }
   return __shfl_sync(0xffffffffu, t, 0);
@@ -189,6 +189,19 @@ __device__ __forceinline__ int fjhb_read_tile(const fjhb_smem &sm, int k) {
   return t;
 }
 #endif
+
+// The producer warpgroup's warp `warp` (0, 1 or 2) on a tile: its role.
+__device__ __forceinline__ void fjhb_producer_tile(const fj_bwd_params &p,
+                                                   const fj_bwd_maps &maps,
+                                                   const fjhb_smem &sm, int warp,
+                                                   const fjb_walk &w, int hk, int k, int &n) {
+  if (warp == 0)
+    fjhb_produce(p, maps, sm, w, hk, k, n);
+  else if (warp == 1)
+    fjhb_produce_rows(p, sm, w, n);
+  else
+    fjhb_write_dq(p, maps, sm, w, n);
+}
 
 extern "C" __global__ void __launch_bounds__(FJHB_THREADS, 1)
 fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
@@ -242,27 +255,17 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
     fjh_setmaxnreg_dec<FJHB_PRODUCER_REGS>();
     int n = 0;
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
-#if FJ_PERSISTENT
     if (warp > 2) return;
+#if FJ_PERSISTENT
     for (int k = 0;; ++k) {
       const int t = warp == 0 ? fjhb_take_tile(p, sm, k) : fjhb_read_tile(sm, k);
       if (t < 0) break;
       int hk;
       const fjb_walk w = fjhb_tile_walk(p, sm, t, &hk);
-      if (warp == 0)
-        fjhb_produce(p, maps, sm, w, hk, k, n);
-      else if (warp == 1)
-        fjhb_produce_rows(p, sm, w, n);
-      else
-        fjhb_write_dq(p, maps, sm, w, n);
+      fjhb_producer_tile(p, maps, sm, warp, w, hk, k, n);
     }
 #else
-    if (warp == 0)
-      fjhb_produce(p, maps, sm, w, hk, 0, n);
-    else if (warp == 1)
-      fjhb_produce_rows(p, sm, w, n);
-    else if (warp == 2)
-      fjhb_write_dq(p, maps, sm, w, n);
+    fjhb_producer_tile(p, maps, sm, warp, w, hk, 0, n);
 #endif
   } else {
     fjh_setmaxnreg_inc<FJHB_CONSUMER_REGS>();
