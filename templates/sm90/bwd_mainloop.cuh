@@ -312,14 +312,18 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
 
 // Item m's dQ part into consumer c's dQ buffer m % FJHB_DQ_BUFS once the
 // writer warp has released it (its reduce-add of item m - FJHB_DQ_BUFS has
-// read it), then handed to the writer.
-__device__ __forceinline__ void fjhb_put_dq(const fjhb_smem &sm, int c, int m,
-                                            const float (&dq)[FJHB_DQ_REGS]) {
+// read it). The writer gets it from fjhb_publish_dq, after a proxy fence:
+// in the item loop the fence that follows the next item's dS^T stores, by
+// when these stores are long done (a fence of its own here waited for them
+// beside the S^T product: about 6% of the consumers' warp samples at D=128).
+__device__ __forceinline__ void fjhb_store_dq_buf(const fjhb_smem &sm, int c, int m,
+                                                  const float (&dq)[FJHB_DQ_REGS]) {
   const int bi = m % FJHB_DQ_BUFS;
   fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(m / FJHB_DQ_BUFS) & 1u) ^ 1u);
   fjhb_store_dq(sm.dq(c, bi), dq);
-  fjh_fence_proxy_async();
-  fjh_mbar_arrive(sm.dq_full(c, bi));
+}
+__device__ __forceinline__ void fjhb_publish_dq(const fjhb_smem &sm, int c, int m) {
+  fjh_mbar_arrive(sm.dq_full(c, m % FJHB_DQ_BUFS));
 }
 
 // Consumer c's part of a kv tile (the walk w, kv head hk): its items, then
@@ -328,9 +332,10 @@ __device__ __forceinline__ void fjhb_put_dq(const fjhb_smem &sm, int c, int m,
 // are read from the walk's record where they are used (held across the
 // loop they cost the masked D=128 kernel a spill).
 //
-// Two latencies are hidden behind the tensor cores: item n's dQ is put in
-// its buffer while item n + 1's S^T is computed (the proxy fence after the
-// shared-memory writes waits for them), and the walk to item n + 1 runs
+// Two latencies are hidden behind the tensor cores: item n's dQ is stored
+// in its buffer while item n + 1's S^T is computed (and handed to the
+// writer after item n + 1's dS^T stores and their proxy fence, which
+// covers both), and the walk to item n + 1 runs
 // while item n's dQ product does. Every product is issued and waited for in
 // the same item (a product in flight from one item to the next, through
 // the branches on `run`, made ptxas serialize every wgmma: C7518).
@@ -394,7 +399,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_fence();
       fjhb_issue_rows_d(sacc, k_lo, q_lo);
       fjh_wgmma_commit();
-      if (put) fjhb_put_dq(sm, c, n - 1, dq);
+      if (put) fjhb_store_dq_buf(sm, c, n - 1, dq);
       fjh_wgmma_fence();
       fjhb_issue_rows_d(dpacc, v_lo, do_lo);
       fjh_wgmma_commit();
@@ -449,7 +454,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #endif
 #endif
     } else {
-      if (put) fjhb_put_dq(sm, c, n - 1, dq);
+      if (put) fjhb_store_dq_buf(sm, c, n - 1, dq);
 #pragma unroll
       for (int kk = 0; kk < FJHB_PK; ++kk)
 #pragma unroll
@@ -459,7 +464,8 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     // items ago) before it arrived at the previous item's barrier below.
     const int bi = n & 1;
     fjhb_store_ds(sm.ds(bi), c, dsa);
-    fjh_fence_proxy_async();
+    fjh_fence_proxy_async();  // dS^T for the dQ product, item n - 1's dQ for the writer
+    if (put) fjhb_publish_dq(sm, c, n - 1);
     fjh_bar_sync(FJHB_BAR_DS_FULL, 256);
     fjh_wgmma_fence();
     fjhb_issue_dq(dq, ds_lo + bi * (FJHB_DS_BYTES >> 4), kq_lo);
@@ -468,7 +474,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
     // Scaled here, with no product in flight: registers a wgmma wrote and
-    // that are read while a later one runs (fjhb_put_dq, beside the next
+    // that are read while a later one runs (fjhb_store_dq_buf, beside the next
     // S^T) make ptxas wait for that one first (C7517).
 #pragma unroll
     for (int i = 0; i < FJHB_DQ_REGS; ++i) dq[i] *= p.scale;
@@ -485,7 +491,11 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   // K and V are read (the last dQ product was waited for): the producer may
   // load the next tile's while dK and dV go out.
   if (FJ_PERSISTENT) fjh_mbar_arrive(sm.kv_empty());
-  if (put) fjhb_put_dq(sm, c, n - 1, dq);
+  if (put) {
+    fjhb_store_dq_buf(sm, c, n - 1, dq);
+    fjh_fence_proxy_async();
+    fjhb_publish_dq(sm, c, n - 1);
+  }
 
   fj_grad_flush(p.grads, gc);
 
