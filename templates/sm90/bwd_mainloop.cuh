@@ -313,9 +313,9 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
 // Item m's dQ part into consumer c's dQ buffer m % FJHB_DQ_BUFS once the
 // writer warp has released it (its reduce-add of item m - FJHB_DQ_BUFS has
 // read it). The writer gets it from fjhb_publish_dq, after a proxy fence:
-// in the item loop the fence that follows the next item's dS^T stores, by
-// when these stores are long done (a fence of its own here waited for them
-// beside the S^T product: about 6% of the consumers' warp samples at D=128).
+// in the item loop the one that follows the next item's dS^T stores, by
+// when these stores are done (a fence of its own here would wait for them
+// beside the S^T product, with the tensor cores short of work).
 __device__ __forceinline__ void fjhb_store_dq_buf(const fjhb_smem &sm, int c, int m,
                                                   const float (&dq)[FJHB_DQ_REGS]) {
   const int bi = m % FJHB_DQ_BUFS;
@@ -334,11 +334,11 @@ __device__ __forceinline__ void fjhb_publish_dq(const fjhb_smem &sm, int c, int 
 //
 // Two latencies are hidden behind the tensor cores: item n's dQ is stored
 // in its buffer while item n + 1's S^T is computed (and handed to the
-// writer after item n + 1's dS^T stores and their proxy fence, which
-// covers both), and the walk to item n + 1 runs
-// while item n's dQ product does. Every product is issued and waited for in
-// the same item (a product in flight from one item to the next, through
-// the branches on `run`, made ptxas serialize every wgmma: C7518).
+// writer after item n + 1's dS^T stores, under the proxy fence that covers
+// both), and the walk to item n + 1 runs while item n's dQ product does.
+// Every product is issued and waited for in the same item (a product in
+// flight from one item to the next, through the branches on `run`, made
+// ptxas serialize every wgmma: C7518).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, int c, const fjb_walk &w,
                                              int hk, int k, int &n) {
@@ -366,7 +366,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   fjb_item it = w.first(p);
   fjh_mbar_wait_warp(sm.kv_full(), (unsigned)k & 1u);
   float dq[FJHB_DQ_REGS];  // the item before's dQ (times scale) until it is put
-  bool put = false;  // dq holds the item before's dQ, not yet put
+  bool put = false;  // dq holds the item before's dQ, not yet stored
   while (!w.done(it)) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
