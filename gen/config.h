@@ -201,10 +201,10 @@ fj_status fjg_config_choose_util(fj_dtype dtype, const char *arch, fjg_config *o
  * FJB_SEM_ROWS): the scratch holds one per this many query rows, enough
  * for every query tile of a multiple of it. */
 #define FJG_BWD_SEM_ROWS 16
-/* The backward's scratch rows of a packed sequence start at a multiple of
- * this many rows, with that many free before the next sequence's
- * (templates/common/fj_bwd.cuh: FJB_SEQ_PAD): a query head holds total_q +
- * FJG_BWD_SEQ_PAD * B rows. */
+/* The backward's scratch rows of a query head, and of a packed sequence,
+ * start at a multiple of this many rows, with that many free before the
+ * next's (templates/common/fj_bwd.cuh: FJB_SEQ_PAD): a query head holds Lq
+ * rounded up to it, or total_q + FJG_BWD_SEQ_PAD * B rows packed. */
 #define FJG_BWD_SEQ_PAD 64
 
 #endif /* FJG_CONFIG_H */

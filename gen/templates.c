@@ -27,13 +27,14 @@ static const char *const sm80_backward[] = {
     "common/ptx.cuh", "common/bwd_walk.cuh", "common/bwd_order.cuh", "common/bwd_rows.cuh",
     "sm80/bwd_config.cuh", "sm80/ptx.cuh",
     "sm80/tile_load.cuh", "sm80/bwd_mainloop.cuh", "sm80/bwd.cuh", NULL};
-/* The sm90 backward (wgmma, TMA): the same pre and post kernels; its parts
- * need only sm90's PTX wrappers, which come before its configuration (that
- * declares the kernel's tensor-map parameter). */
+/* The sm90 backward (wgmma, TMA): the same pre and post kernels, after its
+ * configuration (which chooses dq_accum's tiled form); its parts need only
+ * sm90's PTX wrappers, which come before the configuration (that declares
+ * the kernel's tensor-map parameter). */
 static const char *const sm90_backward[] = {
     "common/fj_common.cuh", "common/fj_grad.cuh", FJG_PART_PROLOGUE, "common/fj_bwd.cuh",
-    "common/ptx.cuh", "common/bwd_walk.cuh", "common/bwd_rows.cuh", "sm90/ptx.cuh", "sm90/bwd_config.cuh",
-    "sm90/bwd_mainloop.cuh", "sm90/bwd.cuh", NULL};
+    "common/ptx.cuh", "common/bwd_walk.cuh", "sm90/ptx.cuh", "sm90/bwd_config.cuh",
+    "common/bwd_rows.cuh", "sm90/bwd_mainloop.cuh", "sm90/bwd.cuh", NULL};
 static const char *const sm90_forward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
     "common/tile_walk.cuh", "sm90/config.cuh", "sm90/ptx.cuh", "sm90/trace.cuh",

@@ -472,7 +472,8 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
                                 const fj_backward_args *args);
 
 /* Bytes of scratch a backward over B x Hq x Lq rows of head dim D needs
- * (fp32 delta and dq accumulator, and the deterministic mode's int32
+ * (fp32 delta and dq accumulator, each head's rows rounded up to 64, and
+ * the deterministic mode's int32
  * semaphores, one per 16 query rows, whose first is the persistent sm90
  * kernel's tile counter otherwise), for callers that pass their own. 0
  * when a size is below 1. A packed batch of B sequences needs at most

@@ -116,12 +116,21 @@ static size_t align_up(size_t n) {
   return (n + FJR_SCRATCH_ALIGN - 1) / FJR_SCRATCH_ALIGN * FJR_SCRATCH_ALIGN;
 }
 
+/* A query head's scratch rows without cu_seqlens_q: Lq rounded up to
+ * FJG_BWD_SEQ_PAD, so that every head's rows are whole blocks of dq_accum's
+ * tiled form (templates/common/fj_bwd.cuh: fjb_acc_rows). */
+_Static_assert(FJG_BWD_ROW_BLOCK == FJG_BWD_SEQ_PAD,
+               "the pre kernel zeroes whole blocks of a head's scratch rows");
+static int64_t acc_rows(int64_t Lq) {
+  return (Lq + FJG_BWD_SEQ_PAD - 1) / FJG_BWD_SEQ_PAD * FJG_BWD_SEQ_PAD;
+}
+
 /* The scratch's layout, the one place it is decided: delta (fp32, one
  * float a row) at 0, dq_accum (fp32, D floats a row) at at[0], the
  * semaphores (int32, zeroed by the pre kernel of a deterministic launch;
  * unused otherwise) at at[1], each at a 256-byte boundary; the total at
- * at[2]. `rows`: B * Hq * Lq, or for a packed batch Hq * (total_q +
- * FJG_BWD_SEQ_PAD * B) (fj_bwd_params.acc_sh rows a query head); the
+ * at[2]. `rows`: B * Hq * acc_rows(Lq), or for a packed batch Hq * (total_q
+ * + FJG_BWD_SEQ_PAD * B) (fj_bwd_params.acc_sh rows a query head); the
  * semaphores: an int32 per FJG_BWD_SEM_ROWS query rows of every (batch,
  * query head), Lq being max_seqlen_q for a packed batch. */
 static void scratch_layout(int64_t rows, int64_t B, int64_t Hq, int64_t Lq, int64_t D,
@@ -135,7 +144,7 @@ static void scratch_layout(int64_t rows, int64_t B, int64_t Hq, int64_t Lq, int6
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
   if (B < 1 || Hq < 1 || Lq < 1 || D < 1) return 0;
   size_t at[3];
-  scratch_layout(B * Hq * Lq, B, Hq, Lq, D, at);
+  scratch_layout(B * Hq * acc_rows(Lq), B, Hq, Lq, D, at);
   return at[2];
 }
 
@@ -246,7 +255,7 @@ fj_status fjr_backward_check(fj_context *ctx, const fj_backward_args *a, fj_dtyp
   p->kv_group = (int32_t)(Hq / Hkv);
   p->scale = scale;
   p->scale_log2 = scale * 1.4426950408889634f;
-  p->acc_sh = l.q_packed ? tq + FJG_BWD_SEQ_PAD * B : Lq;
+  p->acc_sh = l.q_packed ? tq + FJG_BWD_SEQ_PAD * B : acc_rows(Lq);
   return FJ_OK;
 }
 
@@ -348,7 +357,7 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   const int64_t B = p->sz.B, Hq = p->sz.Hq, Lq = p->sz.Lq;
   const int64_t D = args->q->shape[args->q->ndim - 1];
   size_t at[3];
-  scratch_layout(packed ? Hq * p->acc_sh : B * Hq * Lq, B, Hq, Lq, D, at);
+  scratch_layout((packed ? 1 : B) * Hq * p->acc_sh, B, Hq, Lq, D, at);
   const size_t need = at[2];
   if (args->workspace && ((uintptr_t)args->workspace % FJR_SCRATCH_ALIGN != 0 ||
                           args->workspace_bytes < need))

@@ -104,29 +104,6 @@ static fj_status maps_start(const fjr_driver *drv, const fjg_config *cfg, int ar
   return FJ_OK;
 }
 
-/* The backward's fp32 dq_accum, [heads][acc_sh][D] contiguous (heads B *
- * Hq, or Hq for a packed batch, whose sequences' rows lie in each head's
- * acc_sh rows), as (D, acc_sh, heads) with boxes of 32 x 64 (128 bytes x
- * 64 rows). */
-static fj_status encode_dq_accum(const fjr_driver *drv, const fjr_bwd_params_fixed *p,
-                                 int64_t D, CUtensorMap *out, char *err, size_t errlen) {
-  const cuuint64_t heads = (cuuint64_t)p->sz.Hq * (p->cu_seqlens_q ? 1u : (cuuint64_t)p->sz.B);
-  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)p->acc_sh, heads};
-  const cuuint64_t strides[2] = {(cuuint64_t)D * 4, (cuuint64_t)D * 4 * (cuuint64_t)p->acc_sh};
-  const cuuint32_t box[3] = {32, 64, 1}, estride[3] = {1, 1, 1};
-  CUresult r = drv->cuTensorMapEncodeTiled(
-      out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)(uintptr_t)p->dq_accum, dims, strides,
-      box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    char text[256];
-    fjr_driver_error_text(drv, r, text, sizeof text);
-    return tma_fail(err, errlen, FJ_ECUDA, "dq_accum: cuTensorMapEncodeTiled failed: %s",
-                    text);
-  }
-  return FJ_OK;
-}
-
 fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
                                  const fjr_bwd_params_fixed *p, const fjr_tma_rows *rows,
                                  fjr_tma_bwd_maps *out, char *err, size_t errlen) {
@@ -157,7 +134,7 @@ fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
   CUtensorMap *maps[] = {&out->q, &out->k, &out->v, &out->dout, &out->dk, &out->dv};
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
     if ((st = encode_one(drv, cfg, &t[i], maps[i], err, errlen)) != FJ_OK) return st;
-  return encode_dq_accum(drv, p, D, &out->dq_accum, err, errlen);
+  return FJ_OK;
 }
 
 /* Rows of a paged box: the largest power of two that divides the page size,

@@ -78,16 +78,14 @@ fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
                              fjr_tma_maps *out, char *err, size_t errlen);
 
 /* Host mirror of the sm90 backward's struct fj_bwd_maps (templates/sm90/
- * bwd_config.cuh; 896 bytes, 128-byte aligned): q, k, v, dout, dk, dv over
+ * bwd_config.cuh; 768 bytes, 128-byte aligned): q, k, v, dout, dk, dv over
  * the 4-D tensors (D, L, H, B) of the element type (packed ones as (D,
  * total, H, 1)), 128-byte swizzle, boxes of 64 x block_m (q, dout), 64 x
- * block_n (k, v) and 64 x 64 (dk, dv: one consumer's rows, stored); then
- * dq_accum, the fp32 scratch [heads][acc_sh][D] as (D, acc_sh, heads), heads
- * B * Hq (Hq for a packed batch), with boxes of 32 x 64 and 128-byte
- * swizzle, the target of the kernel's reduce-adds. */
+ * block_n (k, v) and 64 x 64 (dk, dv: one consumer's rows, stored). The
+ * kernel adds to the fp32 scratch dq_accum by bulk copies, with no map. */
 typedef struct fjr_tma_bwd_maps {
   _Alignas(128) CUtensorMap q;
-  CUtensorMap k, v, dout, dk, dv, dq_accum;
+  CUtensorMap k, v, dout, dk, dv;
 } fjr_tma_bwd_maps;
 
 /*

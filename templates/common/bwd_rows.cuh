@@ -3,11 +3,13 @@
 // shares them. Needs fj_bwd_params (common/fj_bwd.cuh), common/ptx.cuh and,
 // when FJ_DETERMINISTIC, common/bwd_order.cuh.
 //   fj_attention_bwd_pre:  delta = dO . O - dLSE per query row (0 where
-//                          LSE = -inf), and zeroes the row's dq_accum (and,
+//                          LSE = -inf), and zeroes its rows' dq_accum,
+//                          padding included (and,
 //                          FJ_DETERMINISTIC, the semaphores of the query
 //                          tiles that start in its rows: common/bwd_order.cuh;
 //                          FJ_PERSISTENT, the main kernel's tile counter)
-//   fj_attention_bwd_post: dq = dq_accum in the element type
+//   fj_attention_bwd_post: dq = dq_accum in the element type (row-major
+//                          or tiled: common/fj_bwd.cuh)
 // Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B) (Lq: max_seqlen_q for a
 // packed batch, whose shorter sequences' CTAs past their rows return at
 // once), FJB_ROW_THREADS threads,
@@ -18,8 +20,11 @@
 // checks, as for the forward's o); dq_accum rows are 16-byte aligned (D * 4
 // bytes a row from a 16-byte aligned base).
 #pragma once
+// Read by a configuration that chooses dq_accum's form (FJB_DQ_TILED), to
+// check that it comes first.
+#define FJB_ROW_KERNELS 1
 
-constexpr int FJB_ROW_BLOCK = 64;     // query rows of a CTA
+constexpr int FJB_ROW_BLOCK = FJB_SEQ_PAD;  // query rows of a CTA
 constexpr int FJB_ROW_THREADS = 128;  // threads of a CTA
 constexpr int FJB_ROW_LANES = FJ_HEAD_DIM / 8;                 // lanes a row
 constexpr int FJB_ROW_PASS = FJB_ROW_THREADS / FJB_ROW_LANES;  // rows a pass
@@ -96,10 +101,10 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
       p.delta[row0 + q] = L == fj_neg_inf() ? 0.f : dot - dl;
     }
   }
-  // The CTA's rows of dq_accum are contiguous: zero them 16 bytes a thread.
-  const int rows = min(FJB_ROW_BLOCK, Lq - q0);
+  // The CTA's rows of dq_accum, padding included, are contiguous (a block
+  // of the tiled form): zero them 16 bytes a thread.
   float *acc = p.dq_accum + (row0 + q0) * FJ_HEAD_DIM;
-  for (int k = tid; k < rows * (FJ_HEAD_DIM / 4); k += FJB_ROW_THREADS)
+  for (int k = tid; k < FJB_ROW_BLOCK * (FJ_HEAD_DIM / 4); k += FJB_ROW_THREADS)
     fj_st_global_v4(acc + 4 * k, 0u, 0u, 0u, 0u);
 #if FJ_DETERMINISTIC
   fjb_order_zero(p, Lq, b, h, q0, FJB_ROW_BLOCK, tid, FJB_ROW_THREADS);
@@ -112,7 +117,6 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
 extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
 fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
   const int tid = threadIdx.x;
-  const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
   const int h = blockIdx.y, b = blockIdx.z;
   const fjb_seq sq = fjb_seq_of(p, b);
   const int Lq = sq.sz.Lq;
@@ -120,21 +124,45 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
 #if FJ_VARLEN
   if (q0 >= Lq) return;
 #endif
-  const float *acc = p.dq_accum + fjb_acc_row(p, sq, h) * FJ_HEAD_DIM + c * 8;
-  fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + (long long)sq.q_row0 * p.dq_ss +
-               c * 8;
+  const float *acc = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM;
+  fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh +
+               (long long)(sq.q_row0 + q0) * p.dq_ss;
+#if FJB_DQ_TILED
+  // The block's tiles: a thread takes rows r and r + 8 of 8 columns, four
+  // float4s of one 64-byte run, then stores two 16-byte row pieces.
+  constexpr int CHUNKS = FJ_HEAD_DIM / 8;  // 8-column chunks a row
+  for (int i = tid; i < 32 * CHUNKS; i += FJB_ROW_THREADS) {
+    const int ch = i % CHUNKS, pr = i / CHUNKS;
+    const int r = 16 * (pr / 8) + pr % 8, col = 8 * ch;
+    const float *t = acc + (col / FJB_DQ_TILE_COLS) * (FJB_SEQ_PAD * FJB_DQ_TILE_COLS) +
+                     4 * fjb_dq_tiled_f4(r, col % FJB_DQ_TILE_COLS);
+    unsigned v[4][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) fjb_ld_global_v4(v[e], t + 4 * e);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      if (q0 + r + 8 * hh < Lq)
+        fj_st_global_v4(gq + (r + 8 * hh) * p.dq_ss + col,
+                        fj_pack2(__uint_as_float(v[0][2 * hh]), __uint_as_float(v[0][2 * hh + 1])),
+                        fj_pack2(__uint_as_float(v[1][2 * hh]), __uint_as_float(v[1][2 * hh + 1])),
+                        fj_pack2(__uint_as_float(v[2][2 * hh]), __uint_as_float(v[2][2 * hh + 1])),
+                        fj_pack2(__uint_as_float(v[3][2 * hh]), __uint_as_float(v[3][2 * hh + 1])));
+  }
+#else
+  const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
 #pragma unroll
   for (int i = 0; i < FJB_ROW_BLOCK / FJB_ROW_PASS; ++i) {
-    const int q = q0 + i * FJB_ROW_PASS + r;
-    if (q < Lq) {
+    const int q = i * FJB_ROW_PASS + r;
+    if (q0 + q < Lq) {
       unsigned lo[4], hi[4];
-      fjb_ld_global_v4(lo, acc + (long long)q * FJ_HEAD_DIM);
-      fjb_ld_global_v4(hi, acc + (long long)q * FJ_HEAD_DIM + 4);
-      fj_st_global_v4(gq + q * p.dq_ss,
+      fjb_ld_global_v4(lo, acc + (long long)q * FJ_HEAD_DIM + c * 8);
+      fjb_ld_global_v4(hi, acc + (long long)q * FJ_HEAD_DIM + c * 8 + 4);
+      fj_st_global_v4(gq + q * p.dq_ss + c * 8,
                       fj_pack2(__uint_as_float(lo[0]), __uint_as_float(lo[1])),
                       fj_pack2(__uint_as_float(lo[2]), __uint_as_float(lo[3])),
                       fj_pack2(__uint_as_float(hi[0]), __uint_as_float(hi[1])),
                       fj_pack2(__uint_as_float(hi[2]), __uint_as_float(hi[3])));
     }
   }
+#endif
 }

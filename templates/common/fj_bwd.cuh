@@ -78,7 +78,8 @@ struct fj_bwd_params {
   // one query each (fjb_acc_row):
   //   delta    [B * Hq][acc_sh]      dO . O - dLSE (0 where LSE = -inf), by pre
   //   dq_accum [B * Hq][acc_sh][D]   zeroed by pre, += scale * dS K by the
-  //                                  main kernel, converted to dq by post
+  //                                  main kernel, converted to dq by post;
+  //                                  row-major, or tiled (FJB_DQ_TILED, below)
   // and dq_sem below.
   float *delta;
   float *dq_accum;
@@ -144,11 +145,12 @@ struct fj_bwd_params {
   // (sz.Lk is max_seqlen_k); null with cu_seqlens_q: k [B, Hkv, Lk, D].
   const int *cu_seqlens_q;
   const int *cu_seqlens_k;
-  // Scratch rows of one query head: Lq, or with cu_seqlens_q total_q +
-  // FJB_SEQ_PAD * B (each sequence's rows start at a multiple of
-  // FJB_SEQ_PAD, and a whole tile of FJB_SEQ_PAD rows fits before the
-  // next: TMA boxes and reduce-adds of a sequence's last tile stay in its
-  // own rows).
+  // Scratch rows of one query head: Lq rounded up to FJB_SEQ_PAD
+  // (fjb_acc_rows), or with cu_seqlens_q total_q + FJB_SEQ_PAD * B (each
+  // sequence's rows start at a multiple of FJB_SEQ_PAD, and a whole tile of
+  // FJB_SEQ_PAD rows fits before the next): a query tile's TMA boxes and
+  // reduce-adds, and the pre kernel's zeroing, stay in the sequence's own
+  // rows.
   long long acc_sh;
   fj_user_params user;
   fj_user_grads grads;
@@ -162,15 +164,40 @@ static_assert(sizeof(fj_bwd_params) ==
                   496 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
               "fj_bwd_params: the fixed part is 496 bytes, as fjr_bwd_params_fixed");
 
-// A packed sequence's scratch rows start at a multiple of this many rows,
-// with a tile of it free before the next sequence's (gen/config.h's
-// FJG_BWD_SEQ_PAD names the same number for the host). The query tile of
+// A head's and a packed sequence's scratch rows start at a multiple of this
+// many rows, with a tile of it free before the next head's or sequence's
+// (gen/config.h's FJG_BWD_SEQ_PAD names the same number for the host). The query tile of
 // every packed-batch kernel (FJ_BLOCK_M) divides it (the sm90 kernel's
 // 128-row tiles are not taken there: gen/config.c,
 // fjg_config_backward_variant).
 constexpr int FJB_SEQ_PAD = 64;
 static_assert(!FJ_VARLEN || FJB_SEQ_PAD % FJ_BLOCK_M == 0,
               "backward: query tiles divide FJB_SEQ_PAD");
+
+// A query head's scratch rows without cu_seqlens_q (p.acc_sh: the host
+// computes the same), as an int: the narrower multiply keeps the masked
+// D=128 sm80 kernel from spilling.
+__device__ __forceinline__ int fjb_acc_rows(int Lq) {
+  return (Lq + FJB_SEQ_PAD - 1) & -FJB_SEQ_PAD;
+}
+
+// dq_accum's tiled form, which the sm90 kernel writes (FJB_DQ_TILED and
+// the tiles' width FJB_DQ_TILE_COLS, W: its configuration defines them;
+// otherwise dq_accum is row-major): each FJB_SEQ_PAD-row block of a head's
+// rows (64 x D floats) is D / W tiles of 64 x W, one after the other, each
+// in the register order of a 128-thread wgmma accumulator (m64nW, fp32):
+// floats 4 (128 k + t) .. + 3 are thread t's registers 4 k .. 4 k + 3, rows
+// r and r + 8, columns c and c + 1 of the tile, in the order (r, c), (r, c
+// + 1), (r + 8, c), (r + 8, c + 1), for r = 16 (t / 32) + (t / 4) % 8 and c
+// = 8 k + 2 (t % 4). So a warpgroup stores its dQ part with 16-byte stores
+// no two lanes of which share a bank, and it is added to dq_accum as one
+// bulk copy. The float4 of row pair (r, r + 8) and column pair (c, c + 1)
+// in a tile:
+__device__ __forceinline__ int fjb_dq_tiled_f4(int r, int c) {
+  const int t = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2;
+  return 128 * (c / 8) + t;
+}
+static_assert(FJB_SEQ_PAD == 64, "backward: tiled dq_accum blocks are 64 rows");
 
 // Sequence b of a backward launch: p.sz with Lq and Lk set to the
 // sequence's own (what fj_mask, fj_score_mod, fj_score_grad and
@@ -262,8 +289,6 @@ __device__ __forceinline__ long long fjb_acc_row(const fj_bwd_params &p, const f
 #if FJ_VARLEN
   return (long long)(s.acc_h0 + h) * p.acc_sh + s.acc_q0;
 #else
-  // acc_sh is Lq here: the int operand keeps the multiply narrower (with
-  // acc_sh the masked D=128 sm80 kernel spilled on sm_90a).
-  return ((long long)s.acc_h0 + h) * p.sz.Lq + s.acc_q0;
+  return ((long long)s.acc_h0 + h) * fjb_acc_rows(p.sz.Lq) + s.acc_q0;
 #endif
 }

@@ -97,15 +97,15 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 }
 
 // Producer warp 2, the dQ writer: each item's dQ buffers, once a consumer
-// has filled its own, added to dq_accum by TMA reduce-adds (rows past Lq are
-// skipped by the map; in a packed batch they fall in the sequence's own
-// padded scratch rows, fjb_seq_of, and add 0), and released once the
+// has filled its own, added to their tiles of dq_accum by bulk reduce-adds
+// (rows past Lq fall in the head's or sequence's own padding rows, which
+// the post kernel does not read), and released once the
 // reduce-add has read them: with two buffers a consumer, the item after, so
 // that a buffer is read while the consumer fills the other; with one, at
 // once (the consumer fills it again only after its next S^T product). The
 // tile's last buffers are released at its end: the consumers stage dK and
 // dV in them. Lane 0 issues; every lane walks.
-__device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_bwd_maps &maps,
+__device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
                                               const fjhb_smem &sm, const fjb_walk &w, int &n) {
   const int lane = fj_tid() & 31;
   fjb_item it = w.first(p);
@@ -114,15 +114,14 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p, const fj_b
     const int bi = n % FJHB_DQ_BUFS;
     if (lane == 0) {
       const fjb_seq sq = w.seq(p);
-      const int qa = sq.acc_q0 + it.i * FJ_BLOCK_M;  // the tile's row in its head's scratch
+      // The item's first scratch row.
+      const long long row = fjb_acc_row(p, sq, it.h) + it.i * FJ_BLOCK_M;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n / FJHB_DQ_BUFS) & 1u);
-#pragma unroll
-        for (int x = 0; x < FJHB_DQ_BOXES; ++x)
-          fjh_tma_reduce_add_3d(&maps.dq_accum, sm.dq(c, bi) + x * (FJHB_DQ_ROWS * 128),
-                                fjhb_dq_col0(c) + 32 * x, qa + fjhb_dq_row0(c),
-                                sq.acc_h0 + it.h);
+        fjh_bulk_reduce_add_f32(
+            p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD,
+            sm.dq(c, bi), FJHB_DQ_BYTES);
         fjh_bulk_commit();
         if constexpr (FJHB_DQ_BUFS == 1) {
           fjh_bulk_wait_read_n<0>();
@@ -200,7 +199,7 @@ __device__ __forceinline__ void fjhb_producer_tile(const fj_bwd_params &p,
   else if (warp == 1)
     fjhb_produce_rows(p, sm, w, n);
   else
-    fjhb_write_dq(p, maps, sm, w, n);
+    fjhb_write_dq(p, sm, w, n);
 }
 
 extern "C" __global__ void __launch_bounds__(FJHB_THREADS, 1)

@@ -33,9 +33,8 @@
 //   fjr_tma_bwd_maps_build): q, dout (boxes of 64 x FJ_BLOCK_M), k, v (64 x
 //   FJ_BLOCK_N), dk, dv (64 x 64) over the 4-D tensors (D, L, H, B) of the
 //   element type with 128-byte swizzle (packed ones (D, total, H, 1): the
-//   kernel adds a sequence's first row); dq_accum over fp32 (D, acc_sh,
-//   heads: B * Hq, or Hq packed) with boxes of 32 x 64 and 128-byte
-//   swizzle, the target of the dQ reduce-adds.
+//   kernel adds a sequence's first row). dq_accum is in its tiled form
+//   (common/fj_bwd.cuh, FJB_DQ_TILED), which the post kernel reads.
 // Requirements the host checks: those of the sm80 backward (which are also
 //   TMA's: 16-byte aligned tensors, strides multiples of 8 elements).
 // ---------------------------------------------------------------------------
@@ -60,10 +59,11 @@
 // with 128-row items, by rows, its 64 query rows for all of the head dim,
 //   dQ[rows_c, :] = dS[rows_c, :] K,
 // (at D=64 the split by rows makes it an n64 product where the split by
-// columns is n32); it adds that part, times scale, into one of its dQ
-// buffers (two with 64-row items, one with 128: no shared memory is left
-// for a second); a producer warp (the writer)
-// adds each buffer to dq_accum with TMA reduce-adds and releases it. At the
+// columns is n32): a tile of dq_accum's tiled form (FJB_DQ_TILE_COLS). It
+// stores that part, times scale, into one of its dQ buffers in the tile's
+// order (two buffers with 64-row items, one with 128: no shared memory is
+// left for a second); a producer warp (the writer) adds each buffer to
+// dq_accum with one bulk reduce-add and releases it. At the
 // end the consumer stores dK (times scale) and dV by TMA through its
 // buffers.
 //
@@ -86,6 +86,14 @@
 // its registers.
 #pragma once
 
+// dq_accum in its tiled form (common/fj_bwd.cuh), for the post kernel
+// (common/bwd_rows.cuh, which comes after this part): its tiles are a
+// consumer's dQ parts (FJHB_DQ_COLS wide, below).
+#define FJB_DQ_TILED 1
+#ifdef FJB_ROW_KERNELS
+#error "sm90 backward: its configuration must precede common/bwd_rows.cuh"
+#endif
+
 // ---- shapes ----------------------------------------------------------------
 
 constexpr int FJHB_THREADS = 384;
@@ -101,7 +109,7 @@ constexpr int FJHB_ROWS_BYTES = FJHB_WG_KV * FJ_HEAD_DIM * 2;  // a consumer's d
 constexpr bool FJHB_DQ_BY_ROWS = FJ_BLOCK_M == 128;
 constexpr int FJHB_DQ_ROWS = 64;
 constexpr int FJHB_DQ_COLS = FJHB_DQ_BY_ROWS ? FJ_HEAD_DIM : FJ_HEAD_DIM / 2;
-constexpr int FJHB_DQ_BOXES = FJHB_DQ_COLS / 32;          // fp32 boxes of 32 columns
+constexpr int FJB_DQ_TILE_COLS = FJHB_DQ_COLS;
 constexpr int FJHB_DQ_BYTES = FJHB_DQ_ROWS * FJHB_DQ_COLS * 4;  // one dQ buffer
 constexpr int FJHB_DQ_BUFS = FJHB_DQ_BY_ROWS ? 1 : 2;     // dQ buffers a consumer
 constexpr int FJHB_S_REGS = FJ_BLOCK_M / 2;               // S^T, dP^T accumulators
@@ -129,8 +137,8 @@ __device__ __forceinline__ int fjhb_dq_col0(int c) {
 // ring's two slots (a kv tile's position in the order, -1: no more). Tiles
 // of 2-byte elements are stored as blocks of (rows x 64 elements), 128-byte
 // swizzled (TMA's layout); a dS^T buffer is
-// FJ_BLOCK_M / 64 such blocks of FJ_BLOCK_N rows; a dQ buffer is
-// FJHB_DQ_BOXES blocks of (64 rows x 32 floats), 128-byte swizzled. At the
+// FJ_BLOCK_M / 64 such blocks of FJ_BLOCK_N rows; a dQ buffer is a tile of
+// dq_accum's tiled form (64 x FJHB_DQ_COLS floats). At the
 // end a consumer's dQ buffers hold its dK and then its dV tile
 // (FJHB_ROWS_BYTES each).
 constexpr int FJHB_OFF_K = 0;
@@ -170,6 +178,8 @@ static_assert(!(FJ_PERSISTENT && FJ_VARLEN), "sm90 backward: the persistent kern
 static_assert(FJHB_DQ_BUFS * FJHB_DQ_BYTES >= 2 * FJHB_ROWS_BYTES,
               "sm90 backward: a consumer's dQ buffers hold its dK and dV tiles");
 static_assert(FJHB_SMEM_BYTES <= 227 * 1024, "sm90 backward: shared memory over 227 KiB");
+static_assert(FJHB_DQ_ROWS == FJB_SEQ_PAD && FJHB_DQ_REGS / 4 * 128 * 16 == FJHB_DQ_BYTES,
+              "sm90 backward: a consumer's dQ part is a tile of dq_accum");
 static_assert(FJHB_PRODUCER_REGS + 2 * FJHB_CONSUMER_REGS <= 3 * ((65536 / FJHB_THREADS) & ~7),
               "sm90 backward: register split over the CTA's pool");
 
@@ -178,9 +188,9 @@ static_assert(FJHB_PRODUCER_REGS + 2 * FJHB_CONSUMER_REGS <= 3 * ((65536 / FJHB_
 // ---- kernel parameter and shared-memory map --------------------------------
 
 // The kernel's second parameter: the tensor maps (runtime/tma.c builds
-// them; the host mirror is runtime/tma.h's fjr_tma_bwd_maps): 896 bytes.
+// them; the host mirror is runtime/tma.h's fjr_tma_bwd_maps): 768 bytes.
 struct __align__(128) fj_bwd_maps {
-  fjh_tensor_map q, k, v, dout, dk, dv, dq_accum;
+  fjh_tensor_map q, k, v, dout, dk, dv;
 };
 
 struct fjhb_smem {

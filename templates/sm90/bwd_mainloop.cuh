@@ -75,9 +75,6 @@ __device__ __forceinline__ void fjhb_ld_shared_f2(unsigned addr, float &x, float
 __device__ __forceinline__ void fjhb_st_shared_u32(unsigned addr, unsigned v) {
   asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ void fjhb_st_shared_f2(unsigned addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(addr), "f"(x), "f"(y) : "memory");
-}
 
 // P^T and dS^T from S^T (s) and dP^T (dp), elementwise, packed into their
 // A fragments (pa, dsa) a k16 step at a time, so that s and dp die step by
@@ -273,22 +270,16 @@ __device__ __forceinline__ void fjhb_store_ds(unsigned s_ds, int c,
   }
 }
 
-// A consumer's dQ part into a dQ buffer: FJHB_DQ_BOXES blocks of 64 rows x
-// 32 floats, 128-byte swizzled as the reduce-add's map reads them.
+// A consumer's dQ part into a dQ buffer, as a tile of dq_accum's tiled form
+// (common/fj_bwd.cuh): the accumulator's registers in their order, four a
+// 16-byte store.
 __device__ __forceinline__ void fjhb_store_dq(unsigned buf, const float (&acc)[FJHB_DQ_REGS]) {
-  const int t = fj_tid() & 127;
-  const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
+  const unsigned t = fj_tid() & 127;
 #pragma unroll
-  for (int j = 0; j < FJHB_DQ_COLS / 8; ++j) {
-    const unsigned blk = buf + (j / 4) * (FJHB_DQ_ROWS * 128);
-    const unsigned chunk = (unsigned)((j % 4) * 2 + (t4 >> 1));
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * w + g + 8 * hh;
-      fjhb_st_shared_f2(blk + r * 128 + ((chunk ^ (unsigned)g) << 4) + 8 * (t4 & 1),
-                        acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
-    }
-  }
+  for (int k = 0; k < FJHB_DQ_REGS / 4; ++k)
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + (128 * k + t) * 16),
+                 "f"(acc[4 * k]), "f"(acc[4 * k + 1]), "f"(acc[4 * k + 2]), "f"(acc[4 * k + 3])
+                 : "memory");
 }
 
 // A 64 x FJ_HEAD_DIM accumulator (times mul) in the element type into buf:

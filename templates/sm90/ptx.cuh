@@ -90,19 +90,14 @@ template <int N>
 __device__ __forceinline__ void fjh_bulk_wait_read_n() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
 }
-// Global += shared (fp32 add, the element type of the map) for the box at
-// (c0, c1, c2) of a 3-D tensor; rows outside the tensor are skipped. In the
-// calling thread's bulk group.
-__device__ __forceinline__ void fjh_tma_reduce_add_3d(const fjh_tensor_map *map, unsigned src,
-                                                      int c0, int c1, int c2) {
+// Global += shared, `bytes` (a multiple of 16) of fp32 from src to dst
+// (both 16-byte aligned), in the calling thread's bulk group.
+__device__ __forceinline__ void fjh_bulk_reduce_add_f32(float *dst, unsigned src, unsigned bytes) {
   asm volatile(
-      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
-      " [%0, {%2, %3, %4}], [%1];\n"
-      :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [%1], %2;\n}\n"
+      :: "l"(dst), "r"(src), "r"(bytes) : "memory");
 }
-// 4 bytes global to shared without a register in between (cp.async), and
-// the wait for this thread's copies: the paged loads stage block-table
-// entries with them.
 // Four 8 x 8 matrices of 16-bit elements into shared memory: lanes 8 m ..
 // 8 m + 7 give the addresses of matrix m's rows (16 bytes each); register m
 // holds, in every lane l, row l / 4's elements 2 (l % 4) and 2 (l % 4) + 1

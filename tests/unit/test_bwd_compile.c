@@ -199,7 +199,7 @@ static void compile_one_as(const char *arch, const char *tmpl, int head_dim, fj_
       assert_non_null(strstr(ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32"));
     assert_non_null(strstr(ptx, "cp.async.bulk.tensor.4d.shared::cluster.global"));
     /* dq_accum's reduce-adds, dK and dV's stores */
-    assert_non_null(strstr(ptx, "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add"));
+    assert_non_null(strstr(ptx, "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"));
     assert_non_null(strstr(ptx, "cp.async.bulk.tensor.4d.global.shared::cta"));
     assert_non_null(strstr(ptx, "setmaxnreg.inc"));
     /* The persistent kernel's tile counter */
