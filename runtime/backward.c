@@ -119,11 +119,12 @@ static size_t align_up(size_t n) {
 /* A query head's scratch rows without cu_seqlens_q: Lq rounded up to
  * FJG_BWD_SEQ_PAD, so that every head's rows are whole blocks of dq_accum's
  * tiled form (templates/common/fj_bwd.cuh: fjb_acc_rows). */
-_Static_assert(FJG_BWD_ROW_BLOCK == FJG_BWD_SEQ_PAD,
-               "the pre kernel zeroes whole blocks of a head's scratch rows");
 static int64_t acc_rows(int64_t Lq) {
   return (Lq + FJG_BWD_SEQ_PAD - 1) / FJG_BWD_SEQ_PAD * FJG_BWD_SEQ_PAD;
 }
+/* The pre kernel zeroes such blocks, one a CTA. */
+_Static_assert(FJG_BWD_ROW_BLOCK == FJG_BWD_SEQ_PAD,
+               "the pre kernel zeroes whole blocks of a head's scratch rows");
 
 /* The scratch's layout, the one place it is decided: delta (fp32, one
  * float a row) at 0, dq_accum (fp32, D floats a row) at at[0], the

@@ -165,8 +165,9 @@ static_assert(sizeof(fj_bwd_params) ==
               "fj_bwd_params: the fixed part is 496 bytes, as fjr_bwd_params_fixed");
 
 // A head's and a packed sequence's scratch rows start at a multiple of this
-// many rows, with a tile of it free before the next head's or sequence's
-// (gen/config.h's FJG_BWD_SEQ_PAD names the same number for the host). The query tile of
+// many rows: a head's rows are Lq rounded up to it, and a packed sequence
+// has a tile of it free before the next sequence's (gen/config.h's
+// FJG_BWD_SEQ_PAD names the same number for the host). The query tile of
 // every packed-batch kernel (FJ_BLOCK_M) divides it (the sm90 kernel's
 // 128-row tiles are not taken there: gen/config.c,
 // fjg_config_backward_variant).
