@@ -79,9 +79,9 @@ typedef struct pc_opts {
 typedef struct job_result {
   fj_status status;
   fj_kernel_info info;
-  /* Other kernels of the job, in separate cubins (the decode pass's 16-row
-   * kernel and util kernels), packed with it. */
-  fj_kernel_info more[2];
+  /* Other kernels of the job, in separate cubins (the decode pass's other
+   * decode kernels and util kernels), packed with it. */
+  fj_kernel_info more[FJR_DECODE_KERNELS - 1];
   int n_more;
   char *error; /* malloc'd, when status != FJ_OK */
 } job_result;
@@ -223,17 +223,26 @@ static char *job_error(const job *j, const char *fmt, ...) {
   return out;
 }
 
-/* The decode pass: its three kernels (runtime/decode.h), the 32-row one
+/* The decode pass: its kernels (runtime/decode.h), the 32-row 4-warp one
  * as the job's. */
 static fj_status compile_decode(fj_context *ctx, const fj_spec *spec,
                                 const fj_kernel_options *ko, job_result *r) {
-  fj_kernel_info all[3];
-  fj_status st = fjr_compile_decode_all(ctx, spec, ko, all);
+  fj_kernel_info all[FJR_DECODE_KERNELS];
+  int n = 0;
+  fj_status st = fjr_compile_decode_all(ctx, spec, ko, all, &n);
   if (st != FJ_OK) return st;
   r->info = all[2];
-  r->more[0] = all[0], r->more[1] = all[1];
-  r->n_more = 2;
+  r->n_more = 0;
+  for (int i = 0; i < n; i++)
+    if (i != 2) r->more[r->n_more++] = all[i];
   return FJ_OK;
+}
+
+/* Every kernel of the job has its cubin on disk. */
+static int all_stored(const job_result *r) {
+  for (int i = 0; i < r->n_more; i++)
+    if (!r->more[i].cubin_path[0]) return 0;
+  return 1;
 }
 
 static void run_job(fj_context *ctx, const cli_manifest *m, int index,
@@ -276,8 +285,7 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
                            : fj_compile_forward(ctx, spec, &ko, &r->info);
   if (r->status != FJ_OK)
     r->error = job_error(&j, "%s", fj_context_last_error(ctx));
-  else if (!r->info.cubin_path[0] || (r->n_more > 0 && !r->more[0].cubin_path[0]) ||
-           (r->n_more > 1 && !r->more[1].cubin_path[0])) {
+  else if (!r->info.cubin_path[0] || !all_stored(r)) {
     /* Kept in memory only: the cache directory could not be written (the
      * store's warning was printed). */
     r->status = FJ_ECACHE;

@@ -393,21 +393,30 @@ static int decode_smem_bytes(const fjg_config *c) {
 }
 
 fj_status fjg_config_choose_decode(int head_dim, fj_dtype dtype, const char *arch, int rows,
-                                   int stages, fjg_config *out, char *err, size_t errlen) {
+                                   int warps, int stages, fjg_config *out, char *err,
+                                   size_t errlen) {
   fj_status st = config_start(head_dim, dtype, arch, out, err, errlen);
   if (st != FJ_OK) return st;
   if (head_dim == 256)
     return fail(err, errlen, FJ_EUNSUPPORTED,
                 "the decode kernel has head dims 64 and 128, not 256 (%s)", out->arch);
+  if (warps != 0 && warps != 4 && warps != 8)
+    return fail(err, errlen, FJ_EUNSUPPORTED, "the decode kernel has 4 or 8 warps, not %d",
+                warps);
   out->template_name = "sm80";
-  out->num_warps = 4;
+  out->num_warps = warps ? warps : 4;
   out->block_n = 16 * out->num_warps;
   out->block_m = rows > 16 ? 32 : 16;
-  /* Slices in flight: as many as keep two CTAs on a multiprocessor (8
-   * warps streaming), 2 to 4: 3 at D=128 and 4 at D=64 on sm_90 (228 KiB a
-   * multiprocessor), 2 and 4 on sm_80 (164 KiB), 2 on parts with 100 KiB. */
+  /* Slices in flight. 4 warps: as many as keep two CTAs on a
+   * multiprocessor (8 warps streaming), 2 to 4: 3 at D=128 and 4 at D=64
+   * on sm_90 (228 KiB a multiprocessor), 2 and 4 on sm_80 (164 KiB), 2 on
+   * parts with 100 KiB. 8 warps (one CTA a multiprocessor): 2, 16 slices
+   * a CTA (16 x 8192 from pages of 16 rows on the H200: 3.79 TB/s, 3.72
+   * with 3 stages). */
   if (stages > 0) {
     out->num_stages = stages;
+  } else if (out->num_warps == 8) {
+    out->num_stages = 2;
   } else {
     const int per_stage = out->num_warps * 2 * 16 * head_dim * 2;
     const int fit = (smem_per_sm(out->sm) / 2 - 1024 - out->block_m * head_dim * 2) / per_stage;

@@ -179,14 +179,18 @@ void fjg_config_backward_variant(fjg_config *c, int deterministic, int varlen, i
  * The decode kernel's configuration (templates/sm80/decode_config.cuh:
  * docs/serving.md) for head_dim (64, 128), dtype and arch: block_m query
  * rows a CTA (16, or 32 when `rows`, the packed rows of a KV group, is
- * larger), block_n = 16 * num_warps kv rows a tile (4 warps, a 16-row
- * slice each), num_stages slices in flight a warp (`stages`, or 0: 3 at
- * D=128, 4 at D=64), smem_bytes its dynamic shared memory. The mma.sync
- * kernel runs on every target from sm_80; template_name "sm80". Launch:
- * runtime/decode.c. Thread-safe; no allocation.
+ * larger), block_n = 16 * num_warps kv rows a tile (`warps`, 4 or 8, or 0:
+ * 4; a 16-row slice each), num_stages slices in flight a warp (`stages`,
+ * or 0: with 4 warps 3 at D=128 and 4 at D=64 on sm_90, with 8 warps 2),
+ * smem_bytes its dynamic shared memory. The 4-warp kernel runs two CTAs a
+ * multiprocessor, the 8-warp one a CTA (runtime/decode.c's
+ * fjr_decode_warps chooses). The mma.sync kernel runs on every target from
+ * sm_80; template_name "sm80". Launch: runtime/decode.c. Thread-safe; no
+ * allocation.
  */
 fj_status fjg_config_choose_decode(int head_dim, fj_dtype dtype, const char *arch, int rows,
-                                   int stages, fjg_config *out, char *err, size_t errlen);
+                                   int warps, int stages, fjg_config *out, char *err,
+                                   size_t errlen);
 /* The spec-independent serving kernels (templates/common/merge.cuh: the
  * LSE merge and the CSR conversion) for arch: template "common", 128
  * threads, no dynamic shared memory. */

@@ -363,9 +363,10 @@ size_t fj_forward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
 
 /* Compiles (or finds in the cache) what a decode launch (below) runs for
  * spec and opts: the decode kernel in its two row blocks (16 and 32 packed
- * query rows a KV group) and the serving utility kernels (the LSE merge,
+ * query rows a KV group), each of 4 warps and, where it fits the target,
+ * of 8 (docs/serving.md), and the serving utility kernels (the LSE merge,
  * the CSR conversion). As fj_compile_forward: needs NVRTC on a miss, never
- * a GPU; `info` (may be NULL) describes the 32-row kernel. For deployments
+ * a GPU; `info` (may be NULL) describes the 32-row 4-warp kernel. For deployments
  * that precompile (`flexjit precompile`'s "decode" pass). */
 fj_status fj_compile_decode(fj_context *ctx, const fj_spec *spec,
                             const fj_kernel_options *opts, fj_kernel_info *info);

@@ -24,11 +24,11 @@ static fj_status emit_decode(const fjg_graph *g, const fjg_config *cfg, fjg_buf 
   return fjg_emit_kernel_tu(g, cfg, "decode", out);
 }
 
-/* fj_dec_<spec>_d<D>_<dtype>_m<rows>_s<stages>_<arch> */
+/* fj_dec_<spec>_d<D>_<dtype>_m<rows>_w<warps>_s<stages>_<arch> */
 static void decode_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
-  snprintf(buf, n, "fj_dec_%s_d%d_%s_m%d_s%d_%s", spec, cfg->head_dim,
-           cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->block_m, cfg->num_stages,
-           cfg->arch);
+  snprintf(buf, n, "fj_dec_%s_d%d_%s_m%d_w%d_s%d_%s", spec, cfg->head_dim,
+           cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->block_m, cfg->num_warps,
+           cfg->num_stages, cfg->arch);
 }
 
 static const fjr_kernel_kind decode_kind = {
@@ -110,19 +110,30 @@ static fj_status util_kernel(fj_context *ctx, fjr_kernel **out) {
   return st == FJ_OK ? fjr_kernel_load(ctx, *out) : st;
 }
 
-/* The decode kernel of spec for o and a group of `rows` packed rows, not
- * loaded. */
-static fj_status decode_kernel_get(fj_context *ctx, const fj_spec *spec,
-                                   const fj_kernel_options *o, int rows, fjr_kernel **out,
-                                   int *resident) {
+/* The decode kernel's configuration for o, a group of `rows` packed rows
+ * and `warps` (4 or 8); quiet: FJ_EUNSUPPORTED where it does not fit the
+ * target (8 warps at D=128 on parts of 100 KiB a multiprocessor), err
+ * saying why. */
+static fj_status decode_config(fj_context *ctx, const fj_kernel_options *o, int rows, int warps,
+                               fjg_config *cfg, char *err, size_t errlen) {
   const char *arch = o->arch;
   fj_status st;
-  if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
+  if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) {
+    snprintf(err, errlen, "%s", fj_context_last_error(ctx));
+    return st;
+  }
+  return fjg_config_choose_decode(o->head_dim, o->dtype, arch, rows, warps, 0, cfg, err, errlen);
+}
+
+/* The decode kernel of spec for o, a group of `rows` packed rows and
+ * `warps`, not loaded. */
+static fj_status decode_kernel_get(fj_context *ctx, const fj_spec *spec,
+                                   const fj_kernel_options *o, int rows, int warps,
+                                   fjr_kernel **out, int *resident) {
   fjg_config cfg;
   char err[512];
-  if ((st = fjg_config_choose_decode(o->head_dim, o->dtype, arch, rows, 0, &cfg, err,
-                                     sizeof err)) != FJ_OK)
-    return fjr_fail(ctx, st, "%s", err);
+  fj_status st = decode_config(ctx, o, rows, warps, &cfg, err, sizeof err);
+  if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
   return fjr_kernel_get(ctx, (fj_spec *)spec, &decode_kind, &cfg, out, resident);
 }
 
@@ -189,18 +200,16 @@ size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
 }
 
 /* Splits of each CTA's kv run. CTAs that already cover nearly every
- * multiprocessor (90%) are not split when `fill` says so: a split adds the
- * partials and the merge, and one CTA a multiprocessor streams as fast as
- * two from a contiguous cache or pages of 64 rows or more (16 x 8192, GQA
- * 32/8 on the H200: 3.91 TB/s unsplit, 3.83 with 2 splits), but not from
- * pages of 16 or 32, whose block-table reads two CTAs hide. Fewer CTAs
- * take the count that minimizes waves x tiles per CTA over the `slots` that
- * run at once, a split costing about one tile more (its partials and the
- * merge), at most `cap` and the tile count; fewer splits unless more save
- * 5%. */
-static int choose_splits(int64_t ctas, int sms, int slots, int64_t tiles, int64_t cap,
-                         int fill) {
-  if (fill && ctas * 10 >= (int64_t)sms * 9) return 1;
+ * multiprocessor (90%) are not split: a split adds the partials and the
+ * merge, and one CTA a multiprocessor streams as fast as two (16 x 8192,
+ * GQA 32/8 on the H200: 3.91 TB/s unsplit, 3.83 with 2 splits; from pages
+ * of 16 or 32 rows the 8-warp kernel takes these launches,
+ * fjr_decode_warps). Fewer CTAs take the count that minimizes waves x
+ * tiles per CTA over the `slots` that run at once, a split costing about
+ * one tile more (its partials and the merge), at most `cap` and the tile
+ * count; fewer splits unless more save 5%. */
+static int choose_splits(int64_t ctas, int sms, int slots, int64_t tiles, int64_t cap) {
+  if (ctas * 10 >= (int64_t)sms * 9) return 1;
   int best = 1;
   double best_cost = 0;
   for (int s = 1; s <= cap && s <= tiles; s++) {
@@ -211,18 +220,32 @@ static int choose_splits(int64_t ctas, int sms, int slots, int64_t tiles, int64_
   return best;
 }
 
+static int64_t row_blocks_of(int64_t Hq, int64_t Hkv, int64_t Lq, int block_m) {
+  return (Hq / Hkv * Lq + block_m - 1) / block_m;
+}
+
+/* Eight warps (two slices in flight each, one CTA a multiprocessor) where
+ * the unsplit CTAs fill one wave of one CTA a multiprocessor (90% to all)
+ * and the cache is in pages of 16 or 32 rows: there 16 slices of 16
+ * separate pages in flight a multiprocessor stream faster than the 4-warp
+ * kernel unsplit (12 a CTA) or split in two (16 x 8192, GQA 32/8, pages of
+ * 16 on the H200: 3.79 TB/s against 3.63 and 3.72; contiguous 3.95). */
+int fjr_decode_warps(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int block_m, int page_rows,
+                     int sms) {
+  const int64_t ctas = B * Hkv * row_blocks_of(Hq, Hkv, Lq, block_m);
+  const int small_pages = page_rows > 0 && page_rows < 64;
+  return small_pages && ctas * 10 >= (int64_t)sms * 9 && ctas <= sms ? 8 : 4;
+}
+
 void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int block_m,
-                     int block_n, int page_rows, int sms, int per_sm, int64_t *row_blocks,
-                     int *splits) {
-  const int64_t rows = Hq / Hkv * Lq;
-  *row_blocks = (rows + block_m - 1) / block_m;
+                     int block_n, int sms, int per_sm, int64_t *row_blocks, int *splits) {
+  *row_blocks = row_blocks_of(Hq, Hkv, Lq, block_m);
   const int64_t tiles = (Lk + block_n - 1) / block_n;
   int64_t cap = max_splits(B, Hq, Lq);
   if (*row_blocks * cap > 65535) cap = 65535 / *row_blocks;
   sms = sms > 0 ? sms : 1;
   per_sm = per_sm > 0 ? per_sm : 1;
-  const int fill = page_rows == 0 || page_rows >= 64;
-  *splits = Lk > 0 ? choose_splits(*row_blocks * Hkv * B, sms, sms * per_sm, tiles, cap, fill) : 1;
+  *splits = Lk > 0 ? choose_splits(*row_blocks * Hkv * B, sms, sms * per_sm, tiles, cap) : 1;
 }
 
 fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_args *a,
@@ -236,18 +259,25 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
     return fjr_fail(ctx, FJ_EUNSUPPORTED, "kv length %lld: the decode kernel takes below 2^31 - 128",
                     (long long)Lk);
   const fj_kernel_options ko = {.head_dim = D, .dtype = dtype};
+  const int group_rows = (int)(rows < 32 ? rows : 32);
+  const int page_rows = a->block_table ? (int)a->k->shape[1] : 0;
+  fjg_config c4;
+  char err[512];
+  fj_status st = decode_config(ctx, &ko, group_rows, 4, &c4, err, sizeof err);
+  if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
+  int warps = fjr_decode_warps(B, Hq, Hkv, Lq, c4.block_m, page_rows, ctx->num_sms);
+  fjg_config c8;
+  if (warps == 8 && decode_config(ctx, &ko, group_rows, 8, &c8, err, sizeof err) != FJ_OK)
+    warps = 4; /* it does not fit this target */
   fjr_kernel *k = NULL;
-  fj_status st;
-  if ((st = decode_kernel_get(ctx, spec, &ko, (int)(rows < 32 ? rows : 32), &k, NULL)) !=
-          FJ_OK ||
+  if ((st = decode_kernel_get(ctx, spec, &ko, group_rows, warps, &k, NULL)) != FJ_OK ||
       (st = fjr_kernel_load(ctx, k)) != FJ_OK)
     return st;
   const fjg_config cfg = k->cfg;
 
   int64_t row_blocks = 1;
   int splits = 1;
-  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, cfg.block_m, cfg.block_n,
-                  a->block_table ? (int)a->k->shape[1] : 0, ctx->num_sms,
+  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, cfg.block_m, cfg.block_n, ctx->num_sms,
                   fjr_kernel_occupancy(ctx, k), &row_blocks, &splits);
   CUstream stream = (CUstream)a->stream;
 
@@ -302,14 +332,24 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
 }
 
 fj_status fjr_compile_decode_all(fj_context *ctx, const fj_spec *spec,
-                                 const fj_kernel_options *o, fj_kernel_info info[3]) {
+                                 const fj_kernel_options *o,
+                                 fj_kernel_info info[FJR_DECODE_KERNELS], int *count) {
   fjr_kernel *k = NULL;
   int resident = 0;
   fj_status st = FJ_OK;
-  for (int i = 0; i < 3 && st == FJ_OK; i++) {
-    st = i == 1 ? util_kernel_get(ctx, o->arch, &k, &resident)
-                : decode_kernel_get(ctx, spec, o, i == 0 ? 16 : 32, &k, &resident);
-    if (st == FJ_OK) fjr_kernel_info(k, resident, &info[i]);
+  *count = 0;
+  for (int i = 0; i < FJR_DECODE_KERNELS && st == FJ_OK; i++) {
+    if (i == 1) {
+      st = util_kernel_get(ctx, o->arch, &k, &resident);
+    } else {
+      const int rows = i == 0 || i == 3 ? 16 : 32, warps = i < 3 ? 4 : 8;
+      fjg_config c;
+      char err[512];
+      if (warps == 8 && decode_config(ctx, o, rows, 8, &c, err, sizeof err) != FJ_OK)
+        continue; /* the launch does not take it on this target either */
+      st = decode_kernel_get(ctx, spec, o, rows, warps, &k, &resident);
+    }
+    if (st == FJ_OK) fjr_kernel_info(k, resident, &info[(*count)++]);
   }
   return st;
 }
@@ -319,8 +359,9 @@ fj_status fj_compile_decode(fj_context *ctx, const fj_spec *spec, const fj_kerne
   if (!ctx) return FJ_EINVAL;
   fjr_clear_error(ctx);
   if (!spec || !o) return fjr_fail(ctx, FJ_EINVAL, "fj_compile_decode: NULL argument");
-  fj_kernel_info all[3];
-  fj_status st = fjr_compile_decode_all(ctx, spec, o, all);
+  fj_kernel_info all[FJR_DECODE_KERNELS];
+  int n = 0;
+  fj_status st = fjr_compile_decode_all(ctx, spec, o, all, &n);
   if (st == FJ_OK && info) *info = all[2];
   return st;
 }

@@ -420,9 +420,9 @@ __device__ __forceinline__ void fjd_add_o(float *red_o, const float (&acc)[FJD_M
     }
 }
 
-// Two CTAs a multiprocessor at least (what the stages' shared memory
-// allows at D=128): registers up to 255 a thread.
-extern "C" __global__ void __launch_bounds__(FJD_THREADS, 2)
+// FJD_MIN_CTAS a multiprocessor at least (what the stages' shared memory
+// allows at D=128): registers up to 255 a thread with 4 warps.
+extern "C" __global__ void __launch_bounds__(FJD_THREADS, FJD_MIN_CTAS)
 fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   extern __shared__ __align__(128) unsigned char fjd_smem[];
   const int tid = threadIdx.x;

@@ -26,7 +26,7 @@
 //   FJ_DTYPE_BF16 1  or  FJ_DTYPE_F16 1
 //   FJ_BLOCK_M         query rows a CTA (16 or 32: the row block)
 //   FJ_BLOCK_N         kv rows a CTA tile: 16 * FJ_NUM_WARPS
-//   FJ_NUM_WARPS       warps a CTA
+//   FJ_NUM_WARPS       warps a CTA: 4 (two CTAs a multiprocessor) or 8 (one)
 //   FJ_NUM_STAGES      K/V slices in flight a warp (>= 2)
 //   FJ_HAS_MASK, FJ_HAS_SCORE_MOD   as in the forward
 // Launch: grid (row blocks * num_splits, Hkv, B), block x = split * row
@@ -45,6 +45,9 @@ static_assert(FJ_BLOCK_N == FJD_SLICE * FJ_NUM_WARPS, "decode: a tile is one sli
 static_assert(FJ_BLOCK_M == 16 || FJ_BLOCK_M == 32, "decode: 16 or 32 query rows a CTA");
 static_assert(FJ_NUM_STAGES >= 2, "decode: at least two stages");
 constexpr int FJD_THREADS = FJ_NUM_WARPS * 32;
+// CTAs a multiprocessor (the launch bound): the 8-warp kernel runs one,
+// with all of a thread's 255 registers.
+constexpr int FJD_MIN_CTAS = FJ_NUM_WARPS > 4 ? 1 : 2;
 constexpr int FJD_MT = FJ_BLOCK_M / 16;        // m16 row tiles (every warp has all rows)
 constexpr int FJD_KT = FJ_HEAD_DIM / 16;       // k16 steps of Q K^T
 constexpr int FJD_DT = FJ_HEAD_DIM / 8;        // n8 tiles of O

@@ -4,8 +4,8 @@
  * float64 reference: specs with masks and score_mods, bottom-right causal,
  * odd kv lengths, GQA 1 to 8, both dtypes and head dims, BHSD and BSHD;
  * per-sequence kv lengths (one of them 0: O = 0, LSE = -inf); paged caches
- * of 16, 64 and 256-row pages with shuffled block tables and NaN in every
- * pool row no sequence owns; Skip Softmax against the exact kernel within
+ * of 16, 32, 64 and 256-row pages with shuffled block tables and NaN in
+ * every pool row no sequence owns, through the 4- and the 8-warp kernel; Skip Softmax against the exact kernel within
  * its bound, in the decode kernel and (48 and 100 tokens) in the forward's
  * variant; fj_merge_states and fj_paged_from_csr against the CPU.
  * Fresh random inputs, NaN-poisoned outputs.
@@ -59,6 +59,11 @@ static const dcase cases[] = {
     {"paged 64", FULL, FJ_DTYPE_BF16, 128, 3, 16, 4, 3, 5000, 0, 64, 1, 0},
     {"paged 256", ALIBI_BR, FJ_DTYPE_F16, 64, 2, 8, 2, 2, 3000, 0, 256, 1, 0},
     {"paged 16 split", FULL, FJ_DTYPE_BF16, 128, 1, 8, 1, 1, 30000, 0, 16, 0, 0},
+    /* 120 and 123 CTAs from pages of 16 and 32 rows: the 8-warp kernel on
+     * GPUs of 123 to 133 multiprocessors (the H100's and H200's 132),
+     * fjr_decode_warps. */
+    {"paged 16 8 warps", CAUSAL_BR, FJ_DTYPE_BF16, 128, 15, 16, 8, 1, 1500, 0, 16, 1, 0},
+    {"paged 32 8 warps", ALIBI_BR, FJ_DTYPE_F16, 64, 41, 24, 3, 3, 700, 0, 32, 1, 0},
     {"skip 1e-2", FULL, FJ_DTYPE_BF16, 128, 2, 8, 8, 1, 8000, 0, 0, 0, 1e-2f},
     {"skip 1e-3 paged", FULL, FJ_DTYPE_BF16, 64, 3, 4, 4, 1, 6000, 0, 64, 1, 1e-3f},
     /* More than 16 tokens: the forward's Skip Softmax variant (prefill). */

@@ -2,8 +2,8 @@
  * tests/unit/test_decode_compile.c: the decode kernel's configuration
  * (fjg_config_choose_decode), its part list, and its translation unit
  * compiled with NVRTC (CPU only): sm_80, sm_86 and sm_90a, head dims 64 and
- * 128, bf16 and fp16, 16 and 32-row blocks, with and without a mask and a
- * score_mod, without spills, within the target's shared memory, the
+ * 128, bf16 and fp16, 16 and 32-row blocks, 4 and 8 warps, with and without
+ * a mask and a score_mod, without spills, within the target's shared memory, the
  * template's shared-memory map equal to the configuration's; and the
  * serving utility unit (LSE merge, CSR conversion). Set
  * FJ_TEST_NVRTC_DUMP=DIR to write the translation units and logs.
@@ -31,9 +31,10 @@ static void test_config(void **state) {
       for (int rows = 1; rows <= 64; rows *= 2) {
         fjg_config c;
         char err[256];
-        if (fjg_config_choose_decode(d, FJ_DTYPE_BF16, archs[a], rows, 0, &c, err,
+        if (fjg_config_choose_decode(d, FJ_DTYPE_BF16, archs[a], rows, 0, 0, &c, err,
                                      sizeof err) != FJ_OK)
           fail_msg("%s D=%d rows %d: %s", archs[a], d, rows, err);
+        assert_int_equal(c.num_warps, 4);
         assert_string_equal(c.template_name, "sm80");
         assert_int_equal(c.block_m, rows > 16 ? 32 : 16);
         assert_int_equal(c.block_n, 16 * c.num_warps);
@@ -44,14 +45,34 @@ static void test_config(void **state) {
       }
   fjg_config c;
   char err[256];
-  assert_int_equal(fjg_config_choose_decode(256, FJ_DTYPE_BF16, "sm_90a", 4, 0, &c, err,
+  /* 8 warps: two stages, one CTA a multiprocessor; not at D=128 on parts of
+   * 100 KiB. */
+  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_90a", 4, 8, 0, &c, err,
+                                            sizeof err),
+                   FJ_OK);
+  assert_int_equal(c.num_warps, 8);
+  assert_int_equal(c.block_n, 128);
+  assert_int_equal(c.threads, 256);
+  assert_int_equal(c.num_stages, 2);
+  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_86", 4, 8, 0, &c, err,
+                                            sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_non_null(strstr(err, "shared memory"));
+  assert_int_equal(fjg_config_choose_decode(64, FJ_DTYPE_BF16, "sm_86", 4, 8, 0, &c, err,
+                                            sizeof err),
+                   FJ_OK);
+  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_90a", 4, 6, 0, &c, err,
+                                            sizeof err),
+                   FJ_EUNSUPPORTED);
+  assert_non_null(strstr(err, "4 or 8 warps"));
+  assert_int_equal(fjg_config_choose_decode(256, FJ_DTYPE_BF16, "sm_90a", 4, 0, 0, &c, err,
                                             sizeof err),
                    FJ_EUNSUPPORTED);
   assert_non_null(strstr(err, "64 and 128"));
-  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_90a", 4, 1, &c, err,
+  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_90a", 4, 0, 1, &c, err,
                                             sizeof err),
                    FJ_EUNSUPPORTED);
-  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_90a", 4, 40, &c, err,
+  assert_int_equal(fjg_config_choose_decode(128, FJ_DTYPE_BF16, "sm_90a", 4, 0, 40, &c, err,
                                             sizeof err),
                    FJ_EUNSUPPORTED);
   assert_non_null(strstr(err, "shared memory"));
@@ -100,11 +121,11 @@ static char *compile(const char *tu, const char *arch, const char *what, int ker
   return compile_with(tu, arch, what, kernels, NULL);
 }
 
-static void compile_decode(const char *arch, int head_dim, fj_dtype dt, int rows, int mask,
-                           int mod) {
+static void compile_decode(const char *arch, int head_dim, fj_dtype dt, int rows, int warps,
+                           int mask, int mod) {
   fjg_config c;
   char err[256];
-  if (fjg_config_choose_decode(head_dim, dt, arch, rows, 0, &c, err, sizeof err) != FJ_OK)
+  if (fjg_config_choose_decode(head_dim, dt, arch, rows, warps, 0, &c, err, sizeof err) != FJ_OK)
     fail_msg("config: %s", err);
   char tail[256];
   snprintf(tail, sizeof tail,
@@ -114,8 +135,8 @@ static void compile_decode(const char *arch, int head_dim, fj_dtype dt, int rows
   const char *prologue = mod ? fjt_softcap_bias : fjt_causal;
   char *tu = fjt_build_kernel_tu(&c, "decode", mask, mod, prologue, tail);
   char what[128];
-  snprintf(what, sizeof what, "dec_m%d_s%d_d%d_r%d_%s_%s", mask, mod, head_dim, c.block_m,
-           dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
+  snprintf(what, sizeof what, "dec_m%d_s%d_d%d_r%d_w%d_%s_%s", mask, mod, head_dim, c.block_m,
+           c.num_warps, dt == FJ_DTYPE_F16 ? "f16" : "bf16", arch);
   char *ptx = compile(tu, arch, what, 1);
   assert_non_null(strstr(ptx, ".entry fj_attention_decode("));
   assert_non_null(strstr(ptx, "mma.sync.aligned.m16n8k16"));
@@ -129,7 +150,9 @@ static void test_decode_sm80(void **state) {
   for (int d = 64; d <= 128; d *= 2)
     for (int mask = 0; mask < 2; mask++)
       for (int mod = 0; mod < 2; mod++)
-        compile_decode("sm_80", d, mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask ? 32 : 4, mask, mod);
+        compile_decode("sm_80", d, mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask ? 32 : 4, 4, mask,
+                       mod);
+  compile_decode("sm_80", 128, FJ_DTYPE_BF16, 32, 8, 1, 1);
 }
 
 static void test_decode_sm90a(void **state) {
@@ -138,12 +161,17 @@ static void test_decode_sm90a(void **state) {
     for (int rows = 4; rows <= 32; rows *= 8)
       for (int mask = 0; mask < 2; mask++)
         for (int mod = 0; mod < 2; mod++)
-          compile_decode("sm_90a", d, FJ_DTYPE_BF16, rows, mask, mod);
+          compile_decode("sm_90a", d, FJ_DTYPE_BF16, rows, 4, mask, mod);
+  /* The 8-warp kernel: both row blocks, the largest hooks. */
+  for (int d = 64; d <= 128; d *= 2)
+    for (int rows = 4; rows <= 32; rows *= 8)
+      compile_decode("sm_90a", d, FJ_DTYPE_BF16, rows, 8, 1, 1);
 }
 
 static void test_decode_sm86(void **state) {
   (void)state;
-  compile_decode("sm_86", 128, FJ_DTYPE_BF16, 32, 1, 1);
+  compile_decode("sm_86", 128, FJ_DTYPE_BF16, 32, 4, 1, 1);
+  compile_decode("sm_86", 64, FJ_DTYPE_BF16, 32, 8, 1, 1);
 }
 
 static void test_util(void **state) {

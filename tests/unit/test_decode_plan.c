@@ -1,8 +1,9 @@
 /*
- * tests/unit/test_decode_plan.c: the decode launch's plan (fjr_decode_plan)
- * and scratch (fj_forward_workspace_size): row blocks of a KV group, splits
- * that fill whole waves without exceeding the tiles or the partials'
- * budget, and the scratch every plan fits in. CPU only.
+ * tests/unit/test_decode_plan.c: the decode launch's plan (fjr_decode_warps,
+ * fjr_decode_plan) and scratch (fj_forward_workspace_size): the kernel's
+ * warps, row blocks of a KV group, splits that fill whole waves without
+ * exceeding the tiles or the partials' budget, and the scratch every plan
+ * fits in. CPU only.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,7 +22,7 @@
 
 static void plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int bm,
                  int64_t *rb, int *s) {
-  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, bm, 64, 0, SMS, PER_SM, rb, s);
+  fjr_decode_plan(B, Hq, Hkv, Lq, Lk, bm, 64, SMS, PER_SM, rb, s);
 }
 
 static void test_issue_shapes(void **state) {
@@ -43,10 +44,26 @@ static void test_issue_shapes(void **state) {
   /* 112 cover 85%: split. */
   plan(14, 32, 8, 1, 8192, 16, &rb, &s);
   assert_true(s >= 2);
-  /* Pages of 16 rows: split as if fewer; of 64, not. */
-  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 64, 16, SMS, PER_SM, &rb, &s);
-  assert_int_equal(s, 2);
-  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 64, 64, SMS, PER_SM, &rb, &s);
+}
+
+/* 8 warps only for pages of 16 or 32 rows where the CTAs fill one wave of
+ * one a multiprocessor; unsplit there (one CTA a multiprocessor). */
+static void test_warps(void **state) {
+  (void)state;
+  assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 16, SMS), 8);
+  assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 32, SMS), 8);
+  assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 64, SMS), 4);
+  assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 0, SMS), 4);
+  /* 112 CTAs (85%), 136 (more than one a multiprocessor), 512. */
+  assert_int_equal(fjr_decode_warps(14, 32, 8, 1, 16, 16, SMS), 4);
+  assert_int_equal(fjr_decode_warps(17, 32, 8, 1, 16, 16, SMS), 4);
+  assert_int_equal(fjr_decode_warps(64, 32, 8, 1, 16, 16, SMS), 4);
+  /* Row blocks count: 41 x 3 KV heads x one 32-row block (24 rows). */
+  assert_int_equal(fjr_decode_warps(41, 24, 3, 3, 32, 16, SMS), 8);
+  assert_int_equal(fjr_decode_warps(41, 24, 3, 6, 32, 16, SMS), 4);
+  int64_t rb;
+  int s;
+  fjr_decode_plan(16, 32, 8, 1, 8192, 16, 128, SMS, 1, &rb, &s);
   assert_int_equal(s, 1);
 }
 
@@ -94,6 +111,7 @@ static void test_workspace(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_issue_shapes),
+      cmocka_unit_test(test_warps),
       cmocka_unit_test(test_limits),
       cmocka_unit_test(test_workspace),
   };

@@ -151,9 +151,9 @@ static void test_packs_from_the_environment(void **state) {
   assert_true(info.from_cache);
   assert_string_equal(info.cubin_path, pack);
   expect_missing(ctx);
-  /* The decode pass packed all three of its kernels: both row blocks and
-   * the merge (fj_compile_decode needs each; without NVRTC a missing one
-   * fails). */
+  /* The decode pass packed all five of its kernels: both row blocks of 4
+   * and of 8 warps, and the merge (fj_compile_decode needs each; without
+   * NVRTC a missing one fails). */
   fj_spec *spec = NULL;
   assert_int_equal(fj_spec_load_string(ctx, kCausal, strlen(kCausal), "deploy.lua", &spec),
                    FJ_OK);
