@@ -18,8 +18,9 @@ __device__ __forceinline__ void fjd_row(const fjd_cta &c, int r, int *h, int *t,
   const int gr = c.row0 + r;
   *valid = gr < c.G * c.Lq;
   const int gc = min(gr, c.G * c.Lq - 1);
-  *h = c.hkv * c.G + gc / c.Lq;
-  *t = gc % c.Lq;
+  const int g = c.Lq == 1 ? gc : gc / c.Lq;  // one token: no division
+  *h = c.hkv * c.G + g;
+  *t = gc - g * c.Lq;
 }
 
 #if FJ_HAS_MASK
@@ -190,11 +191,6 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
     for (int hh = 0; hh < 2; ++hh)
       fjd_row(c, mt * 16 + g8 + 8 * hh, &rh[mt][hh], &rt[mt][hh], &rv[mt][hh]);
 
-#if FJD_Q_IN_REGISTERS
-  unsigned qf[FJD_KT][4];
-#pragma unroll
-  for (int kk = 0; kk < FJD_KT; ++kk) fjk_ldsm_x4(qf[kk], s_q + q_row + (((2 * kk) ^ x_q) << 4));
-#endif
 #if FJ_HAS_SCORE_MOD
   const float exp_scale = 1.0f;
 #else
@@ -222,6 +218,15 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
     }
     fjk_cp_async_commit();
   }
+  // Q (the oldest group, issued by every thread at the kernel's start) has
+  // landed once at most FJ_NUM_STAGES - 1 groups are pending.
+  fjk_cp_async_wait<FJ_NUM_STAGES - 1>();
+  __syncthreads();
+#if FJD_Q_IN_REGISTERS
+  unsigned qf[FJD_KT][4];
+#pragma unroll
+  for (int kk = 0; kk < FJD_KT; ++kk) fjk_ldsm_x4(qf[kk], s_q + q_row + (((2 * kk) ^ x_q) << 4));
+#endif
 
   for (int st = 0; jc < j_end; st = st + 1 == FJ_NUM_STAGES ? 0 : st + 1) {
     // The stage consumed last iteration takes the next slice in flight:
@@ -429,21 +434,42 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   const int warp = tid >> 5, lane = tid & 31;
   const int g8 = lane >> 2, t4 = lane & 3;
 
+  // Q's load is issued first, and the first K and V slices before it is
+  // waited for (fjd_stream): a CTA has one warp a scheduler, so the setup
+  // below (the mask's classification, the kv run) runs at its instructions'
+  // latency, and Q arrives meanwhile.
   fjd_cta c;
   c.b = blockIdx.z;
   c.hkv = blockIdx.y;
   c.G = p.kv_group;
   c.Lq = p.sz.Lq;
-  c.Lk = p.sz.Lk;
-  if (p.seqlens_k != nullptr) c.Lk = min(max(__ldg(p.seqlens_k + c.b), 0), p.sz.Lk);
+  const int lk_b = p.seqlens_k != nullptr ? __ldg(p.seqlens_k + c.b) : p.sz.Lk;
+  const int row_blocks = (c.G * c.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  const int rb = row_blocks == 1 ? 0 : (int)blockIdx.x % row_blocks;
+  const int split = row_blocks == 1 ? (int)blockIdx.x : (int)blockIdx.x / row_blocks;
+  c.row0 = rb * FJ_BLOCK_M;
+
+  // Q rows into shared memory (swizzled like a slice), zeros for padding:
+  // the oldest cp.async group.
+  const unsigned s_q = fj_smem_u32(fjd_smem);
+  const unsigned s_w = s_q + FJD_Q_BYTES + warp * FJD_WARP_BYTES;
+  for (int i = tid; i < FJ_BLOCK_M * FJD_CHUNKS; i += FJD_THREADS) {
+    const int r = i / FJD_CHUNKS, ch = i % FJD_CHUNKS;
+    int h, t;
+    bool valid;
+    fjd_row(c, r, &h, &t, &valid);
+    const fj_u16 *src = (const fj_u16 *)p.q + (long long)c.b * p.q_sb + (long long)h * p.q_sh +
+                        (long long)t * p.q_ss + ch * 8;
+    fjk_cp_async16(s_q + r * FJD_ROW_BYTES + ((ch ^ (r & 7)) << 4), src, valid ? 16 : 0);
+  }
+  fjk_cp_async_commit();
+
+  c.Lk = p.seqlens_k != nullptr ? min(max(lk_b, 0), p.sz.Lk) : p.sz.Lk;
   c.z = p.sz;
   c.z.Lk = c.Lk;
-  const int row_blocks = (c.G * c.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
-  const int rb = blockIdx.x % row_blocks, split = blockIdx.x / row_blocks;
-  c.row0 = rb * FJ_BLOCK_M;
   const int last_row = min(c.row0 + FJ_BLOCK_M, c.G * c.Lq) - 1;
-  c.h0 = c.hkv * c.G + c.row0 / c.Lq;
-  c.nh = c.hkv * c.G + last_row / c.Lq - c.h0 + 1;
+  c.h0 = c.hkv * c.G + (c.Lq == 1 ? c.row0 : c.row0 / c.Lq);
+  c.nh = c.hkv * c.G + (c.Lq == 1 ? last_row : last_row / c.Lq) - c.h0 + 1;
 
   // The kv run of this split: an equal share of the span [lo, hi] from the
   // first to the last non-EMPTY tile (EMPTY tiles inside it are skipped).
@@ -461,22 +487,6 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   const int n = max(hi - lo + 1, 0);
   const int j_begin = lo + (int)((long long)n * split / p.num_splits);
   const int j_end = lo + (int)((long long)n * (split + 1) / p.num_splits);
-
-  // Q rows into shared memory (swizzled like a slice), zeros for padding.
-  const unsigned s_q = fj_smem_u32(fjd_smem);
-  const unsigned s_w = s_q + FJD_Q_BYTES + warp * FJD_WARP_BYTES;
-  for (int i = tid; i < FJ_BLOCK_M * FJD_CHUNKS; i += FJD_THREADS) {
-    const int r = i / FJD_CHUNKS, ch = i % FJD_CHUNKS;
-    int h, t;
-    bool valid;
-    fjd_row(c, r, &h, &t, &valid);
-    const fj_u16 *src = (const fj_u16 *)p.q + (long long)c.b * p.q_sb + (long long)h * p.q_sh +
-                        (long long)t * p.q_ss + ch * 8;
-    fjk_cp_async16(s_q + r * FJD_ROW_BYTES + ((ch ^ (r & 7)) << 4), src, valid ? 16 : 0);
-  }
-  fjk_cp_async_commit();
-  fjk_cp_async_wait<0>();
-  __syncthreads();
 
   float acc[FJD_MT][FJD_DT][4];
   float row_m[FJD_MT][2], row_l[FJD_MT][2];  // running max (log2 units), sum
