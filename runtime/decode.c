@@ -261,19 +261,19 @@ fj_status fjr_decode_launch(fj_context *ctx, fj_spec *spec, const fj_forward_arg
   const fj_kernel_options ko = {.head_dim = D, .dtype = dtype};
   const int group_rows = (int)(rows < 32 ? rows : 32);
   const int page_rows = a->block_table ? (int)a->k->shape[1] : 0;
-  fjg_config c4;
+  /* The 4-warp configuration, or the 8-warp one where fjr_decode_warps
+   * asks for it and it fits the target. */
+  fjg_config cfg, wide;
   char err[512];
-  fj_status st = decode_config(ctx, &ko, group_rows, 4, &c4, err, sizeof err);
+  fj_status st = decode_config(ctx, &ko, group_rows, 4, &cfg, err, sizeof err);
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
-  int warps = fjr_decode_warps(B, Hq, Hkv, Lq, c4.block_m, page_rows, ctx->num_sms);
-  fjg_config c8;
-  if (warps == 8 && decode_config(ctx, &ko, group_rows, 8, &c8, err, sizeof err) != FJ_OK)
-    warps = 4; /* it does not fit this target */
+  if (fjr_decode_warps(B, Hq, Hkv, Lq, cfg.block_m, page_rows, ctx->num_sms) == 8 &&
+      decode_config(ctx, &ko, group_rows, 8, &wide, err, sizeof err) == FJ_OK)
+    cfg = wide;
   fjr_kernel *k = NULL;
-  if ((st = decode_kernel_get(ctx, spec, &ko, group_rows, warps, &k, NULL)) != FJ_OK ||
+  if ((st = fjr_kernel_get(ctx, spec, &decode_kind, &cfg, &k, NULL)) != FJ_OK ||
       (st = fjr_kernel_load(ctx, k)) != FJ_OK)
     return st;
-  const fjg_config cfg = k->cfg;
 
   int64_t row_blocks = 1;
   int splits = 1;
@@ -337,17 +337,21 @@ fj_status fjr_compile_decode_all(fj_context *ctx, const fj_spec *spec,
   fjr_kernel *k = NULL;
   int resident = 0;
   fj_status st = FJ_OK;
+  /* In decode.h's order; rows 0: the util kernels. */
+  static const struct {
+    int rows, warps;
+  } kernels[FJR_DECODE_KERNELS] = {{16, 4}, {0, 0}, {32, 4}, {16, 8}, {32, 8}};
   *count = 0;
   for (int i = 0; i < FJR_DECODE_KERNELS && st == FJ_OK; i++) {
-    if (i == 1) {
+    if (kernels[i].rows == 0) {
       st = util_kernel_get(ctx, o->arch, &k, &resident);
     } else {
-      const int rows = i == 0 || i == 3 ? 16 : 32, warps = i < 3 ? 4 : 8;
       fjg_config c;
       char err[512];
-      if (warps == 8 && decode_config(ctx, o, rows, 8, &c, err, sizeof err) != FJ_OK)
+      if (kernels[i].warps == 8 &&
+          decode_config(ctx, o, kernels[i].rows, 8, &c, err, sizeof err) != FJ_OK)
         continue; /* the launch does not take it on this target either */
-      st = decode_kernel_get(ctx, spec, o, rows, warps, &k, &resident);
+      st = decode_kernel_get(ctx, spec, o, kernels[i].rows, kernels[i].warps, &k, &resident);
     }
     if (st == FJ_OK) fjr_kernel_info(k, resident, &info[(*count)++]);
   }

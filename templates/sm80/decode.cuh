@@ -426,7 +426,7 @@ __device__ __forceinline__ void fjd_add_o(float *red_o, const float (&acc)[FJD_M
 }
 
 // FJD_MIN_CTAS a multiprocessor at least (what the stages' shared memory
-// allows at D=128): registers up to 255 a thread with 4 warps.
+// allows at D=128): registers up to 255 a thread either way.
 extern "C" __global__ void __launch_bounds__(FJD_THREADS, FJD_MIN_CTAS)
 fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   extern __shared__ __align__(128) unsigned char fjd_smem[];
