@@ -199,6 +199,9 @@ size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
   return parts_bytes(max_splits(B, Hq, Lq), B, Hq, Lq, D, NULL);
 }
 
+/* CTAs enough for one on at least 90% of the multiprocessors. */
+static int covers_gpu(int64_t ctas, int sms) { return ctas * 10 >= (int64_t)sms * 9; }
+
 /* Splits of each CTA's kv run. CTAs that already cover nearly every
  * multiprocessor (90%) are not split: a split adds the partials and the
  * merge, and one CTA a multiprocessor streams as fast as two (16 x 8192,
@@ -209,7 +212,7 @@ size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
  * one tile more (its partials and the merge), at most `cap` and the tile
  * count; fewer splits unless more save 5%. */
 static int choose_splits(int64_t ctas, int sms, int slots, int64_t tiles, int64_t cap) {
-  if (ctas * 10 >= (int64_t)sms * 9) return 1;
+  if (covers_gpu(ctas, sms)) return 1;
   int best = 1;
   double best_cost = 0;
   for (int s = 1; s <= cap && s <= tiles; s++) {
@@ -234,7 +237,7 @@ int fjr_decode_warps(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int block_m
                      int sms) {
   const int64_t ctas = B * Hkv * row_blocks_of(Hq, Hkv, Lq, block_m);
   const int small_pages = page_rows > 0 && page_rows < 64;
-  return small_pages && ctas * 10 >= (int64_t)sms * 9 && ctas <= sms ? 8 : 4;
+  return small_pages && covers_gpu(ctas, sms) && ctas <= sms ? 8 : 4;
 }
 
 void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int block_m,
