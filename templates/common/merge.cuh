@@ -71,20 +71,21 @@ __device__ __forceinline__ unsigned short fjm_round(float x, int dtype) {
 
 // p.wpr warps a row (b, h, l): o = sum_i exp(lse_i - lse) o_i, lse = log
 // sum_i exp(lse_i); segments with lse_i = -inf add nothing; a row without
-// any gets o = 0 and lse = -inf. Warp k of a row sums segments k, k + wpr,
-// ...; the row's warps share a CTA and add their sums in shared memory, in
+// any gets o = 0 and lse = -inf, a row with a NaN LSE gets NaN (as the
+// unsplit computation would). Warp k of a row takes segments k, k + wpr,
+// ..., FJM_UNROLL at a time, each segment's LSE and O loaded together (one
+// memory latency a batch), with a running max as in the online softmax;
+// the row's warps share a CTA and add their states in shared memory, in
 // warp order (the same result every run). Grid ceil(B * H * L * wpr / 4),
 // 128 threads.
 extern "C" __global__ void __launch_bounds__(128)
 fj_merge_states_kernel(const __grid_constant__ fj_merge_params p) {
-#if __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the decode kernel (sm_90 and
-  // newer): its partials are complete and visible past this point. A plain
-  // launch passes at once.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   __shared__ __align__(16) float part[4][128];  // [warp][d - d0]
+  __shared__ float part_m[4], part_s[4];
+  __shared__ int part_nan[4];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // The row and its addresses come first: as a dependent launch (below)
+  // this overlaps the decode kernel's end.
   const long long gw = (long long)blockIdx.x * 4 + warp;
   const long long row = gw / p.wpr;
   const int sub = (int)(gw % p.wpr);
@@ -94,75 +95,98 @@ fj_merge_states_kernel(const __grid_constant__ fj_merge_params p) {
   const long long rc = active ? row : rows - 1;
   const int l = (int)(rc % p.L), h = (int)(rc / p.L % p.H), b = (int)(rc / p.L / p.H);
   const long long lp0 = b * p.lp_sb + h * p.lp_sh + l * p.lp_sl;
-  // A NaN LSE (NaN in a segment's inputs) makes the row NaN, as the
-  // unsplit computation would be: fmaxf alone would drop it.
-  float m = fj_neg_inf();
-  bool nan = false;
-  for (int i = lane; i < p.N; i += 32) {
-    const float li = p.lse_parts[lp0 + i * p.lp_sn];
-    nan |= li != li;
-    m = fmaxf(m, li);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (__any_sync(0xffffffffu, nan)) m = __int_as_float(0x7fffffff);
-  float sum = 0.f;
-  for (int i = lane; i < p.N; i += 32) {
-    const float li = p.lse_parts[lp0 + i * p.lp_sn];
-    sum += li == fj_neg_inf() ? 0.f : __expf(li - m);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const bool none = m == fj_neg_inf();
   const long long op0 = b * p.op_sb + h * p.op_sh + l * p.op_sl;
   // Vector loads where every segment's 4 elements are aligned to them.
   const int esz = p.in_dtype == 0 ? 4 : 2;
   const bool vec = ((unsigned long long)p.o_parts + op0 * esz) % (4 * esz) == 0 &&
                    p.op_sn % 4 == 0;
   unsigned short *o = (unsigned short *)p.o + b * p.o_sb + h * p.o_sh + l * p.o_sl;
-  // A lane takes 4 consecutive elements (D is a multiple of 8) and its
-  // warp's segments FJM_UNROLL at a time: their loads are independent, so
-  // they are in flight together.
+#if __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the decode kernel (sm_90 and
+  // newer): its partials are complete and visible past this point. A plain
+  // launch passes at once.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  // A lane takes 4 consecutive elements (D is a multiple of 8).
   for (int d0 = 0; d0 < p.D; d0 += 128) {
     const int d = d0 + 4 * lane;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int i0 = sub; active && !none && d < p.D && i0 < p.N; i0 += p.wpr * FJM_UNROLL) {
-      float w[FJM_UNROLL], x[FJM_UNROLL][4];
+    float m = fj_neg_inf(), sum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    bool nan = false;
+    for (int i0 = sub; active && i0 < p.N; i0 += p.wpr * FJM_UNROLL) {
+      float li[FJM_UNROLL], x[FJM_UNROLL][4];
 #pragma unroll
       for (int u = 0; u < FJM_UNROLL; ++u) {
-        const int iu = i0 + u * p.wpr;
-        const int i = min(iu, p.N - 1);
-        const float li = p.lse_parts[lp0 + i * p.lp_sn];
-        // A segment past N or without keys adds nothing (its o may be
-        // anything: 0 times NaN would still be NaN).
-        w[u] = iu >= p.N || li == fj_neg_inf() ? -1.f : __expf(li - m);
-        fjm_load4(p.o_parts, op0 + i * p.op_sn + d, p.in_dtype, vec, x[u]);
+        const int i = min(i0 + u * p.wpr, p.N - 1);
+        li[u] = p.lse_parts[lp0 + i * p.lp_sn];
+        if (d < p.D)
+          fjm_load4(p.o_parts, op0 + i * p.op_sn + d, p.in_dtype, vec, x[u]);
+        else
+          x[u][0] = x[u][1] = x[u][2] = x[u][3] = 0.f;
       }
+      // Every lane loads the same LSEs: the batch's max is warp-uniform.
+      float mb = m;
 #pragma unroll
       for (int u = 0; u < FJM_UNROLL; ++u)
+        if (i0 + u * p.wpr < p.N) {
+          nan |= li[u] != li[u];
+          mb = fmaxf(mb, li[u]);
+        }
+      if (mb == fj_neg_inf()) continue;  // nothing yet has keys
+      const float scale = __expf(m - mb);  // 0 while m is -inf
+      sum *= scale;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] = w[u] < 0.f ? acc[e] : fmaf(w[u], x[u][e], acc[e]);
+      for (int e = 0; e < 4; ++e) acc[e] *= scale;
+      m = mb;
+      // A segment past N or without keys adds nothing (its o may be
+      // anything: 0 times NaN would still be NaN).
+#pragma unroll
+      for (int u = 0; u < FJM_UNROLL; ++u) {
+        if (i0 + u * p.wpr >= p.N || li[u] == fj_neg_inf() || li[u] != li[u]) continue;
+        const float w = __expf(li[u] - m);
+        sum += w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] = fmaf(w, x[u][e], acc[e]);
+      }
     }
     if (p.wpr > 1) {
       // The row's warps are this CTA's warps warp - sub .. warp - sub +
-      // wpr - 1 (wpr divides 4); the first adds the others' sums in order.
+      // wpr - 1 (wpr divides 4); the first adds the others' states in order.
       *(float4 *)&part[warp][4 * lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      if (lane == 0) part_m[warp] = m, part_s[warp] = sum, part_nan[warp] = nan;
       __syncthreads();
       if (sub == 0) {
+#pragma unroll 1
+        for (int k = 1; k < p.wpr; ++k) m = fmaxf(m, part_m[warp + k]);
+        const float own = m == fj_neg_inf() ? 0.f : __expf(part_m[warp] - m);
+        sum *= own;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] *= own;
+#pragma unroll 1
         for (int k = 1; k < p.wpr; ++k) {
+          const float mk = part_m[warp + k];
+          nan |= part_nan[warp + k] != 0;
+          if (mk == fj_neg_inf()) continue;
+          const float f = __expf(mk - m);
           const float4 y = *(const float4 *)&part[warp + k][4 * lane];
-          acc[0] += y.x, acc[1] += y.y, acc[2] += y.z, acc[3] += y.w;
+          sum = fmaf(f, part_s[warp + k], sum);
+          acc[0] = fmaf(f, y.x, acc[0]), acc[1] = fmaf(f, y.y, acc[1]);
+          acc[2] = fmaf(f, y.z, acc[2]), acc[3] = fmaf(f, y.w, acc[3]);
         }
       }
       __syncthreads();
     }
-    if (active && sub == 0 && d < p.D) {
+    if (!active || sub != 0) continue;
+    const bool none = m == fj_neg_inf();
+    if (nan) m = __int_as_float(0x7fffffff);
+    if (d < p.D) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[d + e] = fjm_round(none ? 0.f : acc[e] / sum, p.out_dtype);
+      for (int e = 0; e < 4; ++e)
+        o[d + e] = fjm_round(nan ? m : none ? 0.f : acc[e] / sum, p.out_dtype);
     }
+    if (d0 == 0 && lane == 0 && p.lse != nullptr)
+      p.lse[b * p.l_sb + h * p.l_sh + l * p.l_sl] = none && !nan ? fj_neg_inf()
+                                                               : m + __logf(sum);
   }
-  if (active && sub == 0 && lane == 0 && p.lse != nullptr)
-    p.lse[b * p.l_sb + h * p.l_sh + l * p.l_sl] = none ? fj_neg_inf() : m + __logf(sum);
 }
 
 // Host mirror: runtime/decode.c's csr_params.

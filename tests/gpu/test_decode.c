@@ -348,10 +348,11 @@ static int run_case(fj_context *ctx, const fjr_driver *drv, int idx) {
   return pass;
 }
 
-/* fj_merge_states over N random segments (one row with all of them empty)
- * against the CPU; fp32 and bf16 parts, and fp32 parts at an address 4
- * bytes past 16-byte alignment (the kernel's scalar loads). N 5, 23 and 45
- * take one, two and four warps a row. */
+/* fj_merge_states over N random segments (one row with all of them empty,
+ * one with a NaN LSE: its O and LSE are NaN) against the CPU; fp32 and bf16
+ * parts, and fp32 parts at an address 4 bytes past 16-byte alignment (the
+ * kernel's scalar loads). N 5, 23 and 45 take one, two and four warps a
+ * row; N 150, several batches of segments a warp. */
 static int test_merge_n(fj_context *ctx, const fjr_driver *drv, int N) {
   const int B = 2, H = 3, L = 7, D = 72;
   const size_t rows = (size_t)B * H * L;
@@ -367,6 +368,7 @@ static int test_merge_n(fj_context *ctx, const fjr_driver *drv, int N) {
   }
   for (size_t i = 0; ok && i < N * rows; i++)
     lp[i] = (i % rows == 4 || gpu_uniform(&s) < 0.2) ? -INFINITY : (float)(3 * gpu_normal(&s));
+  if (ok) lp[(N / 2) * rows + 5] = NAN;
   int pass = ok;
   for (int variant = 0; pass && variant < 3; variant++) {
     gpu_tensor tp, tl, to, tlse;
@@ -401,6 +403,11 @@ static int test_merge_n(fj_context *ctx, const fjr_driver *drv, int N) {
            gpu_cu_ok(drv, drv->cuMemcpyDtoH(l, tlse.ptr, rows * 4), "download");
     double worst = 0;
     for (size_t r = 0; pass && r < rows; r++) {
+      if (r == 5) {
+        for (int d = 0; d < D; d++) pass = pass && isnan(o[r * D + d]);
+        pass = pass && isnan(l[r]);
+        continue;
+      }
       double m0 = -INFINITY, sum = 0;
       for (int i = 0; i < N; i++) m0 = fmax(m0, lp[i * rows + r]);
       for (int i = 0; i < N; i++)
@@ -427,7 +434,8 @@ static int test_merge_n(fj_context *ctx, const fjr_driver *drv, int N) {
 }
 
 static int test_merge(fj_context *ctx, const fjr_driver *drv) {
-  return test_merge_n(ctx, drv, 5) && test_merge_n(ctx, drv, 23) && test_merge_n(ctx, drv, 45);
+  return test_merge_n(ctx, drv, 5) && test_merge_n(ctx, drv, 23) && test_merge_n(ctx, drv, 45) &&
+         test_merge_n(ctx, drv, 150);
 }
 
 /* fj_paged_from_csr: three sequences (one empty, one cut to max_pages). */
