@@ -168,7 +168,8 @@ __device__ __forceinline__ void fjd_load_stage(const fj_fwd_params &p, const fjd
 // a kept slice (the next K loads meanwhile, and other warps run).
 template <bool SKIP>
 __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta &c,
-                                           int j_begin, int j_end, unsigned s_q, unsigned s_w,
+                                           int j_begin, int j_end, int whole, int j_guess,
+                                           unsigned s_q, unsigned s_w,
                                            float (&acc)[FJD_MT][FJD_DT][4],
                                            float (&row_m)[FJD_MT][2],
                                            float (&row_l)[FJD_MT][2]) {
@@ -197,28 +198,35 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
   const float exp_scale = p.scale_log2;
 #endif
 
-  // The class of the warp's whole run: FULL (or EMPTY) spares each slice
-  // its own classification.
+  // The class of the warp's run: FULL (or EMPTY) spares each slice its own
+  // classification. Inside a FULL whole range it is FULL.
   int span = FJ_TILE_FULL;
 #if FJ_HAS_MASK
-  if (j_begin < j_end && j_begin * FJ_BLOCK_N < c.Lk)
+  if (whole != FJ_TILE_FULL && j_begin < j_end && j_begin * FJ_BLOCK_N < c.Lk)
     span = fjd_class(p, c, j_begin * FJ_BLOCK_N, min(j_end * FJ_BLOCK_N, c.Lk) - 1);
+#else
+  (void)whole;
 #endif
 
-  // Prologue: the first FJ_NUM_STAGES - 1 slices.
+  // Prologue: the first FJ_NUM_STAGES - 1 slices. Stage 0 holds slice
+  // j_guess, issued with Q (the kernel's start): when that is the warp's
+  // first slice it is not loaded again; otherwise it is let land before
+  // stage 0 takes the first slice.
   int cls_l = FJ_TILE_FULL, cls_c = FJ_TILE_FULL;
   int jl = fjd_next(p, c, j_begin - 1, j_end, warp, span, &cls_l);
   int jc = jl;
   cls_c = cls_l;
+  const bool guessed = jl == j_guess;
+  if (!guessed) fjk_cp_async_wait<0>();
 #pragma unroll
   for (int st = 0; st < FJ_NUM_STAGES - 1; ++st) {
     if (jl < j_end) {
-      fjd_load_stage(p, c, s_w, st, jl, warp, !SKIP);
+      if (st != 0 || !guessed) fjd_load_stage(p, c, s_w, st, jl, warp, !SKIP);
       jl = fjd_next(p, c, jl, j_end, warp, span, &cls_l);
     }
     fjk_cp_async_commit();
   }
-  // Q (the oldest group, issued by every thread at the kernel's start) has
+  // Q and the guess (the oldest group, issued at the kernel's start) have
   // landed once at most FJ_NUM_STAGES - 1 groups are pending.
   fjk_cp_async_wait<FJ_NUM_STAGES - 1>();
   __syncthreads();
@@ -434,10 +442,10 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   const int warp = tid >> 5, lane = tid & 31;
   const int g8 = lane >> 2, t4 = lane & 3;
 
-  // Q's load is issued first, and the first K and V slices before it is
-  // waited for (fjd_stream): a CTA has one warp a scheduler, so the setup
-  // below (the mask's classification, the kv run) runs at its instructions'
-  // latency, and Q arrives meanwhile.
+  // Q's load is issued first, with a guess at each warp's first K and V
+  // slice: a CTA has one warp a scheduler, so the setup below (the mask's
+  // classification, the kv run) runs at its instructions' latency, and Q
+  // and the slice arrive meanwhile.
   fjd_cta c;
   c.b = blockIdx.z;
   c.hkv = blockIdx.y;
@@ -449,11 +457,14 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   const int split = row_blocks == 1 ? (int)blockIdx.x : (int)blockIdx.x / row_blocks;
   c.row0 = rb * FJ_BLOCK_M;
 
-  // Q rows into shared memory (swizzled like a slice), zeros for padding:
-  // the oldest cp.async group.
+  // Q rows into shared memory (swizzled like a slice), zeros for padding.
   const unsigned s_q = fj_smem_u32(fjd_smem);
   const unsigned s_w = s_q + FJD_Q_BYTES + warp * FJD_WARP_BYTES;
-  for (int i = tid; i < FJ_BLOCK_M * FJD_CHUNKS; i += FJD_THREADS) {
+  constexpr int Q_CHUNKS = FJ_BLOCK_M * FJD_CHUNKS;
+#pragma unroll
+  for (int pass = 0; pass < (Q_CHUNKS + FJD_THREADS - 1) / FJD_THREADS; ++pass) {
+    const int i = tid + pass * FJD_THREADS;
+    if (Q_CHUNKS % FJD_THREADS != 0 && i >= Q_CHUNKS) break;
     const int r = i / FJD_CHUNKS, ch = i % FJD_CHUNKS;
     int h, t;
     bool valid;
@@ -462,18 +473,26 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
                         (long long)t * p.q_ss + ch * 8;
     fjk_cp_async16(s_q + r * FJD_ROW_BYTES + ((ch ^ (r & 7)) << 4), src, valid ? 16 : 0);
   }
-  fjk_cp_async_commit();
 
   c.Lk = p.seqlens_k != nullptr ? min(max(lk_b, 0), p.sz.Lk) : p.sz.Lk;
   c.z = p.sz;
   c.z.Lk = c.Lk;
+  const int nt = (c.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+  const bool skip_mode = p.skip_log2 < 0.f;
+
+  // The guess: this split's first tile as if no tile were EMPTY (decode
+  // under a causal mask, or none), its warp's slice into stage 0. With Q,
+  // the oldest cp.async group.
+  const int j_guess = p.num_splits == 1 ? 0 : (int)((long long)nt * split / p.num_splits);
+  if (j_guess * FJ_BLOCK_N + warp * FJD_SLICE < c.Lk)
+    fjd_load_stage(p, c, s_w, 0, j_guess, warp, !skip_mode);
+  fjk_cp_async_commit();
   const int last_row = min(c.row0 + FJ_BLOCK_M, c.G * c.Lq) - 1;
   c.h0 = c.hkv * c.G + (c.Lq == 1 ? c.row0 : c.row0 / c.Lq);
   c.nh = c.hkv * c.G + (c.Lq == 1 ? last_row : last_row / c.Lq) - c.h0 + 1;
 
   // The kv run of this split: an equal share of the span [lo, hi] from the
   // first to the last non-EMPTY tile (EMPTY tiles inside it are skipped).
-  const int nt = (c.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
   int lo = 0, hi = nt - 1;
 #if FJ_HAS_MASK
   // The same for every warp: the whole range FULL (decode under a causal
@@ -483,10 +502,15 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
     hi = -1;
   else if (whole == FJ_TILE_PARTIAL)
     fjd_tile_range(p, c, nt, &lo, &hi);
+#else
+  const int whole = FJ_TILE_FULL;
 #endif
   const int n = max(hi - lo + 1, 0);
-  const int j_begin = lo + (int)((long long)n * split / p.num_splits);
-  const int j_end = lo + (int)((long long)n * (split + 1) / p.num_splits);
+  int j_begin = lo, j_end = lo + n;
+  if (p.num_splits > 1) {
+    j_begin = lo + (int)((long long)n * split / p.num_splits);
+    j_end = lo + (int)((long long)n * (split + 1) / p.num_splits);
+  }
 
   float acc[FJD_MT][FJD_DT][4];
   float row_m[FJD_MT][2], row_l[FJD_MT][2];  // running max (log2 units), sum
@@ -499,10 +523,10 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) row_m[mt][hh] = fj_neg_inf(), row_l[mt][hh] = 0.f;
   }
-  if (p.skip_log2 < 0.f)
-    fjd_stream<true>(p, c, j_begin, j_end, s_q, s_w, acc, row_m, row_l);
+  if (skip_mode)
+    fjd_stream<true>(p, c, j_begin, j_end, whole, j_guess, s_q, s_w, acc, row_m, row_l);
   else
-    fjd_stream<false>(p, c, j_begin, j_end, s_q, s_w, acc, row_m, row_l);
+    fjd_stream<false>(p, c, j_begin, j_end, whole, j_guess, s_q, s_w, acc, row_m, row_l);
 
 #if __CUDA_ARCH__ >= 900
   // The merge kernel may launch now (runtime/decode.c); it waits for this
@@ -514,7 +538,7 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   float *red_m = (float *)(fjd_smem + FJD_Q_BYTES);  // [warp][row]
   float *red_l = red_m + FJ_NUM_WARPS * FJ_BLOCK_M;
   float *red_lse = red_l + FJ_NUM_WARPS * FJ_BLOCK_M;  // [row]
-  float *red_o = red_lse + FJ_BLOCK_M;                  // [row][FJD_RED_STRIDE]
+  float *red_o = red_lse + FJ_BLOCK_M;  // [region][row][FJD_RED_STRIDE]
 #pragma unroll
   for (int mt = 0; mt < FJD_MT; ++mt)
 #pragma unroll
@@ -553,32 +577,46 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
       if (warp == 0 && t4 == 0)
         red_lse[r] = l == 0.f ? fj_neg_inf() : (m + __log2f(l)) * FJD_LN2;
     }
-  // The warps add their O into red_o in turn, warp 0 storing: shared
-  // memory has no float atomic add (it would be a compare-and-swap loop, and
-  // the warps contend for the same words), and a fixed order gives the same
-  // sum every run.
+  // Warp w adds its O into region w / FJD_RED_ROUNDS in round w %
+  // FJD_RED_ROUNDS (the first round stores), and the output below sums the
+  // regions in order: shared memory has no float atomic add (it would be a
+  // compare-and-swap loop, and the warps contend for the same words), and a
+  // fixed order gives the same sum every run.
 #pragma unroll 1
-  for (int w = 0; w < FJ_NUM_WARPS; ++w) {
-    if (warp == w) fjd_add_o(red_o, acc, f, w == 0);
+  for (int k = 0; k < FJD_RED_ROUNDS; ++k) {
+    if (warp % FJD_RED_ROUNDS == k)
+      fjd_add_o(red_o + warp / FJD_RED_ROUNDS * FJD_RED_REGION, acc, f, k == 0);
     __syncthreads();
   }
 
   // ---- out: O and LSE, or this split's partials ----
   const bool part = p.num_splits > 1;
-  for (int i = tid; i < FJ_BLOCK_M * (FJ_HEAD_DIM / 8); i += FJD_THREADS) {
+  constexpr int O_CHUNKS = FJ_BLOCK_M * (FJ_HEAD_DIM / 8);
+#pragma unroll
+  for (int pass = 0; pass < (O_CHUNKS + FJD_THREADS - 1) / FJD_THREADS; ++pass) {
+    const int i = tid + pass * FJD_THREADS;
+    if (O_CHUNKS % FJD_THREADS != 0 && i >= O_CHUNKS) break;
     const int r = i / (FJ_HEAD_DIM / 8), d = (i % (FJ_HEAD_DIM / 8)) * 8;
     int h, t;
     bool valid;
     fjd_row(c, r, &h, &t, &valid);
     if (!valid) continue;
-    const float *o = red_o + r * FJD_RED_STRIDE + d;
+    const float4 *src = (const float4 *)(red_o + r * FJD_RED_STRIDE + d);
+    float4 o0 = src[0], o1 = src[1];
+#pragma unroll
+    for (int g = 1; g < FJD_RED_REGIONS; ++g) {
+      const float4 a0 = src[g * FJD_RED_REGION / 4], a1 = src[g * FJD_RED_REGION / 4 + 1];
+      o0.x += a0.x, o0.y += a0.y, o0.z += a0.z, o0.w += a0.w;
+      o1.x += a1.x, o1.y += a1.y, o1.z += a1.z, o1.w += a1.w;
+    }
+    const float o[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
     const float lse = red_lse[r];
     if (part) {
       const long long row =
           (((long long)split * p.sz.B + c.b) * p.sz.Hq + h) * p.sz.Lq + t;
       float4 *dst = (float4 *)(p.part_o + row * FJ_HEAD_DIM + d);
-      dst[0] = make_float4(o[0], o[1], o[2], o[3]);
-      dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+      dst[0] = o0;
+      dst[1] = o1;
       if (d == 0) p.part_lse[row] = lse;
     } else {
       fj_u16 *dst = (fj_u16 *)p.o + (long long)c.b * p.o_sb + (long long)h * p.o_sh +

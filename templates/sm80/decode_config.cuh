@@ -59,13 +59,25 @@ constexpr int FJD_WARP_BYTES = FJ_NUM_STAGES * FJD_STAGE_BYTES;
 constexpr int FJD_Q_BYTES = FJ_BLOCK_M * FJD_ROW_BYTES;
 constexpr int FJD_SMEM_BYTES = FJD_Q_BYTES + FJ_NUM_WARPS * FJD_WARP_BYTES;
 // The epilogue's reduction (every warp's m and l a row, the rows' LSE, then
-// O in fp32) reuses the stages. O's rows are padded by 8 floats, so that the
-// m16n8 fragment's 8 rows (a lane's pair of columns each) fall in different
-// banks.
+// the warps' O in fp32) reuses the stages. O's rows are padded by 8 floats,
+// so that the m16n8 fragment's 8 rows (a lane's pair of columns each) fall in
+// different banks. The warps' O go into FJD_RED_REGIONS regions in
+// FJD_RED_ROUNDS rounds, as few as fit: one, every warp its own region,
+// except with 32 rows and 2 stages.
 constexpr int FJD_RED_STRIDE = FJ_HEAD_DIM + 8;
-constexpr int FJD_RED_BYTES =
-    (2 * FJ_NUM_WARPS + 1) * FJ_BLOCK_M * 4 + FJ_BLOCK_M * FJD_RED_STRIDE * 4;
-static_assert(FJD_RED_BYTES <= FJ_NUM_WARPS * FJD_WARP_BYTES,
+constexpr int FJD_RED_HEAD_BYTES = (2 * FJ_NUM_WARPS + 1) * FJ_BLOCK_M * 4;
+constexpr int FJD_RED_REGION = FJ_BLOCK_M * FJD_RED_STRIDE;  // floats
+constexpr int fjd_red_rounds() {
+  int r = 1;
+  while (r < FJ_NUM_WARPS &&
+         FJD_RED_HEAD_BYTES + FJ_NUM_WARPS / r * FJD_RED_REGION * 4 > FJ_NUM_WARPS * FJD_WARP_BYTES)
+    r *= 2;
+  return r;
+}
+constexpr int FJD_RED_ROUNDS = fjd_red_rounds();
+constexpr int FJD_RED_REGIONS = FJ_NUM_WARPS / FJD_RED_ROUNDS;
+static_assert(FJD_RED_HEAD_BYTES + FJD_RED_REGIONS * FJD_RED_REGION * 4 <=
+                  FJ_NUM_WARPS * FJD_WARP_BYTES,
               "decode: the epilogue's reduction must fit in the stages");
 // Q stays in registers with one row tile; with two it is read from shared
 // memory at each step, leaving the registers to O.
