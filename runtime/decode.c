@@ -205,8 +205,8 @@ static int covers_gpu(int64_t ctas, int sms) { return ctas * 10 >= (int64_t)sms 
 /* Splits of each CTA's kv run. CTAs that already cover nearly every
  * multiprocessor (90%) are not split: a split adds the partials and the
  * merge, and one CTA a multiprocessor streams as fast as two (16 x 8192,
- * GQA 32/8 on the H200: 3.91 TB/s unsplit, 3.83 with 2 splits; from pages
- * of 16 or 32 rows the 8-warp kernel takes these launches,
+ * GQA 32/8 on the H200, 4 warps: 3.99 TB/s unsplit, 3.90 with 2 splits,
+ * 3.67 with 3; the 8-warp kernel takes most of these launches,
  * fjr_decode_warps). Fewer CTAs take the count that minimizes waves x
  * tiles per CTA over the `slots` that run at once, a split costing about
  * one tile more (its partials and the merge), at most `cap` and the tile
@@ -228,16 +228,16 @@ static int64_t row_blocks_of(int64_t Hq, int64_t Hkv, int64_t Lq, int block_m) {
 }
 
 /* Eight warps (two slices in flight each, one CTA a multiprocessor) where
- * the unsplit CTAs fill one wave of one CTA a multiprocessor (90% to all)
- * and the cache is in pages of 16 or 32 rows: there 16 slices of 16
- * separate pages in flight a multiprocessor stream faster than the 4-warp
- * kernel unsplit (12 a CTA) or split in two (16 x 8192, GQA 32/8, pages of
- * 16 on the H200: 3.79 TB/s against 3.63 and 3.72; contiguous 3.95). */
+ * the unsplit CTAs fill one wave of one CTA a multiprocessor (90% to all),
+ * from a contiguous cache or pages of 16 or 32 rows. 16 x 8192, GQA 32/8 on
+ * the H200 (TB/s, 8 warps against 4): contiguous 4.05-4.07 against
+ * 3.97-3.99, pages of 16 3.79 against 3.63 (3.72 split in two); pages of
+ * 64 4.01-4.02 against 4.01 and of 128 4.02 against 4.10 keep 4 warps. */
 int fjr_decode_warps(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int block_m, int page_rows,
                      int sms) {
   const int64_t ctas = B * Hkv * row_blocks_of(Hq, Hkv, Lq, block_m);
-  const int small_pages = page_rows > 0 && page_rows < 64;
-  return small_pages && covers_gpu(ctas, sms) && ctas <= sms ? 8 : 4;
+  const int layout = page_rows < 64; /* 0: contiguous */
+  return layout && covers_gpu(ctas, sms) && ctas <= sms ? 8 : 4;
 }
 
 void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int block_m,

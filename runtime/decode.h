@@ -22,9 +22,9 @@ size_t fjr_decode_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);
 /* The decode kernel's warps, 4 or 8, for a decode over B x Hq query heads
  * (Hkv KV heads) of Lq tokens in row blocks of block_m, from a cache of
  * pages of page_rows rows (0: contiguous), on `sms` multiprocessors: 8
- * where its CTAs fill one wave of one a multiprocessor (90% to all) from
- * pages of fewer than 64 rows (the launch takes 4 where 8 do not fit the
- * target). */
+ * where its CTAs fill one wave of one a multiprocessor (90% to all) from a
+ * contiguous cache or pages of fewer than 64 rows (the launch takes 4
+ * where 8 do not fit the target). */
 int fjr_decode_warps(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int block_m, int page_rows,
                      int sms);
 

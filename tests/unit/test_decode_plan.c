@@ -53,7 +53,8 @@ static void test_warps(void **state) {
   assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 16, SMS), 8);
   assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 32, SMS), 8);
   assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 64, SMS), 4);
-  assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 0, SMS), 4);
+  assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 128, SMS), 4);
+  assert_int_equal(fjr_decode_warps(16, 32, 8, 1, 16, 0, SMS), 8); /* contiguous */
   /* 112 CTAs (85%), 136 (more than one a multiprocessor), 512. */
   assert_int_equal(fjr_decode_warps(14, 32, 8, 1, 16, 16, SMS), 4);
   assert_int_equal(fjr_decode_warps(17, 32, 8, 1, 16, 16, SMS), 4);
