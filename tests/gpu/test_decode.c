@@ -63,7 +63,7 @@ static const dcase cases[] = {
      * caches: the 8-warp kernel on GPUs of 123 to 133 multiprocessors (the
      * H100's and H200's 132), fjr_decode_warps. */
     {"8 warps", WINDOW_BR, FJ_DTYPE_BF16, 128, 15, 32, 8, 1, 3001, 1, 0, 1, 0},
-    {"8 warps skip 1e-3", FULL, FJ_DTYPE_BF16, 64, 41, 24, 3, 1, 2000, 0, 0, 0, 1e-3f},
+    {"8 warps skip 1e-3", FULL, FJ_DTYPE_BF16, 64, 41, 3, 3, 1, 2000, 0, 0, 0, 1e-3f},
     {"paged 16 8 warps", CAUSAL_BR, FJ_DTYPE_BF16, 128, 15, 16, 8, 1, 1500, 0, 16, 1, 0},
     {"paged 32 8 warps", ALIBI_BR, FJ_DTYPE_F16, 64, 41, 24, 3, 3, 700, 0, 32, 1, 0},
     {"skip 1e-2", FULL, FJ_DTYPE_BF16, 128, 2, 8, 8, 1, 8000, 0, 0, 0, 1e-2f},
