@@ -236,8 +236,8 @@ static int64_t row_blocks_of(int64_t Hq, int64_t Hkv, int64_t Lq, int block_m) {
 int fjr_decode_warps(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int block_m, int page_rows,
                      int sms) {
   const int64_t ctas = B * Hkv * row_blocks_of(Hq, Hkv, Lq, block_m);
-  const int layout = page_rows < 64; /* 0: contiguous */
-  return layout && covers_gpu(ctas, sms) && ctas <= sms ? 8 : 4;
+  const int layout_pays = page_rows < 64; /* contiguous (0), or pages below 64 rows */
+  return layout_pays && covers_gpu(ctas, sms) && ctas <= sms ? 8 : 4;
 }
 
 void fjr_decode_plan(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int block_m,
