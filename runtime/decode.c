@@ -125,18 +125,6 @@ static fj_status decode_config(fj_context *ctx, const fj_kernel_options *o, int 
   return fjg_config_choose_decode(o->head_dim, o->dtype, arch, rows, warps, 0, cfg, err, errlen);
 }
 
-/* The decode kernel of spec for o, a group of `rows` packed rows and
- * `warps`, not loaded. */
-static fj_status decode_kernel_get(fj_context *ctx, const fj_spec *spec,
-                                   const fj_kernel_options *o, int rows, int warps,
-                                   fjr_kernel **out, int *resident) {
-  fjg_config cfg;
-  char err[512];
-  fj_status st = decode_config(ctx, o, rows, warps, &cfg, err, sizeof err);
-  if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
-  return fjr_kernel_get(ctx, (fj_spec *)spec, &decode_kind, &cfg, out, resident);
-}
-
 /* after_kernel: the launch follows a kernel of ours on the stream (the
  * decode's merge), and on sm_90 and newer is a programmatic dependent
  * launch: it may start while that kernel finishes (the decode kernel
@@ -351,10 +339,13 @@ fj_status fjr_compile_decode_all(fj_context *ctx, const fj_spec *spec,
     } else {
       fjg_config c;
       char err[512];
-      if (kernels[i].warps == 8 &&
-          decode_config(ctx, o, kernels[i].rows, 8, &c, err, sizeof err) != FJ_OK)
+      st = decode_config(ctx, o, kernels[i].rows, kernels[i].warps, &c, err, sizeof err);
+      if (st != FJ_OK && kernels[i].warps == 8) {
+        st = FJ_OK;
         continue; /* the launch does not take it on this target either */
-      st = decode_kernel_get(ctx, spec, o, kernels[i].rows, kernels[i].warps, &k, &resident);
+      }
+      st = st == FJ_OK ? fjr_kernel_get(ctx, (fj_spec *)spec, &decode_kind, &c, &k, &resident)
+                       : fjr_fail(ctx, st, "%s", err);
     }
     if (st == FJ_OK) fjr_kernel_info(k, resident, &info[(*count)++]);
   }
