@@ -146,6 +146,17 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
 // argument: the caller branches once, and the unmasked tiles' loop holds no
 // index arithmetic (as one loop with per-element selects it ran 6% slower
 // on causal attention).
+//
+// FJHB_MASK_SELECT: the checked loop evaluates the mask on every element
+// and selects P^T without a branch. Written with `if`s on need_mask and
+// edge, ptxas made each element's exponential a branch of its own, and the
+// PARTIAL items of a causal or document mask cost that much more (without
+// them the backward is 1.5-5.5% faster at D=128: bench/RESULTS.md, session
+// 28). Without a score_mod and with 64-row query tiles only: with a
+// score_mod every item takes this loop, FULL ones too, which must not pay
+// for the mask; with 128-row tiles (D=64) the kernels of buffer-reading
+// masks spill (document 20 local-memory instructions, prefix-LM 28).
+#define FJHB_MASK_SELECT (!FJ_HAS_SCORE_MOD && FJ_BLOCK_M == 64)
 template <bool CHECK>
 __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_sizes &z, int b,
                                            int h, int q0,
@@ -164,14 +175,25 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
       const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
       bool keep = true;
       if constexpr (CHECK) {
+#if FJHB_MASK_SELECT
+#if FJ_HAS_MASK
+        keep = fj_mask(p.user, z, b, h, qi, ki) | !need_mask;
+#endif
+        keep = keep & ((qi < z.Lq) & (ki < z.Lk) | !edge);
+#else
 #if FJ_HAS_MASK
         if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
 #endif
         if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
+#endif
       }
 #if FJ_HAS_SCORE_MOD
       const float x = fj_score_mod(p.user, z, s[i] * p.scale, b, h, qi, ki) * FJHB_LOG2E;
       s[i] = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
+#elif FJHB_MASK_SELECT
+      (void)qi, (void)ki;
+      const float ex = fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1]));
+      s[i] = keep ? ex : 0.f;
 #else
       (void)qi, (void)ki;
       s[i] = keep ? fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1])) : 0.f;
