@@ -119,7 +119,15 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
 #endif
         if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
       }
+#if FJ_BLOCK_M == 64
+      // Computed, then selected: as a conditional, each element's
+      // exponential was a branch of its own (see FJHB_MASK_SELECT; with
+      // 128-row tiles this form spills).
+      const float ex = fj_exp2(x - l2[e & 1]);
+      const float pr = keep ? ex : 0.f;
+#else
       const float pr = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
+#endif
       float ds = pr * (dp[i] - dl[e & 1]);
 #if FJ_HAS_SCORE_MOD
       // d score_mod / d score, and the trainable buffers' gradients, only
