@@ -76,6 +76,15 @@ __device__ __forceinline__ void fjhb_st_shared_u32(unsigned addr, unsigned v) {
   asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
 }
 
+// A masked pair's P is 0. With 64-row query tiles the loops below compute
+// every element's exponential and then select (FJHB_SELECT_P): written as
+// a conditional, ptxas made each element's exponential a branch of its own,
+// and the backward ran 1.5-5.5% slower on causal and document masks and 20%
+// slower with softcap (bench/RESULTS.md, session 28). With 128-row tiles
+// (D=64) the selecting forms spill (the document, prefix-LM and softcap
+// kernels), so the conditional stays there.
+#define FJHB_SELECT_P (FJ_BLOCK_M == 64)
+
 // P^T and dS^T from S^T (s) and dP^T (dp), elementwise, packed into their
 // A fragments (pa, dsa) a k16 step at a time, so that s and dp die step by
 // step: query q0 + column, kv row wkv0 + row (the accumulator layout
@@ -119,10 +128,7 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
 #endif
         if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
       }
-#if FJ_BLOCK_M == 64
-      // Computed, then selected: as a conditional, each element's
-      // exponential was a branch of its own (see FJHB_MASK_SELECT; with
-      // 128-row tiles this form spills).
+#if FJHB_SELECT_P
       const float ex = fj_exp2(x - l2[e & 1]);
       const float pr = keep ? ex : 0.f;
 #else
@@ -155,16 +161,11 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
 // index arithmetic (as one loop with per-element selects it ran 6% slower
 // on causal attention).
 //
-// FJHB_MASK_SELECT: the checked loop evaluates the mask on every element
-// and selects P^T without a branch. Written with `if`s on need_mask and
-// edge, ptxas made each element's exponential a branch of its own, and the
-// PARTIAL items of a causal or document mask cost that much more (without
-// them the backward is 1.5-5.5% faster at D=128: bench/RESULTS.md, session
-// 28). Without a score_mod and with 64-row query tiles only: with a
-// score_mod every item takes this loop, FULL ones too, which must not pay
-// for the mask; with 128-row tiles (D=64) the kernels of buffer-reading
-// masks spill (document 20 local-memory instructions, prefix-LM 28).
-#define FJHB_MASK_SELECT (!FJ_HAS_SCORE_MOD && FJ_BLOCK_M == 64)
+// FJHB_MASK_SELECT: with FJHB_SELECT_P and no score_mod, the checked loop
+// (PARTIAL and edge items only) also evaluates the mask on every element,
+// without a branch on need_mask or edge. With a score_mod every item takes
+// that loop, FULL ones too, which must not pay for the mask.
+#define FJHB_MASK_SELECT (FJHB_SELECT_P && !FJ_HAS_SCORE_MOD)
 template <bool CHECK>
 __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_sizes &z, int b,
                                            int h, int q0,
