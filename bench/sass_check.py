@@ -24,6 +24,11 @@ backward, decode, the block-mask builder, their varlen variants; D 64 and
          atomicAdd on shared memory compiles to such a loop on these GPUs, and
          with warps contending for the same words it cost the decode kernel
          about 30 us a CTA (bench/RESULTS-archive.md, session 18)
+  select in the sm90 backward's main kernel with 64-row query tiles (D=128,
+         and the _m64 variants), no MUFU.EX2 inside a BSSY .. BSYNC region:
+         P^T's exponentials are computed and selected, not each branched
+         over (FJHB_SELECT_P; branched, they made the backward 1.5-20% slower
+         on masks and softcap, bench/RESULTS.md, session 28)
 
 cuobjdump (with nvdisasm beside it) comes with the CUDA toolkit or PyPI's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (13.0 series). Without it the
@@ -123,6 +128,31 @@ ALL_KINDS_SPECS = ["causal", "document", "alibi", "sliding_window"]
 ALL_KINDS_PASSES = ["forward", "backward", "decode", "blockmask", "forward_varlen",
                     "backward_varlen"]
 CAS = re.compile(r"\bATOMS\.CAS")
+BSSY = re.compile(r"\bBSSY\b[^,]*, 0x([0-9a-f]+)")
+
+
+def bwd_rows64(name):
+    """An sm90 backward kernel with 64-row query tiles (its readable name)."""
+    return (name.startswith("fj_bwd_") and "_sm90_" in name and
+            ("_d128_" in name or "_m64" in name))
+
+
+def branched_exps(rows):
+    """MUFU.EX2 instructions inside a BSSY .. BSYNC region (from a BSSY to
+    the address it names), over every function of the cubin (addresses
+    start again at each; the backward's pre and post kernels have none)."""
+    ends, n, last = [], 0, -1
+    for addr, ins in rows:
+        if addr < last:
+            ends = []
+        last = addr
+        ends = [e for e in ends if e > addr]
+        m = BSSY.search(ins)
+        if m:
+            ends.append(int(m.group(1), 16))
+        elif "MUFU.EX2" in ins and ends:
+            n += 1
+    return n
 
 
 def check_all_kinds(a, cuobjdump, nvdisasm, tmp):
@@ -156,14 +186,18 @@ def check_all_kinds(a, cuobjdump, nvdisasm, tmp):
             # "wrote N bytes of cubin (ARCH, NAME) to FILE"
             m = re.search(r"\([^,]+, (.*)\) to ", r.stdout)
             name = m.group(1) if m else key
-            n = sum(1 for _, i in sass(cuobjdump, nvdisasm, raw_cubin) if CAS.search(i))
+            rows = sass(cuobjdump, nvdisasm, raw_cubin)
+            n = sum(1 for _, i in rows if CAS.search(i))
             problems = ["cas: %d shared-memory compare-and-swap instruction(s)" % n] if n else []
+            b = branched_exps(rows) if bwd_rows64(name) else 0
+            if b:
+                problems.append("select: %d exponential(s) inside a branch region" % b)
         except RuntimeError as e:
             name, problems = key, [str(e)]
         if problems:
             print("FAIL %s: %s" % (name, "; ".join(problems)))
             failed += 1
-    print("all kinds: %d kernel(s), %d without a shared-memory compare-and-swap" %
+    print("all kinds: %d kernel(s), %d pass cas (and select where it applies)" %
           (len(entries), len(entries) - failed))
     return failed + (0 if entries else 1)
 
