@@ -78,11 +78,10 @@ __device__ __forceinline__ void fjhb_st_shared_u32(unsigned addr, unsigned v) {
 
 // A masked pair's P is 0. With 64-row query tiles the loops below compute
 // every element's exponential and then select (FJHB_SELECT_P): written as
-// a conditional, ptxas made each element's exponential a branch of its own,
-// and the backward ran 1.5-5.5% slower on causal and document masks and 20%
-// slower with softcap (bench/RESULTS.md, session 28). With 128-row tiles
-// (D=64) the selecting forms spill (the document, prefix-LM and softcap
-// kernels), so the conditional stays there.
+// a conditional, ptxas makes each element's exponential a branch of its
+// own, which slows masked items and, with a one-pass score_mod, every item.
+// With 128-row tiles (D=64) the selecting forms spill (the document,
+// prefix-LM and softcap kernels), so the conditional stays there.
 #define FJHB_SELECT_P (FJ_BLOCK_M == 64)
 
 // P^T and dS^T from S^T (s) and dP^T (dp), elementwise, packed into their
