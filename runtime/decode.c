@@ -192,9 +192,8 @@ static int covers_gpu(int64_t ctas, int sms) { return ctas * 10 >= (int64_t)sms 
 
 /* Splits of each CTA's kv run. CTAs that already cover nearly every
  * multiprocessor (90%) are not split: a split adds the partials and the
- * merge, and one CTA a multiprocessor streams as fast as two (16 x 8192,
- * GQA 32/8 on the H200, 4 warps: 3.99 TB/s unsplit, 3.90 with 2 splits,
- * 3.67 with 3; the 8-warp kernel takes most of these launches,
+ * merge, and one CTA a multiprocessor streams as fast as two (docs/serving.md,
+ * "Split-KV"; the 8-warp kernel takes most of these launches,
  * fjr_decode_warps). Fewer CTAs take the count that minimizes waves x
  * tiles per CTA over the `slots` that run at once, a split costing about
  * one tile more (its partials and the merge), at most `cap` and the tile
@@ -217,10 +216,10 @@ static int64_t row_blocks_of(int64_t Hq, int64_t Hkv, int64_t Lq, int block_m) {
 
 /* Eight warps (two slices in flight each, one CTA a multiprocessor) where
  * the unsplit CTAs fill one wave of one CTA a multiprocessor (90% to all),
- * from a contiguous cache or pages of 16 or 32 rows. 16 x 8192, GQA 32/8 on
- * the H200 (TB/s, 8 warps against 4): contiguous 4.05-4.07 against
- * 3.97-3.99, pages of 16 3.79 against 3.63 (3.72 split in two); pages of
- * 64 4.01-4.02 against 4.01 and of 128 4.02 against 4.10 keep 4 warps. */
+ * from a contiguous cache or pages of 16 or 32 rows: there they stream
+ * faster than 4 warps, unsplit or split; from pages of 64 rows and more
+ * they do not (docs/serving.md, "Eight warps where one wave fills the
+ * GPU"). */
 int fjr_decode_warps(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int block_m, int page_rows,
                      int sms) {
   const int64_t ctas = B * Hkv * row_blocks_of(Hq, Hkv, Lq, block_m);
@@ -339,13 +338,12 @@ fj_status fjr_compile_decode_all(fj_context *ctx, const fj_spec *spec,
     } else {
       fjg_config c;
       char err[512];
-      st = decode_config(ctx, o, kernels[i].rows, kernels[i].warps, &c, err, sizeof err);
-      if (st != FJ_OK && kernels[i].warps == 8) {
-        st = FJ_OK;
+      const fj_status cs =
+          decode_config(ctx, o, kernels[i].rows, kernels[i].warps, &c, err, sizeof err);
+      if (cs != FJ_OK && kernels[i].warps == 8)
         continue; /* the launch does not take it on this target either */
-      }
-      st = st == FJ_OK ? fjr_kernel_get(ctx, (fj_spec *)spec, &decode_kind, &c, &k, &resident)
-                       : fjr_fail(ctx, st, "%s", err);
+      st = cs != FJ_OK ? fjr_fail(ctx, cs, "%s", err)
+                       : fjr_kernel_get(ctx, (fj_spec *)spec, &decode_kind, &c, &k, &resident);
     }
     if (st == FJ_OK) fjr_kernel_info(k, resident, &info[(*count)++]);
   }
