@@ -160,11 +160,14 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
 // index arithmetic (as one loop with per-element selects it ran 6% slower
 // on causal attention).
 //
-// FJHB_MASK_SELECT: with FJHB_SELECT_P and no score_mod, the checked loop
-// (PARTIAL and edge items only) also evaluates the mask on every element,
-// without a branch on need_mask or edge. With a score_mod every item takes
-// that loop, FULL ones too, which must not pay for the mask.
-#define FJHB_MASK_SELECT (FJHB_SELECT_P && !FJ_HAS_SCORE_MOD)
+// FJHB_MASK_SELECT: without a score_mod, the checked loop (PARTIAL and
+// edge items only) evaluates the mask on every element, without a branch
+// on need_mask or edge: with 64-row tiles always, with 128-row tiles when
+// the mask reads no buffer (with a buffer read the document kernel
+// spills). With a score_mod every item takes that loop, FULL ones too,
+// which must not pay for the mask.
+#define FJHB_MASK_SELECT \
+  (!FJ_HAS_SCORE_MOD && (FJHB_SELECT_P || !FJ_MASK_READS_BUFFER))
 template <bool CHECK>
 __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_sizes &z, int b,
                                            int h, int q0,
@@ -198,7 +201,7 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
 #if FJ_HAS_SCORE_MOD
       const float x = fj_score_mod(p.user, z, s[i] * p.scale, b, h, qi, ki) * FJHB_LOG2E;
       s[i] = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
-#elif FJHB_MASK_SELECT
+#elif FJHB_SELECT_P
       (void)qi, (void)ki;
       const float ex = fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1]));
       s[i] = keep ? ex : 0.f;
