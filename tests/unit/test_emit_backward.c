@@ -298,6 +298,45 @@ static void test_grad_diagonal(void **state) {
   }
 }
 
+/* FJ_MASK_READS_BUFFER: defined where the mask_mod reads a buffer
+ * (document ids, per-batch lengths), not for an index-only mask, no mask, a
+ * constant-true one, or a buffer read by the score_mod alone; never in the
+ * forward unit. */
+static void test_mask_reads_buffer(void **state) {
+  (void)state;
+  static const struct {
+    const char *src;
+    int reads;
+  } cases[] = {
+      {"local doc = buffer('doc', 'i32')\n"
+       "return { mask_mod = and_masks(causal(), function(b, h, q, kv)\n"
+       "  return eq(doc[q], doc[kv]) end) }", 1},
+      {"local n = buffer('n', 'i32')\n"
+       "return { mask_mod = function(b, h, q, kv) return lt(kv, n[b]) end }", 1},
+      {"return { mask_mod = causal() }", 0},
+      {"local w = param('window', 'i32')\nreturn { mask_mod = sliding_window(w) }", 0},
+      {"return { mask_mod = function(b, h, q, kv) return true end }", 0},
+      {"return { score_mod = noop_score() }", 0},
+      {"local bias = buffer('bias', 'f32')\n"
+       "return { mask_mod = causal(), score_mod = function(s, b, h, q, kv)\n"
+       "  return s + bias[q - kv + 8] end }", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fjg_graph *g = trace(cases[i].src);
+    const int reads = backward_defines(g, "FJ_MASK_READS_BUFFER");
+    if (reads != cases[i].reads)
+      fail_msg("case %zu: FJ_MASK_READS_BUFFER %d, expected %d\n%s", i, reads, cases[i].reads,
+               cases[i].src);
+    fjg_config c = sm80_config();
+    fjg_buf b;
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
+    assert_null(strstr(b.data, "FJ_MASK_READS_BUFFER"));
+    fjg_buf_free(&b);
+    fjg_graph_destroy(g);
+  }
+}
+
 /* The hooks are valid CUDA: the prologue and hooks of every example, with
  * a kernel calling fj_score_grad, through NVRTC for sm_80. */
 static void test_hooks_compile_with_nvrtc(void **state) {
@@ -805,6 +844,7 @@ int main(void) {
       cmocka_unit_test(test_backward_unit),
       cmocka_unit_test(test_score_grad_one),
       cmocka_unit_test(test_grad_diagonal),
+      cmocka_unit_test(test_mask_reads_buffer),
       cmocka_unit_test(test_hooks_compile_with_nvrtc),
       cmocka_unit_test(test_score_grad_matches_derivative),
   };
