@@ -225,16 +225,38 @@ static int backward_defines(const fjg_graph *g, const char *flag) {
   return found;
 }
 
+/* A spec and whether its backward unit defines a flag. */
+typedef struct flag_case {
+  const char *src;
+  int defined;
+} flag_case;
+
+/* Each case's backward unit defines flag as the case says; the forward unit
+ * never names it. */
+static void check_flag(const char *flag, const flag_case *cases, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    fjg_graph *g = trace(cases[i].src);
+    const int defined = backward_defines(g, flag);
+    if (defined != cases[i].defined)
+      fail_msg("case %zu: %s %d, expected %d\n%s", i, flag, defined, cases[i].defined,
+               cases[i].src);
+    fjg_config c = sm80_config();
+    fjg_buf b;
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
+    assert_null(strstr(b.data, flag));
+    fjg_buf_free(&b);
+    fjg_graph_destroy(g);
+  }
+}
+
 /* FJ_SCORE_GRAD_ONE marks the backward units of additive score_mods (the
  * derivative with respect to the score the constant 1, each trainable
  * read's 0 or 1): ALiBi, a frozen or trainable bias; not softcap, trainable
  * ALiBi slopes, a trainable scale or no score_mod. */
 static void test_score_grad_one(void **state) {
   (void)state;
-  static const struct {
-    const char *src;
-    int one;
-  } cases[] = {
+  static const flag_case cases[] = {
       {"return { mask_mod = causal(), score_mod = alibi() }", 1},
       {"local bias = buffer('bias', 'f32')\n"
        "return { score_mod = function(s, b, h, q, kv) return s + bias[q - kv + 8] end }", 1},
@@ -248,20 +270,7 @@ static void test_score_grad_one(void **state) {
       {"return { mask_mod = causal() }", 0},
       {"return { score_mod = function(s, b, h, q, kv) return s * 2 end }", 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    fjg_graph *g = trace(cases[i].src);
-    const int one = backward_defines(g, "FJ_SCORE_GRAD_ONE");
-    if (one != cases[i].one) fail_msg("case %zu: FJ_SCORE_GRAD_ONE %d, expected %d\n%s", i,
-                                      one, cases[i].one, cases[i].src);
-    /* The forward unit never has it. */
-    fjg_config c = sm80_config();
-    fjg_buf b;
-    fjg_buf_init(&b);
-    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
-    assert_null(strstr(b.data, "FJ_SCORE_GRAD_ONE"));
-    fjg_buf_free(&b);
-    fjg_graph_destroy(g);
-  }
+  check_flag("FJ_SCORE_GRAD_ONE", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* FJ_GRAD_DIAGONAL: defined where every trainable read's index reads q (a
@@ -269,10 +278,7 @@ static void test_score_grad_one(void **state) {
  * nor without trainable reads. */
 static void test_grad_diagonal(void **state) {
   (void)state;
-  static const struct {
-    const char *src;
-    int diagonal;
-  } cases[] = {
+  static const flag_case cases[] = {
       {"local bias = buffer('rel_bias', 'f32', {grad = true})\n"
        "return { mask_mod = causal(), score_mod = relative_bias(bias) }", 1},
       {"local t = buffer('t', 'f32', {grad = true})\n"
@@ -288,26 +294,15 @@ static void test_grad_diagonal(void **state) {
        "return { score_mod = function(s, b, h, q, kv) return s + bias[q - kv + 8] end }", 0},
       {"return { mask_mod = causal(), score_mod = alibi() }", 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    fjg_graph *g = trace(cases[i].src);
-    const int diagonal = backward_defines(g, "FJ_GRAD_DIAGONAL");
-    if (diagonal != cases[i].diagonal)
-      fail_msg("case %zu: FJ_GRAD_DIAGONAL %d, expected %d\n%s", i, diagonal,
-               cases[i].diagonal, cases[i].src);
-    fjg_graph_destroy(g);
-  }
+  check_flag("FJ_GRAD_DIAGONAL", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* FJ_MASK_READS_BUFFER: defined where the mask_mod reads a buffer
  * (document ids, per-batch lengths), not for an index-only mask, no mask, a
- * constant-true one, or a buffer read by the score_mod alone; never in the
- * forward unit. */
+ * constant-true one, or a buffer read by the score_mod alone. */
 static void test_mask_reads_buffer(void **state) {
   (void)state;
-  static const struct {
-    const char *src;
-    int reads;
-  } cases[] = {
+  static const flag_case cases[] = {
       {"local doc = buffer('doc', 'i32')\n"
        "return { mask_mod = and_masks(causal(), function(b, h, q, kv)\n"
        "  return eq(doc[q], doc[kv]) end) }", 1},
@@ -321,20 +316,7 @@ static void test_mask_reads_buffer(void **state) {
        "return { mask_mod = causal(), score_mod = function(s, b, h, q, kv)\n"
        "  return s + bias[q - kv + 8] end }", 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    fjg_graph *g = trace(cases[i].src);
-    const int reads = backward_defines(g, "FJ_MASK_READS_BUFFER");
-    if (reads != cases[i].reads)
-      fail_msg("case %zu: FJ_MASK_READS_BUFFER %d, expected %d\n%s", i, reads, cases[i].reads,
-               cases[i].src);
-    fjg_config c = sm80_config();
-    fjg_buf b;
-    fjg_buf_init(&b);
-    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
-    assert_null(strstr(b.data, "FJ_MASK_READS_BUFFER"));
-    fjg_buf_free(&b);
-    fjg_graph_destroy(g);
-  }
+  check_flag("FJ_MASK_READS_BUFFER", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* The hooks are valid CUDA: the prologue and hooks of every example, with
