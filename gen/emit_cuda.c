@@ -930,8 +930,7 @@ fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
   put_config_defines(out, g, cfg);
   if (score_grad_one(g)) fjg_buf_printf(out, "#define FJ_SCORE_GRAD_ONE 1\n");
   if (grad_diagonal(g)) fjg_buf_printf(out, "#define FJ_GRAD_DIAGONAL 1\n");
-  if (has_mask(g) && !fjg_mask_is_index_only(g))
-    fjg_buf_printf(out, "#define FJ_MASK_READS_BUFFER 1\n");
+  if (!fjg_mask_is_index_only(g)) fjg_buf_printf(out, "#define FJ_MASK_LOADS 1\n");
   return emit_parts(g, parts, 1, out);
 }
 

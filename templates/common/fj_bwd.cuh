@@ -52,11 +52,11 @@
 #ifndef FJ_GRAD_DIAGONAL
 #define FJ_GRAD_DIAGONAL 0
 #endif
-// FJ_MASK_READS_BUFFER 1: the mask_mod reads a buffer (document ids;
-// gen/emit_cuda.c defines it), so evaluating it costs loads and registers
-// (sm90/bwd_mainloop.cuh, FJHB_MASK_SELECT).
-#ifndef FJ_MASK_READS_BUFFER
-#define FJ_MASK_READS_BUFFER 0
+// FJ_MASK_LOADS 1: the mask_mod reads a buffer (document ids; the host
+// API's FJ_MASK_READS_BUFFER; gen/emit_cuda.c defines it), so evaluating it
+// costs loads and registers (sm90/bwd_mainloop.cuh, FJHB_MASK_SELECT).
+#ifndef FJ_MASK_LOADS
+#define FJ_MASK_LOADS 0
 #endif
 
 #if !defined(FJ_HEAD_DIM) || !defined(FJ_BLOCK_M) || !defined(FJ_BLOCK_N) || \

@@ -167,7 +167,7 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
 // spills). With a score_mod every item takes that loop, FULL ones too,
 // which must not pay for the mask.
 #define FJHB_MASK_SELECT \
-  (!FJ_HAS_SCORE_MOD && (FJHB_SELECT_P || !FJ_MASK_READS_BUFFER))
+  (!FJ_HAS_SCORE_MOD && (FJHB_SELECT_P || !FJ_MASK_LOADS))
 template <bool CHECK>
 __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_sizes &z, int b,
                                            int h, int q0,

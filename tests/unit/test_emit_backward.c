@@ -297,7 +297,7 @@ static void test_grad_diagonal(void **state) {
   check_flag("FJ_GRAD_DIAGONAL", cases, sizeof cases / sizeof cases[0]);
 }
 
-/* FJ_MASK_READS_BUFFER: defined where the mask_mod reads a buffer
+/* FJ_MASK_LOADS: defined where the mask_mod reads a buffer
  * (document ids, per-batch lengths), not for an index-only mask, no mask, a
  * constant-true one, or a buffer read by the score_mod alone. */
 static void test_mask_reads_buffer(void **state) {
@@ -316,7 +316,7 @@ static void test_mask_reads_buffer(void **state) {
        "return { mask_mod = causal(), score_mod = function(s, b, h, q, kv)\n"
        "  return s + bias[q - kv + 8] end }", 0},
   };
-  check_flag("FJ_MASK_READS_BUFFER", cases, sizeof cases / sizeof cases[0]);
+  check_flag("FJ_MASK_LOADS", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* The hooks are valid CUDA: the prologue and hooks of every example, with
