@@ -206,8 +206,12 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
       const float ex = fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1]));
       s[i] = keep ? ex : 0.f;
 #else
+      // The exponent on every element, only the exponential under the
+      // condition: ptxas predicates it at D=64 (the sliding-window backward
+      // 3.7% faster than with the fma under it too, causal unchanged).
       (void)qi, (void)ki;
-      s[i] = keep ? fj_exp2(fmaf(s[i], p.scale_log2, -l2[e & 1])) : 0.f;
+      const float x = fmaf(s[i], p.scale_log2, -l2[e & 1]);
+      s[i] = keep ? fj_exp2(x) : 0.f;
 #endif
     }
   }
