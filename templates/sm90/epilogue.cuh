@@ -19,20 +19,21 @@ __device__ __forceinline__ float *fjh_lse_row(const fj_fwd_params &p, int b, int
 }
 
 // A consumer's 64 rows of O from shared memory (sq, 128-byte swizzle) to
-// global memory, 16 bytes a thread at a time, rows below the sequence's Lq
-// only: the epilogue's copy where O has no tensor map (packed O among
-// others: a TMA store would write past the sequence's end into the next).
+// global memory, 16 bytes a thread at a time, the item's stored rows only
+// (below fjh_tile_q_end): the epilogue's copy where O has no tensor map
+// (packed O among others: a TMA store would write past the sequence's end
+// into the next), or where the rows end inside the consumer's 64.
 __device__ __forceinline__ void fjh_store_o_rows(const fj_fwd_params &p, const fjh_item &it,
                                                  int wq0, unsigned sq, int q_row0) {
   const int tid = threadIdx.x & 127;
-  const int Lq = it.Lq;
+  const int q_end = fjh_tile_q_end(p, it);
   fj_u16 *go = fjh_o_rows(p, it.b, it.h, q_row0);
   constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
 #pragma unroll
   for (int it = 0; it < FJH_WG_ROWS * CH / 128; ++it) {
     const int idx = it * 128 + tid;
     const int r = idx / CH, ch = idx % CH;
-    if (wq0 + r < Lq) {
+    if (wq0 + r < q_end) {
       const unsigned addr = sq + (ch / 8) * (FJ_BLOCK_M * 128) + r * 128 +
                             (((ch % 8) ^ (r & 7)) << 4);
       unsigned v0, v1, v2, v3;
@@ -47,8 +48,9 @@ __device__ __forceinline__ void fjh_store_o_rows(const fj_fwd_params &p, const f
 // Epilogue of consumer c: O / l into its 64 rows of the Q area (the Q tile
 // is dead once its last Q K^T completed), then to global memory (a TMA
 // store issued by its thread 0, which waits only until the copy has read
-// the buffer, or where O has no tensor map 16-byte coalesced stores of the
-// rows below Lq by all its threads), and the LSE.
+// the buffer, or where O has no tensor map or the item's stored rows end
+// inside the consumer's 64, 16-byte coalesced stores of the stored rows by
+// all its threads: fjh_store_o_rows), and the LSE.
 // defer: thread 0 leaves the wait for the store's reads to its caller
 // (fjh_epi_q_buffer).
 __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tma_maps &maps,
@@ -80,7 +82,10 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
     const unsigned v3 = fj_pack2(o[4 * i + 6] * inv_l[1], o[4 * i + 7] * inv_l[1]);
     fjh_stmatrix_x4(addr, v0, v1, v2, v3);
   }
-  if (maps.o_ok) {
+  // A TMA box writes all 64 rows (those past Lq fall outside the map): not
+  // where tile 0 ends inside them, before tile 1's rows.
+  const int q_end = fjh_tile_q_end(p, it);
+  if (maps.o_ok && (q_end == it.Lq || wq0 + FJH_WG_ROWS <= q_end)) {
     // The stmatrix writes (generic proxy) before the TMA's reads (async).
     fjh_fence_proxy_async();
     fjh_bar_sync(FJH_BAR_EPI + c, 128);
@@ -95,13 +100,12 @@ __device__ __forceinline__ void fjh_epilogue(const fj_fwd_params &p, const fj_tm
     fjh_bar_sync(FJH_BAR_EPI + c, 128);
     fjh_store_o_rows(p, it, wq0, sq, q_row0);
   }
-  const int Lq = it.Lq;
   if (!FJH_TRACING && p.lse != nullptr && t4 == 0) {
     float *gl = fjh_lse_row(p, b, h, q_row0);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int qi = wq0 + 16 * warp + g + 8 * hh;
-      if (qi < Lq) {
+      if (qi < q_end) {
         gl[qi] = fjh_lse(row_m[hh], row_l[hh]);
       }
     }
@@ -119,7 +123,7 @@ __device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, const 
                                                   float (&row_l)[2]) {
   const int tid = threadIdx.x & 127;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int Lq = it.Lq;
+  const int q_end = fjh_tile_q_end(p, it);
   const int q_row0 = fjh_q_row0(p, it.b);
   fj_u16 *go = fjh_o_rows(p, it.b, it.h, q_row0);
   float inv_l[2];
@@ -127,7 +131,7 @@ __device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, const 
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int qi = wq0 + 16 * warp + g + 8 * hh;
-    if (qi < Lq) {
+    if (qi < q_end) {
       unsigned *row = (unsigned *)(go + (long long)qi * p.o_ss) + t4;
 #pragma unroll
       for (int i = 0; i < FJH_O_REGS / 4; ++i)
@@ -140,20 +144,20 @@ __device__ __forceinline__ void fjh_epilogue_regs(const fj_fwd_params &p, const 
 }
 
 // Epilogue of a work item without tiles: O = 0 and LSE = -inf for the
-// consumer's rows below Lq, without shared memory.
+// consumer's stored rows (below fjh_tile_q_end), without shared memory.
 __device__ __forceinline__ void fjh_epilogue_empty(const fj_fwd_params &p, const fjh_item &it,
                                                    int wq0) {
   const int tid = threadIdx.x & 127;
-  const int Lq = it.Lq;
+  const int q_end = fjh_tile_q_end(p, it);
   const int q_row0 = fjh_q_row0(p, it.b);
   fj_u16 *go = fjh_o_rows(p, it.b, it.h, q_row0);
   constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks per row
   for (int idx = tid; idx < FJH_WG_ROWS * CH; idx += 128) {
     const int r = idx / CH, ch = idx % CH;
-    if (wq0 + r < Lq)
+    if (wq0 + r < q_end)
       fj_st_global_v4(go + (long long)(wq0 + r) * p.o_ss + ch * 8, 0u, 0u, 0u, 0u);
   }
-  if (p.lse != nullptr && tid < FJH_WG_ROWS && wq0 + tid < Lq)
+  if (p.lse != nullptr && tid < FJH_WG_ROWS && wq0 + tid < q_end)
     fjh_lse_row(p, it.b, it.h, q_row0)[wq0 + tid] = fj_neg_inf();
 }
 

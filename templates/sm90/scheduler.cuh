@@ -55,7 +55,7 @@ struct fjh_sched_one_tile {
     const fjh_work w{(int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
     const fj_seq sq = fj_seq_of(p, w.b);
     const int Lq = sq.sz.Lq, Lk = sq.sz.Lk;
-    const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
+    const int q0 = fjh_tile_q0(p, w.m, Lq), q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
     x.idle = q0 >= Lq;
     if (x.idle) return x;
     if (threadIdx.x == 0) {
@@ -208,7 +208,7 @@ __device__ __forceinline__ fjh_ring_slot fjh_ring_read(int slot) {
 __device__ __forceinline__ fjh_item fjh_ring_item(const fj_fwd_params &p,
                                                  const fjh_ring_slot &s, int k) {
   const fjh_work w = fjh_work_at(p, s.item);
-  const int q0 = w.m * FJ_BLOCK_M;
+  const int q0 = fjh_tile_q0(p, w.m, s.Lq);
   return fjh_item{w.b, w.h, q0, min(q0 + FJ_BLOCK_M, s.Lq) - 1, s.lo, s.hi, s.hi_cls, s.t,
                   k, s.Lq, s.Lk};
 }
@@ -271,7 +271,7 @@ struct fjh_sched_persistent {
       const fjh_work w = fjh_work_at(p, s.item);
       const int qb = k % FJ_Q_BUFS;
       fjh_mbar_wait(sm.q_empty(qb), ((unsigned)(k / FJ_Q_BUFS) & 1u) ^ 1u);
-      fjh_load_q(p, maps, sm, qb, w.b, w.h, w.m * FJ_BLOCK_M, s.q_row0);
+      fjh_load_q(p, maps, sm, qb, w.b, w.h, fjh_tile_q0(p, w.m, s.Lq), s.q_row0);
     }
   }
 
@@ -317,7 +317,7 @@ struct fjh_sched_persistent {
       const fjh_work w = fjh_work_at(p, item);
       const fj_sizes sz = fj_seq_of(p, w.b).sz;
       const int Lq = sz.Lq, Lk = sz.Lk;
-      const int q0 = w.m * FJ_BLOCK_M, q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
+      const int q0 = fjh_tile_q0(p, w.m, Lq), q1 = min(q0 + FJ_BLOCK_M, Lq) - 1;
       if (q0 >= Lq) continue;
       // The item's tiles, found by all of the warp.
       int lo = 0, hi = (Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1, hi_cls = FJ_TILE_FULL, t = 0;

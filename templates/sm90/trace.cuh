@@ -3,8 +3,10 @@
 // counter, so comparable between the CTAs of one SM) are written into the
 // LSE of the CTA's (or persistent work item's) rows q0 + slot, whose LSE is
 // then not computed: consumer c at slots 32 c + 0.., the producer at 64..
-// (bench/trace.py reads them back). Without FJ_TRACE every type here is
-// empty and every call does nothing.
+// (bench/trace.py reads them back, at rows m * FJ_BLOCK_M: its shapes are
+// whole numbers of query tiles, where no tile overlaps another,
+// fjh_tile_q0). Without FJ_TRACE every type here is empty and every call
+// does nothing.
 #pragma once
 
 #ifdef FJ_TRACE

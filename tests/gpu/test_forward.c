@@ -185,6 +185,9 @@ static void build_matrix(void) {
   add_case("late_rows", BF, 128, 1, 40, 8, 1000, 1000, 1);
   add_case("causal", FP, 128, 3, 24, 24, 640, 640, 1);
   add_case("full", BF, 64, 2, 36, 4, 513, 513, 0);
+  /* 1000 rows at D=64: query tiles 1.. moved toward row 0 by a kv tile,
+   * tile 0 overlapping tile 1 (fjh_tile_q0), over several items a CTA. */
+  add_case("causal", BF, 64, 2, 24, 8, 1000, 1000, 1);
   add_case("softcap_causal", BF, 128, 1, 64, 8, 600, 777, 0);
   /* D = 256 (the sm90 template; under sm80 each must be refused, see
    * run_case): both dtypes and layouts, GQA, Lq != Lk, odd sizes. */
