@@ -300,7 +300,7 @@ static void test_grad_diagonal(void **state) {
 /* FJ_MASK_LOADS: defined where the mask_mod reads a buffer
  * (document ids, per-batch lengths), not for an index-only mask, no mask, a
  * constant-true one, or a buffer read by the score_mod alone. */
-static void test_mask_reads_buffer(void **state) {
+static void test_mask_loads(void **state) {
   (void)state;
   static const flag_case cases[] = {
       {"local doc = buffer('doc', 'i32')\n"
@@ -826,7 +826,7 @@ int main(void) {
       cmocka_unit_test(test_backward_unit),
       cmocka_unit_test(test_score_grad_one),
       cmocka_unit_test(test_grad_diagonal),
-      cmocka_unit_test(test_mask_reads_buffer),
+      cmocka_unit_test(test_mask_loads),
       cmocka_unit_test(test_hooks_compile_with_nvrtc),
       cmocka_unit_test(test_score_grad_matches_derivative),
   };
