@@ -19,6 +19,12 @@ case, after the PyTorch timings and after flexjit's, so a throttled run
 shows. Prints a markdown table and writes $OUT/compare.json (after every
 case, so a run cut short keeps what it measured).
 
+flexjit is also timed in-process (the fjpy columns, "flexjit in-process"):
+flexjit.attention from the Python package, on the same tensors, by the same
+do_bench call as the baselines, right after them; the ratios use it where it
+ran (--no-in-process skips it; bench/README.md says where the package and its
+library are found).
+
 FLOPs count only allowed (q, kv) pairs: 4 * B * H * D * pairs, for every
 implementation alike (the convention of ../shared/anchors).
 
@@ -444,8 +450,61 @@ def make_qkv(B, H, S, D):
             for _ in range(3)]
 
 
-def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms):
-    """FlexAttention and SDPA on q, k, v, each by do_bench (median)."""
+_FJ = {}
+
+
+def flexjit_package(binary):
+    """The flexjit Python package for the in-process column, or the reason
+    it cannot be imported: the installed one, else this checkout's python/
+    with the libflexjit.so built beside --flexjit's binary (binary's
+    directory or its lib/), unless FLEXJIT_LIBRARY names one."""
+    if "mod" in _FJ or "err" in _FJ:
+        return _FJ.get("mod"), _FJ.get("err")
+    if not os.environ.get("FLEXJIT_LIBRARY"):
+        here = os.path.dirname(os.path.abspath(binary))
+        for lib in (os.path.join(here, "libflexjit.so"),
+                    os.path.join(here, "lib", "libflexjit.so")):
+            if os.path.isfile(lib):
+                os.environ["FLEXJIT_LIBRARY"] = lib
+                break
+    try:
+        import flexjit
+    except ImportError:
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        try:
+            import flexjit
+        except Exception as e:  # report, the CLI column still runs
+            _FJ["err"] = short_error(e)
+            return None, _FJ["err"]
+    _FJ["mod"] = flexjit
+    return flexjit, None
+
+
+def flexjit_call(fj, spec_path, extra, S, doc, table):
+    """The case as one flexjit.attention call on (q, k, v): the spec with
+    the CLI's --param values, the document ids and the bias table as its
+    buffers, and (a mask that reads a buffer, as the CLI builds by default)
+    a block mask built once beforehand, as FlexAttention's is."""
+    spec = fj.Spec(spec_path)
+    params, buffers = {}, {}
+    for opt, val in zip(extra[0::2], extra[1::2]):
+        name, _, value = val.partition("=")
+        if opt == "--param":
+            params[name] = float(value) if "." in value else int(value)
+        elif opt == "--buffer":
+            buffers[name] = {"doc": doc, "bias": table}[name]
+    bm = None
+    if doc is not None:
+        bm = fj.block_mask(spec, None, None, S, S, params=params,
+                           buffers=buffers)
+    return lambda q, k, v: fj.attention(q, k, v, spec, params=params,
+                                        buffers=buffers, block_mask=bm)
+
+
+def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms, make_fj=None):
+    """FlexAttention and SDPA on q, k, v, each by do_bench (median), and
+    flexjit in this process (make_fj: flexjit_call's for the case, given the
+    bias table; None: no in-process column) by the same call."""
     import torch
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -479,6 +538,14 @@ def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms):
                     res[key + "_ms"] = bench(f)
             except Exception as e:
                 res[key + "_err"] = str(e)[:200]
+    if make_fj is not None:
+        try:
+            fj = make_fj(None)
+            fj(q, k, v)
+            torch.cuda.synchronize()
+            res["fjpy_ms"] = bench(lambda: fj(q, k, v))
+        except Exception as e:
+            res["fjpy_err"] = short_error(e)
     return res
 
 
@@ -492,7 +559,8 @@ def short_error(e):
     return "%s: %s" % (type(e).__name__, text)
 
 
-def time_torch_backward(q, k, v, desc, doc, bias, warmup_ms, rep_ms):
+def time_torch_backward(q, k, v, desc, doc, bias, warmup_ms, rep_ms,
+                        make_fj=None):
     """Forward+backward of FlexAttention and SDPA, each by do_bench (median):
     <col>_fb_ms times one call of out = f(q, k, v); torch.autograd.grad(out,
     leaves, dout), leaves being q, k, v (and the bias table when the case
@@ -502,7 +570,8 @@ def time_torch_backward(q, k, v, desc, doc, bias, warmup_ms, rep_ms):
     with the leaves requiring grad (as in training: the forward saves what
     the backward needs, e.g. the LSE). A failure (FlexAttention's backward
     that does not compile, say) is recorded as <col>_fb_err / <col>_fwd_err
-    and the case goes on."""
+    and the case goes on. make_fj: flexjit in this process too (the
+    fjpy_ columns), timed by the same measure()."""
     import torch
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -569,6 +638,13 @@ def time_torch_backward(q, k, v, desc, doc, bias, warmup_ms, rep_ms):
         with sdpa_kernel([backend]):
             measure(col, lambda: F.scaled_dot_product_attention(
                 q, k, v, is_causal=(kind == "causal")))
+    if make_fj is not None:
+        try:
+            fj = make_fj(table)
+        except Exception as e:
+            res["fjpy_fwd_err"] = res["fjpy_fb_err"] = short_error(e)
+        else:
+            measure("fjpy", lambda: fj(q, k, v))
     return res
 
 
@@ -660,7 +736,8 @@ def run_flexjit_repeated(binary, spec, B, H, S, D, extra, budgets, timeout,
 # ---- report ----------------------------------------------------------------
 
 # The columns of the tables, in order: (key in the results, heading).
-COLUMNS = [("flexjit", "flexjit"), ("sm80", "flexjit sm80"),
+COLUMNS = [("flexjit", "flexjit CLI"), ("fjpy", "flexjit in-process"),
+           ("sm80", "flexjit sm80"),
            ("flex", "FlexAttention"), ("flash", "SDPA flash"),
            ("cudnn", "SDPA cuDNN")]
 
@@ -682,7 +759,7 @@ def ratio(a, b):
 
 
 def add_forward_tflops(res, B, H, D):
-    for key in ("flexjit", "sm80", "flex", "flash", "cudnn"):
+    for key in ("flexjit", "fjpy", "sm80", "flex", "flash", "cudnn"):
         t = tflops(res, key + "_ms", B, H, D)
         if t is None and key == "flexjit":
             t = res.get("flexjit_own_tflops")  # no torch: its own count
@@ -746,20 +823,30 @@ def print_gpu_phases(rows):
             describe_phase(r.get("gpu_flexjit"))))
 
 
+def headline(r, part):
+    """The flexjit figure the ratios use: in-process (fjpy, timed in the
+    baselines' own process by their own do_bench call) where it was
+    measured, else the CLI's."""
+    suffix = "_%s_tflops" % part if part else "_tflops"
+    fj = r.get("fjpy" + suffix)
+    return fj if fj is not None else r.get("flexjit" + suffix)
+
+
 def report_forward(rows):
     print()
-    print("| case | B x S | flexjit TFLOP/s | flexjit range | flexjit sm80 | "
-          "FlexAttention | SDPA flash | SDPA cuDNN | flexjit / Flex | "
-          "flexjit / cuDNN |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| case | B x S | flexjit CLI TFLOP/s | CLI range | flexjit "
+          "in-process | flexjit sm80 | FlexAttention | SDPA flash | SDPA cuDNN "
+          "| flexjit / Flex | flexjit / cuDNN |")
+    print("|" + " --- |" * 11)
     for r in rows:
-        fj, fl = r["flexjit_tflops"], r["flex_tflops"]
+        fj, fl = headline(r, None), r["flex_tflops"]
         fa, cu = r["flash_tflops"], r["cudnn_tflops"]
         label = r["case"] + (" (err)" if "flexjit_err" in r else "")
         rng = r.get("flexjit_tflops_range")
         rng = "-" if not rng else "%.1f-%.1f" % tuple(rng)
-        print("| %s | %d x %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            label, r["B"], r["S"], fmt(fj), rng, fmt(r.get("sm80_tflops")),
+        print("| %s | %d x %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            label, r["B"], r["S"], fmt(r["flexjit_tflops"]), rng,
+            fmt(r.get("fjpy_tflops")), fmt(r.get("sm80_tflops")),
             fmt(fl), fmt(fa), fmt(cu), ratio(fj, fl), ratio(fj, cu)))
     built = [r for r in rows if "flexjit_block_mask_build_ms" in r]
     if built:
@@ -779,11 +866,11 @@ def report_backward(rows):
     print("Forward+backward, TFLOP/s = 3.5 * 4 * B * H * D * pairs / time:")
     print()
     print("| case | B x S | " + " | ".join(h for _, h in cols[:1]) +
-          " | flexjit range | " + " | ".join(h for _, h in cols[1:]) +
+          " | CLI range | " + " | ".join(h for _, h in cols[1:]) +
           " | flexjit / Flex | flexjit / cuDNN |")
     print("|" + " --- |" * (len(cols) + 5))
     for r in rows:
-        fj, fl = r.get("flexjit_fb_tflops"), r.get("flex_fb_tflops")
+        fj, fl = headline(r, "fb"), r.get("flex_fb_tflops")
         cu = r.get("cudnn_fb_tflops")
         rng = r.get("flexjit_fb_tflops_range")
         rng = "-" if not rng else "%.1f-%.1f" % tuple(rng)
@@ -797,14 +884,14 @@ def report_backward(rows):
     print()
     print("Backward alone, TFLOP/s = 2.5 * 4 * B * H * D * pairs / time; "
           "every column (forward+backward) - forward, the same subtraction "
-          "on every side; flexjit's own backward timing (`bench backward`) "
+          "on every side; the CLI's own backward timing (`bench backward`) "
           "beside it:")
     print()
-    print("| case | B x S | flexjit own | " + " | ".join(h for _, h in cols) +
+    print("| case | B x S | CLI own | " + " | ".join(h for _, h in cols) +
           " | flexjit / Flex | flexjit / cuDNN |")
     print("|" + " --- |" * (len(cols) + 5))
     for r in rows:
-        fj, fl = r.get("flexjit_bwd_sub_tflops"), r.get("flex_bwd_sub_tflops")
+        fj, fl = headline(r, "bwd_sub"), r.get("flex_bwd_sub_tflops")
         cu = r.get("cudnn_bwd_sub_tflops")
         print("| %s | %d x %d | %s | %s | %s | %s |" % (
             r["case"], r["B"], r["S"], cell(r, "flexjit", "bwd"),
@@ -825,7 +912,7 @@ def report_backward(rows):
               "forward+backward %s, backward (own timing) %s; "
               "FlexAttention forward+backward %s" % (
                   r["B"], r["S"],
-                  ratio(r.get("flexjit_fb_tflops"), f.get("flexjit_fb_tflops")),
+                  ratio(headline(r, "fb"), headline(f, "fb")),
                   ratio(r.get("flexjit_bwd_tflops"),
                         f.get("flexjit_bwd_tflops")),
                   ratio(r.get("flex_fb_tflops"), f.get("flex_fb_tflops"))))
@@ -880,6 +967,10 @@ def main():
     ap.add_argument("--cases", default="",
                     help="comma-separated substrings: run only the cases "
                     "whose name contains one (e.g. 'D=64,document')")
+    ap.add_argument("--no-in-process", dest="in_process",
+                    action="store_false",
+                    help="skip the in-process flexjit column (the Python "
+                    "package, timed by the baselines' own do_bench call)")
     ap.add_argument("--also-sm80", action="store_true",
                     help="also time flexjit with FLEXJIT_TEMPLATE=sm80")
     ap.add_argument("--deadline", type=float, default=0,
@@ -1009,7 +1100,8 @@ def compare(args, cases, budgets, out_dir, work):
     print("method: every column by triton.testing.do_bench's rules "
           "(warmup %g ms, rep %g ms, 256 MiB L2 flush before each timed "
           "launch, median); flexjit by `flexjit run --bench`, the same rules "
-          "in C; docs/benchmarking.md" % budgets, flush=True)
+          "in C, and in-process (the Python package) by the same do_bench "
+          "call as the baselines; docs/benchmarking.md" % budgets, flush=True)
     if args.backward:
         print("backward: PyTorch times out = f(q, k, v); "
               "torch.autograd.grad(out, (q, k, v[, bias]), dO) a call and "
@@ -1039,12 +1131,22 @@ def compare(args, cases, budgets, out_dir, work):
             q, k, v = make_qkv(B, H, S, D)
             shared = write_inputs(inputs, q, k, v)
             if not skip_torch:
+                make_fj = None
+                if args.in_process:
+                    fj, err = flexjit_package(args.flexjit)
+                    if fj is None:
+                        res["fjpy_err"] = err
+                    else:
+                        make_fj = (lambda table, fj=fj, sp=spec_path, ex=extra,
+                                   S=S, doc=doc:
+                                   flexjit_call(fj, sp, ex, S, doc, table))
                 mon = GpuMonitor()
                 if args.backward:
                     res.update(time_torch_backward(q, k, v, desc, doc, bias,
-                                                   *budgets))
+                                                   *budgets, make_fj))
                 else:
-                    res.update(time_torch(q, k, v, desc, doc, *budgets))
+                    res.update(time_torch(q, k, v, desc, doc, *budgets,
+                                          make_fj))
                 res["gpu_torch"] = mon.stop()
             del q, k, v
             torch.cuda.empty_cache()

@@ -7,7 +7,10 @@ directly). The method is compare.py's (docs/benchmarking.md): every PyTorch
 column by triton.testing.do_bench (warmup 25 ms, rep 100 ms, median, a
 256 MiB L2 flush before each timed call), flexjit by `flexjit run --bench`,
 which follows the same rules in C, --repeat processes a variant (the median
-process, the slower of two, and the range). bf16, D=128, GQA 32/8.
+process, the slower of two, and the range). Decode and chunked prefill are
+also timed in-process (compare.py's fjpy column: flexjit.attention by the
+baselines' own do_bench call), which the ratios to PyTorch use where it ran;
+paged / contiguous compares CLI runs. bf16, D=128, GQA 32/8.
 
 Groups (--cases, comma-separated; default all):
   decode   one query token over B x Lk of KV (64x2048, 16x8192, 4x65536,
@@ -305,8 +308,24 @@ def flex_column(res, q, k, v, mask_fn, Lq, Lk, bench, key="flex"):
         res[key + "_err"] = C.short_error(e)
 
 
-def torch_decode(res, case, q, k, v, budgets):
-    """Contiguous decode (and chunked prefill): SDPA, Flex, varlen_attn."""
+def fjpy_column(res, q, k, v, fj, bench):
+    """flexjit in this process (fj: compare.flexjit_call's, None: no such
+    column), by the same do_bench call as the baselines: fjpy_ms."""
+    import torch
+
+    if fj is None:
+        return
+    try:
+        fj(q, k, v)
+        torch.cuda.synchronize()
+        res["fjpy_ms"] = bench(lambda: fj(q, k, v))
+    except Exception as e:
+        res["fjpy_err"] = C.short_error(e)
+
+
+def torch_decode(res, case, q, k, v, budgets, fj=None):
+    """Contiguous decode (and chunked prefill): SDPA, Flex, varlen_attn, and
+    flexjit in-process (fj)."""
     import torch
     from torch.nn.attention.bias import causal_lower_right
 
@@ -317,6 +336,7 @@ def torch_decode(res, case, q, k, v, budgets):
     shift = Lk - Lq
     mask_fn = None if Lq == 1 else (lambda b, h, qi, kv: kv <= qi + shift)
     flex_column(res, q, k, v, mask_fn, Lq, Lk, bench)
+    fjpy_column(res, q, k, v, fj, bench)
     fn, params = varlen_attn_fn()
     if fn is None:
         res["varlen_err"] = params
@@ -412,6 +432,23 @@ def dump_error(exact_dir, dump_dir):
             "lse_max_err": float(np.abs(l1 - l0).max())}
 
 
+def in_process(args, res, case):
+    """compare.flexjit_call's call for the case's contiguous variant, or
+    None (--no-in-process, or the package failed to load: fjpy_err)."""
+    if not args.in_process:
+        return None
+    fj, err = C.flexjit_package(args.flexjit)
+    if fj is None:
+        res["fjpy_err"] = err
+        return None
+    try:
+        return C.flexjit_call(fj, variant_spec(args, case, "contiguous"), [],
+                              case["Lk"], None, None)
+    except Exception as e:
+        res["fjpy_err"] = C.short_error(e)
+        return None
+
+
 def run_case(args, case, budgets, work):
     import torch
 
@@ -450,7 +487,8 @@ def run_case(args, case, budgets, work):
         if case["group"] == "varlen":
             torch_varlen(res, q, k, v, lens, ids.to("cuda"), budgets)
         else:
-            torch_decode(res, case, q, k, v, budgets)
+            torch_decode(res, case, q, k, v, budgets,
+                         in_process(args, res, case))
         res["gpu_torch"] = mon.stop()
     del q, k, v
     torch.cuda.empty_cache()
@@ -534,6 +572,13 @@ def rng(res, key, digits):
     return "-" if not r else "%.*f-%.*f" % (digits, r[0], digits, r[1])
 
 
+def headline(res):
+    """The flexjit figure the ratios to PyTorch use: in-process where it
+    ran (the baselines' own do_bench call), else the CLI's contiguous run."""
+    fj = res.get("fjpy_fig")
+    return fj if fj is not None else res.get("fj[contiguous]_fig")
+
+
 def report(rows):
     dec = [r for r in rows if r["group"] == "decode"]
     if dec:
@@ -544,7 +589,7 @@ def report(rows):
               "(B * Lk * Hkv * D * 2 * 2 bytes / time)%s:" % (
                   "; paged: pages shuffled" if paged else ""))
         print()
-        head = ["B x Lk", "flexjit", "flexjit range"]
+        head = ["B x Lk", "flexjit CLI", "CLI range", "flexjit in-process"]
         if paged:
             head += ["paged 16", "paged 64"]
         head += [h for _, h in TORCH_COLS]
@@ -552,14 +597,16 @@ def report(rows):
             head += ["varlen_attn paged 16", "varlen_attn paged 64"]
         head += ["flexjit / best PyTorch"]
         if paged:
-            head += ["paged 16 / contiguous", "paged 64 / contiguous"]
+            head += ["CLI paged 16 / contiguous", "CLI paged 64 / contiguous"]
         print("| " + " | ".join(head) + " |")
         print("|" + " --- |" * len(head))
         for r in dec:
-            fj = r.get("fj[contiguous]_fig")
+            cli = r.get("fj[contiguous]_fig")
+            fj = headline(r)
             best, col = best_torch(r)
             cells = ["%d x %d" % (r["B"], r["Lk"]),
-                     cellf(r, "fj[contiguous]", 2), rng(r, "fj[contiguous]", 2)]
+                     cellf(r, "fj[contiguous]", 2), rng(r, "fj[contiguous]", 2),
+                     cellf(r, "fjpy", 2)]
             if paged:
                 cells += [cellf(r, "fj[paged %d]" % p, 2) for p in PAGE_SIZES]
             cells += [cellf(r, c, 2) for c, _ in TORCH_COLS]
@@ -567,7 +614,7 @@ def report(rows):
                 cells += [cellf(r, "varlen_paged%d" % p, 2) for p in PAGE_SIZES]
             cells += [C.ratio(fj, best) + ("" if not col else " (%s)" % col)]
             if paged:
-                cells += [C.ratio(r.get("fj[paged %d]_fig" % p), fj)
+                cells += [C.ratio(r.get("fj[paged %d]_fig" % p), cli)
                           for p in PAGE_SIZES]
             print("| " + " | ".join(cells) + " |")
         gqa = sorted({"%s: %s" % (c, r[c + "_gqa"]) for r in dec
@@ -580,16 +627,17 @@ def report(rows):
         print("Chunked prefill, causal bottom right, GQA 32/8, D=128: TFLOP/s "
               "= 4 * B * Hq * D * pairs / time:")
         print()
-        print("| B x Lq x Lk | flexjit | flexjit range | FlexAttention | "
-              "SDPA flash | SDPA cuDNN | varlen_attn | flexjit / Flex | "
-              "flexjit / best PyTorch |")
-        print("|" + " --- |" * 9)
+        print("| B x Lq x Lk | flexjit CLI | CLI range | flexjit in-process | "
+              "FlexAttention | SDPA flash | SDPA cuDNN | varlen_attn | "
+              "flexjit / Flex | flexjit / best PyTorch |")
+        print("|" + " --- |" * 10)
         for r in ch:
-            fj = r.get("fj[contiguous]_fig")
+            fj = headline(r)
             best, col = best_torch(r)
-            print("| %d x %d x %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                r["B"], r["Lq"], r["Lk"], cellf(r, "fj[contiguous]", 1),
-                rng(r, "fj[contiguous]", 1), cellf(r, "flex", 1),
+            print("| %d x %d x %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |"
+                  % (r["B"], r["Lq"], r["Lk"], cellf(r, "fj[contiguous]", 1),
+                rng(r, "fj[contiguous]", 1), cellf(r, "fjpy", 1),
+                cellf(r, "flex", 1),
                 cellf(r, "flash", 1), cellf(r, "cudnn", 1),
                 cellf(r, "varlen", 1), C.ratio(fj, r.get("flex_fig")),
                 C.ratio(fj, best) + ("" if not col else " (%s)" % col)))
@@ -666,6 +714,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=2,
                     help="flexjit processes a variant (skip: 1)")
     ap.add_argument("--only", choices=["all", "flexjit"], default="all")
+    ap.add_argument("--no-in-process", dest="in_process", action="store_false",
+                    help="skip the in-process flexjit column (decode and "
+                    "chunked prefill through the Python package)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--deadline", type=float, default=0,
                     help="start no case after this many seconds (0: none)")
