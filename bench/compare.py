@@ -926,10 +926,69 @@ def report_backward(rows):
                                             k[:-4], r[k]))
 
 
+# ---- self-test -------------------------------------------------------------
+
+
+def self_test():
+    """The in-process column's plumbing without torch or a GPU: a case's CLI
+    options become flexjit.attention's params and buffers (a block mask only
+    for a mask that reads the document ids), and the ratios take the
+    in-process figure where it exists. Run by ctest (bench/compare_self_test)."""
+    calls = []
+
+    class Fake:
+        @staticmethod
+        def Spec(path):
+            calls.append(("Spec", path))
+            return "spec:" + os.path.basename(path)
+
+        @staticmethod
+        def block_mask(spec, B, H, Lq, Lk, params=None, buffers=None):
+            calls.append(("block_mask", spec, B, H, Lq, Lk, dict(params),
+                          dict(buffers)))
+            return "bm"
+
+        @staticmethod
+        def attention(q, k, v, spec, params=None, buffers=None,
+                      block_mask=None):
+            calls.append(("attention", q, spec, dict(params), dict(buffers),
+                          block_mask))
+            return "out"
+
+    f = flexjit_call(Fake, "/x/sliding_window.lua",
+                     ["--param", "window=1024", "--param", "cap=30.5",
+                      "--inputs", "/tmp/in"], 4096, None, None)
+    assert f("q", "k", "v") == "out"
+    assert calls == [("Spec", "/x/sliding_window.lua"),
+                     ("attention", "q", "spec:sliding_window.lua",
+                      {"window": 1024, "cap": 30.5}, {}, None)], calls
+    calls.clear()
+    f = flexjit_call(Fake, "/x/document.lua", ["--buffer", "doc=/w/doc.npy"],
+                     2048, "ids", None)
+    f("q", "k", "v")
+    assert calls[1] == ("block_mask", "spec:document.lua", None, None, 2048,
+                        2048, {}, {"doc": "ids"}), calls
+    assert calls[2][4:] == ({"doc": "ids"}, "bm"), calls
+    calls.clear()
+    f = flexjit_call(Fake, "/x/rel_bias.lua", ["--buffer", "bias=/w/b.npy"],
+                     2048, None, "table")
+    f("q", "k", "v")
+    assert [c[0] for c in calls] == ["Spec", "attention"], calls
+    assert calls[1][4:] == ({"bias": "table"}, None), calls
+    r = {"flexjit_fb_tflops": 500.0, "fjpy_fb_tflops": 510.0,
+         "flexjit_tflops": 600.0}
+    assert headline(r, "fb") == 510.0 and headline(r, None) == 600.0
+    assert ("fjpy", "flexjit in-process") in COLUMNS
+    print("compare self-test: ok")
+    return 0
+
+
 # ---- the run ---------------------------------------------------------------
 
 
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     if "--serving" in sys.argv[1:]:
         # The serving cases (issue 23) have their own shapes, columns and
         # figures: bench/compare_serving.py, on this file's machinery.
