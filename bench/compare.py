@@ -816,7 +816,8 @@ def print_gpu_phases(rows):
         return
     print()
     print("GPU while busy (nvidia-smi every 100 ms: SM clock range, peak "
-          "power and temperature, clock-event reasons): PyTorch | flexjit")
+          "power and temperature, clock-event reasons): PyTorch and flexjit "
+          "in-process | flexjit CLI")
     for r in rows:
         print("  %s, %d x %d: %s | %s" % (
             r["case"], r["B"], r["S"], describe_phase(r.get("gpu_torch")),
