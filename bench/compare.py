@@ -50,7 +50,6 @@ FLOPs: 2.5x the forward's for the backward, 3.5x for forward+backward.
 """
 import argparse
 import json
-import math
 import os
 import random
 import re
