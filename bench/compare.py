@@ -49,6 +49,7 @@ FLOPs: 2.5x the forward's for the backward, 3.5x for forward+backward.
                                              # serving cases: compare_serving.py
 """
 import argparse
+import functools
 import json
 import os
 import random
@@ -449,16 +450,12 @@ def make_qkv(B, H, S, D):
             for _ in range(3)]
 
 
-_FJ = {}
-
-
+@functools.lru_cache(maxsize=None)
 def flexjit_package(binary):
     """The flexjit Python package for the in-process column, or the reason
     it cannot be imported: the installed one, else this checkout's python/
     with the libflexjit.so built beside --flexjit's binary (binary's
     directory or its lib/), unless FLEXJIT_LIBRARY names one."""
-    if "mod" in _FJ or "err" in _FJ:
-        return _FJ.get("mod"), _FJ.get("err")
     if not os.environ.get("FLEXJIT_LIBRARY"):
         here = os.path.dirname(os.path.abspath(binary))
         for lib in (os.path.join(here, "libflexjit.so"),
@@ -473,17 +470,15 @@ def flexjit_package(binary):
         try:
             import flexjit
         except Exception as e:  # report, the CLI column still runs
-            _FJ["err"] = short_error(e)
-            return None, _FJ["err"]
-    _FJ["mod"] = flexjit
+            return None, short_error(e)
     return flexjit, None
 
 
 def flexjit_call(fj, spec_path, extra, S, doc, table):
     """The case as one flexjit.attention call on (q, k, v): the spec with
     the CLI's --param values, the document ids and the bias table as its
-    buffers, and (a mask that reads a buffer, as the CLI builds by default)
-    a block mask built once beforehand, as FlexAttention's is."""
+    buffers, and, where the mask reads a buffer (the CLI's default rule), a
+    block mask built once beforehand, as FlexAttention's is."""
     spec = fj.Spec(spec_path)
     params, buffers = {}, {}
     for opt, val in zip(extra[0::2], extra[1::2]):
@@ -493,17 +488,46 @@ def flexjit_call(fj, spec_path, extra, S, doc, table):
         elif opt == "--buffer":
             buffers[name] = {"doc": doc, "bias": table}[name]
     bm = None
-    if doc is not None:
+    if spec.mask_reads_buffer:
         bm = fj.block_mask(spec, None, None, S, S, params=params,
                            buffers=buffers)
     return lambda q, k, v: fj.attention(q, k, v, spec, params=params,
                                         buffers=buffers, block_mask=bm)
 
 
+def in_process(args, res, spec_path, extra, S, doc):
+    """The in-process column's call for a case, as a function of the bias
+    table (flexjit_call's), or None: --no-in-process, or the package did not
+    load (res["fjpy_err"] says why)."""
+    if not args.in_process:
+        return None
+    fj, err = flexjit_package(args.flexjit)
+    if fj is None:
+        res["fjpy_err"] = err
+        return None
+    return lambda table: flexjit_call(fj, spec_path, extra, S, doc, table)
+
+
+def fjpy_column(res, q, k, v, make_fj, bench):
+    """fjpy_ms: flexjit in this process (make_fj: in_process's; None: no
+    such column), by the baselines' own do_bench call (bench)."""
+    import torch
+
+    if make_fj is None:
+        return
+    try:
+        fj = make_fj(None)
+        fj(q, k, v)
+        torch.cuda.synchronize()
+        res["fjpy_ms"] = bench(lambda: fj(q, k, v))
+    except Exception as e:
+        res["fjpy_err"] = short_error(e)
+
+
 def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms, make_fj=None):
     """FlexAttention and SDPA on q, k, v, each by do_bench (median), and
-    flexjit in this process (make_fj: flexjit_call's for the case, given the
-    bias table; None: no in-process column) by the same call."""
+    flexjit in this process (make_fj: in_process's; None: no such column)
+    by the same call."""
     import torch
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -537,14 +561,7 @@ def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms, make_fj=None):
                     res[key + "_ms"] = bench(f)
             except Exception as e:
                 res[key + "_err"] = str(e)[:200]
-    if make_fj is not None:
-        try:
-            fj = make_fj(None)
-            fj(q, k, v)
-            torch.cuda.synchronize()
-            res["fjpy_ms"] = bench(lambda: fj(q, k, v))
-        except Exception as e:
-            res["fjpy_err"] = short_error(e)
+    fjpy_column(res, q, k, v, make_fj, bench)
     return res
 
 
@@ -932,15 +949,20 @@ def report_backward(rows):
 def self_test():
     """The in-process column's plumbing without torch or a GPU: a case's CLI
     options become flexjit.attention's params and buffers (a block mask only
-    for a mask that reads the document ids), and the ratios take the
+    where the spec's mask reads a buffer), and the ratios take the
     in-process figure where it exists. Run by ctest (bench/compare_self_test)."""
     calls = []
+
+    class FakeSpec(str):
+        @property
+        def mask_reads_buffer(self):
+            return self == "spec:document.lua"
 
     class Fake:
         @staticmethod
         def Spec(path):
             calls.append(("Spec", path))
-            return "spec:" + os.path.basename(path)
+            return FakeSpec("spec:" + os.path.basename(path))
 
         @staticmethod
         def block_mask(spec, B, H, Lq, Lk, params=None, buffers=None):
@@ -1190,15 +1212,7 @@ def compare(args, cases, budgets, out_dir, work):
             q, k, v = make_qkv(B, H, S, D)
             shared = write_inputs(inputs, q, k, v)
             if not skip_torch:
-                make_fj = None
-                if args.in_process:
-                    fj, err = flexjit_package(args.flexjit)
-                    if fj is None:
-                        res["fjpy_err"] = err
-                    else:
-                        make_fj = (lambda table, fj=fj, sp=spec_path, ex=extra,
-                                   S=S, doc=doc:
-                                   flexjit_call(fj, sp, ex, S, doc, table))
+                make_fj = in_process(args, res, spec_path, extra, S, doc)
                 mon = GpuMonitor()
                 if args.backward:
                     res.update(time_torch_backward(q, k, v, desc, doc, bias,

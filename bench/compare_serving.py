@@ -308,24 +308,9 @@ def flex_column(res, q, k, v, mask_fn, Lq, Lk, bench, key="flex"):
         res[key + "_err"] = C.short_error(e)
 
 
-def fjpy_column(res, q, k, v, fj, bench):
-    """flexjit in this process (fj: compare.flexjit_call's, None: no such
-    column), by the same do_bench call as the baselines: fjpy_ms."""
-    import torch
-
-    if fj is None:
-        return
-    try:
-        fj(q, k, v)
-        torch.cuda.synchronize()
-        res["fjpy_ms"] = bench(lambda: fj(q, k, v))
-    except Exception as e:
-        res["fjpy_err"] = C.short_error(e)
-
-
-def torch_decode(res, case, q, k, v, budgets, fj=None):
+def torch_decode(res, case, q, k, v, budgets, make_fj=None):
     """Contiguous decode (and chunked prefill): SDPA, Flex, varlen_attn, and
-    flexjit in-process (fj)."""
+    flexjit in-process (make_fj: compare.in_process's)."""
     import torch
     from torch.nn.attention.bias import causal_lower_right
 
@@ -336,7 +321,7 @@ def torch_decode(res, case, q, k, v, budgets, fj=None):
     shift = Lk - Lq
     mask_fn = None if Lq == 1 else (lambda b, h, qi, kv: kv <= qi + shift)
     flex_column(res, q, k, v, mask_fn, Lq, Lk, bench)
-    fjpy_column(res, q, k, v, fj, bench)
+    C.fjpy_column(res, q, k, v, make_fj, bench)
     fn, params = varlen_attn_fn()
     if fn is None:
         res["varlen_err"] = params
@@ -432,23 +417,6 @@ def dump_error(exact_dir, dump_dir):
             "lse_max_err": float(np.abs(l1 - l0).max())}
 
 
-def in_process(args, res, case):
-    """compare.flexjit_call's call for the case's contiguous variant, or
-    None (--no-in-process, or the package failed to load: fjpy_err)."""
-    if not args.in_process:
-        return None
-    fj, err = C.flexjit_package(args.flexjit)
-    if fj is None:
-        res["fjpy_err"] = err
-        return None
-    try:
-        return C.flexjit_call(fj, variant_spec(args, case, "contiguous"), [],
-                              case["Lk"], None, None)
-    except Exception as e:
-        res["fjpy_err"] = C.short_error(e)
-        return None
-
-
 def run_case(args, case, budgets, work):
     import torch
 
@@ -487,8 +455,9 @@ def run_case(args, case, budgets, work):
         if case["group"] == "varlen":
             torch_varlen(res, q, k, v, lens, ids.to("cuda"), budgets)
         else:
-            torch_decode(res, case, q, k, v, budgets,
-                         in_process(args, res, case))
+            torch_decode(res, case, q, k, v, budgets, C.in_process(
+                args, res, variant_spec(args, case, "contiguous"), [], Lk,
+                None))
         res["gpu_torch"] = mon.stop()
     del q, k, v
     torch.cuda.empty_cache()

@@ -222,6 +222,13 @@ class Spec:
     def source(self) -> str:
         return self._core.source
 
+    @property
+    def mask_reads_buffer(self) -> bool:
+        """Whether mask_mod reads a buffer (document ids): the kernel cannot
+        then tell empty and full tiles from indices, and a block mask
+        (flexjit.block_mask) is what lets it skip them."""
+        return self._core.mask_reads_buffer
+
     def __repr__(self):
         return f"flexjit.Spec({self.name!r}, args={[a.name for a in self.args]})"
 

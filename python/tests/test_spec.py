@@ -27,6 +27,9 @@ def test_spec_from_file_and_string():
     assert u.name == "c" and u.args == ()
     d = flexjit.Spec(example("document.lua"))
     assert [(a.name, a.kind, a.dtype) for a in d.args] == [("doc", "buffer", "int32")]
+    assert d.mask_reads_buffer and not s.mask_reads_buffer
+    bias = flexjit.Spec(os.path.join(REPO, "bench", "specs", "rel_bias.lua"))
+    assert not bias.mask_reads_buffer  # its buffer is read by score_mod alone
 
 
 def test_trainable_buffer():
