@@ -202,10 +202,9 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
       const float x = fj_score_mod(p.user, z, s[i] * p.scale, b, h, qi, ki) * FJHB_LOG2E;
       s[i] = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
 #else
-      // The exponent on every element; with 128-row tiles only the
-      // exponential under the condition, which ptxas predicates (the
-      // sliding-window D=64 backward 3.7% faster than with the fma under it
-      // too, causal unchanged).
+      // The exponent on every element, so that with 128-row tiles only the
+      // exponential is under the condition, which ptxas predicates (fewer
+      // instructions than with the fma under it too: docs/backward.md).
       (void)qi, (void)ki;
       const float x = fmaf(s[i], p.scale_log2, -l2[e & 1]);
 #if FJHB_SELECT_P
