@@ -40,6 +40,31 @@ static inline DLTensor fjt_tensor(int64_t *shape, int ndim, DLDataType dt, uintp
   return t;
 }
 
+/* The tensors of a dense BHSD launch: q and o [B, Hq, Lq, D], k and v [B,
+ * Hkv, Lk, D], lse [B, Hq, Lq], and the backward's dq, dk, dv and dout
+ * shaped alike. */
+typedef struct fjt_dense {
+  int64_t qs[4], ks[4], ls[3];
+  DLTensor q, k, v, o, lse, dq, dk, dv, dout;
+} fjt_dense;
+
+static inline void fjt_dense_init(fjt_dense *t, int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq,
+                                  int64_t Lk, int64_t D) {
+  const int64_t qs[4] = {B, Hq, Lq, D}, ks[4] = {B, Hkv, Lk, D}, ls[3] = {B, Hq, Lq};
+  memcpy(t->qs, qs, sizeof qs);
+  memcpy(t->ks, ks, sizeof ks);
+  memcpy(t->ls, ls, sizeof ls);
+  t->q = fjt_tensor(t->qs, 4, fjt_bf16, 0x10000);
+  t->k = fjt_tensor(t->ks, 4, fjt_bf16, 0x20000);
+  t->v = fjt_tensor(t->ks, 4, fjt_bf16, 0x30000);
+  t->o = fjt_tensor(t->qs, 4, fjt_bf16, 0x40000);
+  t->lse = fjt_tensor(t->ls, 3, fjt_f32, 0x50000);
+  t->dq = fjt_tensor(t->qs, 4, fjt_bf16, 0x60000);
+  t->dk = fjt_tensor(t->ks, 4, fjt_bf16, 0x70000);
+  t->dv = fjt_tensor(t->ks, 4, fjt_bf16, 0x80000);
+  t->dout = fjt_tensor(t->qs, 4, fjt_bf16, 0x90000);
+}
+
 /* The shapes of a packed batch of 3 sequences, 300 query rows and 280 kv
  * rows in all, 8 query heads over 2 kv heads at D = 128: q [300, 8, 128],
  * k [280, 2, 128], lse [8, 300], cu_seqlens_q and cu_seqlens_k [4]. */

@@ -79,34 +79,12 @@ static void test_bind_fills_and_refuses(void **state) {
   fj_context_destroy(ctx);
 }
 
-/* A dense launch of 2 x 8 x 64 x 128 queries over 2 x 2 x 96 x 128 keys. */
-typedef struct dense {
-  int64_t qs[4], ks[4], ls[3];
-  DLTensor q, k, v, o, lse, dq, dk, dv, dout;
-} dense;
-
-static void dense_init(dense *t) {
-  const int64_t qs[4] = {2, 8, 64, 128}, ks[4] = {2, 2, 96, 128}, ls[3] = {2, 8, 64};
-  memcpy(t->qs, qs, sizeof qs);
-  memcpy(t->ks, ks, sizeof ks);
-  memcpy(t->ls, ls, sizeof ls);
-  t->q = fjt_tensor(t->qs, 4, fjt_bf16, 0x10000);
-  t->k = fjt_tensor(t->ks, 4, fjt_bf16, 0x20000);
-  t->v = fjt_tensor(t->ks, 4, fjt_bf16, 0x30000);
-  t->o = fjt_tensor(t->qs, 4, fjt_bf16, 0x40000);
-  t->lse = fjt_tensor(t->ls, 3, fjt_f32, 0x50000);
-  t->dq = fjt_tensor(t->qs, 4, fjt_bf16, 0x60000);
-  t->dk = fjt_tensor(t->ks, 4, fjt_bf16, 0x70000);
-  t->dv = fjt_tensor(t->ks, 4, fjt_bf16, 0x80000);
-  t->dout = fjt_tensor(t->qs, 4, fjt_bf16, 0x90000);
-}
-
 static void test_launches_refuse_before_the_device(void **state) {
   (void)state;
   fj_context *ctx = fjt_new_context();
   fj_spec *br = load(ctx, BOTTOM_RIGHT), *causal = load(ctx, CAUSAL);
-  dense t;
-  dense_init(&t);
+  fjt_dense t; /* 2 x 8 x 64 x 128 queries over 2 x 2 x 96 x 128 keys */
+  fjt_dense_init(&t, 2, 8, 2, 64, 96, 128);
   fj_forward_args fa = {.q = &t.q, .k = &t.k, .v = &t.v, .o = &t.o, .lse = &t.lse,
                         .q_offset = 4096, .kv_offset = 4000};
   expect_refused(ctx, fj_attention_forward(ctx, br, &fa), FJ_EUNSUPPORTED,
