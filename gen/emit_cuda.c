@@ -381,13 +381,6 @@ static int num_grad_reads(const fjg_graph *g) {
 
 static void put_iv_nodes(emitter *e, int which);
 
-static int has_score_mod(const fjg_graph *g) {
-  int root = fjg_score_root(g);
-  if (root < 0) return 0;
-  const fjg_node *n = fjg_node_at(g, root);
-  return !(n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE);
-}
-
 /* 1 when g's score_mod is additive: its derivative with respect to the
  * score is the constant 1, and each trainable read's is the constant 0 or
  * 1 at an index that does not read the score. Its dS is then P (dP -
@@ -395,7 +388,7 @@ static int has_score_mod(const fjg_graph *g) {
  * (common/fj_bwd.cuh, FJ_SCORE_GRAD_ONE; fj_grad_bufs). */
 static int score_grad_one(const fjg_graph *g) {
   const fjg_derivative *d = fjg_graph_derivative(g);
-  if (!has_score_mod(g) || !d) return 0;
+  if (!fjg_has_score_mod(g) || !d) return 0;
   for (int i = 0; i < d->num_buffer_grads; i++) {
     const fjg_buffer_grad *r = &d->buffer_grads[i];
     const fjg_node *grad = fjg_node_at(g, r->grad);
@@ -865,7 +858,7 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   fjg_buf_printf(out, "#define FJ_NUM_WARPS %d\n", cfg->num_warps);
   fjg_buf_printf(out, "#define FJ_NUM_STAGES %d\n", cfg->num_stages);
   fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n", has_mask(g));
-  fjg_buf_printf(out, "#define FJ_HAS_SCORE_MOD %d\n", has_score_mod(g));
+  fjg_buf_printf(out, "#define FJ_HAS_SCORE_MOD %d\n", fjg_has_score_mod(g));
   if (cfg->persistent) fjg_buf_printf(out, "#define FJ_PERSISTENT 1\n");
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
   if (cfg->deterministic) fjg_buf_printf(out, "#define FJ_DETERMINISTIC 1\n");

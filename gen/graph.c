@@ -788,6 +788,12 @@ int fjg_set_score_root(fjg_graph *g, int node) {
 int fjg_mask_root(const fjg_graph *g) { return g->mask_root; }
 int fjg_score_root(const fjg_graph *g) { return g->score_root; }
 
+int fjg_has_score_mod(const fjg_graph *g) {
+  if (g->score_root < 0) return 0;
+  const fjg_node *n = fjg_node_at(g, g->score_root);
+  return !(n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE);
+}
+
 static int is_f32_node(const fjg_graph *g, int id) {
   return valid_node(g, id) && type_of(g, id) == FJG_F32;
 }

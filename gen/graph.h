@@ -203,6 +203,9 @@ int fjg_set_mask_root(fjg_graph *g, int node);
 int fjg_set_score_root(fjg_graph *g, int node);
 int fjg_mask_root(const fjg_graph *g);
 int fjg_score_root(const fjg_graph *g);
+/* 1 when g has a score_mod that is not the identity (which the kernels
+ * treat as none: FJ_HAS_SCORE_MOD 0). */
+int fjg_has_score_mod(const fjg_graph *g);
 
 /* The derivative of score_mod (gen/derivative.h), kept with the graph so
  * that a loaded spec never changes: the spec loader computes it once, after

@@ -175,20 +175,13 @@ fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_a
                   (int32_t)b->Lk, 0, 0};
   fj_status st = fjr_offsets_bind(ctx, g, b->q_offset, b->kv_offset, 0, &sz);
   if (st != FJ_OK) return st;
-  const int n = fjg_num_args(g);
   int32_t i32s[FJG_MAX_ARGS];
   float f32s[FJG_MAX_ARGS];
   if ((st = fjr_args_declared(ctx, spec->name, g, args, num_args)) != FJ_OK) return st;
-  for (int a = 0; a < n; a++) {
-    const fjg_arg *decl = fjg_arg_at(g, a);
-    i32s[a] = 0, f32s[a] = 0.f;
-    if (decl->kind == FJ_ARG_BUFFER) continue;
-    const fj_arg *given = fjr_arg_given(args, num_args, decl->name);
-    if (!given)
-      return fjr_fail(ctx, FJ_EINVAL, "spec '%s' needs param '%s' but no value was given",
-                      spec->name, decl->name);
-    i32s[a] = given->i32, f32s[a] = given->f32;
-  }
+  const int missing = fjr_param_values(g, args, num_args, i32s, f32s);
+  if (missing >= 0)
+    return fjr_fail(ctx, FJ_EINVAL, "spec '%s' needs param '%s' but no value was given",
+                    spec->name, fjg_arg_at(g, missing)->name);
   const fjg_env env = {.sizes = {sz.B, sz.Hq, sz.Hkv, sz.Lq, sz.Lk},
                        .q_off = sz.q_off,
                        .kv_off = sz.kv_off,

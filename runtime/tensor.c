@@ -145,6 +145,21 @@ const fj_arg *fjr_arg_given(const fj_arg *args, int num_args, const char *name) 
   return given;
 }
 
+int fjr_param_values(const fjg_graph *g, const fj_arg *args, int num_args, int32_t *i32s,
+                     float *f32s) {
+  int missing = -1;
+  for (int a = 0; a < fjg_num_args(g); a++) {
+    const fjg_arg *decl = fjg_arg_at(g, a);
+    const fj_arg *given = decl->kind == FJ_ARG_BUFFER
+                              ? NULL
+                              : fjr_arg_given(args, num_args, decl->name);
+    i32s[a] = given && decl->kind == FJ_ARG_I32 ? given->i32 : 0;
+    f32s[a] = given && decl->kind == FJ_ARG_F32 ? given->f32 : 0.f;
+    if (!given && decl->kind != FJ_ARG_BUFFER && missing < 0) missing = a;
+  }
+  return missing;
+}
+
 fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
                         const fj_arg *args, int num_args, void *dst) {
   const int n = fjg_num_args(g);

@@ -62,5 +62,11 @@ fj_status fjr_args_declared(fj_context *ctx, const char *who, const fjg_graph *g
                             const fj_arg *args, int num_args);
 /* The value args gives for `name` (the last of that name), or NULL. */
 const fj_arg *fjr_arg_given(const fj_arg *args, int num_args, const char *name);
+/* The values args gives the spec's params, by argument index, into i32s and
+ * f32s (fjg_num_args(g) entries each; 0 for buffers and for the other
+ * type): what the host's evaluators take (fjg_env). Returns the index of
+ * the first param without a value, or -1 when every one has one. */
+int fjr_param_values(const fjg_graph *g, const fj_arg *args, int num_args, int32_t *i32s,
+                     float *f32s);
 
 #endif /* FJR_TENSOR_H */
