@@ -54,8 +54,11 @@ static const char precompile_usage[] =
     "forward_blockmask (the forward kernel a launch with a block mask of\n"
     "128 x 128 blocks takes; at head dim 64 on sm_90a not the plain one),\n"
     "forward_varlen (the forward's variant for the serving layouts:\n"
-    "seqlens_k, paged KV, packed batches), blockmask (the kernels that build a spec's block masks, as flexjit run\n"
-    "does for masks that read buffers; one per spec and target), backward\n"
+    "seqlens_k, paged KV, packed batches), forward_long (its variant for\n"
+    "rows of 8192 keys and more on average; at head dim 128 on sm_90a, else\n"
+    "the plain one), blockmask (the kernels that build a spec's block masks,\n"
+    "as flexjit run does for masks that read buffers; one per spec and\n"
+    "target), backward\n"
     "(the backward pass's kernels), backward_deterministic (its\n"
     "deterministic variant; refused for specs with trainable buffers),\n"
     "backward_varlen (its variant for packed batches, cu_seqlens) and\n"
@@ -262,12 +265,14 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
     ko.deterministic = 1;
   } else if (strcmp(j.pass, "backward_varlen") == 0 || strcmp(j.pass, "forward_varlen") == 0) {
     ko.varlen = 1;
+  } else if (strcmp(j.pass, "forward_long") == 0) {
+    ko.long_rows = 1;
   } else if (strcmp(j.pass, "forward") != 0 && strcmp(j.pass, "backward") != 0 && !builder &&
              !decode) {
     r->status = FJ_EUNSUPPORTED;
     r->error = job_error(&j, "pass '%s' is not supported (forward, forward_blockmask, "
-                         "forward_varlen, blockmask, backward, backward_deterministic, "
-                         "backward_varlen, decode)", j.pass);
+                         "forward_varlen, forward_long, blockmask, backward, "
+                         "backward_deterministic, backward_varlen, decode)", j.pass);
     return;
   }
   r->status = FJ_ENOMEM;

@@ -25,6 +25,7 @@
 #include "gen/reference.h"
 #include "runtime/context.h"
 #include "runtime/decode.h"
+#include "runtime/forward.h"
 
 /* Absolute error floors of the check (see fjg_ref_check): small against
  * the low-precision error of O (~1e-3..1e-2), and a few float32 ulps of a
@@ -609,6 +610,7 @@ static int report_kernel(run_state *s) {
   const fj_forward_args a = forward_args(s);
   ko.varlen = a.seqlens_k || a.block_table || a.cu_seqlens_q;
   ko.skip_softmax = a.skip_softmax_threshold > 0.0f;
+  ko.long_rows = fjr_forward_long_rows(s->ctx, s->spec, &a);
   fj_kernel_info info;
   if ((fjr_decode_applies(&a) ? fj_compile_decode : fj_compile_forward)(s->ctx, s->spec, &ko,
                                                                         &info) != FJ_OK) {

@@ -220,6 +220,28 @@ void fjg_config_set_persistent(fjg_config *c, int on) {
   sm90_layout(c);
 }
 
+/* The long-row variant: kv tiles of 176 rows (FlashAttention-3's non-causal
+ * tile at D=128) in the one-CTA-an-item kernel, whose consumers have the 240
+ * registers that the larger S tile needs beside the intra-warpgroup overlap
+ * (the persistent kernel's 224 spill) and whose two K/V stages of 176 rows
+ * leave room for one Q buffer only. Measured against the persistent 128 x
+ * 128 kernel (bench/RESULTS.md, session 32): 2-3% faster where rows average
+ * 16k keys, 1-2% slower at 4-8k, up to 15% slower at 1-2k, so the runtime
+ * takes it only for long rows, and only for specs without a score_mod,
+ * whose registers spill beside the wider tile (runtime/forward.c). */
+int fjg_config_set_long_rows(fjg_config *c) {
+  if (!c || !c->uses_tma || c->head_dim != 128 || c->block_m != 128) return -1;
+  const fjg_config old = *c;
+  c->persistent = 0;
+  c->block_n = FJG_SM90_LONG_ROW_BLOCK_N;
+  if (!sm90_fits(c, 1, c->num_stages)) {
+    *c = old;
+    return -1;
+  }
+  sm90_layout(c);
+  return 0;
+}
+
 /* The persistent kernel's second Q buffer gives way to the stages. */
 int fjg_config_set_stages(fjg_config *c, int num_stages) {
   if (!c || !c->uses_tma || num_stages < 2 || !sm90_fits(c, 1, num_stages)) return -1;

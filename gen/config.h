@@ -96,6 +96,12 @@ int fjg_config_set_stages(fjg_config *c, int num_stages);
  * warps), when the stages still fit ($FLEXJIT_CONSUMERS). 0, else -1 with
  * c unchanged. */
 int fjg_config_set_consumers(fjg_config *c, int n);
+/* sm90 forward at head dim 128 only: the long-row variant (kv tiles of
+ * FJG_SM90_LONG_ROW_BLOCK_N rows, one CTA an item), which the runtime takes
+ * for launches whose rows are long (fj_kernel_options.long_rows). 0, else
+ * -1 with c unchanged. */
+#define FJG_SM90_LONG_ROW_BLOCK_N 176
+int fjg_config_set_long_rows(fjg_config *c);
 
 /* Checks a target name: "sm_", two or three digits >= 80, then "a" (from
  * sm_90) or "f" (from sm_100) or nothing. FJ_EINVAL for a malformed name,

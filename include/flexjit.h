@@ -248,6 +248,13 @@ typedef struct fj_kernel_options {
    * kernel a forward with skip_softmax_threshold > 0 and more than
    * FJ_DECODE_MAX_Q query tokens launches (combines with varlen). */
   int skip_softmax;
+  /* fj_compile_forward only: 1 compiles the long-row variant, the kernel a
+   * forward launches where the query rows are long (their allowed keys
+   * FJ_LONG_ROW_KEYS or more on average, estimated from the mask's interval
+   * analysis) and the spec has no score_mod: at head dim 128 on the sm90
+   * template, kv tiles of 176 rows, without a block mask, the serving
+   * layouts or Skip Softmax (elsewhere the same kernel as without). */
+  int long_rows;
 } fj_kernel_options;
 
 typedef struct fj_kernel_info {
@@ -377,6 +384,14 @@ fj_status fj_compile_decode(fj_context *ctx, const fj_spec *spec,
  * LSE. Longer ones run the forward kernel. The choice is the runtime's;
  * results agree within the usual tolerance. */
 #define FJ_DECODE_MAX_Q 16
+
+/* Launches whose query rows see this many keys or more on average run the
+ * forward's long-row variant (fj_kernel_options.long_rows) where it exists;
+ * the runtime estimates the average from the mask's interval analysis on
+ * the host, at a few query blocks of batch 0, head 0 (docs/architecture.md,
+ * "The long-row variant"). The choice is the runtime's; results agree
+ * within the usual tolerance. */
+#define FJ_LONG_ROW_KEYS 8192
 
 /*
  * Merges attention over N key/value segments into attention over their

@@ -56,9 +56,19 @@ struct fj_spec {
     int head_dim, dtype, block_q, block_kv;
     int varlen; /* the serving layouts' variant (FJ_VARLEN) */
     int skip;   /* the Skip Softmax variant (FJ_SKIP) */
+    int long_rows; /* the long-row variant (fjg_config_set_long_rows) */
     struct fjr_kernel *kernel;
   } launches[4];
   int num_launches;
+  /* The last forward launch's long-row estimate (runtime/forward.c), by
+   * what it was computed from: a launch of the same sizes and param values
+   * takes it without classifying tiles again. */
+  struct fjr_long_rows_memo {
+    int valid, long_rows;
+    int32_t Lq, Lk, q_off, kv_off;
+    int32_t i32s[FJG_MAX_ARGS];
+    float f32s[FJG_MAX_ARGS];
+  } long_rows_memo;
 };
 
 void fjr_clear_error(fj_context *ctx);

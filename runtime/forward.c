@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "gen/emit_cuda.h"
+#include "gen/interval.h"
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
 #include "runtime/decode.h"
@@ -32,17 +33,20 @@ static fj_status emit_forward(const fjg_graph *g, const fjg_config *cfg, fjg_buf
   return fjg_emit_forward_tu(g, cfg, out);
 }
 
-/* fj_fwd_<spec>_d<D>_<dtype>_<template>[p][_m<rows>]_<arch>: an sm90 tile of
- * other than the default rows (D=64's 128-row kernel for block masks) says
- * so with _m<rows>. */
+/* fj_fwd_<spec>_d<D>_<dtype>_<template>[p][_m<rows>][_n<kv rows>]_<arch>: an
+ * sm90 tile of other than the default rows (D=64's 128-row kernel for block
+ * masks) says so with _m<rows>, and of other than the default kv rows (the
+ * long-row variant) with _n<kv rows>. */
 static void forward_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
   int bm = 0, bn = 0;
-  char rows[16] = "";
-  if (cfg->uses_tma && fjg_sm90_tile(cfg->head_dim, &bm, &bn) == 0 && bm != cfg->block_m)
-    snprintf(rows, sizeof rows, "_m%d", cfg->block_m);
-  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s%s%s%s_%s", spec, cfg->head_dim,
+  char rows[16] = "", kv_rows[16] = "";
+  if (cfg->uses_tma && fjg_sm90_tile(cfg->head_dim, &bm, &bn) == 0) {
+    if (bm != cfg->block_m) snprintf(rows, sizeof rows, "_m%d", cfg->block_m);
+    if (bn != cfg->block_n) snprintf(kv_rows, sizeof kv_rows, "_n%d", cfg->block_n);
+  }
+  snprintf(buf, n, "fj_fwd_%s_d%d_%s_%s%s%s%s%s%s_%s", spec, cfg->head_dim,
            cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name,
-           cfg->persistent ? "p" : "", rows, cfg->varlen ? "_varlen" : "",
+           cfg->persistent ? "p" : "", rows, kv_rows, cfg->varlen ? "_varlen" : "",
            cfg->skip ? "_skip" : "", cfg->arch);
 }
 
@@ -106,7 +110,10 @@ static int sm90_block_m(const fj_context *ctx, const fjg_config *cfg, int block_
  * for the serving layouts (runtime/serving.c; FJ_VARLEN), which a launch
  * with seqlens_k, block_table or cu_seqlens takes, so that the kernels
  * without them keep their sizes as constants; o->skip_softmax: the Skip
- * Softmax variant (FJ_SKIP). */
+ * Softmax variant (FJ_SKIP); o->long_rows: the long-row variant where it
+ * exists (head dim 128 on sm90), unless the launch has a block mask, the
+ * serving layouts or Skip Softmax, or the environment set the persistence,
+ * stages or consumers (which it then keeps). */
 static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
                                 int mask_block_kv, fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
@@ -133,6 +140,9 @@ static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
      * overlap (its fallback drops the overlap); the one-tile kernel keeps
      * it without spilling (unit/test_sm90_compile). */
     fjg_config_set_persistent(cfg, 0);
+  if (o->long_rows && !cfg->varlen && !cfg->skip && !o->block_mask_block_q &&
+      ctx->opts.persistent < 0 && !ctx->opts.stages && !ctx->opts.consumers)
+    (void)fjg_config_set_long_rows(cfg); /* -1: no such variant, the default stays */
   const int bm = sm90_block_m(ctx, cfg, o->block_mask_block_q);
   if (bm != cfg->block_m && (bm <= 0 || fjg_config_set_consumers(cfg, bm / 64) != 0))
     return fjr_fail(ctx, FJ_EUNSUPPORTED,
@@ -377,22 +387,86 @@ fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *a, fj_dtype 
   return FJ_OK;
 }
 
+/* The keys a query row is allowed on average, estimated by the mask's
+ * interval analysis at batch 0, head 0 (sz: the launch's sizes and
+ * offsets): for the query blocks of FJG_SM90_PERSISTENT_BLOCK_M rows at
+ * the middles of the four quarters of Lq, the keys of the kv chunks (about
+ * Lk / 32 keys each, a multiple of 128) that are not EMPTY. An upper bound
+ * of each block's rows by less than a chunk; of a mask that reads a buffer
+ * only the index part counts (intervals cannot see the buffer's values). */
+int64_t fjr_mean_row_keys(const fjg_graph *g, const fjg_env *env, int32_t Lq, int32_t Lk) {
+  const int32_t rows = FJG_SM90_PERSISTENT_BLOCK_M;
+  const int32_t chunk = (Lk / 32 + 127) / 128 * 128 > rows ? (Lk / 32 + 127) / 128 * 128 : rows;
+  int64_t keys = 0;
+  for (int s = 0; s < 4; s++) {
+    const int32_t q0 = (int32_t)((2 * s + 1) * (int64_t)Lq / 8) / rows * rows;
+    const int32_t q1 = q0 + rows < Lq ? q0 + rows - 1 : Lq - 1;
+    for (int32_t kv0 = 0; kv0 < Lk; kv0 += chunk) {
+      const int32_t kv1 = Lk - kv0 > chunk ? kv0 + chunk - 1 : Lk - 1;
+      if (fjg_tile_class_cpu(g, env, 0, 0, q0, q1, kv0, kv1) != FJG_TILE_EMPTY)
+        keys += kv1 - kv0 + 1;
+    }
+  }
+  return keys / 4;
+}
+
+/* Whether a launch of sizes sz takes the long-row variant: head dim 128, a
+ * spec without a score_mod (its registers beside the wider S tile spill:
+ * unit/test_sm90_compile), no block mask, serving layout or Skip Softmax,
+ * and rows of FJ_LONG_ROW_KEYS on average, from the spec's memo of its last answer when the sizes,
+ * offsets and params are the same (the estimate classifies up to 132 tiles
+ * on the host). */
+static int launch_long_rows(fj_spec *spec, const fj_forward_args *a, const fjr_sizes *sz) {
+  if (a->q->shape[a->q->ndim - 1] != 128 || fjg_has_score_mod(spec->graph) || a->block_mask ||
+      a->seqlens_k ||
+      a->block_table || a->cu_seqlens_q || a->skip_softmax_threshold > 0.0f)
+    return 0;
+  struct fjr_long_rows_memo now = {.valid = 1, .Lq = sz->Lq, .Lk = sz->Lk,
+                                   .q_off = sz->q_off, .kv_off = sz->kv_off};
+  (void)fjr_param_values(spec->graph, a->args, a->num_args, now.i32s, now.f32s);
+  struct fjr_long_rows_memo *m = &spec->long_rows_memo;
+  now.long_rows = m->long_rows;
+  if (memcmp(m, &now, sizeof now) == 0) return m->long_rows;
+  const fjg_env env = {.sizes = {sz->B, sz->Hq, sz->Hkv, sz->Lq, sz->Lk},
+                       .q_off = sz->q_off,
+                       .kv_off = sz->kv_off,
+                       .param_i32 = now.i32s,
+                       .param_f32 = now.f32s};
+  now.long_rows = fjr_mean_row_keys(spec->graph, &env, sz->Lq, sz->Lk) >= FJ_LONG_ROW_KEYS;
+  *m = now;
+  return now.long_rows;
+}
+
+int fjr_forward_long_rows(fj_context *ctx, const fj_spec *spec, const fj_forward_args *a) {
+  _Alignas(16) unsigned char pbuf[sizeof(fjr_fwd_params_fixed)];
+  fjr_fwd_params_fixed *p = (fjr_fwd_params_fixed *)pbuf;
+  fj_dtype dtype;
+  memset(pbuf, 0, sizeof pbuf);
+  if (!ctx || !spec || !a || fjr_forward_check(ctx, a, &dtype, p) != FJ_OK ||
+      fjr_offsets_bind(ctx, spec->graph, a->q_offset, a->kv_offset, p->cu_seqlens_q != 0,
+                       &p->sz) != FJ_OK ||
+      fjr_args_declared(ctx, spec->name, spec->graph, a->args, a->num_args) != FJ_OK)
+    return 0;
+  return launch_long_rows((fj_spec *)spec, a, &p->sz);
+}
+
 /* The loaded kernel of a launch: from the spec's launch memo, else decided
  * (forward_config), made or found (runtime/kernels.c) and remembered. */
 static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_dtype dtype,
                                int block_q, int block_kv, int serving, int skip,
-                               fjr_kernel **out) {
+                               int long_rows, fjr_kernel **out) {
   for (int i = 0; i < spec->num_launches; i++) {
     const struct fjr_launch_memo *m = &spec->launches[i];
     if (m->head_dim == head_dim && m->dtype == (int)dtype && m->block_q == block_q &&
-        m->block_kv == block_kv && m->varlen == serving && m->skip == skip) {
+        m->block_kv == block_kv && m->varlen == serving && m->skip == skip &&
+        m->long_rows == long_rows) {
       *out = m->kernel;
       return FJ_OK;
     }
   }
   const fj_kernel_options ko = {.head_dim = head_dim, .dtype = dtype,
                                 .block_mask_block_q = block_q, .varlen = serving,
-                                .skip_softmax = skip};
+                                .skip_softmax = skip, .long_rows = long_rows};
   fjg_config cfg;
   fj_status st;
   if ((st = forward_config(ctx, &ko, block_kv, &cfg)) != FJ_OK ||
@@ -401,8 +475,8 @@ static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_
     return st;
   const int n = sizeof spec->launches / sizeof spec->launches[0];
   const int slot = spec->num_launches < n ? spec->num_launches++ : n - 1;
-  spec->launches[slot] =
-      (struct fjr_launch_memo){head_dim, (int)dtype, block_q, block_kv, serving, skip, *out};
+  spec->launches[slot] = (struct fjr_launch_memo){
+      head_dim, (int)dtype, block_q, block_kv, serving, skip, long_rows, *out};
   return FJ_OK;
 }
 
@@ -452,7 +526,8 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
     return fjr_fail(ctx, FJ_EINVAL, "fj_attention_forward: bad block mask");
   fjr_kernel *k = NULL;
   if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[args->q->ndim - 1], dtype,
-                          mi.block_q, mi.block_kv, serving, skip, &k)) != FJ_OK)
+                          mi.block_q, mi.block_kv, serving, skip,
+                          launch_long_rows((fj_spec *)spec, args, &p->sz), &k)) != FJ_OK)
     return st;
   /* The block mask, if any: validated against this launch (blockmask.c). */
   st = fjr_block_mask_bind(ctx, args->block_mask, &p->sz, k->cfg.block_m, k->cfg.block_n, p);

@@ -10,6 +10,7 @@
 
 #include "flexjit.h"
 #include "gen/config.h"
+#include "gen/graph.h"
 #include "runtime/launch_params.h"
 
 /* The cubin of a spec's forward kernel (compiled, or found in the cache, as
@@ -30,5 +31,18 @@ fj_status fjr_forward_cubin(fj_context *ctx, const fj_spec *spec,
  * device. The forward kernel's and the decode kernel's launches share it. */
 fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *args, fj_dtype *dtype,
                             fjr_fwd_params_fixed *p);
+
+/* Whether fj_attention_forward(ctx, spec, a) runs the forward's long-row
+ * variant (fj_kernel_options.long_rows), for `flexjit run` to report the
+ * kernel the launch runs; 0 for input the launch would refuse (the error
+ * is then in ctx). */
+int fjr_forward_long_rows(fj_context *ctx, const fj_spec *spec, const fj_forward_args *a);
+
+/* The keys a query row of g's mask is allowed on average, as a launch of
+ * Lq x Lk under env estimates it to choose the long-row variant
+ * (FJ_LONG_ROW_KEYS): an upper bound from the interval analysis of a few
+ * query blocks of batch 0, head 0 against kv chunks of about Lk / 32 keys.
+ * Host only. */
+int64_t fjr_mean_row_keys(const fjg_graph *g, const fjg_env *env, int32_t Lq, int32_t Lk);
 
 #endif /* FJR_FORWARD_H */

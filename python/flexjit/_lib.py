@@ -58,7 +58,7 @@ class KernelOptions(Structure):
     _fields_ = [("head_dim", c_int), ("dtype", c_int), ("arch", c_char_p),
                 ("kernel_template", c_char_p), ("block_mask_block_q", c_int),
                 ("deterministic", c_int), ("varlen", c_int),
-                ("skip_softmax", c_int)]
+                ("skip_softmax", c_int), ("long_rows", c_int)]
 
 
 class KernelInfo(Structure):

@@ -19,7 +19,9 @@
 //   FJ_DTYPE_BF16 1  or  FJ_DTYPE_F16 1
 //   FJ_BLOCK_M         64 query rows per consumer warpgroup: 128, or 192
 //                      with FJ_NUM_WARPS 16
-//   FJ_BLOCK_N         64 | 128: kv rows per tile (the N of S = Q K^T)
+//   FJ_BLOCK_N         64 | 128 | 176: kv rows per tile (the N of S = Q K^T);
+//                      176 only for the long-row variant at head dim 128
+//                      (no block mask, no paged KV: gen/config.c)
 //   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute;
 //                      or 16 at head dim 64: warpgroups 1-3 compute
 //   FJ_NUM_STAGES      >= 2: K and V tiles in shared memory
@@ -183,7 +185,8 @@ static_assert(FJ_NUM_WARPS == 12 || (FJ_NUM_WARPS == 16 && FJ_HEAD_DIM == 64),
               "sm90: 12 warps (one producer, two consumer warpgroups), or 16 (three) "
               "at head dim 64");
 static_assert(FJ_BLOCK_M == FJH_WG_ROWS * FJH_NC, "sm90: BLOCK_M is 64 rows a consumer");
-static_assert(FJ_BLOCK_N == 64 || FJ_BLOCK_N == 128, "sm90: BLOCK_N 64 or 128");
+static_assert(FJ_BLOCK_N == 64 || FJ_BLOCK_N == 128 || FJ_BLOCK_N == 176,
+              "sm90: BLOCK_N 64, 128 or 176");
 #if FJ_NUM_WARPS == 16 && (FJ_PERSISTENT || defined(FJ_TRACE))
 #error "sm90: three consumers only in the non-persistent, untraced kernel"
 #endif

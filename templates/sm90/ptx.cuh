@@ -196,6 +196,13 @@ __device__ __forceinline__ unsigned long long fjh_desc(unsigned lo, unsigned byt
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
   "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
   "%62, %63}"
+#define FJH_D88 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+  "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
+  "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, " \
+  "%77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}"
 #define FJH_D16 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FJH_F8(C, d, i) \
@@ -205,17 +212,20 @@ __device__ __forceinline__ unsigned long long fjh_desc(unsigned lo, unsigned byt
 #define FJH_F32(C, d) FJH_F8(C, d, 0), FJH_F8(C, d, 8), FJH_F8(C, d, 16), FJH_F8(C, d, 24)
 #define FJH_F64(C, d) \
   FJH_F32(C, d), FJH_F8(C, d, 32), FJH_F8(C, d, 40), FJH_F8(C, d, 48), FJH_F8(C, d, 56)
+#define FJH_F88(C, d) \
+  FJH_F64(C, d), FJH_F8(C, d, 64), FJH_F8(C, d, 72), FJH_F8(C, d, 80)
 #define FJH_RW(x) "+f"(x)
 #define FJH_WO(x) "=f"(x)
 
 // d = A * B (FIRST: d is written, not read, the first k step of a product,
 // so no instruction but this one defines a new accumulator) or d += A * B,
-// with A and B in shared memory: m64n32k16 / m64n64k16 / m64n128k16 by the
-// accumulator's size. TRANS 0: both operands K-major (S = Q K^T); 1: both
-// MN-major (imm-trans-a = imm-trans-b = 1; the backward's dQ = dS K, A = dS
-// read from dS^T stored [kv][query], B = K stored [kv][d]). One definition
-// a shape: the accumulator's registers are the asm's first operands, then
-// the descriptors, the scale-d flag and TRANS (operands A, B, S and T).
+// with A and B in shared memory: m64n32k16 / m64n64k16 / m64n128k16 /
+// m64n176k16 by the accumulator's size. TRANS 0: both operands K-major (S =
+// Q K^T); 1: both MN-major (imm-trans-a = imm-trans-b = 1; the backward's
+// dQ = dS K, A = dS read from dS^T stored [kv][query], B = K stored
+// [kv][d]). One definition a shape: the accumulator's registers are the
+// asm's first operands, then the descriptors, the scale-d flag and TRANS
+// (operands A, B, S and T).
 #define FJH_DEF_WGMMA_SS(NREG, SHAPE, DREGS, FOPS, A, B, S, T)                        \
   template <bool FIRST, int TRANS = 0>                                                 \
   __device__ __forceinline__ void fjh_wgmma_ss(float (&d)[NREG], unsigned long long da, \
@@ -234,6 +244,7 @@ __device__ __forceinline__ unsigned long long fjh_desc(unsigned lo, unsigned byt
 FJH_DEF_WGMMA_SS(16, "m64n32k16", FJH_D16, FJH_F16, "16", "17", "18", "19")
 FJH_DEF_WGMMA_SS(32, "m64n64k16", FJH_D32, FJH_F32, "32", "33", "34", "35")
 FJH_DEF_WGMMA_SS(64, "m64n128k16", FJH_D64, FJH_F64, "64", "65", "66", "67")
+FJH_DEF_WGMMA_SS(88, "m64n176k16", FJH_D88, FJH_F88, "88", "89", "90", "91")
 #undef FJH_DEF_WGMMA_SS
 
 // d += A * B with A (P) in registers and B (V) in shared memory, MN-major

@@ -53,18 +53,20 @@ struct fjh_exp_row<N, N> {
                                              float &) {}
 };
 
-// The max of m[0 .. 2W-1] by a tree of halvings (a compile-time walk: a
-// loop over the levels left the array in local memory).
-template <int W>
+// The max of m[0 .. N-1] by a tree of halvings (a compile-time walk: a
+// loop over the levels left the array in local memory); an odd middle
+// element passes to the next level untouched.
+template <int N>
 struct fjh_max_tree {
   __device__ __forceinline__ static float run(float (&m)[FJH_S_REGS / 4]) {
+    constexpr int H = (N + 1) / 2;
 #pragma unroll
-    for (int i = 0; i < W; ++i) m[i] = fmaxf(m[i], m[i + W]);
-    return fjh_max_tree<W / 2>::run(m);
+    for (int i = 0; i < N / 2; ++i) m[i] = fmaxf(m[i], m[i + H]);
+    return fjh_max_tree<H>::run(m);
   }
 };
 template <>
-struct fjh_max_tree<0> {
+struct fjh_max_tree<1> {
   __device__ __forceinline__ static float run(float (&m)[FJH_S_REGS / 4]) { return m[0]; }
 };
 
@@ -75,7 +77,7 @@ __device__ __forceinline__ float fjh_row_max(const float (&s)[FJH_S_REGS], int h
   float mt[FJH_S_REGS / 4];
 #pragma unroll
   for (int i = 0; i < FJH_S_REGS / 4; ++i) mt[i] = fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]);
-  float mx = fjh_max_tree<FJH_S_REGS / 8>::run(mt);
+  float mx = fjh_max_tree<FJH_S_REGS / 4>::run(mt);
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 }

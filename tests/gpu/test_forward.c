@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "gpu/gpu_util.h"
+#include "runtime/forward.h"
 
 #define FLOOR_O 1e-3
 #define FLOOR_LSE 1e-3
@@ -32,6 +33,7 @@ typedef struct tcase {
   int spec;
   fj_dtype dt;
   int D, B, Hq, Hkv, Lq, Lk, bshd;
+  int long_rows; /* the launch must choose the long-row variant (or not) */
 } tcase;
 
 static spec_src specs[MAX_SPECS];
@@ -132,7 +134,7 @@ static void add_case(const char *spec, fj_dtype dt, int D, int B, int Hq,
     fprintf(stderr, "test matrix: no spec '%s' or too many cases\n", spec);
     exit(1);
   }
-  cases[ncases++] = (tcase){s, dt, D, B, Hq, Hkv, Lq, Lk, bshd};
+  cases[ncases++] = (tcase){s, dt, D, B, Hq, Hkv, Lq, Lk, bshd, 0};
 }
 
 static void build_matrix(void) {
@@ -197,6 +199,14 @@ static void build_matrix(void) {
   add_case("sliding_window", FP, 256, 1, 4, 1, 129, 1000, 0);
   add_case("softcap_causal", BF, 256, 1, 2, 1, 1000, 129, 0);
   add_case("alibi_causal", BF, 256, 1, 2, 2, 1337, 1337, 0);
+  /* Rows of FJ_LONG_ROW_KEYS keys and more: at D=128 the long-row variant
+   * (kv tiles of 176 rows, its last one ragged here), which the launch
+   * chooses; kept to a few short query blocks for the CPU reference. */
+  add_case("full", BF, 128, 1, 2, 1, 129, 9001, 0);
+  add_case("causal_br", FP, 128, 1, 4, 2, 300, 8500, 1);
+  add_case("late_rows", BF, 128, 2, 16, 4, 129, 8300, 0);
+  add_case("chunked", FP, 128, 1, 2, 2, 77, 8400, 0); /* its rows stay short */
+  for (int i = ncases - 4; i < ncases - 1; i++) cases[i].long_rows = 1;
 }
 
 /* ---- compiling ahead, in parallel ---- */
@@ -304,6 +314,10 @@ static int case_launch(fj_context *ctx, const fjr_driver *drv,
     return 0;
   fj_forward_args a = {.q = &io->dq.t, .k = &io->dk.t, .v = &io->dv.t, .o = &io->dout.t,
                        .lse = &io->dlse.t, .args = io->vals.args, .num_args = io->vals.n};
+  if (fjr_forward_long_rows(ctx, spec, &a) != c->long_rows) {
+    printf("      the launch %s the long-row variant\n", c->long_rows ? "did not choose" : "chose");
+    return 0;
+  }
   if (fj_attention_forward(ctx, spec, &a) != FJ_OK) {
     printf("      launch failed: %s\n", fj_context_last_error(ctx));
     return 0;
@@ -397,7 +411,7 @@ static int test_kernel_reuse(const fjr_driver *drv) {
   fj_spec *spec = NULL;
   fj_kernel_info a, b;
   const char *src = "return { mask_mod = causal(), score_mod = softcap(7) }";
-  tcase c = {0, FJ_DTYPE_BF16, 64, 1, 2, 2, 64, 64, 0};
+  tcase c = {0, FJ_DTYPE_BF16, 64, 1, 2, 2, 64, 64, 0, 0};
   case_io io;
   int ok = 0;
   memset(&io, 0, sizeof io);

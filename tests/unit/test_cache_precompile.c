@@ -397,29 +397,47 @@ static void test_precompile_usage_and_failures(void **state) {
   assert_int_equal(fj_cli_precompile(4, argv), 1);
 }
 
-/* forward_blockmask: at D=64 on sm_90a the 128-row kernel, a second entry
- * beside the plain one, which a launch with a 128 x 128 block mask finds
- * without NVRTC; where it is the plain kernel (sm_80), one entry for both. */
-static void test_precompile_blockmask_pass(void **state) {
-  fixture *f = *state;
-  char out[512], manifest[512];
-  if (!have_nvrtc())
-    skip();
+/* Precompiles causal.lua by a manifest of the given fields into a cache
+ * directory, and counts its entries. */
+static int precompile_count(fixture *f, const char *fields) {
+  char out[512], manifest[512], text[1024];
   write_text(f, "causal.lua", causal_spec);
-  write_text(f, "manifest.lua",
-             "return { specs = {'causal.lua'}, head_dims = {64}, dtypes = {'bf16'},\n"
-             "  archs = {'sm_80', 'sm_90a'}, passes = {'forward', 'forward_blockmask'} }\n");
+  snprintf(text, sizeof text, "return { specs = {'causal.lua'}, dtypes = {'bf16'}, %s }\n",
+           fields);
+  write_text(f, "manifest.lua", text);
   snprintf(manifest, sizeof manifest, "%s/manifest.lua", f->dir);
   snprintf(out, sizeof out, "%s/cache", f->dir);
-  char *argv[] = {"precompile", manifest, "--out", out, "-j", "2", NULL};
+  char *argv[] = {"precompile", manifest, "--out", out, "-j", "4", NULL};
   assert_int_equal(fj_cli_precompile(6, argv), 0);
   fjc_store *s = NULL;
   char err[256];
   int n = 0;
   assert_int_equal(fjc_store_open(out, 0, NULL, NULL, &s, err, sizeof err), FJ_OK);
   assert_int_equal(fjc_store_list(s, count_entry, &n, NULL, 0), FJ_OK);
-  assert_int_equal(n, 3); /* sm_80 once, sm_90a plain and 128-row */
   fjc_store_close(s);
+  return n;
+}
+
+/* forward_blockmask: at D=64 on sm_90a the 128-row kernel, a second entry
+ * beside the plain one, which a launch with a 128 x 128 block mask finds
+ * without NVRTC; where it is the plain kernel (sm_80), one entry for both. */
+static void test_precompile_blockmask_pass(void **state) {
+  if (!have_nvrtc())
+    skip();
+  assert_int_equal(precompile_count(*state, "head_dims = {64}, archs = {'sm_80', 'sm_90a'}, "
+                                            "passes = {'forward', 'forward_blockmask'}"),
+                   3); /* sm_80 once, sm_90a plain and 128-row */
+}
+
+/* forward_long: at D=128 on sm_90a the long-row kernel, a second entry
+ * beside the plain one; at D=64, where there is no such variant, one entry
+ * for both. */
+static void test_precompile_long_pass(void **state) {
+  if (!have_nvrtc())
+    skip();
+  assert_int_equal(precompile_count(*state, "head_dims = {64, 128}, archs = {'sm_90a'}, "
+                                            "passes = {'forward', 'forward_long'}"),
+                   3); /* D=64 once, D=128 plain and long-row */
 }
 
 int main(int argc, char **argv) {
@@ -432,6 +450,7 @@ int main(int argc, char **argv) {
       T(test_precompile_usage_and_failures),
       T(test_precompile_to_directory),
       T(test_precompile_blockmask_pass),
+      T(test_precompile_long_pass),
       T(test_precompile_to_pack),
       T(test_pack_serves_without_nvrtc),
   };

@@ -92,7 +92,9 @@ static char *build_tu(const fjg_config *c, int has_mask, int has_score_mod,
 
 /* overlap: 1 the default (intra-warpgroup overlap on), 0 compiled with
  * -DFJ_INTRA_WG_OVERLAP=0, which the runtime falls back to when the default
- * spills (runtime/forward.c, refit_spilling). */
+ * spills (runtime/forward.c, refit_spilling). persistent: 0 the one-tile
+ * kernel, 1 the persistent one, 2 the long-row variant (one tile, kv tiles
+ * of 176 rows; D=128). */
 static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_score_mod,
                            const char *prologue, const char *what, int overlap,
                            int persistent) {
@@ -102,12 +104,13 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
       FJ_OK)
     fail_msg("config: %s", err);
   /* FJ_PERSISTENT, FJ_Q_BUFS (D=128's default is persistent: say which). */
-  fjg_config_set_persistent(&c, persistent);
+  fjg_config_set_persistent(&c, persistent == 1);
+  if (persistent == 2) assert_int_equal(fjg_config_set_long_rows(&c), 0);
   char *tu = build_tu(&c, has_mask, has_score_mod, prologue);
   /* The dump files' name, and the unit's in a failure. */
   char stem[128];
-  snprintf(stem, sizeof stem, "sm90_%s_d%d_%s", what, head_dim,
-           dt == FJ_DTYPE_F16 ? "f16" : "bf16");
+  snprintf(stem, sizeof stem, "sm90_%s_d%d_%s%s", what, head_dim,
+           dt == FJ_DTYPE_F16 ? "f16" : "bf16", persistent == 2 ? "_n176" : "");
   fjt_dump(stem, "cu", tu);
   const char *opts[6] = {"-std=c++17", "-default-device", "--gpu-architecture=sm_90a",
                          "--ptxas-options=-v"};
@@ -125,7 +128,7 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
     /* What the runtime does with such a kernel: compile it without the
      * overlap, which must not spill. */
     printf("  %-12s D=%-3d%s spills with the overlap (%ld bytes): without it\n", what,
-           head_dim, persistent ? " persistent" : "", fjr_nvrtc_log_spill_bytes(log));
+           head_dim, persistent == 1 ? " persistent" : persistent == 2 ? " long rows" : "", fjr_nvrtc_log_spill_bytes(log));
     free(log);
     nvrtcDestroyProgram(&prog);
     free(tu);
@@ -143,9 +146,9 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
   size_t cubin_size = 0;
   assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
   assert_true(cubin_size > 0);
-  if (persistent) {
-    /* An experiment, not a shipped configuration (fjg_config.persistent is 0
-     * unless FLEXJIT_PERSISTENT=1): its spills are reported, not refused. */
+  if (persistent == 1) {
+    /* Its spills are reported, not refused (the runtime compiles it again
+     * without the overlap, refit_spilling). */
     long spilled = fjr_nvrtc_log_spill_bytes(log);
     assert_true(spilled >= 0);
     if (spilled > 0) printf("  %-12s D=%-3d persistent: %ld bytes of spills\n", what, head_dim, spilled);
@@ -162,12 +165,13 @@ static void compile_one_as(int head_dim, fj_dtype dt, int has_mask, int has_scor
    * bytes smem" must not exceed it. */
   assert_non_null(strstr(log, "bytes smem"));
   const int static_smem = fjt_max_static_smem(log);
-  if (static_smem > (persistent ? 9216 : 5120))
+  if (static_smem > (persistent == 1 ? 9216 : 5120))
     fail_msg("%s D=%d: %d bytes of static shared memory", what, head_dim, static_smem);
   printf("  %-12s D=%-3d %-4s sm_90a %d x %d, %d stages, smem %d%s%s: %6.0f ms, cubin %zu B\n",
          what, head_dim, dt == FJ_DTYPE_F16 ? "f16" : "bf16", c.block_m, c.block_n,
          c.num_stages, c.smem_bytes, overlap ? "" : ", no overlap",
-         persistent ? ", persistent" : "", ms, cubin_size);
+         persistent == 1 ? ", persistent" : persistent == 2 ? ", long rows" : "", ms,
+         cubin_size);
   free(ptx);
   free(log);
   nvrtcDestroyProgram(&prog);
@@ -181,6 +185,10 @@ static void compile_one(int head_dim, fj_dtype dt, int has_mask, int has_score_m
    * which changes no code path, at D = 64 and 128. */
   if (dt == FJ_DTYPE_BF16 && head_dim != 256)
     compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 1, 1);
+  /* The long-row variant (fjg_config_set_long_rows): D=128, one dtype;
+   * launches take it for specs without a score_mod only. */
+  if (dt == FJ_DTYPE_BF16 && head_dim == 128 && !has_score_mod)
+    compile_one_as(head_dim, dt, has_mask, has_score_mod, prologue, what, 1, 2);
 }
 
 static void run_matrix(int has_mask, int has_score_mod, const char *prologue,
