@@ -413,13 +413,12 @@ int64_t fjr_mean_row_keys(const fjg_graph *g, const fjg_env *env, int32_t Lq, in
 /* Whether a launch of sizes sz takes the long-row variant: head dim 128, a
  * spec without a score_mod (its registers beside the wider S tile spill:
  * unit/test_sm90_compile), no block mask, serving layout or Skip Softmax,
- * and rows of FJ_LONG_ROW_KEYS on average, from the spec's memo of its last answer when the sizes,
- * offsets and params are the same (the estimate classifies up to 132 tiles
- * on the host). */
+ * and rows of FJ_LONG_ROW_KEYS on average. The estimate classifies up to
+ * 132 tiles on the host; the spec keeps its last answer, which a launch of
+ * the same sizes, offsets and param values takes. */
 static int launch_long_rows(fj_spec *spec, const fj_forward_args *a, const fjr_sizes *sz) {
   if (a->q->shape[a->q->ndim - 1] != 128 || fjg_has_score_mod(spec->graph) || a->block_mask ||
-      a->seqlens_k ||
-      a->block_table || a->cu_seqlens_q || a->skip_softmax_threshold > 0.0f)
+      a->seqlens_k || a->block_table || a->cu_seqlens_q || a->skip_softmax_threshold > 0.0f)
     return 0;
   struct fjr_long_rows_memo now = {.valid = 1, .Lq = sz->Lq, .Lk = sz->Lk,
                                    .q_off = sz->q_off, .kv_off = sz->kv_off};

@@ -20,8 +20,8 @@
 //   FJ_BLOCK_M         64 query rows per consumer warpgroup: 128, or 192
 //                      with FJ_NUM_WARPS 16
 //   FJ_BLOCK_N         64 | 128 | 176: kv rows per tile (the N of S = Q K^T);
-//                      176 only for the long-row variant at head dim 128
-//                      (no block mask, no paged KV: gen/config.c)
+//                      176 only for the long-row variant at head dim 128,
+//                      without the serving layouts (runtime/forward.c)
 //   FJ_NUM_WARPS       12: warpgroup 0 produces, warpgroups 1 and 2 compute;
 //                      or 16 at head dim 64: warpgroups 1-3 compute
 //   FJ_NUM_STAGES      >= 2: K and V tiles in shared memory
@@ -187,6 +187,11 @@ static_assert(FJ_NUM_WARPS == 12 || (FJ_NUM_WARPS == 16 && FJ_HEAD_DIM == 64),
 static_assert(FJ_BLOCK_M == FJH_WG_ROWS * FJH_NC, "sm90: BLOCK_M is 64 rows a consumer");
 static_assert(FJ_BLOCK_N == 64 || FJ_BLOCK_N == 128 || FJ_BLOCK_N == 176,
               "sm90: BLOCK_N 64, 128 or 176");
+// A tile of 176 kv rows starts inside a page wherever pages are 32 rows or
+// more, and the paged loads' boxes (pipeline.cuh) assume it starts at a
+// page boundary; head dim 128 is the one it is compiled and tested at.
+static_assert(FJ_BLOCK_N != 176 || (FJ_HEAD_DIM == 128 && !FJ_VARLEN),
+              "sm90: BLOCK_N 176 only at head dim 128, without the serving layouts");
 #if FJ_NUM_WARPS == 16 && (FJ_PERSISTENT || defined(FJ_TRACE))
 #error "sm90: three consumers only in the non-persistent, untraced kernel"
 #endif
