@@ -251,9 +251,9 @@ typedef struct fj_kernel_options {
   /* fj_compile_forward only: 1 compiles the long-row variant, the kernel a
    * forward launches where the query rows are long (their allowed keys
    * FJ_LONG_ROW_KEYS or more on average, estimated from the mask's interval
-   * analysis) and the spec has no score_mod: at head dim 128 on the sm90
-   * template, kv tiles of 176 rows, without a block mask, the serving
-   * layouts or Skip Softmax (elsewhere the same kernel as without). */
+   * analysis): at head dim 128 on the sm90 template, for specs without a
+   * score_mod, kv tiles of 176 rows; not with block_mask_block_q, varlen or
+   * skip_softmax. Where it does not apply, the same kernel as without. */
   int long_rows;
 } fj_kernel_options;
 

@@ -111,11 +111,13 @@ static int sm90_block_m(const fj_context *ctx, const fjg_config *cfg, int block_
  * with seqlens_k, block_table or cu_seqlens takes, so that the kernels
  * without them keep their sizes as constants; o->skip_softmax: the Skip
  * Softmax variant (FJ_SKIP); o->long_rows: the long-row variant where it
- * exists (head dim 128 on sm90), unless the launch has a block mask, the
- * serving layouts or Skip Softmax, or the environment set the persistence,
- * stages or consumers (which it then keeps). */
-static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
-                                int mask_block_kv, fjg_config *cfg) {
+ * exists (head dim 128 on sm90) and applies: a spec (g) without a score_mod,
+ * whose registers beside the wider S tile spill (unit/test_sm90_compile), a
+ * launch without a block mask, the serving layouts or Skip Softmax, and no
+ * persistence, stages or consumers set by the environment (which it keeps). */
+static fj_status forward_config(fj_context *ctx, const fjg_graph *g,
+                                const fj_kernel_options *o, int mask_block_kv,
+                                fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
   const char *arch = o->arch;
   fj_status st;
@@ -140,8 +142,9 @@ static fj_status forward_config(fj_context *ctx, const fj_kernel_options *o,
      * overlap (its fallback drops the overlap); the one-tile kernel keeps
      * it without spilling (unit/test_sm90_compile). */
     fjg_config_set_persistent(cfg, 0);
-  if (o->long_rows && !cfg->varlen && !cfg->skip && !o->block_mask_block_q &&
-      ctx->opts.persistent < 0 && !ctx->opts.stages && !ctx->opts.consumers)
+  if (o->long_rows && !fjg_has_score_mod(g) && !cfg->varlen && !cfg->skip &&
+      !o->block_mask_block_q && ctx->opts.persistent < 0 && !ctx->opts.stages &&
+      !ctx->opts.consumers)
     (void)fjg_config_set_long_rows(cfg); /* -1: no such variant, the default stays */
   const int bm = sm90_block_m(ctx, cfg, o->block_mask_block_q);
   if (bm != cfg->block_m && (bm <= 0 || fjg_config_set_consumers(cfg, bm / 64) != 0))
@@ -173,7 +176,7 @@ static fj_status compile_forward(fj_context *ctx, const fj_spec *spec,
   fjg_config cfg;
   int resident = 0;
   fj_status st = check_kernel_options(ctx, spec, o);
-  if (st == FJ_OK) st = forward_config(ctx, o, 0, &cfg);
+  if (st == FJ_OK) st = forward_config(ctx, spec->graph, o, 0, &cfg);
   if (st == FJ_OK) st = fjr_kernel_get(ctx, (fj_spec *)spec, &forward_kind, &cfg, k, &resident);
   if (st == FJ_OK && info) fjr_kernel_info(*k, resident, info);
   return st;
@@ -210,7 +213,7 @@ fj_status fj_emit_forward_source(fj_context *ctx, const fj_spec *spec,
   if (!path) return fjr_fail(ctx, FJ_EINVAL, "fj_emit_forward_source: path is NULL");
   fjg_config cfg;
   fj_status st = check_kernel_options(ctx, spec, opts);
-  if (st == FJ_OK) st = forward_config(ctx, opts, 0, &cfg);
+  if (st == FJ_OK) st = forward_config(ctx, spec->graph, opts, 0, &cfg);
   if (st != FJ_OK) return st;
   fjg_buf src;
   fjc_key source_key;
@@ -410,16 +413,12 @@ int64_t fjr_mean_row_keys(const fjg_graph *g, const fjg_env *env, int32_t Lq, in
   return keys / 4;
 }
 
-/* Whether a launch of sizes sz takes the long-row variant: head dim 128, a
- * spec without a score_mod (its registers beside the wider S tile spill:
- * unit/test_sm90_compile), no block mask, serving layout or Skip Softmax,
- * and rows of FJ_LONG_ROW_KEYS on average. The estimate classifies up to
- * 132 tiles on the host; the spec keeps its last answer, which a launch of
- * the same sizes, offsets and param values takes. */
+/* Whether a launch of sizes sz has long rows, FJ_LONG_ROW_KEYS keys on
+ * average: its fj_kernel_options.long_rows (forward_config decides whether
+ * the variant applies). The estimate classifies up to 132 tiles on the
+ * host; the spec keeps its last answer, which a launch of the same sizes,
+ * offsets and param values takes. */
 static int launch_long_rows(fj_spec *spec, const fj_forward_args *a, const fjr_sizes *sz) {
-  if (a->q->shape[a->q->ndim - 1] != 128 || fjg_has_score_mod(spec->graph) || a->block_mask ||
-      a->seqlens_k || a->block_table || a->cu_seqlens_q || a->skip_softmax_threshold > 0.0f)
-    return 0;
   struct fjr_long_rows_memo now = {.valid = 1, .Lq = sz->Lq, .Lk = sz->Lk,
                                    .q_off = sz->q_off, .kv_off = sz->kv_off};
   (void)fjr_param_values(spec->graph, a->args, a->num_args, now.i32s, now.f32s);
@@ -468,7 +467,7 @@ static fj_status launch_kernel(fj_context *ctx, fj_spec *spec, int head_dim, fj_
                                 .skip_softmax = skip, .long_rows = long_rows};
   fjg_config cfg;
   fj_status st;
-  if ((st = forward_config(ctx, &ko, block_kv, &cfg)) != FJ_OK ||
+  if ((st = forward_config(ctx, spec->graph, &ko, block_kv, &cfg)) != FJ_OK ||
       (st = fjr_kernel_get(ctx, spec, &forward_kind, &cfg, out, NULL)) != FJ_OK ||
       (st = fjr_kernel_load(ctx, *out)) != FJ_OK)
     return st;

@@ -33,7 +33,7 @@ typedef struct tcase {
   int spec;
   fj_dtype dt;
   int D, B, Hq, Hkv, Lq, Lk, bshd;
-  int long_rows; /* the launch must choose the long-row variant (or not) */
+  int long_rows; /* the launch's rows must count as long (or not) */
 } tcase;
 
 static spec_src specs[MAX_SPECS];
@@ -199,9 +199,10 @@ static void build_matrix(void) {
   add_case("sliding_window", FP, 256, 1, 4, 1, 129, 1000, 0);
   add_case("softcap_causal", BF, 256, 1, 2, 1, 1000, 129, 0);
   add_case("alibi_causal", BF, 256, 1, 2, 2, 1337, 1337, 0);
-  /* Rows of FJ_LONG_ROW_KEYS keys and more: at D=128 the long-row variant
-   * (kv tiles of 176 rows, its last one ragged here), which the launch
-   * chooses; kept to a few short query blocks for the CPU reference. */
+  /* Rows of FJ_LONG_ROW_KEYS keys and more: at D=128, for these specs
+   * without a score_mod, the long-row variant (kv tiles of 176 rows, its
+   * last one ragged here), which the launch chooses; kept to a few short
+   * query blocks for the CPU reference. */
   add_case("full", BF, 128, 1, 2, 1, 129, 9001, 0);
   add_case("causal_br", FP, 128, 1, 4, 2, 300, 8500, 1);
   add_case("late_rows", BF, 128, 2, 16, 4, 129, 8300, 0);
@@ -315,7 +316,7 @@ static int case_launch(fj_context *ctx, const fjr_driver *drv,
   fj_forward_args a = {.q = &io->dq.t, .k = &io->dk.t, .v = &io->dv.t, .o = &io->dout.t,
                        .lse = &io->dlse.t, .args = io->vals.args, .num_args = io->vals.n};
   if (fjr_forward_long_rows(ctx, spec, &a) != c->long_rows) {
-    printf("      the launch %s the long-row variant\n", c->long_rows ? "did not choose" : "chose");
+    printf("      the launch's rows %s as long\n", c->long_rows ? "do not count" : "count");
     return 0;
   }
   if (fj_attention_forward(ctx, spec, &a) != FJ_OK) {

@@ -2,8 +2,8 @@
  * tests/unit/test_long_rows.c: the forward's long-row variant, without a
  * GPU: its configuration (gen/config.c), the host's estimate of a launch's
  * row length (fjr_mean_row_keys) against the exact mean over every row, the
- * launch's choice (fjr_forward_long_rows: score_mod, head dim, block mask,
- * Skip Softmax, params and its memo), and the kernel's name.
+ * launch's answer (fjr_forward_long_rows: sizes, params and its memo), and
+ * which kernels the variant applies to (its name and key).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -121,6 +121,8 @@ static void test_estimate(void **state) {
   /* A mask that reads a buffer: intervals see its index part alone (the
    * document mask's causal one). */
   assert_int_equal(estimate(doc, 0, 3000, 9000, NULL), estimate(causal, 0, 3000, 9000, NULL));
+  fj_spec_destroy(causal), fj_spec_destroy(br), fj_spec_destroy(full);
+  fj_spec_destroy(window), fj_spec_destroy(doc);
   fj_context_destroy(ctx);
 }
 
@@ -146,18 +148,11 @@ static void test_launch_choice(void **state) {
   assert_int_equal(causal->long_rows_memo.valid, 1);
   assert_int_equal(fjr_forward_long_rows(ctx, causal, &t.a), 1); /* from the memo */
 
-  /* A score_mod, another head dim, Skip Softmax, a block mask: not this
-   * variant. */
-  assert_int_equal(fjr_forward_long_rows(ctx, load(ctx, SCALED), &t.a), 0);
-  t.a.skip_softmax_threshold = 0.01f;
-  assert_int_equal(fjr_forward_long_rows(ctx, causal, &t.a), 0);
-  t.a.skip_softmax_threshold = 0.f;
-  t.a.block_mask = (const fj_block_mask *)&t; /* only its presence is read */
-  assert_int_equal(fjr_forward_long_rows(ctx, causal, &t.a), 0);
-  t.a.block_mask = NULL;
+  /* The rows are long whatever else the launch has (whether the variant
+   * applies is the configuration's: test_kernel_name). */
   launch d64;
   launch_init(&d64, 16384, 16384, 64);
-  assert_int_equal(fjr_forward_long_rows(ctx, causal, &d64.a), 0);
+  assert_int_equal(fjr_forward_long_rows(ctx, causal, &d64.a), 1);
 
   /* Shorter rows, then the long ones again (the memo follows the sizes). */
   launch s;
@@ -179,30 +174,46 @@ static void test_launch_choice(void **state) {
   assert_int_equal(fjr_forward_long_rows(ctx, window, &t.a), 0);
   t.a.q = NULL;
   assert_int_equal(fjr_forward_long_rows(ctx, causal, &t.a), 0);
+  fj_spec_destroy(causal), fj_spec_destroy(window);
   fj_context_destroy(ctx);
 }
 
-/* The variant's kernel has a name and key of its own (needs NVRTC). */
+/* The key of spec's forward kernel under o, with and without long_rows. */
+static void keys_of(fj_context *ctx, fj_spec *spec, fj_kernel_options o, fj_kernel_info *plain,
+                    fj_kernel_info *longer) {
+  o.long_rows = 0;
+  assert_int_equal(fj_compile_forward(ctx, spec, &o, plain), FJ_OK);
+  o.long_rows = 1;
+  assert_int_equal(fj_compile_forward(ctx, spec, &o, longer), FJ_OK);
+}
+
+/* The variant's kernel has a name and key of its own; where it does not
+ * apply, long_rows gives the same kernel as without (needs NVRTC). */
 static void test_kernel_name(void **state) {
   (void)state;
   char err[512];
   if (fjr_nvrtc_load(NULL, &(const fjr_nvrtc *){NULL}, err, sizeof err) != FJ_OK) skip();
   fj_context *ctx = fjt_new_context();
-  fj_spec *causal = load(ctx, CAUSAL);
-  fj_kernel_options o = {.head_dim = 128, .dtype = FJ_DTYPE_BF16, .arch = "sm_90a"};
+  fj_spec *causal = load(ctx, CAUSAL), *scaled = load(ctx, SCALED);
+  const fj_kernel_options o = {.head_dim = 128, .dtype = FJ_DTYPE_BF16, .arch = "sm_90a"};
   fj_kernel_info plain, longer;
-  assert_int_equal(fj_compile_forward(ctx, causal, &o, &plain), FJ_OK);
-  o.long_rows = 1;
-  assert_int_equal(fj_compile_forward(ctx, causal, &o, &longer), FJ_OK);
+  keys_of(ctx, causal, o, &plain, &longer);
   assert_string_equal(plain.name, "fj_fwd_long_rows_d128_bf16_sm90p_sm_90a");
   assert_string_equal(longer.name, "fj_fwd_long_rows_d128_bf16_sm90_n176_sm_90a");
   assert_string_not_equal(plain.key, longer.key);
-  /* Where the variant does not exist, the same kernel as without. */
-  o.head_dim = 64;
-  assert_int_equal(fj_compile_forward(ctx, causal, &o, &longer), FJ_OK);
-  o.long_rows = 0;
-  assert_int_equal(fj_compile_forward(ctx, causal, &o, &plain), FJ_OK);
-  assert_string_equal(plain.key, longer.key);
+
+  fj_kernel_options no[6] = {o, o, o, o, o, o};
+  no[0].head_dim = 64;            /* no such variant */
+  no[1].arch = "sm_80";           /* nor in the sm80 template */
+  no[2].block_mask_block_q = 128; /* 128-key blocks are not whole tiles */
+  no[3].varlen = 1;               /* paged boxes */
+  no[4].skip_softmax = 1;
+  for (int i = 0; i < 6; i++) {
+    keys_of(ctx, i == 5 ? scaled : causal, no[i], &plain, &longer); /* 5: a score_mod */
+    assert_string_equal(plain.key, longer.key);
+    assert_null(strstr(longer.name, "_n176"));
+  }
+  fj_spec_destroy(causal), fj_spec_destroy(scaled);
   fj_context_destroy(ctx);
 }
 
