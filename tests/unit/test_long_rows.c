@@ -86,10 +86,12 @@ static int64_t estimate(fj_spec *s, int32_t window, int Lq, int Lk, double *exac
   return fjr_mean_row_keys(s->graph, &env, Lq, Lk);
 }
 
-/* The estimate bounds the mean from above, by at most two kv chunks (the
- * sampled block's own rows and the chunk that a row's end falls in), on
- * masks whose rows grow (causal) or stay put (window, bottom right, full);
- * the decisions the threshold makes at the measured shapes. */
+/* The estimate lies within the exact mean minus a query block (four
+ * sampled blocks of a causal mask stand for every row) and the mean plus
+ * two kv chunks and a block (the sampled block's own rows, and the chunk a
+ * row's end falls in), on masks whose rows grow (causal) or stay put
+ * (window, bottom right, full); and the decisions the threshold makes at
+ * the measured shapes. */
 static void test_estimate(void **state) {
   (void)state;
   fj_context *ctx = fjt_new_context();
@@ -105,8 +107,6 @@ static void test_estimate(void **state) {
     double exact = 0;
     const int64_t est = estimate(cases[i].s, cases[i].window, cases[i].Lq, cases[i].Lk, &exact);
     const int chunk = cases[i].Lk / 32 > 128 ? (cases[i].Lk / 32 + 127) / 128 * 128 : 128;
-    /* Sampling four blocks of a causal mask: the mean of their row ends,
-     * which is the mean over Lq up to a block's rows. */
     assert_true((double)est >= exact - 128);
     assert_true((double)est <= exact + 2 * chunk + 128);
   }
