@@ -224,11 +224,11 @@ void fjg_config_set_persistent(fjg_config *c, int on) {
  * tile at D=128) in the one-CTA-an-item kernel, whose consumers have the 240
  * registers that the larger S tile needs beside the intra-warpgroup overlap
  * (the persistent kernel's 224 spill) and whose two K/V stages of 176 rows
- * leave room for one Q buffer only. Measured against the persistent 128 x
- * 128 kernel (bench/RESULTS.md, session 32): 2-3% faster where rows average
- * 16k keys, 1-2% slower at 4-8k, up to 15% slower at 1-2k, so the runtime
- * takes it only for long rows, and only for specs without a score_mod,
- * whose registers spill beside the wider tile (runtime/forward.c). */
+ * leave room for one Q buffer only. It beats the persistent 128 x 128
+ * kernel only where rows are long and loses where they are short, so the
+ * runtime takes it only for long rows, and only for specs without a
+ * score_mod, whose registers spill beside the wider tile (runtime/forward.c;
+ * docs/architecture.md, "The long-row variant"). */
 int fjg_config_set_long_rows(fjg_config *c) {
   if (!c || !c->uses_tma || c->head_dim != 128 || c->block_m != 128) return -1;
   const fjg_config old = *c;

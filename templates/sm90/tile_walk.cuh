@@ -46,8 +46,7 @@ __device__ __forceinline__ int fjh_q_row0(const fj_fwd_params &p, int b) {
 // steps a head against 384 with the part-used tile last), and without a
 // mask it costs the same. Whole kv tiles, so that a query tile crosses as
 // many kv tiles on the diagonal as unmoved (a 128-row tile moved by 96 rows
-// would cross two, which measured slower: bench/RESULTS.md). Every row stays
-// at 0 or above. A block mask's blocks are whole tiles from row 0, and so
+// would cross two, each a masked tile). Every row stays at 0 or above. A block mask's blocks are whole tiles from row 0, and so
 // are a packed sequence's tiles.
 __device__ __forceinline__ int fjh_tile_q0(const fj_fwd_params &p, int m, int Lq) {
   const bool from_end = p.bm_kv_num == nullptr && fj_cu_seqlens_q(p) == nullptr;
