@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "flexjit.h"
+#include "tests/unit/fake_tensors.h"
 
 static const char window_spec[] =
     "local window = param('window', 'i32')\n"
@@ -222,39 +223,11 @@ static void test_environment_read_at_creation(void **state) {
 
 /* ---- tensor checks ---- */
 
-typedef struct tensors {
-  int64_t qs[4], ks[4], os[4], ls[3];
-  DLTensor q, k, v, o, lse;
-} tensors;
-
-static DLTensor make(int64_t *shape, int ndim, DLDataType dt, uintptr_t addr) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = (void *)addr; /* never dereferenced on the host */
-  t.device = (DLDevice){kDLCUDA, 0};
-  t.ndim = ndim;
-  t.dtype = dt;
-  t.shape = shape;
-  return t;
-}
-
-static void good_tensors(tensors *t) {
-  DLDataType bf16 = {kDLBfloat, 16, 1}, f32 = {kDLFloat, 32, 1};
-  int64_t qs[4] = {2, 8, 100, 128}, ks[4] = {2, 2, 90, 128};
-  int64_t ls[3] = {2, 8, 100};
-  memcpy(t->qs, qs, sizeof qs);
-  memcpy(t->os, qs, sizeof qs);
-  memcpy(t->ks, ks, sizeof ks);
-  memcpy(t->ls, ls, sizeof ls);
-  t->q = make(t->qs, 4, bf16, 0x10000);
-  t->k = make(t->ks, 4, bf16, 0x20000);
-  t->v = make(t->ks, 4, bf16, 0x30000);
-  t->o = make(t->os, 4, bf16, 0x40000);
-  t->lse = make(t->ls, 3, f32, 0x50000);
-}
+/* 2 x 8 x 100 x 128 queries over 2 x 2 x 90 x 128 keys, afresh. */
+static void good_tensors(fjt_dense *t) { fjt_dense_init(t, 2, 8, 2, 100, 90, 128); }
 
 /* Launches with one thing broken; expects `status` and `text` in the error. */
-static void expect_bad_ws(fj_context *ctx, fj_spec *spec, tensors *t,
+static void expect_bad_ws(fj_context *ctx, fj_spec *spec, fjt_dense *t,
                           const fj_arg *args, int nargs, void *workspace,
                           size_t workspace_bytes, fj_status status, const char *text) {
   fj_forward_args a = {.q = &t->q, .k = &t->k, .v = &t->v, .o = &t->o, .lse = &t->lse,
@@ -266,7 +239,7 @@ static void expect_bad_ws(fj_context *ctx, fj_spec *spec, tensors *t,
              text, fj_status_name(st), fj_context_last_error(ctx));
 }
 
-static void expect_bad(fj_context *ctx, fj_spec *spec, tensors *t,
+static void expect_bad(fj_context *ctx, fj_spec *spec, fjt_dense *t,
                        const fj_arg *args, int nargs, fj_status status,
                        const char *text) {
   expect_bad_ws(ctx, spec, t, args, nargs, NULL, 0, status, text);
@@ -277,9 +250,9 @@ static void test_forward_rejects_bad_input(void **state) {
   fj_context *ctx = new_context();
   fj_spec *spec = load_window(ctx);
   int64_t doc_shape[1] = {100};
-  DLTensor doc = make(doc_shape, 1, (DLDataType){kDLInt, 32, 1}, 0x60000);
+  DLTensor doc = fjt_tensor(doc_shape, 1, (DLDataType){kDLInt, 32, 1}, 0x60000);
   fj_arg args[2] = {{.name = "window", .i32 = 16}, {.name = "doc", .buffer = &doc}};
-  tensors t;
+  fjt_dense t;
 
   good_tensors(&t);
   t.q.dtype = (DLDataType){kDLFloat, 32, 1};
@@ -290,7 +263,7 @@ static void test_forward_rejects_bad_input(void **state) {
   expect_bad(ctx, spec, &t, args, 2, FJ_ETENSOR, "k: shape");
 
   good_tensors(&t);
-  t.qs[3] = t.os[3] = 96;
+  t.qs[3] = 96; /* q and o */
   expect_bad(ctx, spec, &t, args, 2, FJ_EUNSUPPORTED, "head dim 96");
 
   good_tensors(&t);
@@ -322,7 +295,7 @@ static void test_forward_rejects_bad_input(void **state) {
   expect_bad(ctx, spec, &t, unknown, 3, FJ_EINVAL, "'widow'");
 
   good_tensors(&t);
-  DLTensor doc_f = make(doc_shape, 1, (DLDataType){kDLFloat, 32, 1}, 0x60000);
+  DLTensor doc_f = fjt_tensor(doc_shape, 1, (DLDataType){kDLFloat, 32, 1}, 0x60000);
   fj_arg wrong_type[2] = {args[0], {.name = "doc", .buffer = &doc_f}};
   expect_bad(ctx, spec, &t, wrong_type, 2, FJ_ETENSOR, "buffer 'doc': dtype");
 
