@@ -391,14 +391,15 @@ fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *a, fj_dtype 
 }
 
 /* The keys a query row is allowed on average, estimated by the mask's
- * interval analysis at batch 0, head 0 (sz: the launch's sizes and
- * offsets): for the query blocks of FJG_SM90_PERSISTENT_BLOCK_M rows at
- * the middles of the four quarters of Lq, the keys of the kv chunks (about
+ * interval analysis at batch 0, head 0 (env: the launch's sizes, offsets
+ * and params): for the query blocks of the sm90 tile at D=128 (128 rows)
+ * at the middles of the four quarters of Lq, the keys of the kv chunks (about
  * Lk / 32 keys each, a multiple of 128) that are not EMPTY. An upper bound
  * of each block's rows by less than a chunk; of a mask that reads a buffer
  * only the index part counts (intervals cannot see the buffer's values). */
 int64_t fjr_mean_row_keys(const fjg_graph *g, const fjg_env *env, int32_t Lq, int32_t Lk) {
-  const int32_t rows = FJG_SM90_PERSISTENT_BLOCK_M;
+  int rows = 0, kv_rows = 0;
+  (void)fjg_sm90_tile(128, &rows, &kv_rows);
   const int32_t chunk = (Lk / 32 + 127) / 128 * 128 > rows ? (Lk / 32 + 127) / 128 * 128 : rows;
   int64_t keys = 0;
   for (int s = 0; s < 4; s++) {
@@ -435,17 +436,33 @@ static int launch_long_rows(fj_spec *spec, const fj_forward_args *a, const fjr_s
   return now.long_rows;
 }
 
-int fjr_forward_long_rows(fj_context *ctx, const fj_spec *spec, const fj_forward_args *a) {
-  _Alignas(16) unsigned char pbuf[sizeof(fjr_fwd_params_fixed)];
+/* A forward launch's parameter block in pbuf (FJR_MAX_PARAM_BYTES): its
+ * tensors and serving fields checked, offsets and params bound; *dtype, and
+ * *total, the block's bytes. */
+static fj_status forward_params(fj_context *ctx, const fj_spec *spec, const fj_forward_args *a,
+                                unsigned char *pbuf, fj_dtype *dtype, size_t *total) {
+  *total = FJR_FWD_USER_OFFSET + fjg_user_params_size(spec->graph);
+  if (*total > FJR_MAX_PARAM_BYTES)
+    return fjr_fail(ctx, FJ_EUNSUPPORTED, "kernel parameters too large");
+  memset(pbuf, 0, *total);
   fjr_fwd_params_fixed *p = (fjr_fwd_params_fixed *)pbuf;
+  fj_status st = fjr_forward_check(ctx, a, dtype, p);
+  if (st == FJ_OK)
+    st = fjr_offsets_bind(ctx, spec->graph, a->q_offset, a->kv_offset, p->cu_seqlens_q != 0,
+                          &p->sz);
+  if (st == FJ_OK)
+    st = fjr_bind_args(ctx, spec->name, spec->graph, a->args, a->num_args,
+                       pbuf + FJR_FWD_USER_OFFSET);
+  return st;
+}
+
+int fjr_forward_long_rows(fj_context *ctx, const fj_spec *spec, const fj_forward_args *a) {
+  _Alignas(16) unsigned char pbuf[FJR_MAX_PARAM_BYTES];
   fj_dtype dtype;
-  memset(pbuf, 0, sizeof pbuf);
-  if (!ctx || !spec || !a || fjr_forward_check(ctx, a, &dtype, p) != FJ_OK ||
-      fjr_offsets_bind(ctx, spec->graph, a->q_offset, a->kv_offset, p->cu_seqlens_q != 0,
-                       &p->sz) != FJ_OK ||
-      fjr_args_declared(ctx, spec->name, spec->graph, a->args, a->num_args) != FJ_OK)
+  size_t total = 0;
+  if (!ctx || !spec || !a || forward_params(ctx, spec, a, pbuf, &dtype, &total) != FJ_OK)
     return 0;
-  return launch_long_rows((fj_spec *)spec, a, &p->sz);
+  return launch_long_rows((fj_spec *)spec, a, &((fjr_fwd_params_fixed *)pbuf)->sz);
 }
 
 /* The loaded kernel of a launch: from the spec's launch memo, else decided
@@ -485,19 +502,10 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   if (!spec || !args) return fjr_fail(ctx, FJ_EINVAL, "fj_attention_forward: NULL argument");
 
   _Alignas(16) unsigned char pbuf[FJR_MAX_PARAM_BYTES];
-  const size_t total = FJR_FWD_USER_OFFSET + fjg_user_params_size(spec->graph);
-  if (total > sizeof pbuf)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED, "kernel parameters too large");
-  memset(pbuf, 0, total);
   fjr_fwd_params_fixed *p = (fjr_fwd_params_fixed *)pbuf;
   fj_dtype dtype = FJ_DTYPE_BF16;
-  fj_status st = fjr_forward_check(ctx, args, &dtype, p);
-  if (st != FJ_OK) return st;
-  st = fjr_offsets_bind(ctx, spec->graph, args->q_offset, args->kv_offset,
-                        p->cu_seqlens_q != 0, &p->sz);
-  if (st != FJ_OK) return st;
-  st = fjr_bind_args(ctx, spec->name, spec->graph, args->args, args->num_args,
-                     pbuf + FJR_FWD_USER_OFFSET);
+  size_t total = 0;
+  fj_status st = forward_params(ctx, spec, args, pbuf, &dtype, &total);
   if (st != FJ_OK) return st;
   const size_t need = fj_forward_workspace_size(p->sz.B, p->sz.Hq, p->sz.Lq,
                                                 args->q->shape[args->q->ndim - 1]);
