@@ -112,7 +112,7 @@ static fj_status check_buffer(fj_context *ctx, const fjg_arg *decl,
   char what[96];
   snprintf(what, sizeof what, "buffer '%s'", decl->name);
   DLDataType want = {decl->type == FJG_I32 ? kDLInt : kDLFloat, 32, 1};
-  int64_t s[1];
+  int64_t s[1] = {0};
   fj_status st = fjr_tensor_check(ctx, what, t, 1, want, s);
   if (st != FJ_OK) return st;
   if (s[0] != 1 && t->shape[0] > 1)
