@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "gen/emit_cuda.h"
+#include "gen/interval.h"
 #include "runtime/backward.h"
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
@@ -309,6 +310,26 @@ static fj_status bind_grads(fj_context *ctx, const fj_spec *spec, const fj_arg *
 
 /* A kernel whose one parameter is the packed struct (pbuf, psize bytes), or,
  * with maps, the sm90 main kernel's two: the struct and the tensor maps. */
+int fjr_bwd_kv_head_group(int64_t grid, int64_t kv_tiles, int64_t kv_heads,
+                          int64_t bytes_per_kv_head, int64_t l2_bytes) {
+  if (l2_bytes <= 0 || kv_tiles < 1 || kv_heads < 1 || bytes_per_kv_head < 1) return 1;
+  int64_t g = (2 * grid + kv_tiles - 1) / kv_tiles;
+  const int64_t fit = 2 * l2_bytes / 3 / bytes_per_kv_head;
+  if (g > fit) g = fit;
+  if (g > kv_heads) g = kv_heads;
+  return g < 1 ? 1 : (int)g;
+}
+
+int fjr_bwd_walks_shrink(const fjg_graph *g, const fjg_env *env, int block_m, int block_n) {
+  const int Lq = env->sizes[FJG_SZ_LQ], Lk = env->sizes[FJG_SZ_LK];
+  if (Lq < 1 || Lk < 1) return 0;
+  const int qn = (Lq - 1) / block_m * block_m, kn = (Lk - 1) / block_n * block_n;
+  const int q0_end = block_m < Lq ? block_m - 1 : Lq - 1;
+  const int kv0_end = block_n < Lk ? block_n - 1 : Lk - 1;
+  return fjg_tile_class_cpu(g, env, 0, 0, 0, q0_end, kn, Lk - 1) == FJG_TILE_EMPTY &&
+         fjg_tile_class_cpu(g, env, 0, 0, qn, Lq - 1, 0, kv0_end) != FJG_TILE_EMPTY;
+}
+
 static fj_status launch(fj_context *ctx, CUfunction fn, const unsigned grid[3],
                         unsigned threads, unsigned smem, CUstream stream, void *pbuf,
                         size_t psize, const fjr_tma_bwd_maps *maps, const char *what) {
@@ -414,8 +435,24 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
   unsigned cols[3];
-  fjr_kernel_grid(&k->cfg, ctx->num_sms, (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n,
-                  p->sz.Hkv, B, cols);
+  const int64_t kv_tiles = (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n;
+  fjr_kernel_grid(&k->cfg, ctx->num_sms, kv_tiles, p->sz.Hkv, B, cols);
+  p->kv_head_group = 1;
+  if (k->cfg.persistent) {
+    int32_t i32s[FJG_MAX_ARGS];
+    float f32s[FJG_MAX_ARGS];
+    (void)fjr_param_values(spec->graph, args->args, args->num_args, i32s, f32s);
+    const fjg_env env = {.sizes = {p->sz.B, p->sz.Hq, p->sz.Hkv, p->sz.Lq, p->sz.Lk},
+                         .q_off = p->sz.q_off,
+                         .kv_off = p->sz.kv_off,
+                         .param_i32 = i32s,
+                         .param_f32 = f32s};
+    /* A kv head's Q and dO (2 bytes an element) and dq_accum rows (4). */
+    if (fjr_bwd_walks_shrink(spec->graph, &env, k->cfg.block_m, k->cfg.block_n))
+      p->kv_head_group = fjr_bwd_kv_head_group(cols[0], kv_tiles, B * p->sz.Hkv,
+                                               (int64_t)p->kv_group * p->acc_sh * D * 8,
+                                               ctx->l2_bytes);
+  }
   if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
                    NULL, "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
       (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,

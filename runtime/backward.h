@@ -6,6 +6,7 @@
 #define FJR_BACKWARD_H
 
 #include "flexjit.h"
+#include "gen/graph.h"
 #include "runtime/launch_params.h"
 
 /* The checks of a backward launch's tensors, scale and packed-batch fields
@@ -21,5 +22,30 @@
  * device. */
 fj_status fjr_backward_check(fj_context *ctx, const fj_backward_args *args, fj_dtype *dtype,
                              fjr_bwd_params_fixed *p);
+
+/* The persistent sm90 kernel's tile order (common/bwd_walk.cuh's
+ * fjb_tile_order): kv heads (B * Hkv of them, every batch's) in groups of
+ * the returned count, the last group taking the remainder, and kv tile
+ * slowest within a group. Where a kv tile's walk shrinks with its index
+ * (fjr_bwd_walks_shrink), a group deals its longest tiles first and its
+ * shortest last; kv tile fastest over every head instead (one head a
+ * group), the last head's first tile started when little else was left,
+ * and the kernel waited for it. A group holds at least twice the grid's
+ * tiles, so that its long tiles start while the group's work still fills
+ * every CTA, and no more kv heads than whose Q, dO and dq_accum rows
+ * (bytes_per_kv_head) fit in two thirds of L2. 1 (one head a group) where
+ * l2_bytes is 0, unknown. */
+int fjr_bwd_kv_head_group(int64_t grid, int64_t kv_tiles, int64_t kv_heads,
+                          int64_t bytes_per_kv_head, int64_t l2_bytes);
+
+/* Whether a kv tile's walk shrinks with its index, as under a causal mask:
+ * the first query tile misses the last kv tile while the last query tile
+ * meets the first (the mask's interval analysis, fjg_tile_class_cpu, at
+ * batch 0 and head 0 with env's sizes and params; tiles of block_m query
+ * and block_n kv rows). Only then is the tile order grouped: with walks of
+ * one length the one-head order deals as evenly, and a head's tiles,
+ * started together, read each of its query tiles at about the same time.
+ * A mask that reads a buffer is never EMPTY to the analysis: 0. */
+int fjr_bwd_walks_shrink(const fjg_graph *g, const fjg_env *env, int block_m, int block_n);
 
 #endif /* FJR_BACKWARD_H */

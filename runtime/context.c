@@ -141,6 +141,8 @@ fj_status fjr_context_device(fj_context *ctx, const fjr_driver **drv) {
   d->cuDeviceGetAttribute(&ctx->num_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                           ctx->cudev);
   if (ctx->num_sms < 1) ctx->num_sms = 1;
+  d->cuDeviceGetAttribute(&ctx->l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, ctx->cudev);
+  if (ctx->l2_bytes < 0) ctx->l2_bytes = 0;
   r = d->cuDevicePrimaryCtxRetain(&ctx->cuctx, ctx->cudev);
   if (r != CUDA_SUCCESS) {
     ctx->cuctx = NULL;

@@ -29,6 +29,7 @@ struct fj_context {
   char device_arch[16];
   int max_smem_optin;
   int num_sms; /* multiprocessors: the persistent kernel's grid */
+  int l2_bytes; /* the device's L2 cache; 0: unknown */
   /* The memory pool of work counters and backward scratch (created at the
    * first launch that needs one; state 1 ready, -1 could not be made: the
    * device's default pool then). */

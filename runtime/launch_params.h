@@ -95,6 +95,9 @@ typedef struct fjr_bwd_params_fixed {
   uint64_t bm_kv_num, bm_kv_idx, bm_full_kv_num, bm_full_kv_idx;
   int32_t bm_qb_stride, bm_qh_stride;
   int32_t bm_nkv;
+  /* The persistent kernel's kv heads a group of its tile order
+   * (fjr_bwd_kv_head_group). */
+  int32_t kv_head_group;
   /* Packed batches (docs/serving.md): int32 [B + 1] device arrays, 0 when
    * off; the scratch's rows a query head (Lq, or total_q +
    * FJG_BWD_SEQ_PAD * B packed; B = 1 for delta and dq_accum then). */
@@ -118,6 +121,8 @@ _Static_assert(offsetof(fjr_bwd_params_fixed, dq_sem) == 416,
 _Static_assert(offsetof(fjr_bwd_params_fixed, bm_qb_stride) == 456,
                "fjr_bwd_params_fixed layout");
 _Static_assert(offsetof(fjr_bwd_params_fixed, bm_nkv) == 464,
+               "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, kv_head_group) == 468,
                "fjr_bwd_params_fixed layout");
 _Static_assert(offsetof(fjr_bwd_params_fixed, cu_seqlens_q) == 472,
                "fjr_bwd_params_fixed layout");

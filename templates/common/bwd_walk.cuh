@@ -153,3 +153,19 @@ struct fjb_walk {
   }
   __device__ __forceinline__ bool done(const fjb_item &it) const { return it.h >= h_end; }
 };
+
+// A persistent kernel's t-th kv tile (its blockIdx.x, then its counter's
+// values): the kv heads of every batch (hb = b * Hkv + hk, `heads` of
+// them) in groups of `group` (at least 1; the last group takes the
+// remainder), and within a group kv tile slowest, then kv head. Returns
+// the kv tile (of nkv a head) and sets *hb. The host chooses the group
+// (runtime/backward.h, fjr_bwd_kv_head_group, which says why).
+__device__ __forceinline__ int fjb_tile_order(int t, int nkv, int heads, int group, int *hb) {
+  const int groups = max(heads / group, 1);
+  const int g = min(t / (group * nkv), groups - 1);
+  const int h0 = g * group;
+  const int size = g == groups - 1 ? heads - h0 : group;
+  const int r = t - h0 * nkv;
+  *hb = h0 + r % size;
+  return r / size;
+}

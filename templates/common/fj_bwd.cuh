@@ -142,6 +142,10 @@ struct fj_bwd_params {
   const int *bm_full_kv_idx;
   int bm_qb_stride, bm_qh_stride;
   int bm_nkv;  // the mask's kv blocks, ceil(Lk / block_kv)
+  // FJ_PERSISTENT: the kv tiles' order takes the kv heads (of every batch)
+  // in groups of this many (runtime/backward.c; at least 1), kv tile
+  // slowest within a group (sm90/bwd.cuh's fjhb_tile_walk).
+  int kv_head_group;
   // Packed variable-length batches (docs/serving.md), or null: off.
   // cu_seqlens_q [B + 1]: sequence b's rows of q, o, dout and dq start at
   // row cu_seqlens_q[b] (their batch strides are 0), its Lq is the

@@ -145,8 +145,9 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
 }
 
 #if FJ_PERSISTENT
-// The kv tile at position t of the order: kv tile fastest, then kv head,
-// then batch (the one-tile grid's blockIdx x, y, z).
+// A kv tile is named by its position t in the one-tile grid's order (kv
+// tile fastest, then kv head, then batch: blockIdx x, y, z); the CTAs take
+// them in another order (fjhb_take_tile).
 __device__ __forceinline__ int fjhb_num_tiles(const fj_bwd_params &p) {
   return (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N * p.sz.Hkv * p.sz.B;
 }
@@ -159,15 +160,26 @@ __device__ __forceinline__ fjb_walk fjhb_tile_walk(const fj_bwd_params &p, const
 }
 
 // Producer warp 0's lane 0: the CTA's k-th tile (its blockIdx.x first, then
-// the counter's next value plus gridDim.x; -1 past the last) into ring slot
-// k & 1 once every reader is done with the slot's previous tile. All of the
-// warp calls it and gets the tile.
+// the counter's next value plus gridDim.x) in the order of
+// common/bwd_walk.cuh's fjb_tile_order (groups of p.kv_head_group kv
+// heads), named by its position in the one-tile grid's order (-1 past the
+// last), into ring slot k & 1 once every reader is done with the slot's
+// previous tile. All of the warp calls it and gets the tile. (Only this
+// lane maps the order: in the consumers the mapping's arithmetic moved
+// ptxas to branch over a masked item's exponentials.)
 __device__ __forceinline__ int fjhb_take_tile(const fj_bwd_params &p, const fjhb_smem &sm,
                                               int k) {
   int t = 0;
   if ((fj_tid() & 31) == 0) {
     t = k == 0 ? (int)blockIdx.x : atomicAdd(p.dq_sem, 1) + (int)gridDim.x;
-    if (t >= fjhb_num_tiles(p)) t = -1;
+    if (t >= fjhb_num_tiles(p)) {
+      t = -1;
+    } else {
+      const int nkv = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+      int hb;
+      const int n = fjb_tile_order(t, nkv, p.sz.Hkv * p.sz.B, p.kv_head_group, &hb);
+      t = hb * nkv + n;
+    }
     fjh_mbar_wait(sm.ring_empty(k & 1), ((unsigned)(k >> 1) & 1u) ^ 1u);
     fjhb_st_shared_u32(sm.ring(k & 1), (unsigned)t);
     fjh_mbar_arrive(sm.ring_full(k & 1));

@@ -68,9 +68,10 @@
 // buffers.
 //
 // The persistent kernel (FJ_PERSISTENT): one CTA a multiprocessor, each
-// taking kv tiles in the one-tile grid's order (kv tile fastest, then kv
-// head, then batch) from a counter as it finishes one, as the hardware deals
-// out the one-tile grid's CTAs. Producer warp 0 takes them and hands each to
+// taking kv tiles from a counter as it finishes one, in the order of
+// common/bwd_walk.cuh's fjb_tile_order (groups of kv heads, kv tile slowest
+// within a group, so that a causal mask's long tiles are dealt before its
+// short ones). Producer warp 0 takes them and hands each to
 // the other roles through a ring of two slots in shared memory. The stage,
 // dS^T and dQ buffer counts run on from tile to tile; K and V of the next
 // tile load once both consumers have waited for their last product of the

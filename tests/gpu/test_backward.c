@@ -81,6 +81,10 @@ static const tcase cases[] = {
      * second half is past Lq. */
     {1, FJ_DTYPE_F16, 64, 2, 4, 2, 301, 130, 0, 0, 0, 0},
     {4, FJ_DTYPE_BF16, 64, 1, 2, 1, 70, 200, 1, 1, 0, 0},
+    /* The persistent sm90 kernel's tile order in two groups of kv heads,
+     * the second taking the remainder (276 heads of 2 kv tiles on the
+     * H200's 132 multiprocessors: groups of 132). */
+    {1, FJ_DTYPE_BF16, 128, 4, 69, 69, 150, 150, 0, 0, 0, 0},
     /* The deterministic mode: causal (GQA; Lq < Lk and Lq > Lk), document
      * ids with and without a block mask, a sliding window with a group of
      * 4, softcap, ALiBi, no mask with Lq != Lk, fully masked rows. */

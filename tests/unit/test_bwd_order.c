@@ -24,6 +24,10 @@
  * (fjb_seq_of, empty sequences among them) against semaphores laid out by
  * max_seqlen_q, and each sequence's scratch rows (whole 64-row tiles from
  * its first row) inside its query head's rows and apart from the others'.
+ *
+ * And the persistent kernel's order of kv tiles (fjb_tile_order, the same
+ * host build): every (kv head, kv tile) exactly once, in groups of the
+ * given size (the last taking the remainder), kv tile slowest in a group.
  */
 #include <dlfcn.h>
 #include <setjmp.h>
@@ -180,6 +184,9 @@ static const char driver[] =
     "      }\n"
     "  }\n"
     "  return bad;\n"
+    "}\n"
+    "extern \"C\" void fjt_tile_order(int nkv, int heads, int group, int *hb, int *kv) {\n"
+    "  for (int t = 0; t < nkv * heads; t++) kv[t] = fjb_tile_order(t, nkv, heads, group, &hb[t]);\n"
     "}\n";
 
 typedef int (*check_fn)(const int *sz, const void *user, int *const *bm, int bm_B, int bm_H,
@@ -386,9 +393,69 @@ static void test_ranks_follow_the_walk(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+typedef void (*order_fn)(int nkv, int heads, int group, int *hb, int *kv);
+
+static void test_tile_order(void **state) {
+  (void)state;
+  if (system("g++ --version > /dev/null 2>&1") != 0) {
+    print_message("g++ not found; skipping the host run of the templates\n");
+    skip();
+  }
+  char dir[] = "/tmp/fj_bwd_tile_order_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  fjg_graph *g = trace(kSpecs[0][1]);
+  fjg_config c;
+  char err[256];
+  if (fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_80", NULL, &c, err, sizeof err) !=
+      FJ_OK)
+    fail_msg("%s", err);
+  void *lib = NULL;
+  build(g, &c, dir, 0, &lib);
+  order_fn order = (order_fn)dlsym(lib, "fjt_tile_order");
+  assert_non_null(order);
+  /* (kv tiles a head, kv heads, group): one group, exact groups, a
+   * remainder smaller and larger than half a group, a group of one. */
+  static const int cases[][3] = {{32, 128, 8}, {32, 128, 9}, {7, 23, 5}, {128, 32, 2},
+                                 {3, 10, 4},   {5, 6, 6},    {1, 3, 2},  {9, 4, 1},
+                                 {2, 276, 132}};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int nkv = cases[ci][0], heads = cases[ci][1], group = cases[ci][2];
+    const int n = nkv * heads, groups = heads / group > 1 ? heads / group : 1;
+    int *hb = malloc(sizeof(int) * (size_t)n), *kv = malloc(sizeof(int) * (size_t)n);
+    char *seen = calloc((size_t)n, 1);
+    assert_true(hb && kv && seen);
+    order(nkv, heads, group, hb, kv);
+    for (int t = 0; t < n; t++) {
+      if (hb[t] < 0 || hb[t] >= heads || kv[t] < 0 || kv[t] >= nkv)
+        fail_msg("%d x %d, group %d: tile %d is (head %d, kv %d)", heads, nkv, group, t, hb[t],
+                 kv[t]);
+      if (seen[hb[t] * nkv + kv[t]]++)
+        fail_msg("%d x %d, group %d: (head %d, kv %d) twice", heads, nkv, group, hb[t], kv[t]);
+      /* Group g holds heads [g group, (g + 1) group), the last up to
+       * heads, and their tiles [g group nkv, ...). */
+      const int gi = hb[t] / group < groups ? hb[t] / group : groups - 1;
+      const int lo = gi * group * nkv, hi = gi == groups - 1 ? n : lo + group * nkv;
+      if (t < lo || t >= hi)
+        fail_msg("%d x %d, group %d: tile %d (head %d) outside its group's [%d, %d)", heads,
+                 nkv, group, t, hb[t], lo, hi);
+      /* Within a group (kv tile, head) ascends. */
+      if (t > lo && (kv[t] < kv[t - 1] || (kv[t] == kv[t - 1] && hb[t] <= hb[t - 1])))
+        fail_msg("%d x %d, group %d: tile %d (kv %d, head %d) after (kv %d, head %d)", heads,
+                 nkv, group, t, kv[t], hb[t], kv[t - 1], hb[t - 1]);
+    }
+    free(hb), free(kv), free(seen);
+  }
+  dlclose(lib);
+  fjg_graph_destroy(g);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ranks_follow_the_walk),
+      cmocka_unit_test(test_tile_order),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
