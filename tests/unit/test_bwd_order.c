@@ -344,14 +344,27 @@ static long run_shape(check_fn check, const fjg_graph *g, const fjg_config *c, c
   return items;
 }
 
-static void test_ranks_follow_the_walk(void **state) {
-  (void)state;
+/* The tests build the templates for the host with g++ in a fresh folder
+ * (dir, a mkdtemp template), which remove_dir deletes; without g++ they
+ * skip. */
+static void host_build_dir(char *dir) {
   if (system("g++ --version > /dev/null 2>&1") != 0) {
     print_message("g++ not found; skipping the host run of the templates\n");
     skip();
   }
-  char dir[] = "/tmp/fj_bwd_order_XXXXXX";
   assert_non_null(mkdtemp(dir));
+}
+
+static void remove_dir(const char *dir) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void test_ranks_follow_the_walk(void **state) {
+  (void)state;
+  char dir[] = "/tmp/fj_bwd_order_XXXXXX";
+  host_build_dir(dir);
   static const char *archs[] = {"sm_80", "sm_86"};
   int k = 0;
   for (int sp = 0; sp < NSPECS; sp++) {
@@ -388,21 +401,15 @@ static void test_ranks_follow_the_walk(void **state) {
     }
     fjg_graph_destroy(g);
   }
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  assert_int_equal(system(cmd), 0);
+  remove_dir(dir);
 }
 
 typedef void (*order_fn)(int nkv, int heads, int group, int *hb, int *kv);
 
 static void test_tile_order(void **state) {
   (void)state;
-  if (system("g++ --version > /dev/null 2>&1") != 0) {
-    print_message("g++ not found; skipping the host run of the templates\n");
-    skip();
-  }
   char dir[] = "/tmp/fj_bwd_tile_order_XXXXXX";
-  assert_non_null(mkdtemp(dir));
+  host_build_dir(dir);
   fjg_graph *g = trace(kSpecs[0][1]);
   fjg_config c;
   char err[256];
@@ -447,9 +454,7 @@ static void test_tile_order(void **state) {
   }
   dlclose(lib);
   fjg_graph_destroy(g);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  assert_int_equal(system(cmd), 0);
+  remove_dir(dir);
 }
 
 int main(void) {
