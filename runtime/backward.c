@@ -308,8 +308,6 @@ static fj_status bind_grads(fj_context *ctx, const fj_spec *spec, const fj_arg *
 
 /* ---- the launch ---- */
 
-/* A kernel whose one parameter is the packed struct (pbuf, psize bytes), or,
- * with maps, the sm90 main kernel's two: the struct and the tensor maps. */
 int fjr_bwd_kv_head_group(int64_t grid, int64_t kv_tiles, int64_t kv_heads,
                           int64_t bytes_per_kv_head, int64_t l2_bytes) {
   if (l2_bytes <= 0 || kv_tiles < 1 || kv_heads < 1 || bytes_per_kv_head < 1) return 1;
@@ -330,6 +328,8 @@ int fjr_bwd_walks_shrink(const fjg_graph *g, const fjg_env *env, int block_m, in
          fjg_tile_class_cpu(g, env, 0, 0, qn, Lq - 1, 0, kv0_end) != FJG_TILE_EMPTY;
 }
 
+/* A kernel whose one parameter is the packed struct (pbuf, psize bytes), or,
+ * with maps, the sm90 main kernel's two: the struct and the tensor maps. */
 static fj_status launch(fj_context *ctx, CUfunction fn, const unsigned grid[3],
                         unsigned threads, unsigned smem, CUstream stream, void *pbuf,
                         size_t psize, const fjr_tma_bwd_maps *maps, const char *what) {

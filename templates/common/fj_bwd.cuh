@@ -144,7 +144,7 @@ struct fj_bwd_params {
   int bm_nkv;  // the mask's kv blocks, ceil(Lk / block_kv)
   // FJ_PERSISTENT: the kv tiles' order takes the kv heads (of every batch)
   // in groups of this many (runtime/backward.c; at least 1), kv tile
-  // slowest within a group (sm90/bwd.cuh's fjhb_tile_walk).
+  // slowest within a group (common/bwd_walk.cuh's fjb_tile_order).
   int kv_head_group;
   // Packed variable-length batches (docs/serving.md), or null: off.
   // cu_seqlens_q [B + 1]: sequence b's rows of q, o, dout and dq start at
