@@ -104,6 +104,19 @@ static int sm90_block_m(const fj_context *ctx, const fjg_config *cfg, int block_
   return fit ? fit : bm;
 }
 
+/* Whether the long-row variant may serve launches of g with these
+ * options: a spec without a score_mod, whose registers beside the wider S
+ * tile spill (unit/test_sm90_compile), a launch without a block mask (whose
+ * 128-key blocks are not whole tiles), the serving layouts or Skip Softmax,
+ * and no persistence, stages or consumers set by the environment (which it
+ * keeps). Where the variant exists (head dim 128 on sm90) is the
+ * configuration's (fjg_config_set_long_rows). */
+static int long_rows_may_apply(const fj_context *ctx, const fjg_graph *g, int block_q,
+                               int serving, int skip) {
+  return !fjg_has_score_mod(g) && !block_q && !serving && !skip && ctx->opts.persistent < 0 &&
+         !ctx->opts.stages && !ctx->opts.consumers;
+}
+
 /* The one place a forward kernel's configuration is decided: from the
  * options, the context's settings and, for a launch with a block mask, its
  * block_kv (0 when not known: compile and emit). o->varlen: the variant
@@ -111,10 +124,7 @@ static int sm90_block_m(const fj_context *ctx, const fjg_config *cfg, int block_
  * with seqlens_k, block_table or cu_seqlens takes, so that the kernels
  * without them keep their sizes as constants; o->skip_softmax: the Skip
  * Softmax variant (FJ_SKIP); o->long_rows: the long-row variant where it
- * exists (head dim 128 on sm90) and applies: a spec (g) without a score_mod,
- * whose registers beside the wider S tile spill (unit/test_sm90_compile), a
- * launch without a block mask, the serving layouts or Skip Softmax, and no
- * persistence, stages or consumers set by the environment (which it keeps). */
+ * exists and may apply (long_rows_may_apply). */
 static fj_status forward_config(fj_context *ctx, const fjg_graph *g,
                                 const fj_kernel_options *o, int mask_block_kv,
                                 fjg_config *cfg) {
@@ -142,9 +152,7 @@ static fj_status forward_config(fj_context *ctx, const fjg_graph *g,
      * overlap (its fallback drops the overlap); the one-tile kernel keeps
      * it without spilling (unit/test_sm90_compile). */
     fjg_config_set_persistent(cfg, 0);
-  if (o->long_rows && !fjg_has_score_mod(g) && !cfg->varlen && !cfg->skip &&
-      !o->block_mask_block_q && ctx->opts.persistent < 0 && !ctx->opts.stages &&
-      !ctx->opts.consumers)
+  if (o->long_rows && long_rows_may_apply(ctx, g, o->block_mask_block_q, cfg->varlen, cfg->skip))
     (void)fjg_config_set_long_rows(cfg); /* -1: no such variant, the default stays */
   const int bm = sm90_block_m(ctx, cfg, o->block_mask_block_q);
   if (bm != cfg->block_m && (bm <= 0 || fjg_config_set_consumers(cfg, bm / 64) != 0))
@@ -414,12 +422,20 @@ int64_t fjr_mean_row_keys(const fjg_graph *g, const fjg_env *env, int32_t Lq, in
   return keys / 4;
 }
 
-/* Whether a launch of sizes sz has long rows, FJ_LONG_ROW_KEYS keys on
- * average: its fj_kernel_options.long_rows (forward_config decides whether
- * the variant applies). The estimate classifies up to 132 tiles on the
- * host; the spec keeps its last answer, which a launch of the same sizes,
- * offsets and param values takes. */
-static int launch_long_rows(fj_spec *spec, const fj_forward_args *a, const fjr_sizes *sz) {
+/* A launch's fj_kernel_options.long_rows: whether the variant may serve it
+ * (long_rows_may_apply; a launch it may not never asks, so its kernel has
+ * one entry in the spec's launch memo) and its rows are long,
+ * FJ_LONG_ROW_KEYS keys on average (p: its checked parameter block; block_q:
+ * its block mask's, 0 for none). The estimate classifies up to 132 tiles on
+ * the host; the spec keeps its last answer, which a launch of the same
+ * sizes, offsets and param values takes. */
+static int launch_long_rows(const fj_context *ctx, fj_spec *spec, const fj_forward_args *a,
+                            const fjr_fwd_params_fixed *p, int block_q) {
+  const int serving = p->seqlens_k || p->block_table || p->cu_seqlens_q;
+  if (!long_rows_may_apply(ctx, spec->graph, block_q, serving,
+                           a->skip_softmax_threshold > 0.0f))
+    return 0;
+  const fjr_sizes *sz = &p->sz;
   struct fjr_long_rows_memo now = {.valid = 1, .Lq = sz->Lq, .Lk = sz->Lk,
                                    .q_off = sz->q_off, .kv_off = sz->kv_off};
   (void)fjr_param_values(spec->graph, a->args, a->num_args, now.i32s, now.f32s);
@@ -462,7 +478,10 @@ int fjr_forward_long_rows(fj_context *ctx, const fj_spec *spec, const fj_forward
   size_t total = 0;
   if (!ctx || !spec || !a || forward_params(ctx, spec, a, pbuf, &dtype, &total) != FJ_OK)
     return 0;
-  return launch_long_rows((fj_spec *)spec, a, &((fjr_fwd_params_fixed *)pbuf)->sz);
+  fj_block_mask_info mi = {0};
+  if (a->block_mask && fj_block_mask_get_info(a->block_mask, &mi) != FJ_OK) return 0;
+  return launch_long_rows(ctx, (fj_spec *)spec, a, (const fjr_fwd_params_fixed *)pbuf,
+                          mi.block_q);
 }
 
 /* The loaded kernel of a launch: from the spec's launch memo, else decided
@@ -531,9 +550,9 @@ fj_status fj_attention_forward(fj_context *ctx, const fj_spec *spec,
   if (args->block_mask && fj_block_mask_get_info(args->block_mask, &mi) != FJ_OK)
     return fjr_fail(ctx, FJ_EINVAL, "fj_attention_forward: bad block mask");
   fjr_kernel *k = NULL;
+  const int long_rows = launch_long_rows(ctx, (fj_spec *)spec, args, p, mi.block_q);
   if ((st = launch_kernel(ctx, (fj_spec *)spec, (int)args->q->shape[args->q->ndim - 1], dtype,
-                          mi.block_q, mi.block_kv, serving, skip,
-                          launch_long_rows((fj_spec *)spec, args, &p->sz), &k)) != FJ_OK)
+                          mi.block_q, mi.block_kv, serving, skip, long_rows, &k)) != FJ_OK)
     return st;
   /* The block mask, if any: validated against this launch (blockmask.c). */
   st = fjr_block_mask_bind(ctx, args->block_mask, &p->sz, k->cfg.block_m, k->cfg.block_n, p);

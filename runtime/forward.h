@@ -33,10 +33,12 @@ fj_status fjr_forward_check(fj_context *ctx, const fj_forward_args *args, fj_dty
                             fjr_fwd_params_fixed *p);
 
 /* The fj_kernel_options.long_rows that fj_attention_forward(ctx, spec, a)
- * takes its kernel with: whether the launch's rows are long (FJ_LONG_ROW_KEYS
- * keys on average), for `flexjit run` to compile and report the kernel the
- * launch runs; 0 for input the launch would refuse (the error is then in
- * ctx). */
+ * takes its kernel with: whether the long-row variant may serve the launch
+ * (not with a score_mod, a block mask, the serving layouts, Skip Softmax or
+ * the environment's kernel settings) and its rows are long
+ * (FJ_LONG_ROW_KEYS keys on average), for `flexjit run` to compile and
+ * report the kernel the launch runs; 0 for input the launch would refuse
+ * (the error is then in ctx). */
 int fjr_forward_long_rows(fj_context *ctx, const fj_spec *spec, const fj_forward_args *a);
 
 /* The keys a query row of g's mask is allowed on average, as a launch of

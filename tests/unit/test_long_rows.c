@@ -2,8 +2,9 @@
  * tests/unit/test_long_rows.c: the forward's long-row variant, without a
  * GPU: its configuration (gen/config.c), the host's estimate of a launch's
  * row length (fjr_mean_row_keys) against the exact mean over every row, the
- * launch's answer (fjr_forward_long_rows: sizes, params and its memo), and
- * which kernels the variant applies to (its name and key).
+ * launch's answer (fjr_forward_long_rows: sizes, params and its memo; 0,
+ * with no estimate made, for a launch the variant may not serve), and which
+ * kernels the variant applies to (its name and key).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -141,15 +142,24 @@ static void launch_init(launch *l, int64_t Lq, int64_t Lk, int64_t D) {
 static void test_launch_choice(void **state) {
   (void)state;
   fj_context *ctx = fjt_new_context();
-  fj_spec *causal = load(ctx, CAUSAL), *window = load(ctx, WINDOW);
+  fj_spec *causal = load(ctx, CAUSAL), *window = load(ctx, WINDOW), *scaled = load(ctx, SCALED);
   launch t;
   launch_init(&t, 16384, 16384, 128);
   assert_int_equal(fjr_forward_long_rows(ctx, causal, &t.a), 1);
   assert_int_equal(causal->long_rows_memo.valid, 1);
   assert_int_equal(fjr_forward_long_rows(ctx, causal, &t.a), 1); /* from the memo */
 
-  /* The rows are long whatever else the launch has (whether the variant
-   * applies is the configuration's: test_kernel_name). */
+  /* A launch the variant may not serve asks for it no more than short rows
+   * do, and makes no estimate: a score_mod, Skip Softmax. */
+  assert_int_equal(fjr_forward_long_rows(ctx, scaled, &t.a), 0);
+  assert_int_equal(scaled->long_rows_memo.valid, 0);
+  t.a.skip_softmax_threshold = 1e-3f;
+  assert_int_equal(fjr_forward_long_rows(ctx, causal, &t.a), 0);
+  assert_string_equal(fj_context_last_error(ctx), ""); /* not refused: not served */
+  t.a.skip_softmax_threshold = 0.f;
+
+  /* Whether the head dim has the variant is the configuration's
+   * (test_kernel_name): the launch asks. */
   launch d64;
   launch_init(&d64, 16384, 16384, 64);
   assert_int_equal(fjr_forward_long_rows(ctx, causal, &d64.a), 1);
@@ -174,7 +184,7 @@ static void test_launch_choice(void **state) {
   assert_int_equal(fjr_forward_long_rows(ctx, window, &t.a), 0);
   t.a.q = NULL;
   assert_int_equal(fjr_forward_long_rows(ctx, causal, &t.a), 0);
-  fj_spec_destroy(causal), fj_spec_destroy(window);
+  fj_spec_destroy(causal), fj_spec_destroy(window), fj_spec_destroy(scaled);
   fj_context_destroy(ctx);
 }
 
