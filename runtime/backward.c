@@ -328,6 +328,23 @@ int fjr_bwd_walks_shrink(const fjg_graph *g, const fjg_env *env, int block_m, in
          fjg_tile_class_cpu(g, env, 0, 0, qn, Lq - 1, 0, kv0_end) != FJG_TILE_EMPTY;
 }
 
+/* The persistent kernel's kv heads a group of its tile order for launch p
+ * (its sizes, offsets, kv_group and acc_sh bound; args' params) on a grid
+ * of `grid` CTAs: grouped where the walks shrink, else 1. */
+static int tile_group(const fj_context *ctx, const fj_spec *spec, const fj_backward_args *args,
+                      const fjg_config *cfg, const fjr_bwd_params_fixed *p, unsigned grid,
+                      int64_t D) {
+  int32_t i32s[FJG_MAX_ARGS];
+  float f32s[FJG_MAX_ARGS];
+  (void)fjr_param_values(spec->graph, args->args, args->num_args, i32s, f32s);
+  const fjg_env env = fjr_launch_env(&p->sz, i32s, f32s);
+  if (!fjr_bwd_walks_shrink(spec->graph, &env, cfg->block_m, cfg->block_n)) return 1;
+  /* A kv head's Q and dO (2 bytes an element) and dq_accum rows (4). */
+  return fjr_bwd_kv_head_group(grid, (p->sz.Lk + cfg->block_n - 1) / cfg->block_n,
+                               (int64_t)p->sz.B * p->sz.Hkv,
+                               (int64_t)p->kv_group * p->acc_sh * D * 8, ctx->l2_bytes);
+}
+
 /* A kernel whose one parameter is the packed struct (pbuf, psize bytes), or,
  * with maps, the sm90 main kernel's two: the struct and the tensor maps. */
 static fj_status launch(fj_context *ctx, CUfunction fn, const unsigned grid[3],
@@ -435,24 +452,9 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
   unsigned cols[3];
-  const int64_t kv_tiles = (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n;
-  fjr_kernel_grid(&k->cfg, ctx->num_sms, kv_tiles, p->sz.Hkv, B, cols);
-  p->kv_head_group = 1;
-  if (k->cfg.persistent) {
-    int32_t i32s[FJG_MAX_ARGS];
-    float f32s[FJG_MAX_ARGS];
-    (void)fjr_param_values(spec->graph, args->args, args->num_args, i32s, f32s);
-    const fjg_env env = {.sizes = {p->sz.B, p->sz.Hq, p->sz.Hkv, p->sz.Lq, p->sz.Lk},
-                         .q_off = p->sz.q_off,
-                         .kv_off = p->sz.kv_off,
-                         .param_i32 = i32s,
-                         .param_f32 = f32s};
-    /* A kv head's Q and dO (2 bytes an element) and dq_accum rows (4). */
-    if (fjr_bwd_walks_shrink(spec->graph, &env, k->cfg.block_m, k->cfg.block_n))
-      p->kv_head_group = fjr_bwd_kv_head_group(cols[0], kv_tiles, B * p->sz.Hkv,
-                                               (int64_t)p->kv_group * p->acc_sh * D * 8,
-                                               ctx->l2_bytes);
-  }
+  fjr_kernel_grid(&k->cfg, ctx->num_sms, (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n,
+                  p->sz.Hkv, B, cols);
+  p->kv_head_group = k->cfg.persistent ? tile_group(ctx, spec, args, &k->cfg, p, cols[0], D) : 1;
   if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
                    NULL, "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
       (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,

@@ -442,11 +442,7 @@ static int launch_long_rows(const fj_context *ctx, fj_spec *spec, const fj_forwa
   struct fjr_long_rows_memo *m = &spec->long_rows_memo;
   now.long_rows = m->long_rows;
   if (memcmp(m, &now, sizeof now) == 0) return m->long_rows;
-  const fjg_env env = {.sizes = {sz->B, sz->Hq, sz->Hkv, sz->Lq, sz->Lk},
-                       .q_off = sz->q_off,
-                       .kv_off = sz->kv_off,
-                       .param_i32 = now.i32s,
-                       .param_f32 = now.f32s};
+  const fjg_env env = fjr_launch_env(sz, now.i32s, now.f32s);
   now.long_rows = fjr_mean_row_keys(spec->graph, &env, sz->Lq, sz->Lk) >= FJ_LONG_ROW_KEYS;
   *m = now;
   return now.long_rows;

@@ -182,11 +182,7 @@ fj_status fj_spec_block_class(const fj_spec *spec, const fj_arg *args, int num_a
   if (missing >= 0)
     return fjr_fail(ctx, FJ_EINVAL, "spec '%s' needs param '%s' but no value was given",
                     spec->name, fjg_arg_at(g, missing)->name);
-  const fjg_env env = {.sizes = {sz.B, sz.Hq, sz.Hkv, sz.Lq, sz.Lk},
-                       .q_off = sz.q_off,
-                       .kv_off = sz.kv_off,
-                       .param_i32 = i32s,
-                       .param_f32 = f32s};
+  const fjg_env env = fjr_launch_env(&sz, i32s, f32s);
   /* EMPTY (or FULL) only when every (b, h) is; a mixed or PARTIAL one
    * decides the block. */
   int cls = -1;

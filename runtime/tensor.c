@@ -160,6 +160,14 @@ int fjr_param_values(const fjg_graph *g, const fj_arg *args, int num_args, int32
   return missing;
 }
 
+fjg_env fjr_launch_env(const fjr_sizes *sz, const int32_t *i32s, const float *f32s) {
+  return (fjg_env){.sizes = {sz->B, sz->Hq, sz->Hkv, sz->Lq, sz->Lk},
+                   .q_off = sz->q_off,
+                   .kv_off = sz->kv_off,
+                   .param_i32 = i32s,
+                   .param_f32 = f32s};
+}
+
 fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
                         const fj_arg *args, int num_args, void *dst) {
   const int n = fjg_num_args(g);

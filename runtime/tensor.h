@@ -13,6 +13,7 @@
 
 #include "flexjit.h"
 #include "gen/graph.h"
+#include "runtime/launch_params.h"
 
 /* The data address: data + byte_offset. */
 uint64_t fjr_tensor_ptr(const DLTensor *t);
@@ -68,5 +69,9 @@ const fj_arg *fjr_arg_given(const fj_arg *args, int num_args, const char *name);
  * the first param without a value, or -1 when every one has one. */
 int fjr_param_values(const fjg_graph *g, const fj_arg *args, int num_args, int32_t *i32s,
                      float *f32s);
+/* The host evaluators' view of a launch (fjg_env): its sizes and offsets
+ * from sz, its params' values (i32s, f32s: fjr_param_values's); no
+ * buffers. */
+fjg_env fjr_launch_env(const fjr_sizes *sz, const int32_t *i32s, const float *f32s);
 
 #endif /* FJR_TENSOR_H */
