@@ -9,14 +9,19 @@ main and post backward kernels and its forward; cuDNN's counterparts),
 back-to-back launches with no L2 flush: where the time goes, not the
 side-by-side figure (bench/compare.py gives that). Runs on the GPU machine:
 
-    FLEXJIT_LIBRARY=build/libflexjit.so python3 bench/kernel_times.py \\
+    python3 bench/kernel_times.py [--flexjit build/flexjit] \\
         [--shapes 8x4096,2x16384] [--causal both|yes|no] [--iters 5]
 
-The package comes from an installed copy or this checkout's python/.
+The package is found as compare.py finds it (flexjit_package): an installed
+copy, else this checkout's python/ with the libflexjit.so beside --flexjit's
+binary, unless FLEXJIT_LIBRARY names one.
 """
 import argparse
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare  # noqa: E402  (flexjit_package, the package's lookup)
 
 H, D = 16, 128
 
@@ -48,19 +53,17 @@ def main():
     ap.add_argument("--shapes", default="8x4096,2x16384", help="BxS,... (H=16, D=128)")
     ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--flexjit", default=os.path.join(compare.REPO, "build", "flexjit"),
+                    help="the CLI binary whose libflexjit.so the package loads")
     a = ap.parse_args()
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    try:
-        import flexjit
-    except ImportError:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__))), "python"))
-        import flexjit
-    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "examples")
+    flexjit, err = compare.flexjit_package(a.flexjit)
+    if flexjit is None:
+        sys.exit("kernel_times.py: the flexjit package did not load: %s" % err)
+    examples = os.path.join(compare.REPO, "examples")
     kinds = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
     print("L2 %d MiB" % (torch.cuda.get_device_properties(0).L2_cache_size >> 20))
     for shape in a.shapes.split(","):

@@ -9,7 +9,8 @@
 // sequence's sizes (fjb_seq_of: p.sz, or its own Lq and Lk in a packed
 // batch), which bound its tiles and which fj_tile_class sees. Needs
 // fj_bwd_params, fj_tile_class (when FJ_HAS_MASK), FJ_BLOCK_M and
-// FJ_BLOCK_N.
+// FJ_BLOCK_N. At the end, the order in which a persistent kernel's CTAs
+// take their kv tiles (fjb_tile_order).
 #pragma once
 
 struct fjb_item {
