@@ -837,16 +837,9 @@ static fj_status put_template(fjg_buf *out, const char *name) {
 }
 
 /* A mask that is constant true and a score_mod that returns the score
- * unchanged are no hooks at all: the templates then take their fastest
- * paths (no per-element calls, full softmax/GEMM overlap). */
-static int has_mask(const fjg_graph *g) {
-  int root = fjg_mask_root(g);
-  if (root < 0) return 0;
-  const fjg_node *n = fjg_node_at(g, root);
-  return !(n->op == FJG_OP_CONST && n->imm.i != 0);
-}
-
-
+ * unchanged are no hooks at all (fjg_has_mask, fjg_has_score_mod): the
+ * templates then take their fastest paths (no per-element calls, full
+ * softmax/GEMM overlap). */
 static void put_config_defines(fjg_buf *out, const fjg_graph *g,
                                const fjg_config *cfg) {
   fjg_buf_printf(out, "#define FJ_HEAD_DIM %d\n", cfg->head_dim);
@@ -857,7 +850,7 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   fjg_buf_printf(out, "#define FJ_BLOCK_N %d\n", cfg->block_n);
   fjg_buf_printf(out, "#define FJ_NUM_WARPS %d\n", cfg->num_warps);
   fjg_buf_printf(out, "#define FJ_NUM_STAGES %d\n", cfg->num_stages);
-  fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n", has_mask(g));
+  fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n", fjg_has_mask(g));
   fjg_buf_printf(out, "#define FJ_HAS_SCORE_MOD %d\n", fjg_has_score_mod(g));
   if (cfg->persistent) fjg_buf_printf(out, "#define FJ_PERSISTENT 1\n");
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);

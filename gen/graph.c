@@ -794,6 +794,12 @@ int fjg_has_score_mod(const fjg_graph *g) {
   return !(n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE);
 }
 
+int fjg_has_mask(const fjg_graph *g) {
+  if (g->mask_root < 0) return 0;
+  const fjg_node *n = fjg_node_at(g, g->mask_root);
+  return !(n->op == FJG_OP_CONST && n->imm.i != 0);
+}
+
 static int is_f32_node(const fjg_graph *g, int id) {
   return valid_node(g, id) && type_of(g, id) == FJG_F32;
 }

@@ -206,6 +206,9 @@ int fjg_score_root(const fjg_graph *g);
 /* 1 when g has a score_mod that is not the identity (which the kernels
  * treat as none: FJ_HAS_SCORE_MOD 0). */
 int fjg_has_score_mod(const fjg_graph *g);
+/* 1 when g has a mask_mod that is not the constant true (which the kernels
+ * treat as none: FJ_HAS_MASK 0). */
+int fjg_has_mask(const fjg_graph *g);
 
 /* The derivative of score_mod (gen/derivative.h), kept with the graph so
  * that a loaded spec never changes: the spec loader computes it once, after
