@@ -488,11 +488,13 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
                                 const fj_backward_args *args);
 
 /* Bytes of scratch a backward over B x Hq x Lq rows of head dim D needs
- * (fp32 delta and dq accumulator, each head's rows rounded up to 64, and
- * the deterministic mode's int32
+ * (fp32 delta and dq accumulator, each head's rows rounded up to 64, the
+ * deterministic mode's int32
  * semaphores, one per 16 query rows, whose first is the persistent sm90
- * kernel's tile counter otherwise), for callers that pass their own. 0
- * when a size is below 1. A packed batch of B sequences needs at most
+ * kernel's tile counter otherwise, and 32768 * D bytes for the persistent
+ * kernel's split last round, docs/backward.md; a workspace without them
+ * runs unsplit), for callers that pass their own. 0 when a size is below
+ * 1. A packed batch of B sequences needs at most
  * fj_backward_workspace_size(B, Hq, max_seqlen_q + 64, D) when q holds only
  * its sequences' rows (total_q <= B * max_seqlen_q). */
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D);

@@ -127,14 +127,22 @@ static int64_t acc_rows(int64_t Lq) {
 _Static_assert(FJG_BWD_ROW_BLOCK == FJG_BWD_SEQ_PAD,
                "the pre kernel zeroes whole blocks of a head's scratch rows");
 
+/* The bytes of dkv_accum for `tiles` split tiles: fp32 dK and dV blocks
+ * of 64 x D for each of a tile's two consumers (fj_bwd_params.dkv_accum). */
+static size_t tail_bytes(int64_t tiles, int64_t D) {
+  return align_up((size_t)tiles * 4 * 64 * (size_t)D * 4);
+}
+
 /* The scratch's layout, the one place it is decided: delta (fp32, one
  * float a row) at 0, dq_accum (fp32, D floats a row) at at[0], the
  * semaphores (int32, zeroed by the pre kernel of a deterministic launch;
- * unused otherwise) at at[1], each at a 256-byte boundary; the total at
- * at[2]. `rows`: B * Hq * acc_rows(Lq), or for a packed batch Hq * (total_q
- * + FJG_BWD_SEQ_PAD * B) (fj_bwd_params.acc_sh rows a query head); the
- * semaphores: an int32 per FJG_BWD_SEM_ROWS query rows of every (batch,
- * query head), Lq being max_seqlen_q for a packed batch. */
+ * unused otherwise) at at[1], then, at at[2], the persistent kernel's
+ * dkv_accum for the tiles it splits (tail_bytes), each at a 256-byte
+ * boundary. `rows`: B *
+ * Hq * acc_rows(Lq), or for a packed batch Hq * (total_q + FJG_BWD_SEQ_PAD
+ * * B) (fj_bwd_params.acc_sh rows a query head); the semaphores: an int32
+ * per FJG_BWD_SEM_ROWS query rows of every (batch, query head), Lq being
+ * max_seqlen_q for a packed batch. */
 static void scratch_layout(int64_t rows, int64_t B, int64_t Hq, int64_t Lq, int64_t D,
                            size_t at[3]) {
   const size_t tiles = (size_t)((Lq + FJG_BWD_SEM_ROWS - 1) / FJG_BWD_SEM_ROWS);
@@ -147,7 +155,7 @@ size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) 
   if (B < 1 || Hq < 1 || Lq < 1 || D < 1) return 0;
   size_t at[3];
   scratch_layout(B * Hq * acc_rows(Lq), B, Hq, Lq, D, at);
-  return at[2];
+  return at[2] + tail_bytes(FJR_BWD_TAIL_TILES, D);
 }
 
 /* ---- checks ---- */
@@ -328,6 +336,17 @@ int fjr_bwd_walks_shrink(const fjg_graph *g, const fjg_env *env, int block_m, in
          fjg_tile_class_cpu(g, env, 0, 0, qn, Lq - 1, 0, kv0_end) != FJG_TILE_EMPTY;
 }
 
+void fjr_bwd_tail_split(int64_t grid, int64_t tiles, int64_t items, int tail[2]) {
+  tail[0] = tail[1] = 0;
+  if (grid < 2 || tiles <= grid) return;
+  const int64_t last = tiles % grid;
+  if (last == 0 || last > FJR_BWD_TAIL_TILES || 2 * last > grid) return;
+  const int64_t pieces = grid / last < items ? grid / last : items;
+  if (pieces < 2 || tiles + last * (pieces - 1) > INT32_MAX) return;
+  tail[0] = (int)last;
+  tail[1] = (int)pieces;
+}
+
 /* The persistent kernel's kv heads a group of its tile order for launch p
  * (its sizes, offsets, kv_group and acc_sh bound; args' params) on a grid
  * of `grid` CTAs: grouped where the walks shrink, else 1. */
@@ -425,17 +444,41 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
                                p);
   if (st != FJ_OK) return st;
 
+  const int64_t nkv = (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n;
+  unsigned cols[3];
+  fjr_kernel_grid(&k->cfg, ctx->num_sms, nkv, p->sz.Hkv, B, cols);
+  p->kv_head_group = k->cfg.persistent ? tile_group(ctx, spec, args, &k->cfg, p, cols[0], D) : 1;
+  /* The last round split: without a mask or block mask, where every kv
+   * tile's walk is as long, so that the last round's tiles are as long as
+   * any (under a sliding window the last tiles of a sequence are shorter:
+   * split, its backward ran 0.6% slower; bench/RESULTS.md, session 34),
+   * and where the scratch has room for it (a workspace sized before may
+   * not). */
+  int tail[2] = {0, 0};
+  if (k->cfg.persistent && !fjg_has_mask(spec->graph) && !args->block_mask)
+    fjr_bwd_tail_split(cols[0], nkv * p->sz.Hkv * B,
+                       p->kv_group * ((Lq + k->cfg.block_m - 1) / k->cfg.block_m), tail);
+  if (args->workspace && args->workspace_bytes < need + tail_bytes(tail[0], D))
+    tail[0] = tail[1] = 0;
+  const int64_t tiles = nkv * p->sz.Hkv * B;
+  p->tail_first = (int32_t)(tiles - tail[0]);
+  p->takes = (int32_t)(tiles - tail[0] + (int64_t)tail[0] * tail[1]);
+  p->tail_tiles = tail[0];
+  p->tail_pieces = tail[1];
+  const size_t take = need + (tail[0] ? tail_bytes(tail[0], D) : 0);
+
   CUstream stream = (CUstream)args->stream;
   CUdeviceptr scratch = (CUdeviceptr)(uintptr_t)args->workspace;
   if (!scratch) {
     CUmemoryPool pool = fjr_context_pool(ctx);
-    CUresult r = pool ? ctx->drv->cuMemAllocFromPoolAsync(&scratch, need, pool, stream)
-                      : ctx->drv->cuMemAllocAsync(&scratch, need, stream);
+    CUresult r = pool ? ctx->drv->cuMemAllocFromPoolAsync(&scratch, take, pool, stream)
+                      : ctx->drv->cuMemAllocAsync(&scratch, take, stream);
     if (r != CUDA_SUCCESS) return fjr_cu_fail(ctx, "allocating the backward's scratch", r);
   }
   p->delta = scratch;
   p->dq_accum = scratch + at[0];
   p->dq_sem = scratch + at[1];
+  p->dkv_accum = tail[0] ? scratch + at[2] : 0;
   _Alignas(128) fjr_tma_bwd_maps maps;
   if (k->cfg.uses_tma) {
     char err[512];
@@ -451,10 +494,6 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
-  unsigned cols[3];
-  fjr_kernel_grid(&k->cfg, ctx->num_sms, (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n,
-                  p->sz.Hkv, B, cols);
-  p->kv_head_group = k->cfg.persistent ? tile_group(ctx, spec, args, &k->cfg, p, cols[0], D) : 1;
   if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
                    NULL, "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
       (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,

@@ -48,4 +48,16 @@ int fjr_bwd_kv_head_group(int64_t grid, int64_t kv_tiles, int64_t kv_heads,
  * A mask that reads a buffer is never EMPTY to the analysis: 0. */
 int fjr_bwd_walks_shrink(const fjg_graph *g, const fjg_env *env, int block_m, int block_n);
 
+/* The persistent sm90 kernel's last round split (templates/sm90/
+ * bwd_config.cuh): where `tiles` kv tiles on `grid` CTAs fill whole rounds
+ * and leave a last round of a few (tiles % grid: at most
+ * FJR_BWD_TAIL_TILES and at most half the grid), that round's tiles would
+ * each run on one CTA while the rest wait; they are taken in pieces
+ * instead, grid / (their count) pieces a tile (at most `items`, the most
+ * items a tile holds), so that every CTA takes a piece. tail[0]: the split
+ * tiles, tail[1]: pieces a tile; 0 and 0 where there is no such round
+ * (fewer tiles than CTAs, whole rounds, a last round of many tiles). */
+enum { FJR_BWD_TAIL_TILES = 32 };
+void fjr_bwd_tail_split(int64_t grid, int64_t tiles, int64_t items, int tail[2]);
+
 #endif /* FJR_BACKWARD_H */

@@ -103,6 +103,12 @@ typedef struct fjr_bwd_params_fixed {
    * FJG_BWD_SEQ_PAD * B packed; B = 1 for delta and dq_accum then). */
   uint64_t cu_seqlens_q, cu_seqlens_k;
   int64_t acc_sh;
+  /* The persistent kernel's takes and its last round split
+   * (fjr_bwd_tail_split): scratch fp32 [tail_tiles][2][2][64][D] (0 when
+   * off), the takes, the first take of a split tile, the split tiles and
+   * pieces a tile (0 and 0 when off). */
+  uint64_t dkv_accum;
+  int32_t takes, tail_first, tail_tiles, tail_pieces;
 } fjr_bwd_params_fixed;
 
 /* The offsets templates/common/fj_bwd.cuh asserts for the device struct. */
@@ -128,10 +134,12 @@ _Static_assert(offsetof(fjr_bwd_params_fixed, cu_seqlens_q) == 472,
                "fjr_bwd_params_fixed layout");
 _Static_assert(offsetof(fjr_bwd_params_fixed, acc_sh) == 488,
                "fjr_bwd_params_fixed layout");
+_Static_assert(offsetof(fjr_bwd_params_fixed, tail_pieces) == 516,
+               "fjr_bwd_params_fixed layout");
 
 /* Offset of `user` in the device struct: its first member is a long long. */
 #define FJR_BWD_USER_OFFSET \
   ((sizeof(fjr_bwd_params_fixed) + 7u) & ~(size_t)7u)
-_Static_assert(FJR_BWD_USER_OFFSET == 496, "fjr_bwd_params_fixed layout");
+_Static_assert(FJR_BWD_USER_OFFSET == 520, "fjr_bwd_params_fixed layout");
 
 #endif /* FJR_LAUNCH_PARAMS_H */

@@ -7,9 +7,11 @@
 //                          padding included (and,
 //                          FJ_DETERMINISTIC, the semaphores of the query
 //                          tiles that start in its rows: common/bwd_order.cuh;
-//                          FJ_PERSISTENT, the main kernel's tile counter)
+//                          FJ_PERSISTENT, the main kernel's tile counter
+//                          and its split tiles' dkv_accum)
 //   fj_attention_bwd_post: dq = dq_accum in the element type (row-major
-//                          or tiled: common/fj_bwd.cuh)
+//                          or tiled: common/fj_bwd.cuh); FJ_PERSISTENT,
+//                          the split tiles' dk and dv from dkv_accum
 // Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B) (Lq: max_seqlen_q for a
 // packed batch, whose shorter sequences' CTAs past their rows return at
 // once), FJB_ROW_THREADS threads,
@@ -49,6 +51,11 @@ __device__ __forceinline__ void fjb_unpack2(unsigned v, float &lo, float &hi) {
       " cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
       : "=f"(lo), "=f"(hi) : "r"(v));
 #endif
+}
+
+// The CTA's index in its grid, x fastest.
+__device__ __forceinline__ int fjb_row_cta() {
+  return (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
 }
 
 // Lane c of a row's FJB_ROW_LANES reads elements [8 c, 8 c + 8) of O and dO;
@@ -111,12 +118,63 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
 #endif
 #if FJ_PERSISTENT
   if ((blockIdx.x | blockIdx.y | blockIdx.z | tid) == 0) p.dq_sem[0] = 0;
+  // The split tiles' dkv_accum blocks, 16 bytes a thread over the grid.
+  const int n4 = FJB_PIECES ? p.tail_tiles * (4 * 64 * FJ_HEAD_DIM / 4) : 0;
+  for (int k = fjb_row_cta() * FJB_ROW_THREADS + tid; k < n4;
+       k += gridDim.x * gridDim.y * gridDim.z * FJB_ROW_THREADS)
+    fj_st_global_v4(p.dkv_accum + 4 * k, 0u, 0u, 0u, 0u);
 #endif
 }
+
+#if FJ_PERSISTENT && FJB_PIECES
+// The persistent kernel's split tiles (p.tail_tiles, the last of its order:
+// common/fj_bwd.cuh) to dk and dv from their dkv_accum blocks, spread over
+// the post kernel's grid: a thread takes rows r and r + 8 of 8 columns of a
+// block, as for the tiled dq_accum below (a block is a tile FJ_HEAD_DIM
+// wide), and stores the rows below Lk.
+__device__ __forceinline__ void fjb_post_tail(const fj_bwd_params &p, int tid) {
+  constexpr int CHUNKS = FJ_HEAD_DIM / 8;  // 8-column chunks a row
+  constexpr int PER_BLOCK = 32 * CHUNKS;   // a 64-row block's row pairs x chunks
+  const int nkv = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+  const int heads = p.sz.Hkv * p.sz.B;
+  const int n = p.tail_tiles * 4 * PER_BLOCK;
+  for (int i = fjb_row_cta() * FJB_ROW_THREADS + tid; i < n;
+       i += gridDim.x * gridDim.y * gridDim.z * FJB_ROW_THREADS) {
+    // Block (tail tile, dK or dV, consumer), and its row pair and chunk.
+    const int blk = i / PER_BLOCK, e = i % PER_BLOCK;
+    const int x = (blk >> 1) & 1, c = blk & 1;
+    int hb;
+    const int kt = fjb_tile_order(p.tail_first + (blk >> 2), nkv, heads, p.kv_head_group, &hb);
+    const int hk = hb % p.sz.Hkv, b = hb / p.sz.Hkv;
+    const int ch = e % CHUNKS, pr = e / CHUNKS;
+    const int r = 16 * (pr / 8) + pr % 8, col = 8 * ch;
+    const float *t = p.dkv_accum + (long long)blk * (64 * FJ_HEAD_DIM) + 4 * fjb_dq_tiled_f4(r, col);
+    unsigned v[4][4];
+#pragma unroll
+    for (int f = 0; f < 4; ++f) fjb_ld_global_v4(v[f], t + 4 * f);
+    fj_u16 *g = x ? (fj_u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh
+                  : (fj_u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh;
+    const long long ss = x ? p.dv_ss : p.dk_ss;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int kr = kt * FJ_BLOCK_N + 64 * c + r + 8 * hh;
+      if (kr < p.sz.Lk)
+        fj_st_global_v4(g + kr * ss + col,
+                        fj_pack2(__uint_as_float(v[0][2 * hh]), __uint_as_float(v[0][2 * hh + 1])),
+                        fj_pack2(__uint_as_float(v[1][2 * hh]), __uint_as_float(v[1][2 * hh + 1])),
+                        fj_pack2(__uint_as_float(v[2][2 * hh]), __uint_as_float(v[2][2 * hh + 1])),
+                        fj_pack2(__uint_as_float(v[3][2 * hh]), __uint_as_float(v[3][2 * hh + 1])));
+    }
+  }
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
 fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
   const int tid = threadIdx.x;
+#if FJ_PERSISTENT && FJB_PIECES
+  fjb_post_tail(p, tid);
+#endif
   const int h = blockIdx.y, b = blockIdx.z;
   const fjb_seq sq = fjb_seq_of(p, b);
   const int Lq = sq.sz.Lq;

@@ -9,8 +9,9 @@
 // sequence's sizes (fjb_seq_of: p.sz, or its own Lq and Lk in a packed
 // batch), which bound its tiles and which fj_tile_class sees. Needs
 // fj_bwd_params, fj_tile_class (when FJ_HAS_MASK), FJ_BLOCK_M and
-// FJ_BLOCK_N. At the end, the order in which a persistent kernel's CTAs
-// take their kv tiles (fjb_tile_order).
+// FJ_BLOCK_N. Before the walk, the pieces a persistent kernel takes a
+// split tile in (fjb_piece); at the end, the order in which its CTAs take
+// their kv tiles (fjb_tile_order).
 #pragma once
 
 struct fjb_item {
@@ -123,6 +124,35 @@ __device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, const fj_si
   return it;
 }
 
+// The first of share k's items when n items are dealt in `shares` equal
+// shares (share `shares` starts at n).
+__device__ __forceinline__ int fjb_share(int k, int n, int shares) {
+  return (int)((long long)k * n / shares);
+}
+
+// Whether item it comes before position (h, t) of a walk.
+__device__ __forceinline__ bool fjb_before(const fjb_item &it, int h, int t) {
+  return (it.h < h) | ((it.h == h) & (it.t < t));
+}
+
+// The persistent kernel's split tiles (FJB_PIECES: only where every kv
+// tile's walk is every query tile of every head of its group, without a
+// mask or block mask, which the host also requires: runtime/backward.c).
+// Piece k of `pieces` of such a walk over the query heads [h0, h_end):
+// its items j (in the walk's order, N of them) with fjb_share(k, N,
+// pieces) <= j < fjb_share(k + 1, N, pieces), which may be none, as
+// positions: pos = {head, query tile} of the first, {head, query tile} of
+// the one after the last (the walk's end, {h_end, 0}, for the last piece).
+#define FJB_PIECES (!FJ_HAS_MASK)
+__device__ __forceinline__ void fjb_piece(const fj_sizes &z, int h0, int h_end, int k,
+                                          int pieces, int (&pos)[4]) {
+  const int nq = max((z.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M, 1);  // an empty walk: at its end
+  const int n = z.Lq > 0 ? (h_end - h0) * nq : 0;
+  const int j0 = fjb_share(k, n, pieces), j1 = fjb_share(k + 1, n, pieces);
+  pos[0] = h0 + j0 / nq, pos[1] = j0 % nq;
+  pos[2] = h0 + j1 / nq, pos[3] = j1 % nq;
+}
+
 // A CTA's walk: kv tile n_block of kv head hk, batch b, over the query
 // heads of hk's group, for kernels whose roles each walk on their own (the
 // sm90 producer warps and consumers) and must see the same items in the
@@ -131,14 +161,19 @@ __device__ __forceinline__ fjb_item fjb_find(const fj_bwd_params &p, const fj_si
 // held in registers across the roles' loops. (The sm80 kernel calls
 // fjb_find itself: with these fields held across its loop it spilled at
 // D=128.)
+//
+// A walk takes the items from position (h_s, t_s) up to, not including,
+// position (h_e, t_e) (positions ordered by head, then t): the whole tile,
+// or after piece() one share of its items (FJB_PIECES).
 struct fjb_walk {
   unsigned s_seq;
-  int b, n_block, h0, h_end, kv0, kv1;
+  int b, n_block, h_end, kv0, kv1;
+  int h_s, t_s, h_e, t_e;
   __device__ __forceinline__ fjb_walk(const fj_bwd_params &p, unsigned s_seq_, int n_block_,
                                       int hk, int b_)
-      : s_seq(s_seq_), b(b_), n_block(n_block_), h0(hk * p.kv_group),
-        h_end((hk + 1) * p.kv_group), kv0(n_block_ * FJ_BLOCK_N),
-        kv1(fjb_kv_last(fjb_seq_lds_sizes(p, s_seq_), n_block_)) {}
+      : s_seq(s_seq_), b(b_), n_block(n_block_), h_end((hk + 1) * p.kv_group),
+        kv0(n_block_ * FJ_BLOCK_N), kv1(fjb_kv_last(fjb_seq_lds_sizes(p, s_seq_), n_block_)),
+        h_s(hk * p.kv_group), t_s(0), h_e((hk + 1) * p.kv_group), t_e(0) {}
   // The sequence's sizes and rows, read from shared memory.
   __device__ __forceinline__ fj_sizes sizes(const fj_bwd_params &p) const {
     return fjb_seq_lds_sizes(p, s_seq);
@@ -147,12 +182,21 @@ struct fjb_walk {
     return fjb_seq_lds(p, s_seq, b);
   }
   __device__ __forceinline__ fjb_item first(const fj_bwd_params &p) const {
-    return fjb_find(p, sizes(p), b, n_block, h0, 0, h_end, kv0, kv1);
+    return fjb_find(p, sizes(p), b, n_block, h_s, t_s, h_end, kv0, kv1);
   }
   __device__ __forceinline__ fjb_item next(const fj_bwd_params &p, const fjb_item &it) const {
     return fjb_find(p, sizes(p), b, n_block, it.h, it.t + 1, h_end, kv0, kv1);
   }
-  __device__ __forceinline__ bool done(const fjb_item &it) const { return it.h >= h_end; }
+  // (A walk that is never a piece ends at its group's end.)
+  __device__ __forceinline__ bool done(const fjb_item &it) const {
+    return FJB_PIECES ? !fjb_before(it, h_e, t_e) : it.h >= h_end;
+  }
+  // Narrows the whole tile's walk to piece k of `pieces` (fjb_piece).
+  __device__ __forceinline__ void piece(const fj_bwd_params &p, int k, int pieces) {
+    int pos[4];
+    fjb_piece(sizes(p), h_s, h_end, k, pieces, pos);
+    h_s = pos[0], t_s = pos[1], h_e = pos[2], t_e = pos[3];
+  }
 };
 
 // A persistent kernel's t-th kv tile (its blockIdx.x, then its counter's

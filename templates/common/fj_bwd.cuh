@@ -162,17 +162,32 @@ struct fj_bwd_params {
   // reduce-adds, and the pre kernel's zeroing, stay in the sequence's own
   // rows.
   long long acc_sh;
+  // FJ_PERSISTENT: the kernel's takes and its last round split
+  // (runtime/backward.c, fjr_bwd_tail_split; docs/backward.md): the CTAs
+  // take `takes` times from the order (fjb_tile_order) of the kv tiles;
+  // takes tail_first, ... are the last tail_tiles tiles, each taken as
+  // tail_pieces pieces, equal shares of the tile's items, which add their
+  // dK and dV (fp32, dK times scale) into dkv_accum for post to convert.
+  // Without a split, takes is the tile count and tail_first too, and
+  // tail_tiles and tail_pieces are 0. (The host gives takes and tail_first,
+  // which the producer warp compares with at every take: derived in the
+  // kernel, they took registers it does not have.)
+  //   dkv_accum [tail_tiles][dK, dV][consumer][64 x FJ_HEAD_DIM], each 64-row
+  //             block in a wgmma accumulator's register order
+  //             (fjb_dq_tiled_f4 over a width of FJ_HEAD_DIM); zeroed by pre
+  float *dkv_accum;
+  int takes, tail_first, tail_tiles, tail_pieces;
   fj_user_params user;
   fj_user_grads grads;
 };
 
-// NVRTC has no offsetof: the size pins the fixed part at 496 bytes (`user`,
+// NVRTC has no offsetof: the size pins the fixed part at 520 bytes (`user`,
 // whose first member is a long long, follows without padding), the offset
 // runtime/launch_params.h asserts with offsetof for the host mirror, field
 // by field.
 static_assert(sizeof(fj_bwd_params) ==
-                  496 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
-              "fj_bwd_params: the fixed part is 496 bytes, as fjr_bwd_params_fixed");
+                  520 + sizeof(fj_user_params) + (sizeof(fj_user_grads) + 7) / 8 * 8,
+              "fj_bwd_params: the fixed part is 520 bytes, as fjr_bwd_params_fixed");
 
 // A head's and a packed sequence's scratch rows start at a multiple of this
 // many rows: a head's rows are Lq rounded up to it, and a packed sequence

@@ -147,57 +147,77 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
 #if FJ_PERSISTENT
 // A kv tile is named by its position t in the one-tile grid's order (kv
 // tile fastest, then kv head, then batch: blockIdx x, y, z); the CTAs take
-// them in another order (fjhb_take_tile).
-__device__ __forceinline__ int fjhb_num_tiles(const fj_bwd_params &p) {
-  return (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N * p.sz.Hkv * p.sz.B;
-}
+// them in another order (fjhb_take_tile), the last round's tiles maybe in
+// pieces.
+// What a CTA takes: a kv tile (t, -1 past the last) and, when it is one of
+// the last round's split tiles (p.tail_tiles), which piece: tail tile
+// piece / p.tail_pieces (its block of dkv_accum), its piece piece %
+// p.tail_pieces; -1 for a whole tile.
+struct fjhb_take {
+  int t, piece;
+};
 __device__ __forceinline__ fjb_walk fjhb_tile_walk(const fj_bwd_params &p, const fjhb_smem &sm,
-                                                   int t, int *hk) {
+                                                   fjhb_take x, int *hk) {
   const int nkv = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
-  const int hb = t / nkv;
+  const int hb = x.t / nkv;
   *hk = hb % p.sz.Hkv;
-  return fjb_walk(p, sm.seq(), t - hb * nkv, *hk, hb / p.sz.Hkv);
+  fjb_walk w(p, sm.seq(), x.t - hb * nkv, *hk, hb / p.sz.Hkv);
+  if (FJB_PIECES && x.piece >= 0) w.piece(p, x.piece % p.tail_pieces, p.tail_pieces);
+  return w;
 }
 
-// Producer warp 0's lane 0: the CTA's k-th tile (its blockIdx.x first, then
-// the counter's next value plus gridDim.x) in the order of
+// Producer warp 0's lane 0: the CTA's k-th take (its blockIdx.x first, then
+// the counter's next value plus gridDim.x; p.takes in all) of the order of
 // common/bwd_walk.cuh's fjb_tile_order (groups of p.kv_head_group kv
-// heads), named by its position in the one-tile grid's order (-1 past the
-// last), into ring slot k & 1 once every reader is done with the slot's
-// previous tile. All of the warp calls it and gets the tile. (Only this
-// lane maps the order: in the consumers the mapping's arithmetic moved
-// ptxas to branch over a masked item's exponentials.)
-__device__ __forceinline__ int fjhb_take_tile(const fj_bwd_params &p, const fjhb_smem &sm,
-                                              int k) {
-  int t = 0;
+// heads), where the last p.tail_tiles tiles are each taken as
+// p.tail_pieces pieces (takes p.tail_first on), named by its position in the one-tile grid's order
+// and its piece, into ring slot k & 1 once every reader is done with the
+// slot's previous take. All of the warp calls it and gets the take. (Only
+// this lane maps the order: in the consumers the mapping's arithmetic
+// moved ptxas to branch over a masked item's exponentials.)
+__device__ __forceinline__ fjhb_take fjhb_take_tile(const fj_bwd_params &p,
+                                                    const fjhb_smem &sm, int k) {
+  fjhb_take x{0, -1};
   if ((fj_tid() & 31) == 0) {
-    t = k == 0 ? (int)blockIdx.x : atomicAdd(p.dq_sem, 1) + (int)gridDim.x;
-    if (t >= fjhb_num_tiles(p)) {
-      t = -1;
+    const int n = k == 0 ? (int)blockIdx.x : atomicAdd(p.dq_sem, 1) + (int)gridDim.x;
+    if (n >= p.takes) {
+      x.t = -1;
     } else {
+      int pos = n;
+      if (FJB_PIECES && n >= p.tail_first) {
+        x.piece = n - p.tail_first;
+        pos = p.tail_first + x.piece / p.tail_pieces;
+      }
       const int nkv = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
       int hb;
-      const int n = fjb_tile_order(t, nkv, p.sz.Hkv * p.sz.B, p.kv_head_group, &hb);
-      t = hb * nkv + n;
+      const int kt = fjb_tile_order(pos, nkv, p.sz.Hkv * p.sz.B, p.kv_head_group, &hb);
+      x.t = hb * nkv + kt;
     }
     fjh_mbar_wait(sm.ring_empty(k & 1), ((unsigned)(k >> 1) & 1u) ^ 1u);
-    fjhb_st_shared_u32(sm.ring(k & 1), (unsigned)t);
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(sm.ring(k & 1)), "r"(x.t),
+                 "r"(x.piece) : "memory");
     fjh_mbar_arrive(sm.ring_full(k & 1));
   }
-  return __shfl_sync(0xffffffffu, t, 0);
+  x.t = __shfl_sync(0xffffffffu, x.t, 0);
+  x.piece = __shfl_sync(0xffffffffu, x.piece, 0);
+  return x;
 }
 
-// Every other warp: the k-th tile from its slot; the warp's lane 0 then
+// Every other warp: the k-th take from its slot; the warp's lane 0 then
 // releases the slot (FJHB_RING_READERS arrivals: producer warps 1 and 2 and
-// the consumers' eight warps).
+// the consumers' eight warps), at once, or with release false at the
+// tile's end (the consumers of a kernel with pieces, FJB_PIECES:
+// fjhb_consume reads the piece again there rather than hold it in a
+// register across the tile).
 constexpr int FJHB_RING_READERS = 10;
-__device__ __forceinline__ int fjhb_read_tile(const fjhb_smem &sm, int k) {
+__device__ __forceinline__ fjhb_take fjhb_read_tile(const fjhb_smem &sm, int k, bool release) {
   fjh_mbar_wait_warp(sm.ring_full(k & 1), (unsigned)(k >> 1) & 1u);
-  int t;
-  asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(sm.ring(k & 1)) : "memory");
+  fjhb_take x;
+  asm volatile("ld.volatile.shared.v2.b32 {%0, %1}, [%2];\n"
+               : "=r"(x.t), "=r"(x.piece) : "r"(sm.ring(k & 1)) : "memory");
   __syncwarp();
-  if ((fj_tid() & 31) == 0) fjh_mbar_arrive(sm.ring_empty(k & 1));
-  return t;
+  if (release && (fj_tid() & 31) == 0) fjh_mbar_arrive(sm.ring_empty(k & 1));
+  return x;
 }
 #endif
 
@@ -269,10 +289,10 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
     if (warp > 2) return;
 #if FJ_PERSISTENT
     for (int k = 0;; ++k) {
-      const int t = warp == 0 ? fjhb_take_tile(p, sm, k) : fjhb_read_tile(sm, k);
-      if (t < 0) break;
+      const fjhb_take x = warp == 0 ? fjhb_take_tile(p, sm, k) : fjhb_read_tile(sm, k, true);
+      if (x.t < 0) break;
       int hk;
-      const fjb_walk w = fjhb_tile_walk(p, sm, t, &hk);
+      const fjb_walk w = fjhb_tile_walk(p, sm, x, &hk);
       fjhb_producer_tile(p, maps, sm, warp, w, hk, k, n);
     }
 #else
@@ -283,15 +303,15 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
     int n = 0;
 #if FJ_PERSISTENT
     for (int k = 0;; ++k) {
-      const int t = fjhb_read_tile(sm, k);
-      if (t < 0) break;
+      const fjhb_take x = fjhb_read_tile(sm, k, !FJB_PIECES);
+      if (x.t < 0) break;
       // The map's addresses are derived anew for each tile (from a base the
       // compiler cannot see through): held across tiles they were one
       // register too many for the masked D=64 kernel.
       fjhb_smem st;
       asm volatile("mov.b32 %0, %1;\n" : "=r"(st.base) : "r"(sm.base));
       int hk;
-      const fjb_walk w = fjhb_tile_walk(p, st, t, &hk);
+      const fjb_walk w = fjhb_tile_walk(p, st, x, &hk);
       fjhb_consume(p, maps, st, wg - 1, w, hk, k, n);
     }
 #else

@@ -78,7 +78,12 @@
 // tile (kv_empty), while they store dK and dV. So part of a tile's fixed
 // cost (K and V in flight, the first items' loads), which the one-tile
 // kernel pays with the SM idle (about two items' time a CTA at D=128),
-// overlaps the tile before.
+// overlaps the tile before. Where the tiles are one round and a few more
+// (runtime/backward.c, tail_split), the last round's few tiles would each
+// run on one CTA while the others wait: those tiles are taken in pieces
+// instead, equal shares of their items (fjb_piece), and a piece's consumers
+// add their dK and dV in fp32 to the tile's blocks of p.dkv_accum (through
+// their dQ buffers, by bulk reduce-add), which the post kernel converts.
 //
 // With 128-row items a consumer holds 64-register S^T and dP^T
 // accumulators: P^T packed into its A fragments lets S^T die, and dS^T is
@@ -135,7 +140,8 @@ __device__ __forceinline__ int fjhb_dq_col0(int c) {
 // consumers are done with the tile's K and V) and per ring slot full and
 // empty; then the sequence's record (common/fj_bwd.cuh's fjb_seq_sts:
 // FJB_SEQ_WORDS words), which the roles read where they use it, and the
-// ring's two slots (a kv tile's position in the order, -1: no more). Tiles
+// ring's two slots of two words (a kv tile's position in the one-tile
+// grid's order, -1: no more; its piece, -1: the whole tile). Tiles
 // of 2-byte elements are stored as blocks of (rows x 64 elements), 128-byte
 // swizzled (TMA's layout); a dS^T buffer is
 // FJ_BLOCK_M / 64 such blocks of FJ_BLOCK_N rows; a dQ buffer is a tile of
@@ -155,7 +161,7 @@ constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS + 5;
 constexpr int FJHB_OFF_SEQ = FJHB_OFF_BAR + 8 * FJHB_BARS;
 constexpr int FJHB_OFF_RING = FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
 // What gen/config.c computes as smem_bytes (1024 to align the base).
-constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_RING + 8;
+constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_RING + 16;
 
 // setmaxnreg targets: the producer warps walk the items (the classifier is
 // inlined there), the consumers hold dK, dV, S^T, dP^T and dQ.
@@ -231,5 +237,5 @@ struct fjhb_smem {
   __device__ unsigned ring_full(int s) const { return kv_empty() + 8 * (1 + s); }
   __device__ unsigned ring_empty(int s) const { return kv_empty() + 8 * (3 + s); }
   __device__ unsigned seq() const { return base + FJHB_OFF_SEQ; }
-  __device__ unsigned ring(int s) const { return base + FJHB_OFF_RING + 4 * s; }
+  __device__ unsigned ring(int s) const { return base + FJHB_OFF_RING + 8 * s; }
 };

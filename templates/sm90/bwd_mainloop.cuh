@@ -308,15 +308,18 @@ __device__ __forceinline__ void fjhb_store_ds(unsigned s_ds, int c,
   }
 }
 
-// A consumer's dQ part into a dQ buffer, as a tile of dq_accum's tiled form
-// (common/fj_bwd.cuh): the accumulator's registers in their order, four a
-// 16-byte store.
-__device__ __forceinline__ void fjhb_store_dq(unsigned buf, const float (&acc)[FJHB_DQ_REGS]) {
+// An accumulator (times mul) into shared memory at buf in its register
+// order, four a 16-byte store: a consumer's dQ part into a dQ buffer, as a
+// tile of dq_accum's tiled form (common/fj_bwd.cuh), and a tail piece's dK
+// and dV, as blocks of dkv_accum.
+template <int N>
+__device__ __forceinline__ void fjhb_store_acc(unsigned buf, const float (&acc)[N], float mul) {
   const unsigned t = fj_tid() & 127;
 #pragma unroll
-  for (int k = 0; k < FJHB_DQ_REGS / 4; ++k)
+  for (int k = 0; k < N / 4; ++k)
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + (128 * k + t) * 16),
-                 "f"(acc[4 * k]), "f"(acc[4 * k + 1]), "f"(acc[4 * k + 2]), "f"(acc[4 * k + 3])
+                 "f"(acc[4 * k] * mul), "f"(acc[4 * k + 1] * mul), "f"(acc[4 * k + 2] * mul),
+                 "f"(acc[4 * k + 3] * mul)
                  : "memory");
 }
 
@@ -349,10 +352,93 @@ __device__ __forceinline__ void fjhb_store_dq_buf(const fjhb_smem &sm, int c, in
                                                   const float (&dq)[FJHB_DQ_REGS]) {
   const int bi = m % FJHB_DQ_BUFS;
   fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(m / FJHB_DQ_BUFS) & 1u) ^ 1u);
-  fjhb_store_dq(sm.dq(c, bi), dq);
+  fjhb_store_acc(sm.dq(c, bi), dq, 1.f);
 }
 __device__ __forceinline__ void fjhb_publish_dq(const fjhb_smem &sm, int c, int m) {
   fjh_mbar_arrive(sm.dq_full(c, m % FJHB_DQ_BUFS));
+}
+
+// dK and dV, staged in the consumer's dQ buffers as the element type
+// (fjhb_store_rows), to dk and dv: by TMA, or by the threads where a
+// packed sequence ends inside the consumer's rows.
+__device__ __forceinline__ void fjhb_write_rows(const fj_bwd_params &p, const fj_bwd_maps &maps,
+                                                const fjhb_smem &sm, int c, const fjb_walk &w,
+                                                int hk, bool leader) {
+  const int b = w.b;
+  const int wkv0 = w.kv0 + c * FJHB_WG_KV;
+  fjh_fence_proxy_async();
+  fjh_bar_sync(FJHB_BAR_WG + c, 128);
+  const fjb_seq sq = w.seq(p);
+  const int Lk = sq.sz.Lk;
+  // A packed sequence's rows past its Lk are the next sequence's: a tile
+  // that reaches past it is stored by the threads, its own rows only (a
+  // TMA box would write all 64; the maps of unpacked k stop at Lk).
+  const bool by_threads = FJ_VARLEN && p.cu_seqlens_k != nullptr && wkv0 + FJHB_WG_KV > Lk;
+  if (leader && wkv0 < Lk && !by_threads) {
+    const int kr = sq.k_row0 + wkv0, kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : b;
+#pragma unroll
+    for (int x = 0; x < FJHB_CHUNKS64; ++x) {
+      fjh_tma_store_4d(&maps.dk, sm.dk_out(c) + x * (64 * 128), 64 * x, kr, hk, kb);
+      fjh_tma_store_4d(&maps.dv, sm.dv_out(c) + x * (64 * 128), 64 * x, kr, hk, kb);
+    }
+    fjh_bulk_commit();
+    fjh_bulk_wait_read();
+  }
+#if FJ_VARLEN
+  else if (by_threads && wkv0 < Lk) {
+    // 16 bytes a thread: chunk x of row r is at x ^ (r & 7) in its
+    // 64-column block, as fjhb_store_rows writes it.
+    constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks a row
+    const int rows = Lk - wkv0;
+    const long long r0 = (long long)(sq.k_row0 + wkv0);
+    fj_u16 *gdk = (fj_u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + r0 * p.dk_ss;
+    fj_u16 *gdv = (fj_u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + r0 * p.dv_ss;
+    for (int e = fj_tid() & 127; e < rows * CH; e += 128) {
+      const int r = e / CH, x = e % CH;
+      const unsigned off =
+          (unsigned)((x / 8) * (64 * 128) + r * 128 + (((x % 8) ^ (r & 7)) << 4));
+      unsigned v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dk_out(c) + off));
+      fj_st_global_v4(gdk + r * p.dk_ss + x * 8, v0, v1, v2, v3);
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dv_out(c) + off));
+      fj_st_global_v4(gdv + r * p.dv_ss + x * 8, v0, v1, v2, v3);
+    }
+  }
+#endif
+}
+
+// A tail piece's dK (times scale) and dV, fp32, added to its tile's blocks
+// of dkv_accum (common/fj_bwd.cuh): each through the consumer's dQ buffers
+// (consecutive: one 64 x FJ_HEAD_DIM block of fp32 in all), in the
+// register order, by one bulk reduce-add, which the leader waits to have
+// read the buffers before they are written again. Rows past Lk add zeros
+// (their P and dS are 0); the post kernel stores none of them.
+__device__ __forceinline__ void fjhb_add_rows(const fj_bwd_params &p, const fjhb_smem &sm, int c,
+                                              int piece, const float (&dk)[FJHB_D_REGS],
+                                              const float (&dv)[FJHB_D_REGS], bool leader) {
+  constexpr int BLOCK = 64 * FJ_HEAD_DIM;  // floats of a consumer's block
+  static_assert(FJHB_DQ_BUFS * FJHB_DQ_BYTES == 4 * BLOCK,
+                "sm90 backward: a consumer's dQ buffers hold its fp32 dK block");
+  float *acc = p.dkv_accum + (long long)(piece / p.tail_pieces) * (4 * BLOCK) + c * BLOCK;
+  fjhb_store_acc(sm.dq(c, 0), dk, p.scale);
+  fjh_fence_proxy_async();
+  fjh_bar_sync(FJHB_BAR_WG + c, 128);
+  if (leader) {
+    fjh_bulk_reduce_add_f32(acc, sm.dq(c, 0), 4 * BLOCK);
+    fjh_bulk_commit();
+    fjh_bulk_wait_read();
+  }
+  fjh_bar_sync(FJHB_BAR_WG + c, 128);
+  fjhb_store_acc(sm.dq(c, 0), dv, 1.f);
+  fjh_fence_proxy_async();
+  fjh_bar_sync(FJHB_BAR_WG + c, 128);
+  if (leader) {
+    fjh_bulk_reduce_add_f32(acc + 2 * BLOCK, sm.dq(c, 0), 4 * BLOCK);
+    fjh_bulk_commit();
+    fjh_bulk_wait_read();
+  }
 }
 
 // Consumer c's part of a kv tile (the walk w, kv head hk): its items, then
@@ -535,49 +621,22 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   for (int i = 0; i < FJHB_DQ_BUFS; ++i)
     fjh_mbar_wait_warp(sm.dq_empty(c, i),
                        ((unsigned)((n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS) & 1u) ^ 1u);
-  fjhb_store_rows(sm.dk_out(c), dk, p.scale);
-  fjhb_store_rows(sm.dv_out(c), dv, 1.f);
-  fjh_fence_proxy_async();
-  fjh_bar_sync(FJHB_BAR_WG + c, 128);
-  const fjb_seq sq = w.seq(p);
-  const int Lk = sq.sz.Lk;
-  // A packed sequence's rows past its Lk are the next sequence's: a tile
-  // that reaches past it is stored by the threads, its own rows only (a
-  // TMA box would write all 64; the maps of unpacked k stop at Lk).
-  const bool by_threads = FJ_VARLEN && p.cu_seqlens_k != nullptr && wkv0 + FJHB_WG_KV > Lk;
-  if (leader && wkv0 < Lk && !by_threads) {
-    const int kr = sq.k_row0 + wkv0, kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : b;
-#pragma unroll
-    for (int x = 0; x < FJHB_CHUNKS64; ++x) {
-      fjh_tma_store_4d(&maps.dk, sm.dk_out(c) + x * (64 * 128), 64 * x, kr, hk, kb);
-      fjh_tma_store_4d(&maps.dv, sm.dv_out(c) + x * (64 * 128), 64 * x, kr, hk, kb);
-    }
-    fjh_bulk_commit();
-    fjh_bulk_wait_read();
+  // The tile's piece (bwd.cuh, fjhb_take), from its ring slot, which the
+  // warp has held since it read the tile there, and now releases.
+  int piece = -1;
+  if (FJ_PERSISTENT && FJB_PIECES) {
+    asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(piece) : "r"(sm.ring(k & 1) + 4)
+                 : "memory");
+    __syncwarp();
+    if ((fj_tid() & 31) == 0) fjh_mbar_arrive(sm.ring_empty(k & 1));
   }
-#if FJ_VARLEN
-  else if (by_threads && wkv0 < Lk) {
-    // 16 bytes a thread: chunk x of row r is at x ^ (r & 7) in its
-    // 64-column block, as fjhb_store_rows writes it.
-    constexpr int CH = FJ_HEAD_DIM / 8;  // 16-byte chunks a row
-    const int rows = Lk - wkv0;
-    const long long r0 = (long long)(sq.k_row0 + wkv0);
-    fj_u16 *gdk = (fj_u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + r0 * p.dk_ss;
-    fj_u16 *gdv = (fj_u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + r0 * p.dv_ss;
-    for (int e = fj_tid() & 127; e < rows * CH; e += 128) {
-      const int r = e / CH, x = e % CH;
-      const unsigned off =
-          (unsigned)((x / 8) * (64 * 128) + r * 128 + (((x % 8) ^ (r & 7)) << 4));
-      unsigned v0, v1, v2, v3;
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dk_out(c) + off));
-      fj_st_global_v4(gdk + r * p.dk_ss + x * 8, v0, v1, v2, v3);
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dv_out(c) + off));
-      fj_st_global_v4(gdv + r * p.dv_ss + x * 8, v0, v1, v2, v3);
-    }
+  if (piece >= 0) {
+    if (put) fjhb_add_rows(p, sm, c, piece, dk, dv, leader);
+  } else {
+    fjhb_store_rows(sm.dk_out(c), dk, p.scale);
+    fjhb_store_rows(sm.dv_out(c), dv, 1.f);
+    fjhb_write_rows(p, maps, sm, c, w, hk, leader);
   }
-#endif
   // The buffers take the next tile's dQ once the store has read them.
   if (FJ_PERSISTENT) fjh_bar_sync(FJHB_BAR_WG + c, 128);
 }

@@ -41,6 +41,11 @@ static const char *const specs[][2] = {
     {"rel_bias", "local bias = buffer('bias', 'f32', {grad = true})\n"
                  "return { mask_mod = causal(), score_mod = function(s, b, h, q, kv)\n"
                  "  return s + bias[h * 64 + min(max(q - kv, 0), 63)] end }"},
+    /* The relative bias without a mask (the persistent kernel splits such
+     * launches' last round: runtime/backward.c). */
+    {"rel_bias_full", "local bias = buffer('bias', 'f32', {grad = true})\n"
+                      "return { score_mod = function(s, b, h, q, kv)\n"
+                      "  return s + bias[h * 64 + min(max(q - kv, 0), 63)] end }"},
     /* Rows q < 9 allow nothing: their dq must be exactly 0. */
     {"empty_rows", "return { mask_mod = function(b, h, q, kv)\n"
                    "  return ge(q, 9) & le(kv, q) end }"},
@@ -75,8 +80,8 @@ static const tcase cases[] = {
     {5, FJ_DTYPE_F16, 128, 1, 4, 4, 131, 131, 0, 0, 0, 0},
     {6, FJ_DTYPE_BF16, 128, 1, 4, 2, 300, 300, 0, 0, 0, 0},
     {6, FJ_DTYPE_F16, 64, 2, 2, 2, 97, 97, 0, 1, 0, 0},
-    {7, FJ_DTYPE_BF16, 64, 1, 2, 2, 100, 100, 0, 0, 0, 0},
-    {7, FJ_DTYPE_F16, 128, 2, 4, 1, 45, 70, 1, 0, 0, 0},
+    {8, FJ_DTYPE_BF16, 64, 1, 2, 2, 100, 100, 0, 0, 0, 0},
+    {8, FJ_DTYPE_F16, 128, 2, 4, 1, 45, 70, 1, 0, 0, 0},
     /* Head dim 64 beside the cases above: Lq > Lk, a 128-row tile whose
      * second half is past Lq. */
     {1, FJ_DTYPE_F16, 64, 2, 4, 2, 301, 130, 0, 0, 0, 0},
@@ -85,6 +90,14 @@ static const tcase cases[] = {
      * the second taking the remainder (276 heads of 2 kv tiles on the
      * H200's 132 multiprocessors: groups of 132). */
     {1, FJ_DTYPE_BF16, 128, 4, 69, 69, 150, 150, 0, 0, 0, 0},
+    /* The persistent kernel's last round split (on 132 multiprocessors):
+     * 134 kv tiles leave 2, in 4 pieces of one item (the second tile's
+     * rows end at 250); D=64 GQA, BSHD: 138 leave 6, in 12 pieces of one
+     * 128-row item; a trainable bias, dLSE: 140 leave 8, in 16 pieces of
+     * 20 items (Lq 1234 against Lk 500). */
+    {0, FJ_DTYPE_BF16, 128, 1, 67, 67, 250, 250, 0, 0, 0, 0},
+    {0, FJ_DTYPE_F16, 64, 1, 46, 23, 700, 700, 1, 0, 0, 0},
+    {7, FJ_DTYPE_BF16, 128, 1, 35, 35, 1234, 500, 0, 1, 0, 0},
     /* The deterministic mode: causal (GQA; Lq < Lk and Lq > Lk), document
      * ids with and without a block mask, a sliding window with a group of
      * 4, softcap, ALiBi, no mask with Lq != Lk, fully masked rows. */
@@ -97,7 +110,7 @@ static const tcase cases[] = {
     {4, FJ_DTYPE_BF16, 128, 1, 4, 2, 513, 513, 0, 0, 0, 1},
     {5, FJ_DTYPE_F16, 64, 1, 4, 2, 390, 390, 0, 0, 0, 1},
     {0, FJ_DTYPE_F16, 128, 1, 2, 1, 200, 450, 0, 0, 0, 1},
-    {7, FJ_DTYPE_BF16, 64, 1, 2, 2, 300, 300, 0, 0, 0, 1},
+    {8, FJ_DTYPE_BF16, 64, 1, 2, 2, 300, 300, 0, 0, 0, 1},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 

@@ -27,7 +27,10 @@
  *
  * And the persistent kernel's order of kv tiles (fjb_tile_order, the same
  * host build): every (kv head, kv tile) exactly once, in groups of the
- * given size (the last taking the remainder), kv tile slowest in a group.
+ * given size (the last taking the remainder), kv tile slowest in a group;
+ * and its pieces of a split tile (fjb_piece, without a mask or block mask):
+ * for every kv tile above and 1, 2, 3, 7 or 33 pieces, each piece's items
+ * are its share, and the pieces in turn are the tile's walk.
  */
 #include <dlfcn.h>
 #include <setjmp.h>
@@ -156,6 +159,34 @@ static const char driver[] =
     "              walk.push_back({h, i});\n"
     "            }\n"
     "        }\n"
+    "        /* the persistent kernel's pieces of a walk without a mask or block\n"
+    "         * mask (fjb_piece, stepped as fjb_walk steps): in order they are\n"
+    "         * the walk, each its share */\n"
+    "        for (int pieces : {1, 2, 3, 7, 33}) {\n"
+    "          if (bm || FJ_HAS_MASK) break;\n"
+    "          std::vector<std::pair<int, int>> joined;\n"
+    "          for (int k = 0; k < pieces; k++) {\n"
+    "            int pos[4];\n"
+    "            fjb_piece(z, hk * G, h_end, k, pieces, pos);\n"
+    "            const int before = (int)joined.size(), nw = (int)walk.size();\n"
+    "            for (fjb_item it = fjb_find(p, z, b, n, pos[0], pos[1], h_end, kv0, kv1);\n"
+    "                 fjb_before(it, pos[2], pos[3]);\n"
+    "                 it = fjb_find(p, z, b, n, it.h, it.t + 1, h_end, kv0, kv1))\n"
+    "              joined.push_back({it.h, it.i});\n"
+    "            const int share = fjb_share(k + 1, nw, pieces) - fjb_share(k, nw, pieces);\n"
+    "            if ((int)joined.size() - before != share) {\n"
+    "              snprintf(msg, msglen, \"b %d hk %d kv tile %d: piece %d of %d holds %d items,\"\n"
+    "                       \" its share of %d is %d\", b, hk, n, k, pieces,\n"
+    "                       (int)joined.size() - before, nw, share);\n"
+    "              return 1;\n"
+    "            }\n"
+    "          }\n"
+    "          if (joined != walk) {\n"
+    "            snprintf(msg, msglen, \"b %d hk %d kv tile %d: %d pieces are not the walk\", b, hk,\n"
+    "                     n, pieces);\n"
+    "            return 1;\n"
+    "          }\n"
+    "        }\n"
     "        for (auto &w : walk) {\n"
     "          const int r = fjb_order_rank<1>(p, z, b, n, w.first, w.second);\n"
     "          hold[((size_t)b * Hq + w.first) * nq + w.second].push_back({n, r});\n"
@@ -201,14 +232,6 @@ static fjg_graph *trace(const char *src) {
   return g;
 }
 
-/* As gen/emit_cuda.c decides FJ_HAS_MASK. */
-static int has_mask(const fjg_graph *g) {
-  int root = fjg_mask_root(g);
-  if (root < 0) return 0;
-  const fjg_node *n = fjg_node_at(g, root);
-  return !(n->op == FJG_OP_CONST && n->imm.i != 0);
-}
-
 static void put_part(fjg_buf *src, const char *name) {
   size_t len;
   const char *text = fjg_template_text(name, &len);
@@ -230,7 +253,7 @@ static check_fn build(const fjg_graph *g, const fjg_config *c, const char *dir, 
                  "#define FJ_HAS_MASK %d\n#define FJ_HAS_SCORE_MOD 0\n"
                  "#define FJ_DETERMINISTIC 1\n#define FJ_VARLEN 1\n",
                  c->head_dim, c->block_m, c->block_n, c->num_warps, c->num_stages,
-                 has_mask(g));
+                 fjg_has_mask(g));
   put_part(&src, "common/fj_common.cuh");
   put_part(&src, "common/fj_grad.cuh");
   assert_int_equal(fjg_emit_interval_rules(g, &src), FJ_OK);
@@ -380,7 +403,7 @@ static void test_ranks_follow_the_walk(void **state) {
       long items = 0;
       for (int s = 0; s < NSHAPES; s++) {
         /* Block masks need a mask_mod to build from. */
-        if (kShapes[s].bm && !has_mask(g)) continue;
+        if (kShapes[s].bm && !fjg_has_mask(g)) continue;
         items += run_shape(check, g, &c, kSpecs[sp][0], &kShapes[s], NULL, NULL);
       }
       for (int v = 0; v < NPACKED; v++) {

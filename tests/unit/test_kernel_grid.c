@@ -4,7 +4,8 @@
  * or for a persistent kernel no more CTAs than multiprocessors and never
  * more than items; and the persistent backward's tile order: its groups of
  * kv heads (fjr_bwd_kv_head_group), taken where a kv tile's walk shrinks
- * with its index (fjr_bwd_walks_shrink). CPU only.
+ * with its index (fjr_bwd_walks_shrink), and its last round split
+ * (fjr_bwd_tail_split). CPU only.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -74,6 +75,41 @@ static void test_bwd_kv_head_group(void **state) {
   assert_int_equal(fjr_bwd_kv_head_group(132, 8, 128, l2, l2), 1);
 }
 
+/* fjr_bwd_tail_split(grid, tiles, items): {tiles split, pieces a tile}. */
+static void expect_split(int64_t grid, int64_t tiles, int64_t items, int t0, int t1) {
+  int tail[2] = {-1, -1};
+  fjr_bwd_tail_split(grid, tiles, items, tail);
+  if (tail[0] != t0 || tail[1] != t1)
+    fail_msg("grid %ld, %ld tiles of %ld items: %d tiles in %d pieces, expected %d in %d",
+             (long)grid, (long)tiles, (long)items, tail[0], tail[1], t0, t1);
+}
+
+static void test_bwd_tail_split(void **state) {
+  (void)state;
+  /* 8 x 4096 x 16 heads, D=128: 4096 tiles of 64 items on 132 SMs leave 4
+   * in the last round, each in 33 pieces (one take a CTA). */
+  expect_split(132, 4096, 64, 4, 33);
+  /* D=64 H=32: 8192 tiles, 8 left: 16 pieces each. */
+  expect_split(132, 8192, 32, 8, 16);
+  /* No more pieces than a tile's items. */
+  expect_split(132, 4096, 16, 4, 16);
+  /* The most tiles split, 32: 4 pieces each. */
+  expect_split(132, 132 + 32, 64, 32, 4);
+  /* Whole rounds, one partial round only, a last round of many tiles (more
+   * than 32, or more than half the grid), one item a tile, one CTA: none. */
+  expect_split(132, 4092, 64, 0, 0);
+  expect_split(132, 100, 64, 0, 0);
+  expect_split(132, 132 + 33, 64, 0, 0);
+  expect_split(40, 40 + 21, 64, 0, 0);
+  expect_split(40, 40 + 20, 64, 20, 2);
+  expect_split(132, 4096, 1, 0, 0);
+  expect_split(1, 5, 64, 0, 0);
+  /* The takes must count in an int: 2147483584 tiles leave 4, whose 33
+   * pieces would take it past INT32_MAX. */
+  expect_split(132, INT32_MAX - 63, 64, 0, 0);
+  expect_split(132, INT32_MAX - 63 - 132 * 1000, 64, 4, 33);
+}
+
 /* fjr_bwd_walks_shrink of spec src at Lq x Lk (64 x 128 tiles), its first
  * param (if any) = param. */
 static int shrinks(const char *src, int Lq, int Lk, int32_t param) {
@@ -132,6 +168,7 @@ int main(void) {
       cmocka_unit_test(test_persistent),
       cmocka_unit_test(test_bwd_kv_head_group),
       cmocka_unit_test(test_bwd_walks_shrink),
+      cmocka_unit_test(test_bwd_tail_split),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
