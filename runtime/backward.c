@@ -450,10 +450,9 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   p->kv_head_group = k->cfg.persistent ? tile_group(ctx, spec, args, &k->cfg, p, cols[0], D) : 1;
   /* The last round split: without a mask or block mask, where every kv
    * tile's walk is as long, so that the last round's tiles are as long as
-   * any (under a sliding window the last tiles of a sequence are shorter:
-   * split, its backward ran 0.6% slower; bench/RESULTS.md, session 34),
-   * and where the scratch has room for it (a workspace sized before may
-   * not). */
+   * any (under a sliding window the last tiles of a sequence are shorter,
+   * and split, its backward ran slower: docs/backward.md), and where the
+   * scratch has room for it (a workspace sized before may not). */
   int tail[2] = {0, 0};
   if (k->cfg.persistent && !fjg_has_mask(spec->graph) && !args->block_mask)
     fjr_bwd_tail_split(cols[0], nkv * p->sz.Hkv * B,
