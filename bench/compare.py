@@ -474,6 +474,21 @@ def flexjit_package(binary):
     return flexjit, None
 
 
+def add_flexjit_option(ap):
+    """--flexjit, for the scripts that load the package as flexjit_package
+    does (kernel_times.py, spread.py)."""
+    ap.add_argument("--flexjit", default=os.path.join(REPO, "build", "flexjit"),
+                    help="the CLI binary whose libflexjit.so the package loads")
+
+
+def flexjit_package_or_exit(binary, prog):
+    """flexjit_package's package, or exit naming prog and the reason."""
+    fj, err = flexjit_package(binary)
+    if fj is None:
+        sys.exit("%s: the flexjit package did not load: %s" % (prog, err))
+    return fj
+
+
 def flexjit_call(fj, spec_path, extra, S, doc, table):
     """The case as one flexjit.attention call on (q, k, v): the spec with
     the CLI's --param values, the document ids and the bias table as its

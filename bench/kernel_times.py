@@ -53,16 +53,13 @@ def main():
     ap.add_argument("--shapes", default="8x4096,2x16384", help="BxS,... (H=16, D=128)")
     ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--flexjit", default=os.path.join(compare.REPO, "build", "flexjit"),
-                    help="the CLI binary whose libflexjit.so the package loads")
+    compare.add_flexjit_option(ap)
     a = ap.parse_args()
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    flexjit, err = compare.flexjit_package(a.flexjit)
-    if flexjit is None:
-        sys.exit("kernel_times.py: the flexjit package did not load: %s" % err)
+    flexjit = compare.flexjit_package_or_exit(a.flexjit, "kernel_times.py")
     examples = os.path.join(compare.REPO, "examples")
     kinds = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
     print("L2 %d MiB" % (torch.cuda.get_device_properties(0).L2_cache_size >> 20))

@@ -73,14 +73,11 @@ def main():
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pad-mib", type=int, default=512, help="largest padding, MiB")
-    ap.add_argument("--flexjit", default=os.path.join(compare.REPO, "build", "flexjit"),
-                    help="the CLI binary whose libflexjit.so the package loads")
+    compare.add_flexjit_option(ap)
     a = ap.parse_args()
     import torch
 
-    fj, err = compare.flexjit_package(a.flexjit)
-    if fj is None:
-        sys.exit("spread.py: the flexjit package did not load: %s" % err)
+    fj = compare.flexjit_package_or_exit(a.flexjit, "spread.py")
     random.seed(a.seed)
     for name in a.cases.split(","):
         case = CASES[name]
