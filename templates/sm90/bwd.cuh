@@ -149,6 +149,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
 // tile fastest, then kv head, then batch: blockIdx x, y, z); the CTAs take
 // them in another order (fjhb_take_tile), the last round's tiles maybe in
 // pieces.
+//
 // What a CTA takes: a kv tile (t, -1 past the last) and, when it is one of
 // the last round's split tiles (p.tail_tiles), which piece: tail tile
 // piece / p.tail_pieces (its block of dkv_accum), its piece piece %
@@ -170,9 +171,9 @@ __device__ __forceinline__ fjb_walk fjhb_tile_walk(const fj_bwd_params &p, const
 // the counter's next value plus gridDim.x; p.takes in all) of the order of
 // common/bwd_walk.cuh's fjb_tile_order (groups of p.kv_head_group kv
 // heads), where the last p.tail_tiles tiles are each taken as
-// p.tail_pieces pieces (takes p.tail_first on), named by its position in the one-tile grid's order
-// and its piece, into ring slot k & 1 once every reader is done with the
-// slot's previous take. All of the warp calls it and gets the take. (Only
+// p.tail_pieces pieces (takes p.tail_first on), named by its position in
+// the one-tile grid's order and its piece, into ring slot k & 1 once every
+// reader is done with the slot's previous take. All of the warp calls it and gets the take. (Only
 // this lane maps the order: in the consumers the mapping's arithmetic
 // moved ptxas to branch over a masked item's exponentials.)
 __device__ __forceinline__ fjhb_take fjhb_take_tile(const fj_bwd_params &p,
