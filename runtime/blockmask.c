@@ -19,11 +19,11 @@
 #include "gen/blockmask_cpu.h"
 #include "gen/emit_blockmask.h"
 #include "gen/emit_cuda.h"
+#include "runtime/args.h"
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
 #include "runtime/kernels.h"
 #include "runtime/serving.h"
-#include "runtime/tensor.h"
 
 #define FJR_BM_DEFAULT_BLOCK 128
 #define FJR_BM_MAX_PARAM_BYTES 4096

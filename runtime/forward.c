@@ -15,6 +15,7 @@
 
 #include "gen/emit_cuda.h"
 #include "gen/interval.h"
+#include "runtime/args.h"
 #include "runtime/blockmask.h"
 #include "runtime/context_impl.h"
 #include "runtime/decode.h"

@@ -9,10 +9,10 @@
 
 #include "gen/interval.h"
 #include "lua/spec.h"
+#include "runtime/args.h"
 #include "runtime/context_impl.h"
 #include "runtime/kernels.h"
 #include "runtime/serving.h"
-#include "runtime/tensor.h"
 
 static fj_status spec_from_source(fj_context *ctx, const char *source,
                                   size_t len, const char *chunkname,

@@ -1,10 +1,10 @@
 /*
- * runtime/tensor.h: the checks every tensor and runtime value passes before
- * a launch, in one place for every kernel kind.
+ * runtime/tensor.h: the checks every tensor passes before a launch, in one
+ * place for every kernel kind (a launch's runtime values: runtime/args.h).
  *
  * Tensors are DLPack DLTensors on the context's CUDA device. Each check
- * fails with FJ_ETENSOR (FJ_EINVAL for a missing or unknown runtime value)
- * and a message that names the tensor (`what`) and the rule it breaks.
+ * fails with FJ_ETENSOR and a message that names the tensor (`what`) and
+ * the rule it breaks.
  */
 #ifndef FJR_TENSOR_H
 #define FJR_TENSOR_H
@@ -46,32 +46,5 @@ fj_status fjr_tensor_check_shape(fj_context *ctx, const char *what,
  * elements. */
 fj_status fjr_tensor_check_aligned16(fj_context *ctx, const char *what,
                                      const DLTensor *t, const int64_t *strides);
-
-/* The runtime values of a launch: args matched by name with the graph's
- * param() and buffer() declarations (every declaration needs a value, every
- * value a declaration; buffers are non-empty, contiguous, 4-byte aligned
- * 1-D tensors of the declared element type), packed as the generated
- * struct fj_user_params into dst (fjg_user_params_size(g) bytes). `who`
- * names the spec in messages. */
-fj_status fjr_bind_args(fj_context *ctx, const char *who, const fjg_graph *g,
-                        const fj_arg *args, int num_args, void *dst);
-
-/* What fjr_bind_args and the other readers of a launch's args share: the
- * args array itself is sound and every value names a declaration (else the
- * error, naming spec `who`). */
-fj_status fjr_args_declared(fj_context *ctx, const char *who, const fjg_graph *g,
-                            const fj_arg *args, int num_args);
-/* The value args gives for `name` (the last of that name), or NULL. */
-const fj_arg *fjr_arg_given(const fj_arg *args, int num_args, const char *name);
-/* The values args gives the spec's params, by argument index, into i32s and
- * f32s (fjg_num_args(g) entries each; 0 for buffers and for the other
- * type): what the host's evaluators take (fjg_env). Returns the index of
- * the first param without a value, or -1 when every one has one. */
-int fjr_param_values(const fjg_graph *g, const fj_arg *args, int num_args, int32_t *i32s,
-                     float *f32s);
-/* The host evaluators' view of a launch (fjg_env): its sizes and offsets
- * from sz, its params' values (i32s, f32s: fjr_param_values's); no
- * buffers. */
-fjg_env fjr_launch_env(const fjr_sizes *sz, const int32_t *i32s, const float *f32s);
 
 #endif /* FJR_TENSOR_H */
