@@ -365,6 +365,30 @@ static int tile_group(const fj_context *ctx, const fj_spec *spec, const fj_backw
                                (int64_t)p->kv_group * p->acc_sh * D * 8, ctx->l2_bytes);
 }
 
+/* The persistent kernel's takes and its last round split (fjr_bwd_tail_split)
+ * for launch p on a grid of `grid` CTAs: a split only without a mask or block
+ * mask, where every kv tile's walk is as long, so that the last round's tiles
+ * are as long as any (under a sliding window the last tiles of a sequence are
+ * shorter, and split, its backward ran slower: docs/backward.md), and where
+ * the scratch has `room` for its dkv_accum (a workspace sized before may
+ * not). Sets p's takes, tail_first, tail_tiles and tail_pieces; returns the
+ * bytes of dkv_accum (0: no split). */
+static size_t tail_split(const fj_spec *spec, const fj_backward_args *args,
+                         const fjg_config *cfg, fjr_bwd_params_fixed *p, unsigned grid,
+                         int64_t D, size_t room) {
+  const int64_t tiles = (p->sz.Lk + cfg->block_n - 1) / cfg->block_n * p->sz.Hkv * p->sz.B;
+  int tail[2] = {0, 0};
+  if (cfg->persistent && !fjg_has_mask(spec->graph) && !args->block_mask)
+    fjr_bwd_tail_split(grid, tiles, p->kv_group * ((p->sz.Lq + cfg->block_m - 1) / cfg->block_m),
+                       tail);
+  if (tail[0] && room < tail_bytes(tail[0], D)) tail[0] = tail[1] = 0;
+  p->tail_first = (int32_t)(tiles - tail[0]);
+  p->takes = (int32_t)(tiles - tail[0] + (int64_t)tail[0] * tail[1]);
+  p->tail_tiles = tail[0];
+  p->tail_pieces = tail[1];
+  return tail[0] ? tail_bytes(tail[0], D) : 0;
+}
+
 /* A kernel whose one parameter is the packed struct (pbuf, psize bytes), or,
  * with maps, the sm90 main kernel's two: the struct and the tensor maps. */
 static fj_status launch(fj_context *ctx, CUfunction fn, const unsigned grid[3],
@@ -445,27 +469,13 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
                                p);
   if (st != FJ_OK) return st;
 
-  const int64_t nkv = (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n;
   unsigned cols[3];
-  fjr_kernel_grid(&k->cfg, ctx->num_sms, nkv, p->sz.Hkv, B, cols);
+  fjr_kernel_grid(&k->cfg, ctx->num_sms, (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n,
+                  p->sz.Hkv, B, cols);
   p->kv_head_group = k->cfg.persistent ? tile_group(ctx, spec, args, &k->cfg, p, cols[0], D) : 1;
-  /* The last round split: without a mask or block mask, where every kv
-   * tile's walk is as long, so that the last round's tiles are as long as
-   * any (under a sliding window the last tiles of a sequence are shorter,
-   * and split, its backward ran slower: docs/backward.md), and where the
-   * scratch has room for it (a workspace sized before may not). */
-  int tail[2] = {0, 0};
-  if (k->cfg.persistent && !fjg_has_mask(spec->graph) && !args->block_mask)
-    fjr_bwd_tail_split(cols[0], nkv * p->sz.Hkv * B,
-                       p->kv_group * ((Lq + k->cfg.block_m - 1) / k->cfg.block_m), tail);
-  if (args->workspace && args->workspace_bytes < need + tail_bytes(tail[0], D))
-    tail[0] = tail[1] = 0;
-  const int64_t tiles = nkv * p->sz.Hkv * B;
-  p->tail_first = (int32_t)(tiles - tail[0]);
-  p->takes = (int32_t)(tiles - tail[0] + (int64_t)tail[0] * tail[1]);
-  p->tail_tiles = tail[0];
-  p->tail_pieces = tail[1];
-  const size_t take = need + (tail[0] ? tail_bytes(tail[0], D) : 0);
+  const size_t take =
+      need + tail_split(spec, args, &k->cfg, p, cols[0], D,
+                        args->workspace ? args->workspace_bytes - need : SIZE_MAX);
 
   CUstream stream = (CUstream)args->stream;
   CUdeviceptr scratch = (CUdeviceptr)(uintptr_t)args->workspace;
@@ -478,7 +488,7 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
   p->delta = scratch;
   p->dq_accum = scratch + at[0];
   p->dq_sem = scratch + at[1];
-  p->dkv_accum = tail[0] ? scratch + at[2] : 0;
+  p->dkv_accum = p->tail_tiles ? scratch + at[2] : 0;
   _Alignas(128) fjr_tma_bwd_maps maps;
   if (k->cfg.uses_tma) {
     char err[512];
