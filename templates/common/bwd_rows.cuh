@@ -148,7 +148,8 @@ __device__ __forceinline__ void fjb_post_tail(const fj_bwd_params &p, int tid) {
     const int hk = hb % p.sz.Hkv, b = hb / p.sz.Hkv;
     const int ch = e % CHUNKS, pr = e / CHUNKS;
     const int r = 16 * (pr / 8) + pr % 8, col = 8 * ch;
-    const float *t = p.dkv_accum + (long long)blk * (64 * FJ_HEAD_DIM) + 4 * fjb_dq_tiled_f4(r, col);
+    const float *t =
+        p.dkv_accum + (long long)blk * (64 * FJ_HEAD_DIM) + 4 * fjb_dq_tiled_f4(r, col);
     unsigned v[4][4];
 #pragma unroll
     for (int f = 0; f < 4; ++f) fjb_ld_global_v4(v[f], t + 4 * f);
