@@ -350,23 +350,24 @@ void fjr_bwd_tail_split(int64_t grid, int64_t tiles, int64_t items, int tail[2])
 
 /* The persistent kernel's kv heads a group of its tile order for launch p
  * (its sizes, offsets, kv_group and acc_sh bound; args' params) on a grid
- * of `grid` CTAs: grouped where the walks shrink, else 1. */
+ * of `grid` CTAs, nkv kv tiles a head: grouped where the walks shrink, else
+ * 1. */
 static int tile_group(const fj_context *ctx, const fj_spec *spec, const fj_backward_args *args,
                       const fjg_config *cfg, const fjr_bwd_params_fixed *p, unsigned grid,
-                      int64_t D) {
+                      int64_t nkv, int64_t D) {
   int32_t i32s[FJG_MAX_ARGS];
   float f32s[FJG_MAX_ARGS];
   (void)fjr_param_values(spec->graph, args->args, args->num_args, i32s, f32s);
   const fjg_env env = fjr_launch_env(&p->sz, i32s, f32s);
   if (!fjr_bwd_walks_shrink(spec->graph, &env, cfg->block_m, cfg->block_n)) return 1;
   /* A kv head's Q and dO (2 bytes an element) and dq_accum rows (4). */
-  return fjr_bwd_kv_head_group(grid, (p->sz.Lk + cfg->block_n - 1) / cfg->block_n,
-                               (int64_t)p->sz.B * p->sz.Hkv,
+  return fjr_bwd_kv_head_group(grid, nkv, (int64_t)p->sz.B * p->sz.Hkv,
                                (int64_t)p->kv_group * p->acc_sh * D * 8, ctx->l2_bytes);
 }
 
 /* The persistent kernel's takes and its last round split (fjr_bwd_tail_split)
- * for launch p on a grid of `grid` CTAs: a split only without a mask or block
+ * for launch p on a grid of `grid` CTAs, nkv kv tiles a head: a split only
+ * without a mask or block
  * mask, where every kv tile's walk is as long, so that the last round's tiles
  * are as long as any (under a sliding window the last tiles of a sequence are
  * shorter, and split, its backward ran slower: docs/backward.md), and where
@@ -375,10 +376,10 @@ static int tile_group(const fj_context *ctx, const fj_spec *spec, const fj_backw
  * bytes of dkv_accum (0: no split). */
 static size_t tail_split(const fj_spec *spec, const fj_backward_args *args,
                          const fjg_config *cfg, fjr_bwd_params_fixed *p, unsigned grid,
-                         int64_t D, size_t room) {
-  const int64_t tiles = (p->sz.Lk + cfg->block_n - 1) / cfg->block_n * p->sz.Hkv * p->sz.B;
+                         int64_t nkv, int64_t D, size_t room) {
+  const int64_t tiles = nkv * p->sz.Hkv * p->sz.B;
   int tail[2] = {0, 0};
-  if (cfg->persistent && !fjg_has_mask(spec->graph) && !args->block_mask)
+  if (!fjg_has_mask(spec->graph) && !args->block_mask)
     fjr_bwd_tail_split(grid, tiles, p->kv_group * ((p->sz.Lq + cfg->block_m - 1) / cfg->block_m),
                        tail);
   if (tail[0] && room < tail_bytes(tail[0], D)) tail[0] = tail[1] = 0;
@@ -469,13 +470,18 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
                                p);
   if (st != FJ_OK) return st;
 
+  const int64_t nkv = (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n;
   unsigned cols[3];
-  fjr_kernel_grid(&k->cfg, ctx->num_sms, (p->sz.Lk + k->cfg.block_n - 1) / k->cfg.block_n,
-                  p->sz.Hkv, B, cols);
-  p->kv_head_group = k->cfg.persistent ? tile_group(ctx, spec, args, &k->cfg, p, cols[0], D) : 1;
-  const size_t take =
-      need + tail_split(spec, args, &k->cfg, p, cols[0], D,
-                        args->workspace ? args->workspace_bytes - need : SIZE_MAX);
+  fjr_kernel_grid(&k->cfg, ctx->num_sms, nkv, p->sz.Hkv, B, cols);
+  /* The persistent kernel's tile order and takes (the one-tile kernel reads
+   * neither). */
+  size_t take = need;
+  p->kv_head_group = 1;
+  if (k->cfg.persistent) {
+    p->kv_head_group = tile_group(ctx, spec, args, &k->cfg, p, cols[0], nkv, D);
+    take += tail_split(spec, args, &k->cfg, p, cols[0], nkv, D,
+                       args->workspace ? args->workspace_bytes - need : SIZE_MAX);
+  }
 
   CUstream stream = (CUstream)args->stream;
   CUdeviceptr scratch = (CUdeviceptr)(uintptr_t)args->workspace;
