@@ -237,5 +237,7 @@ struct fjhb_smem {
   __device__ unsigned ring_full(int s) const { return kv_empty() + 8 * (1 + s); }
   __device__ unsigned ring_empty(int s) const { return kv_empty() + 8 * (3 + s); }
   __device__ unsigned seq() const { return base + FJHB_OFF_SEQ; }
+  // Ring slot s: the take's tile, then its piece (ring_piece).
   __device__ unsigned ring(int s) const { return base + FJHB_OFF_RING + 8 * s; }
+  __device__ unsigned ring_piece(int s) const { return ring(s) + 4; }
 };

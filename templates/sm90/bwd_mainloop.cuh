@@ -625,7 +625,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   // warp has held since it read the tile there, and now releases.
   int piece = -1;
   if (FJ_PERSISTENT && FJB_PIECES) {
-    asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(piece) : "r"(sm.ring(k & 1) + 4)
+    asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(piece) : "r"(sm.ring_piece(k & 1))
                  : "memory");
     __syncwarp();
     if ((fj_tid() & 31) == 0) fjh_mbar_arrive(sm.ring_empty(k & 1));
