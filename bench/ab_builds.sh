@@ -24,14 +24,15 @@ full 2 16 16384 128
 causal 8 16 4096 128
 sliding_window 2 16 16384 128 --param window=1024"
 
-# The bench lines of one run, on one line: build spec B H L D [options].
+# The median lines of one run (forward; with --backward the backward and
+# forward+backward too), on one line: build spec B H L D [options].
 run() {
   local build=$1 spec=$2 bsz=$3 heads=$4 len=$5 dim=$6
   shift 6
   LD_LIBRARY_PATH="$build/lib" FLEXJIT_CACHE_DIR="$cache/$(basename "$build")" \
     "$build/flexjit" run "examples/$spec.lua" --batch "$bsz" --heads "$heads" \
     --q-len "$len" --head-dim "$dim" --bench "${opts[@]}" "$@" < /dev/null 2>&1 |
-    grep -E "^bench |rror" | tr '\n' ' '
+    grep -E "median|rror" | tr '\n' ' '
 }
 
 for r in $(seq 1 "$rounds"); do
