@@ -18,24 +18,30 @@ disassembles. Checked, per kernel:
 
 and then every kernel kind of a few specs (`flexjit precompile`: forward,
 backward, decode, the block-mask builder, their varlen variants, the
-forward's long-row variant; D 64 and 128), per kernel:
+backward's deterministic variant, the forward's long-row variant; D 64 and
+128), per kernel:
 
   cas    no compare-and-swap on shared memory (ATOMS.CAS, ATOMS.CAST): a float
          atomicAdd on shared memory compiles to such a loop on these GPUs, and
          with warps contending for the same words it cost the decode kernel
          about 30 us a CTA (bench/RESULTS-archive.md, session 18)
   select in the sm90 backward's main kernel with 64-row query tiles (D=128,
-         and the _m64 variants), no MUFU.EX2 inside a BSSY .. BSYNC region:
-         P^T's exponentials are computed and selected, not each branched
-         over (FJHB_SELECT_P; branched, they made the backward 1.5-20% slower
-         on masks and softcap, bench/RESULTS.md, session 28)
+         and the _m64 variants), no MUFU.EX2 whose innermost BSSY .. BSYNC
+         region is a short one (BRANCH_REGION bytes at most): P^T's
+         exponentials are computed and selected, not each branched over
+         (FJHB_SELECT_P; branched, they made the backward 1.5-20% slower on
+         masks and softcap, bench/RESULTS.md, session 28). A region around a
+         whole work item's products (the one-tile kernel's test whether the
+         item runs on the consumer's rows, some 800 instructions) is not such
+         a branch
   wait, local and store as above, in the forward's long-row variant (its
          readable name has _n176: kv tiles of 176 rows, at D=128)
 
 cuobjdump (with nvdisasm beside it) comes with the CUDA toolkit or PyPI's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (13.0 series). Without it the
 check is skipped (exit 77). Usage: python3 bench/sass_check.py [--cuobjdump PATH]
-[--nvdisasm PATH] [--specs causal,...] [--head-dims 64,...]
+[--nvdisasm PATH] [--specs causal,...] [--head-dims 64,...]; --self-test checks
+the select rule's reading of regions on a few built-in listings.
 """
 import argparse
 import os
@@ -128,7 +134,7 @@ def check(rows, notes):
 
 ALL_KINDS_SPECS = ["causal", "document", "alibi", "sliding_window"]
 ALL_KINDS_PASSES = ["forward", "backward", "decode", "blockmask", "forward_varlen",
-                    "backward_varlen", "forward_long"]
+                    "backward_varlen", "backward_deterministic", "forward_long"]
 CAS = re.compile(r"\bATOMS\.CAS")
 BSSY = re.compile(r"\bBSSY\b[^,]*, 0x([0-9a-f]+)")
 
@@ -139,21 +145,28 @@ def bwd_rows64(name):
             ("_d128_" in name or "_m64" in name))
 
 
+# The longest BSSY .. BSYNC region (bytes of code, 16 an instruction) that
+# counts as a branch around exponentials: 128 instructions.
+BRANCH_REGION = 0x800
+
+
 def branched_exps(rows):
-    """MUFU.EX2 instructions inside a BSSY .. BSYNC region (from a BSSY to
-    the address it names), over every function of the cubin (addresses
-    start again at each; the backward's pre and post kernels have none)."""
-    ends, n, last = [], 0, -1
+    """MUFU.EX2 instructions whose innermost BSSY .. BSYNC region (from a
+    BSSY to the address it names) is at most BRANCH_REGION bytes long, over
+    every function of the cubin (addresses start again at each; the
+    backward's pre and post kernels have none)."""
+    regions, n, last = [], 0, -1
     for addr, ins in rows:
         if addr < last:
-            ends = []
+            regions = []
         last = addr
-        ends = [e for e in ends if e > addr]
+        regions = [r for r in regions if r[1] > addr]
         m = BSSY.search(ins)
         if m:
-            ends.append(int(m.group(1), 16))
-        elif "MUFU.EX2" in ins and ends:
-            n += 1
+            regions.append((addr, int(m.group(1), 16)))
+        elif "MUFU.EX2" in ins and regions:
+            start, end = regions[-1]
+            n += end - start <= BRANCH_REGION
     return n
 
 
@@ -208,6 +221,22 @@ def check_all_kinds(a, cuobjdump, nvdisasm, tmp):
     return failed + (0 if entries and long_rows else 1)
 
 
+def self_test():
+    """branched_exps on listings of (address, instruction): an exponential
+    in a short region counts, one in a long region or after a short one has
+    closed does not, and a function's addresses start again at 0."""
+    short = [(0x100, "BSSY B0, 0x180"), (0x110, "@P0 MUFU.EX2 R1, R2"),
+             (0x170, "BSYNC B0"), (0x180, "MUFU.EX2 R3, R4")]
+    assert branched_exps(short) == 1, short
+    long_ = [(0x100, "BSSY B0, 0x3000"), (0x200, "MUFU.EX2 R1, R2")]
+    assert branched_exps(long_) == 0, long_
+    nested = long_ + [(0x300, "BSSY B1, 0x400"), (0x310, "MUFU.EX2 R5, R6"),
+                      (0x400, "MUFU.EX2 R7, R8")]
+    assert branched_exps(nested) == 1, nested
+    assert branched_exps(short + [(0x0, "MUFU.EX2 R1, R2")]) == 1
+    print("sass_check self-test: ok")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flexjit", default=os.path.join(REPO, "build", "flexjit"))
@@ -217,7 +246,11 @@ def main():
                     help="the nvdisasm cuobjdump runs (default: $NVDISASM, PATH)")
     ap.add_argument("--specs", default=",".join(SPECS))
     ap.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
+    ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args()
+    if a.self_test:
+        self_test()
+        return 0
     cuobjdump = find_tool("cuobjdump", a.cuobjdump, "CUOBJDUMP")
     nvdisasm = find_tool("nvdisasm", a.nvdisasm, "NVDISASM")
     if cuobjdump is None or nvdisasm is None:
