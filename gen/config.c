@@ -383,8 +383,10 @@ void fjg_config_backward_variant(fjg_config *c, int deterministic, int varlen, i
   if (!c) return;
   c->deterministic = deterministic ? 1 : 0;
   c->varlen = varlen ? 1 : 0;
-  /* The persistent sm90 kernel takes whole sequences of the launch's sizes. */
-  if (c->varlen) c->persistent = 0;
+  /* The persistent sm90 kernel takes whole sequences of the launch's sizes,
+   * and its CTAs take kv tiles in an order the deterministic one cannot
+   * wait in (templates/common/bwd_order.cuh). */
+  if (c->varlen || c->deterministic) c->persistent = 0;
   /* The sm90 kernel's 128-row tiles give way to 64-row ones where a
    * tile must lie inside 64 rows: a packed sequence's scratch rows are
    * whole tiles of FJG_BWD_SEQ_PAD (64) rows, and a block mask's blocks are

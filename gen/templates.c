@@ -33,8 +33,9 @@ static const char *const sm80_backward[] = {
  * the kernel's tensor-map parameter). */
 static const char *const sm90_backward[] = {
     "common/fj_common.cuh", "common/fj_grad.cuh", FJG_PART_PROLOGUE, "common/fj_bwd.cuh",
-    "common/ptx.cuh", "common/bwd_walk.cuh", "sm90/ptx.cuh", "sm90/bwd_config.cuh",
-    "common/bwd_rows.cuh", "sm90/bwd_mainloop.cuh", "sm90/bwd.cuh", NULL};
+    "common/ptx.cuh", "common/bwd_walk.cuh", "common/bwd_order.cuh", "sm90/ptx.cuh",
+    "sm90/bwd_config.cuh", "common/bwd_rows.cuh", "sm90/bwd_mainloop.cuh", "sm90/bwd.cuh",
+    NULL};
 static const char *const sm90_forward[] = {
     "common/fj_common.cuh", FJG_PART_PROLOGUE, "common/fj_fwd.cuh", "common/ptx.cuh",
     "common/tile_walk.cuh", "sm90/config.cuh", "sm90/ptx.cuh", "sm90/trace.cuh",

@@ -33,15 +33,16 @@ static fj_status emit_backward(const fjg_graph *g, const fjg_config *cfg, fjg_bu
 
 /* fj_bwd_<spec>_d<D>_<dtype>_<template>_<arch>, then _m<rows> for an sm90
  * kernel whose query tiles are not its head dim's default, _1t for the sm90
- * kernel of one CTA a kv tile (not persistent) on unpacked batches, _det
- * for the deterministic variant and _varlen for the packed-batch one. */
+ * kernel of one CTA a kv tile (not persistent) where the variant does not
+ * say so (unpacked, not deterministic), _det for the deterministic variant
+ * and _varlen for the packed-batch one. */
 static void backward_name(const char *spec, const fjg_config *cfg, char *buf, size_t n) {
   char rows[16] = "";
   if (cfg->uses_tma && cfg->block_m != fjg_sm90_bwd_block_m(cfg->head_dim))
     snprintf(rows, sizeof rows, "_m%d", cfg->block_m);
   snprintf(buf, n, "fj_bwd_%s_d%d_%s_%s_%s%s%s%s%s", spec, cfg->head_dim,
            cfg->dtype == FJ_DTYPE_BF16 ? "bf16" : "fp16", cfg->template_name, cfg->arch, rows,
-           cfg->uses_tma && !cfg->varlen && !cfg->persistent ? "_1t" : "",
+           cfg->uses_tma && !cfg->varlen && !cfg->deterministic && !cfg->persistent ? "_1t" : "",
            cfg->deterministic ? "_det" : "", cfg->varlen ? "_varlen" : "");
 }
 
@@ -62,16 +63,15 @@ static const fjr_kernel_kind backward_kind = {
 /* The one place a backward kernel's configuration is decided: the
  * caller's template, else the context's (FLEXJIT_TEMPLATE, as for the
  * forward), else sm90 (wgmma + TMA) on sm_90a and sm80 (mma.sync) on every
- * other target; the deterministic variant when asked for, which only sm80
- * has (so it is the default there on every target). The packed-batch
- * variant (FJ_VARLEN) when asked for, which both have. Both templates take
+ * other target. The deterministic variant (FJ_DETERMINISTIC) and the
+ * packed-batch one (FJ_VARLEN) when asked for, which both have. Both templates take
  * 64 x 128 tiles, or 128 x 128 in the sm90 kernel at head dim 64, which
  * takes 64-row tiles for a packed batch and for a block mask (o's
  * block_mask_block_q) whose blocks 128 does not divide
  * (fjg_config_backward_variant), so that a block mask that fits one
  * template fits the other. The sm90 kernel is persistent but for packed
- * batches; FLEXJIT_PERSISTENT=0 asks for its one-CTA-a-tile form, as for
- * the forward. */
+ * batches and the deterministic mode; FLEXJIT_PERSISTENT=0 asks for its
+ * one-CTA-a-tile form, as for the forward. */
 static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
                                  fjg_config *cfg) {
   if (ctx->opts.bad[0]) return fjr_fail(ctx, FJ_EINVAL, "%s", ctx->opts.bad);
@@ -82,14 +82,10 @@ static fj_status backward_config(fj_context *ctx, const fj_kernel_options *o,
   fj_status st;
   if (!arch && (st = fjr_context_arch(ctx, &arch)) != FJ_OK) return st;
   const char *tmpl = o->kernel_template ? o->kernel_template : ctx->opts.kernel_template;
-  if (!tmpl) tmpl = strcmp(arch, "sm_90a") == 0 && !o->deterministic ? "sm90" : "sm80";
+  if (!tmpl) tmpl = strcmp(arch, "sm_90a") == 0 ? "sm90" : "sm80";
   char err[1024];
   st = fjg_config_choose_backward(o->head_dim, o->dtype, arch, tmpl, cfg, err, sizeof err);
   if (st != FJ_OK) return fjr_fail(ctx, st, "%s", err);
-  if (o->deterministic && strcmp(cfg->template_name, "sm80") != 0)
-    return fjr_fail(ctx, FJ_EUNSUPPORTED,
-                    "the %s backward has no deterministic mode (the sm80 one has)",
-                    cfg->template_name);
   fjg_config_backward_variant(cfg, o->deterministic, o->varlen, o->block_mask_block_q);
   if (ctx->opts.persistent == 0) cfg->persistent = 0;
   return FJ_OK;

@@ -11,7 +11,8 @@
 // tiles above n whose walks hold (h, i) (fjb_order_rank), waits until the
 // semaphore reaches it, adds, and sets it to rank + 1.
 //
-// Deadlock freedom. The main kernel runs kv tile n of (kv head hk, batch b)
+// Deadlock freedom. The main kernel (sm80's, or sm90's one-tile kernel:
+// the persistent one takes no part) runs kv tile n of (kv head hk, batch b)
 // in CTA (nk - 1 - n, hk, b), so a CTA waits only on CTAs of its own y and
 // z and a smaller x, which come before it in linear blockIdx order (x
 // fastest), the order in which the hardware dispatches CTAs: once a CTA
@@ -96,12 +97,24 @@ __device__ __forceinline__ void fjb_sem_release_thread(int *sem, int value) {
       :: "l"(sem), "r"(value) : "memory");
 }
 
+// How many of a round's NT threads hold x: the CTA's NT threads by
+// __syncthreads_count (a barrier of the whole CTA), or, NT = 32, one warp's
+// lanes by a ballot.
+template <int NT>
+__device__ __forceinline__ int fjb_order_count(bool x) {
+  if constexpr (NT == 32)
+    return __popc(__ballot_sync(0xffffffffu, x));
+  else
+    return __syncthreads_count(x);
+}
+
 // The rank of kv tile n on query tile i of query head h, batch b: how many
 // kv tiles above n (n + 1 .. nk - 1, nk those of the sequence's Lk in z)
-// hold (h, i) in their walks. It is also
-// a barrier of the whole CTA (__syncthreads_count, one a round of NT kv
-// tiles or list entries: one round up to NT * FJ_BLOCK_N keys); all NT
-// threads call it with the same arguments.
+// hold (h, i) in their walks, counted NT kv tiles or list entries a round
+// (one round up to NT * FJ_BLOCK_N keys) by fjb_order_count: by the whole
+// CTA (NT its threads; then it is also a barrier of the CTA), or by one
+// warp (NT = 32: the sm90 kernel's dQ writer). All NT threads call it with
+// the same arguments.
 //   Without a block mask: kv tile t holds (h, i) when fjb_pair_class is
 //   not EMPTY (every t without a mask); thread k classifies t = n + 1 + k.
 //   With one: when i's block is listed in t's kv block's row of the
@@ -113,7 +126,7 @@ template <int NT>
 __device__ __forceinline__ int fjb_order_rank(const fj_bwd_params &p, const fj_sizes &z,
                                               int b, int n, int h, int i) {
   const int nk = (z.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
-  const int tid = fj_tid();
+  const int tid = NT == 32 ? fj_tid() & 31 : fj_tid();
   int rank = 0;
   if (p.bm_q_num != nullptr) {
     const int r = p.bm_kv_ratio;
@@ -134,7 +147,7 @@ __device__ __forceinline__ int fjb_order_rank(const fj_bwd_params &p, const fj_s
         const int t = blk * r + k % r;
         before = t > n && t < nk;
       }
-      rank += __syncthreads_count(before);
+      rank += fjb_order_count<NT>(before);
       if (k0 + NT >= span) break;
     }
   } else {
@@ -147,7 +160,7 @@ __device__ __forceinline__ int fjb_order_rank(const fj_bwd_params &p, const fj_s
         before =
             fjb_pair_class(p, z, b, h, i, t * FJ_BLOCK_N, fjb_kv_last(z, t)) != FJ_TILE_EMPTY;
 #endif
-      rank += __syncthreads_count(before);
+      rank += fjb_order_count<NT>(before);
       if (t0 + NT >= nk) break;
     }
   }

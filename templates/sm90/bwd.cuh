@@ -105,6 +105,10 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // once (the consumer fills it again only after its next S^T product). The
 // tile's last buffers are released at its end: the consumers stage dK and
 // dV in them. Lane 0 issues; every lane walks.
+// FJ_DETERMINISTIC (the one-tile kernel, kv tiles in descending order:
+// common/bwd_order.cuh): the warp counts the item's rank, lane 0 waits for
+// the query tile's semaphore to reach it, adds, waits until the adds are
+// done in global memory, releases the semaphore and then the buffers.
 __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
                                               const fjhb_smem &sm, const fjb_walk &w, int &n) {
   const int lane = fj_tid() & 31;
@@ -112,10 +116,18 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
   const int n0 = n;
   for (; !w.done(it); ++n) {
     const int bi = n % FJHB_DQ_BUFS;
+#if FJ_DETERMINISTIC
+    const int rank = fjb_order_rank<32>(p, w.sizes(p), w.b, w.n_block, it.h, it.i);
+#endif
     if (lane == 0) {
       const fjb_seq sq = w.seq(p);
       // The item's first scratch row.
       const long long row = fjb_acc_row(p, sq, it.h) + it.i * FJ_BLOCK_M;
+#if FJ_DETERMINISTIC
+      int *sem = fjb_order_sem(p, w.b, it.h, it.i);
+      fjb_sem_wait_thread(sem, rank);
+      fjh_fence_proxy_async_global();
+#endif
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n / FJHB_DQ_BUFS) & 1u);
@@ -123,21 +135,29 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
             p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD,
             sm.dq(c, bi), FJHB_DQ_BYTES);
         fjh_bulk_commit();
-        if constexpr (FJHB_DQ_BUFS == 1) {
+        if constexpr (FJHB_DQ_BUFS == 1 && !FJ_DETERMINISTIC) {
           fjh_bulk_wait_read_n<0>();
           fjh_mbar_arrive(sm.dq_empty(c, 0));
         }
       }
+#if FJ_DETERMINISTIC
+      fjh_bulk_wait();
+      fjh_fence_proxy_async_global();
+      fjb_sem_release_thread(sem, rank + 1);
+      fjh_mbar_arrive(sm.dq_empty(0, bi));
+      fjh_mbar_arrive(sm.dq_empty(1, bi));
+#else
       if (FJHB_DQ_BUFS == 2 && n > n0) {
         fjh_bulk_wait_read_n<2>();  // the previous item's two groups
         fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
         fjh_mbar_arrive(sm.dq_empty(1, bi ^ 1));
       }
+#endif
     }
     __syncwarp();
     it = w.next(p, it);
   }
-  if (FJHB_DQ_BUFS == 2 && lane == 0 && n > n0) {
+  if (FJHB_DQ_BUFS == 2 && !FJ_DETERMINISTIC && lane == 0 && n > n0) {
     fjh_bulk_wait_read_n<0>();
     fjh_mbar_arrive(sm.dq_empty(0, (n - 1) & 1));
     fjh_mbar_arrive(sm.dq_empty(1, (n - 1) & 1));
@@ -243,6 +263,12 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
   sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
 #if !FJ_PERSISTENT
   const int hk = blockIdx.y;
+  // FJ_DETERMINISTIC: the kv tiles in descending order (common/bwd_order.cuh:
+  // a CTA waits only on the CTAs before it in blockIdx.x), of the launch's
+  // Lk.
+  const int n_block = FJ_DETERMINISTIC
+                          ? (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1 - (int)blockIdx.x
+                          : (int)blockIdx.x;
   // The sequence's sizes and rows (fjb_seq_of: p.sz unless packed), as a
   // record in shared memory that every role reads where it needs it
   // (fjb_walk); a kv tile past a shorter sequence's end has nothing to do
@@ -252,10 +278,10 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
   {
     const fjb_seq sq = fjb_seq_of(p, blockIdx.z);
     fjb_seq_sts(sm.seq(), sq);
-    if ((int)blockIdx.x * FJ_BLOCK_N >= sq.sz.Lk) return;
+    if (n_block * FJ_BLOCK_N >= sq.sz.Lk) return;
   }
 #endif
-  const fjb_walk w(p, sm.seq(), blockIdx.x, hk, blockIdx.z);
+  const fjb_walk w(p, sm.seq(), n_block, hk, blockIdx.z);
 #endif
   if (threadIdx.x == 0) {
     fjh_mbar_init(sm.kv_full(), 1);

@@ -17,7 +17,10 @@
 //   FJ_VARLEN          1 or undefined (0): the packed-batch variant, as the
 //                      sm80 backward's (sm80/bwd_config.cuh)
 //   FJ_PERSISTENT      1 or undefined (0): the persistent kernel (not with
-//                      FJ_VARLEN), below
+//                      FJ_VARLEN or FJ_DETERMINISTIC), below
+//   FJ_DETERMINISTIC   1 or undefined (0): dQ added to each query tile in
+//                      descending kv-tile order (common/bwd_order.cuh), by
+//                      the dQ writer (sm90/bwd.cuh)
 // Hooks: fj_user_params, fj_tile_class, fj_mask, fj_score_mod and the
 //   backward's fj_user_grads and fj_score_grad, as the sm80 backward.
 // Kernel (bwd.cuh):
@@ -182,6 +185,8 @@ static_assert((FJ_BLOCK_M == 64 || (FJ_BLOCK_M == 128 && FJ_HEAD_DIM == 64)) &&
               "consumer warpgroups");
 static_assert(FJ_NUM_STAGES == 2, "sm90 backward: two Q / dO stages");
 static_assert(!(FJ_PERSISTENT && FJ_VARLEN), "sm90 backward: the persistent kernel is not packed");
+static_assert(!(FJ_PERSISTENT && FJ_DETERMINISTIC),
+              "sm90 backward: the deterministic order needs the one-tile grid");
 static_assert(FJHB_DQ_BUFS * FJHB_DQ_BYTES >= 2 * FJHB_ROWS_BYTES,
               "sm90 backward: a consumer's dQ buffers hold its dK and dV tiles");
 static_assert(FJHB_SMEM_BYTES <= 227 * 1024, "sm90 backward: shared memory over 227 KiB");

@@ -90,6 +90,11 @@ template <int N>
 __device__ __forceinline__ void fjh_bulk_wait_read_n() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
 }
+// The thread's bulk groups are complete: their writes to global memory
+// are done.
+__device__ __forceinline__ void fjh_bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 // Global += shared, `bytes` (a multiple of 16) of fp32 from src to dst
 // (both 16-byte aligned), in the calling thread's bulk group.
 __device__ __forceinline__ void fjh_bulk_reduce_add_f32(float *dst, unsigned src, unsigned bytes) {
@@ -136,6 +141,11 @@ __device__ __forceinline__ void fjh_bar_arrive(int id, int threads) {
 // Generic-proxy shared-memory accesses before async-proxy ones (and back).
 __device__ __forceinline__ void fjh_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// The same between the thread's generic and async proxy accesses to global
+// memory (a semaphore's acquire and release around bulk reduce-adds).
+__device__ __forceinline__ void fjh_fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void fjh_wgmma_fence() {

@@ -14,8 +14,8 @@
  * [B, Hkv, Lk, D] under packed queries. O and LSE come from the packed
  * forward. dq, dk and dv are poisoned with NaN, and each is followed by a
  * guard of 64 poisoned rows that must stay untouched. Every case runs with
- * the runtime's template (sm90 on sm_90a, but for the deterministic mode)
- * and again with the sm80 template named.
+ * the runtime's template (sm90 on sm_90a) and again with the sm80 template
+ * named.
  *
  * Exits 77 (skipped) without a GPU. Prints one line per case and "N passed,
  * N failed"; exit status 1 when any failed.

@@ -143,8 +143,9 @@ static void compile_one_as(const char *arch, const char *tmpl, int head_dim, fj_
     fail_msg("config: %s", err);
   fjg_config_backward_variant(&c, det, varlen, block_q);
   if (one_tile) c.persistent = 0;
-  /* The sm90 kernel is persistent but for packed batches. */
-  assert_int_equal(c.persistent, c.uses_tma && !varlen && !one_tile);
+  /* The sm90 kernel is persistent but for packed batches and the
+   * deterministic mode. */
+  assert_int_equal(c.persistent, c.uses_tma && !varlen && !det && !one_tile);
   const int sm90 = c.uses_tma;
   /* The template's numbers must be the configuration's and config.h's. */
   char tail[640];
@@ -152,12 +153,12 @@ static void compile_one_as(const char *arch, const char *tmpl, int head_dim, fj_
            "static_assert(%s == %d, \"smem: template vs gen/config.c\");\n"
            "static_assert(%s == %d, \"threads: template vs gen/config.c\");\n"
            "static_assert(FJB_ROW_BLOCK == %d && FJB_ROW_THREADS == %d, \"row kernels\");\n"
-           "static_assert(FJ_DETERMINISTIC == %d, \"FJ_DETERMINISTIC\");\n%s",
+           "static_assert(FJ_DETERMINISTIC == %d, \"FJ_DETERMINISTIC\");\n"
+           "static_assert(FJB_SEM_ROWS == " FJT_STR(FJG_BWD_SEM_ROWS)
+           ", \"semaphores: template vs gen/config.h\");\n",
            sm90 ? "FJHB_SMEM_BYTES" : "FJB_SMEM_BYTES", c.smem_bytes,
            sm90 ? "FJHB_THREADS" : "FJK_THREADS", c.threads, FJG_BWD_ROW_BLOCK,
-           FJG_BWD_ROW_THREADS, det,
-           sm90 ? "" : "static_assert(FJB_SEM_ROWS == " FJT_STR(FJG_BWD_SEM_ROWS)
-                       ", \"semaphores: template vs gen/config.h\");\n");
+           FJG_BWD_ROW_THREADS, det);
   char *tu = fjt_build_kernel_tu(&c, "backward", has_mask, has_score_mod,
                                  fjt_bwd_causal_softcap_bias, tail);
   char what[128];
@@ -224,13 +225,22 @@ static void compile_one_as(const char *arch, const char *tmpl, int head_dim, fj_
     assert_null(strstr(ptx, "_param_0+472]"));
   }
   /* The ordered dQ of common/bwd_order.cuh, only in the deterministic unit:
-   * the rank's counting barrier, the poll, the release. */
+   * the rank's count (sm80: the CTA's counting barrier; sm90: the dQ
+   * writer warp's ballots, then its wait for the reduce-adds' writes and
+   * the proxy fences around them), the poll, the release. */
   if (det) {
-    assert_non_null(strstr(ptx, "bar.red.popc"));
+    if (sm90) {
+      assert_non_null(strstr(ptx, "cp.async.bulk.wait_group 0;"));
+      assert_non_null(strstr(ptx, "fence.proxy.async.global"));
+    } else {
+      assert_non_null(strstr(ptx, "bar.red.popc"));
+    }
     assert_non_null(strstr(ptx, "ld.acquire.gpu.global.b32"));
     assert_non_null(strstr(ptx, "fence.acq_rel.gpu"));
   } else {
     assert_null(strstr(ptx, "bar.red.popc"));
+    assert_null(strstr(ptx, "cp.async.bulk.wait_group 0;"));
+    assert_null(strstr(ptx, "fence.proxy.async.global"));
     assert_null(strstr(ptx, "ld.acquire"));
     assert_null(strstr(ptx, "fence.acq_rel"));
   }
@@ -259,22 +269,22 @@ static void run_arch(const char *arch, const char *tmpl) {
           compile_one(arch, tmpl, dims[d], dts[t], mask, mod, 0, 0, 0);
 }
 
-/* The deterministic variant (sm80 only): every combination of mask and
- * score_mod (the block-mask and GQA paths are runtime branches of the same
- * unit); sm_86 has the smaller tiles of parts with about 100 KiB of shared
- * memory. */
-static void run_arch_det(const char *arch) {
+/* The deterministic variant: every combination of mask and score_mod (the
+ * block-mask and GQA paths are runtime branches of the same unit); sm_86
+ * has the smaller tiles of parts with about 100 KiB of shared memory; on
+ * sm_90a both templates (sm90's one-tile kernel). */
+static void run_arch_det(const char *arch, const char *tmpl) {
   static const int dims[] = {64, 128};
   for (size_t d = 0; d < 2; d++)
     for (int mask = 0; mask < 2; mask++)
       for (int mod = 0; mod < 2; mod++)
-        compile_one(arch, "sm80", dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, 1, 0,
+        compile_one(arch, tmpl, dims[d], mod ? FJ_DTYPE_F16 : FJ_DTYPE_BF16, mask, mod, 1, 0,
                     0);
 }
 
 /* The packed-batch variant (FJ_VARLEN): every combination of mask and
  * score_mod at both head dims, one dtype each; det: its deterministic
- * form (sm80). */
+ * form. */
 static void run_arch_varlen(const char *arch, const char *tmpl, int det) {
   static const int dims[] = {64, 128};
   for (size_t d = 0; d < 2; d++)
@@ -319,18 +329,20 @@ static void test_compile_varlen_sm90a(void **state) {
   run_arch_varlen("sm_90a", "sm80", 0);
   run_arch_varlen("sm_90a", "sm90", 0);
   run_arch_varlen("sm_90a", "sm80", 1);
+  run_arch_varlen("sm_90a", "sm90", 1);
 }
 static void test_compile_det_sm80(void **state) {
   (void)state;
-  run_arch_det("sm_80");
+  run_arch_det("sm_80", "sm80");
 }
 static void test_compile_det_sm86(void **state) {
   (void)state;
-  run_arch_det("sm_86");
+  run_arch_det("sm_86", "sm80");
 }
 static void test_compile_det_sm90a(void **state) {
   (void)state;
-  run_arch_det("sm_90a");
+  run_arch_det("sm_90a", "sm80");
+  run_arch_det("sm_90a", "sm90");
 }
 
 /* FJ_DEBUG_WAIT_LIMIT (debugging only): the deterministic kernel's polls

@@ -78,6 +78,7 @@ static const char host_prelude[] =
     "static inline unsigned __ballot_sync(unsigned, bool x) { return x ? 1u : 0u; }\n"
     "static inline int __shfl_sync(unsigned, int v, int) { return v; }\n"
     "static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }\n"
+    "static inline int __popc(unsigned x) { return __builtin_popcount(x); }\n"
     "static inline int __syncthreads_count(int x) { return x != 0; }\n"
     "static inline void __syncthreads() {}\n";
 
