@@ -21,6 +21,7 @@ ctypes structs of a launch and only writes data pointers, runtime values and
 the stream into them.
 """
 import ctypes
+import warnings
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -308,6 +309,25 @@ def _launchable(t):
     return t
 
 
+def _deterministic(core) -> int:
+    """1 where torch.use_deterministic_algorithms(True) is in force: the
+    backward's deterministic mode (dq added in a fixed order). A spec with a
+    trainable buffer has none (its gradient is added in no fixed order):
+    refused as PyTorch refuses an op without a deterministic implementation,
+    or, with warn_only=True, a warning and the default mode."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return 0
+    if not any(core.trainable):
+        return 1
+    msg = ("flexjit: the backward of a spec with a trainable buffer has no "
+           "deterministic implementation (its gradient is added in no fixed order), "
+           "but torch.use_deterministic_algorithms(True) is set")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(msg)
+        return 0
+    raise RuntimeError(msg)
+
+
 def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
                   out: Tensor, lse: Tensor, spec: int, scale: float, ints: List[int],
                   floats: List[float], buffers: List[Tensor], block_mask: List[Tensor],
@@ -330,6 +350,7 @@ def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
         B, H, L, D = cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, q.shape[2]
     else:
         B, H, L, D = q.shape
+    det = _deterministic(core)
     ws_bytes = lib.fj_backward_workspace_size(B, H, L, D)
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device)
     ts = (q, k, v, out, lse, dout, dq, dk, dv)
@@ -360,6 +381,7 @@ def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v:
         a.kv_offset = kv_offset
         a.workspace = ws.data_ptr()
         a.workspace_bytes = ws_bytes
+        a.deterministic = det
         st = lib.fj_attention_backward(ctx.ptr, h, Lb.addr)
         if st:
             raise ctx.error(st)

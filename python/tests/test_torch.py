@@ -132,6 +132,26 @@ def test_non_trainable_buffer_with_grad_is_refused():
         flexjit.attention(q, k, v, spec, buffers={"rel_bias": bias})
 
 
+def test_deterministic_mode_follows_torch():
+    """torch.use_deterministic_algorithms(True) asks for the backward's
+    deterministic mode; a spec with a trainable buffer has none: refused like
+    a PyTorch op without a deterministic implementation, or with warn_only a
+    warning and the default mode."""
+    plain = flexjit.Spec(example("causal.lua"))._core
+    trained = flexjit.Spec.from_string(BIAS_SPEC, "bias.lua")._core
+    assert fjt._deterministic(plain) == 0 and fjt._deterministic(trained) == 0
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert fjt._deterministic(plain) == 1
+        with pytest.raises(RuntimeError, match="trainable buffer"):
+            fjt._deterministic(trained)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="deterministic"):
+            assert fjt._deterministic(trained) == 0
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_library_errors_become_exceptions():
     spec = flexjit.Spec(example("causal.lua"))
     q, k, v = _inputs(grad=False)
