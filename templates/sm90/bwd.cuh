@@ -107,8 +107,9 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // dV in them. Lane 0 issues; every lane walks.
 // FJ_DETERMINISTIC (the one-tile kernel, kv tiles in descending order:
 // common/bwd_order.cuh): the warp counts the item's rank, lane 0 waits for
-// the query tile's semaphore to reach it, adds, waits until the adds are
-// done in global memory, releases the semaphore and then the buffers.
+// the query tile's semaphore to reach it, adds, releases the buffers once
+// the adds have read them and the semaphore once their writes are done in
+// global memory.
 __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
                                               const fjhb_smem &sm, const fjb_walk &w, int &n) {
   const int lane = fj_tid() & 31;
@@ -141,11 +142,13 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
         }
       }
 #if FJ_DETERMINISTIC
+      // The buffers go back once read, the turn once the adds are done.
+      fjh_bulk_wait_read_n<0>();
+      fjh_mbar_arrive(sm.dq_empty(0, bi));
+      fjh_mbar_arrive(sm.dq_empty(1, bi));
       fjh_bulk_wait();
       fjh_fence_proxy_async_global();
       fjb_sem_release_thread(sem, rank + 1);
-      fjh_mbar_arrive(sm.dq_empty(0, bi));
-      fjh_mbar_arrive(sm.dq_empty(1, bi));
 #else
       if (FJHB_DQ_BUFS == 2 && n > n0) {
         fjh_bulk_wait_read_n<2>();  // the previous item's two groups
