@@ -64,9 +64,9 @@ static const fjr_kernel_kind backward_kind = {
  * caller's template, else the context's (FLEXJIT_TEMPLATE, as for the
  * forward), else sm90 (wgmma + TMA) on sm_90a and sm80 (mma.sync) on every
  * other target. The deterministic variant (FJ_DETERMINISTIC) and the
- * packed-batch one (FJ_VARLEN) when asked for, which both have. Both templates take
- * 64 x 128 tiles, or 128 x 128 in the sm90 kernel at head dim 64, which
- * takes 64-row tiles for a packed batch and for a block mask (o's
+ * packed-batch one (FJ_VARLEN) when asked for, which both have. Both
+ * templates take 64 x 128 tiles, or 128 x 128 in the sm90 kernel at head
+ * dim 64, which takes 64-row tiles for a packed batch and for a block mask (o's
  * block_mask_block_q) whose blocks 128 does not divide
  * (fjg_config_backward_variant), so that a block mask that fits one
  * template fits the other. The sm90 kernel is persistent but for packed
