@@ -13,11 +13,11 @@
 //
 // Deadlock freedom. The main kernel (sm80's, or sm90's one-tile kernel:
 // the persistent one takes no part) runs kv tile n of (kv head hk, batch b)
-// in CTA (nk - 1 - n, hk, b), so a CTA waits only on CTAs of its own y and
-// z and a smaller x, which come before it in linear blockIdx order (x
-// fastest), the order in which the hardware dispatches CTAs: once a CTA
-// waits, those before it have started or finished (the assumption every
-// semaphore-ordered reduction on GPUs makes). The lowest unfinished CTA
+// in CTA (nk - 1 - n, hk, b) (fjb_cta_kv_tile), so a CTA waits only on
+// CTAs of its own y and z and a smaller x, which come before it in linear
+// blockIdx order (x fastest), the order in which the hardware dispatches
+// CTAs: once a CTA waits, those before it have started or finished (the
+// assumption every semaphore-ordered reduction on GPUs makes). The lowest unfinished CTA
 // thus waits on finished ones only. The query heads of a GQA group are
 // items of one CTA. No CTA waits for a kv tile that will not add: the rank
 // counts exactly the walks that hold (h, i), with the walk's classification
@@ -47,6 +47,14 @@
 constexpr int FJB_SEM_ROWS = 16;
 static_assert(FJ_BLOCK_M % FJB_SEM_ROWS == 0,
               "deterministic backward: the semaphores are sized for 16-row query tiles");
+
+// The kv tile of the CTA at x = blockIdx.x of a one-tile grid (grid
+// (ceil(Lk / FJ_BLOCK_N), Hkv, B), Lk the launch's): x, or with
+// FJ_DETERMINISTIC the tiles in descending order, so that a CTA waits only
+// on the CTAs before it.
+__device__ __forceinline__ int fjb_cta_kv_tile(const fj_bwd_params &p, int x) {
+  return FJ_DETERMINISTIC ? (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1 - x : x;
+}
 
 // The semaphore of query tile i of query head h, batch b: p.sz.Lq (the
 // launch's, max_seqlen_q for a packed batch) spaces the heads, so every

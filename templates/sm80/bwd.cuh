@@ -14,13 +14,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-#if FJ_DETERMINISTIC
-  // The kv tiles in descending order (common/bwd_order.cuh: a CTA waits
-  // only on the CTAs before it in blockIdx.x), of the launch's Lk.
-  const int n_block = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1 - (int)blockIdx.x;
-#else
-  const int n_block = blockIdx.x;
-#endif
+  const int n_block = fjb_cta_kv_tile(p, (int)blockIdx.x);
   const int hk = blockIdx.y, b = blockIdx.z;
   // The sequence's sizes and first rows (fjb_seq_of: p.sz unless packed)
   // are asked for where they are used, and so are the bounds that depend

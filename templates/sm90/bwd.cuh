@@ -266,12 +266,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
   sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
 #if !FJ_PERSISTENT
   const int hk = blockIdx.y;
-  // FJ_DETERMINISTIC: the kv tiles in descending order (common/bwd_order.cuh:
-  // a CTA waits only on the CTAs before it in blockIdx.x), of the launch's
-  // Lk.
-  const int n_block = FJ_DETERMINISTIC
-                          ? (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1 - (int)blockIdx.x
-                          : (int)blockIdx.x;
+  const int n_block = fjb_cta_kv_tile(p, (int)blockIdx.x);
   // The sequence's sizes and rows (fjb_seq_of: p.sz unless packed), as a
   // record in shared memory that every role reads where it needs it
   // (fjb_walk); a kv tile past a shorter sequence's end has nothing to do
