@@ -160,8 +160,14 @@ typedef struct emitter {
   fjg_buf *out;
   int32_t *slot; /* node id -> temporary number, -1 when none */
   uint8_t *decisive; /* node id -> 1: computed exactly (fjg_decisive_nodes) */
+  uint8_t *reads; /* node id -> which of score, q and kv it reads (READS_*) */
   int score;     /* emitting the score_mod body */
 } emitter;
+
+/* emitter.reads: the inputs that differ from one element of a tile to the
+ * next. What reads none of them (b, h, sizes, params, constants) is the
+ * same for all of a thread's elements in the kernels' loops. */
+enum { READS_SCORE = 1, READS_Q = 2, READS_KV = 4 };
 
 static void put_operand(emitter *e, int id) {
   const fjg_node *n = fjg_node_at(e->g, id);
@@ -338,14 +344,9 @@ static void put_expr(emitter *e, const fjg_node *n) {
   }
 }
 
-/* The body of fj_mask (which == 0) or fj_score_mod (1): one statement per
- * reachable non-leaf node, then the return. */
-static void put_body(emitter *e, int which, const char *absent) {
-  int root = which == 0 ? fjg_mask_root(e->g) : fjg_score_root(e->g);
-  if (root < 0) {
-    fjg_buf_printf(e->out, "  return %s;\n", absent);
-    return;
-  }
+/* One statement per non-leaf node reachable from root `which` (0 the
+ * mask, 1 the score_mod), each in a temporary of its own. */
+static void put_temps(emitter *e, int which) {
   int count, next = 0;
   const int32_t *list = fjg_reachable(e->g, which, &count);
   e->score = which == 1;
@@ -359,6 +360,17 @@ static void put_body(emitter *e, int which, const char *absent) {
     put_expr(e, n);
     fjg_buf_printf(e->out, ";\n");
   }
+}
+
+/* The body of fj_mask (which == 0) or fj_score_mod (1): its temporaries,
+ * then the return. */
+static void put_body(emitter *e, int which, const char *absent) {
+  int root = which == 0 ? fjg_mask_root(e->g) : fjg_score_root(e->g);
+  if (root < 0) {
+    fjg_buf_printf(e->out, "  return %s;\n", absent);
+    return;
+  }
+  put_temps(e, which);
   fjg_buf_printf(e->out, "  return ");
   put_operand(e, root);
   fjg_buf_printf(e->out, ";\n");
@@ -709,20 +721,224 @@ fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
  * is complete. */
 static fj_status emitter_open(emitter *e, const fjg_graph *g, fjg_buf *out) {
   const size_t n = (size_t)fjg_num_nodes(g) + 1;
-  *e = (emitter){g, out, malloc(n * sizeof(int32_t)), malloc(n), 0};
-  if (!e->slot || !e->decisive) {
+  *e = (emitter){g, out, malloc(n * sizeof(int32_t)), malloc(n), calloc(n, 1), 0};
+  if (!e->slot || !e->decisive || !e->reads) {
     free(e->slot);
     free(e->decisive);
+    free(e->reads);
     return FJ_ENOMEM;
   }
   for (size_t i = 0; i < n; i++) e->slot[i] = -1;
+  /* Operands come before the nodes that use them. */
+  for (int id = 0; id < fjg_num_nodes(g); id++) {
+    const fjg_node *nd = fjg_node_at(g, id);
+    if (nd->op == FJG_OP_INPUT) {
+      e->reads[id] = nd->arg == FJG_IN_SCORE ? READS_SCORE
+                     : nd->arg == FJG_IN_Q   ? READS_Q
+                     : nd->arg == FJG_IN_KV  ? READS_KV
+                                             : 0;
+    } else if (!is_leaf(nd)) {
+      const int arity = fjg_op_arity((fjg_op)nd->op);
+      e->reads[id] = e->reads[nd->a] | (arity > 1 ? e->reads[nd->b] : 0) |
+                     (arity > 2 ? e->reads[nd->c] : 0);
+    }
+  }
   return FJ_OK;
 }
 
 static fj_status emitter_close(emitter *e) {
   free(e->slot);
   free(e->decisive);
+  free(e->reads);
   return e->out->failed ? FJ_ENOMEM : FJ_OK;
+}
+
+/* ---- the score in log2 units ---- */
+
+/* log2 e, as the templates' FJH_LOG2E rounds it. */
+static const float LOG2E = 1.4426950408889634f;
+
+/* 1 when the i32 node id is aq * q + akv * kv + r (modulo 2^32, as i32
+ * arithmetic wraps) with constants aq and akv and an r that reads no
+ * element input. */
+static int affine(const emitter *e, int id, uint32_t *aq, uint32_t *akv) {
+  const fjg_node *n = fjg_node_at(e->g, id);
+  uint32_t q1, k1, q2, k2;
+  if (n->type != FJG_I32 || (e->reads[id] & READS_SCORE)) return 0;
+  if (!e->reads[id]) {
+    *aq = *akv = 0;
+    return 1;
+  }
+  switch (n->op) {
+  case FJG_OP_INPUT:
+    *aq = n->arg == FJG_IN_Q;
+    *akv = n->arg == FJG_IN_KV;
+    return 1;
+  case FJG_OP_FLOOR:
+  case FJG_OP_CEIL: return affine(e, n->a, aq, akv); /* of an integer: itself */
+  case FJG_OP_NEG:
+    if (!affine(e, n->a, &q1, &k1)) return 0;
+    *aq = 0u - q1;
+    *akv = 0u - k1;
+    return 1;
+  case FJG_OP_ADD:
+  case FJG_OP_SUB:
+    if (!affine(e, n->a, &q1, &k1) || !affine(e, n->b, &q2, &k2)) return 0;
+    *aq = n->op == FJG_OP_ADD ? q1 + q2 : q1 - q2;
+    *akv = n->op == FJG_OP_ADD ? k1 + k2 : k1 - k2;
+    return 1;
+  case FJG_OP_MUL: {
+    const fjg_node *a = fjg_node_at(e->g, n->a), *b = fjg_node_at(e->g, n->b);
+    const fjg_node *c = a->op == FJG_OP_CONST ? a : b->op == FJG_OP_CONST ? b : NULL;
+    if (!c || !affine(e, c == a ? n->b : n->a, &q1, &k1)) return 0;
+    *aq = (uint32_t)c->imm.i * q1;
+    *akv = (uint32_t)c->imm.i * k1;
+    return 1;
+  }
+  default: return 0;
+  }
+}
+
+/* An affine node's value at the element whose q and kv are qb and kvb
+ * (its dq and dk taken away): the same for every element of the loop. */
+static void put_affine_base(emitter *e, int id) {
+  const fjg_node *n = fjg_node_at(e->g, id);
+  fjg_buf *out = e->out;
+  if (!e->reads[id]) {
+    put_operand(e, id);
+  } else if (n->op == FJG_OP_INPUT) {
+    fjg_buf_printf(out, n->arg == FJG_IN_Q ? "(qb + z.q_off)" : "(kvb + z.kv_off)");
+  } else if (n->op == FJG_OP_FLOOR || n->op == FJG_OP_CEIL) {
+    put_affine_base(e, n->a);
+  } else if (n->op == FJG_OP_NEG) {
+    fjg_buf_printf(out, "(int)(0u - (unsigned)");
+    put_affine_base(e, n->a);
+    fjg_buf_printf(out, ")");
+  } else { /* ADD, SUB, MUL by a constant */
+    fjg_buf_printf(out, "(int)((unsigned)");
+    put_affine_base(e, n->a);
+    fjg_buf_printf(out, " %s (unsigned)", infix((fjg_op)n->op));
+    put_affine_base(e, n->b);
+    fjg_buf_printf(out, ")");
+  }
+}
+
+/* k times f32 node id, written so that what does not change from element
+ * to element is computed once: k is an invariant expression, pushed
+ * through sums, differences, negations and products with invariant factors
+ * into the leaves of the sum. An i32 that is affine in q and kv (aq q + akv
+ * kv + r) becomes float as its base (put_affine_base) plus aq dq + akv dk,
+ * both converted exactly while they lie within 2^24 of 0, so that the
+ * element pays one FMA for it, k (base) being invariant. The rounding
+ * differs from k * node by a few ulp of the terms: a score_mod's values
+ * decide nothing (decisive nodes are left whole). */
+static void put_scaled(emitter *e, int id, const char *k) {
+  const fjg_node *n = fjg_node_at(e->g, id);
+  fjg_buf *out = e->out;
+  const int whole = n->type != FJG_F32 || e->decisive[id] || !e->reads[id];
+  uint32_t aq, akv;
+  float recip;
+  if (n->op == FJG_OP_INPUT && n->arg == FJG_IN_SCORE) {
+    fjg_buf_printf(out, "qk * (%s * scale)", k);
+  } else if (!whole && (n->op == FJG_OP_ADD || n->op == FJG_OP_SUB)) {
+    fjg_buf_printf(out, "(");
+    put_scaled(e, n->a, k);
+    fjg_buf_printf(out, " %s ", infix((fjg_op)n->op));
+    put_scaled(e, n->b, k);
+    fjg_buf_printf(out, ")");
+  } else if (!whole && n->op == FJG_OP_NEG) {
+    fjg_buf_printf(out, "(-");
+    put_scaled(e, n->a, k);
+    fjg_buf_printf(out, ")");
+  } else if (!whole && n->op == FJG_OP_MUL && (!e->reads[n->a] || !e->reads[n->b])) {
+    const int factor = e->reads[n->a] ? n->b : n->a;
+    fjg_buf inner, *saved = e->out;
+    fjg_buf_init(&inner);
+    e->out = &inner;
+    fjg_buf_printf(&inner, "(%s * ", k);
+    put_operand(e, factor);
+    fjg_buf_printf(&inner, ")");
+    e->out = saved;
+    if (inner.failed) out->failed = 1;
+    else put_scaled(e, factor == n->a ? n->b : n->a, inner.data);
+    fjg_buf_free(&inner);
+  } else if (!whole && n->op == FJG_OP_DIV && fjg_div_recip(e->g, n->b, &recip)) {
+    fjg_buf inner;
+    fjg_buf_init(&inner);
+    fjg_buf_printf(&inner, "(%s * ", k);
+    put_float(&inner, recip);
+    fjg_buf_printf(&inner, ")");
+    if (inner.failed) out->failed = 1;
+    else put_scaled(e, n->a, inner.data);
+    fjg_buf_free(&inner);
+  } else if (!whole && n->op == FJG_OP_TO_F32 && affine(e, n->a, &aq, &akv)) {
+    fjg_buf_printf(out, "(%s * (float)", k);
+    put_affine_base(e, n->a);
+    fjg_buf_printf(out, " + %s * (float)(int)((unsigned)dq * (unsigned)(%d) + (unsigned)dk * "
+                   "(unsigned)(%d)))", k, (int)aq, (int)akv);
+  } else {
+    fjg_buf_printf(out, "%s * ", k);
+    put_operand(e, id);
+  }
+}
+
+/* The terms of a sum at node id, each with its sign: how many read the
+ * score, and in *alone the sign (1 or -1) when one is the score itself. */
+static int score_terms(const emitter *e, int id, int sign, int *alone) {
+  const fjg_node *n = fjg_node_at(e->g, id);
+  if (!(e->reads[id] & READS_SCORE)) return 0;
+  if (n->op == FJG_OP_INPUT) {
+    *alone = sign;
+    return 1;
+  }
+  if (n->type == FJG_F32 && (n->op == FJG_OP_ADD || n->op == FJG_OP_SUB))
+    return score_terms(e, n->a, sign, alone) +
+           score_terms(e, n->b, n->op == FJG_OP_SUB ? -sign : sign, alone);
+  if (n->type == FJG_F32 && n->op == FJG_OP_NEG) return score_terms(e, n->a, -sign, alone);
+  *alone = 0;
+  return 1;
+}
+
+static int additive(const emitter *e) {
+  const int root = fjg_score_root(e->g);
+  int alone = 0;
+  return root >= 0 && score_terms(e, root, 1, &alone) == 1 && alone == 1;
+}
+
+int fjg_score_is_additive(const fjg_graph *g) {
+  emitter e;
+  fjg_buf unused;
+  fjg_buf_init(&unused);
+  if (emitter_open(&e, g, &unused) != FJ_OK) return 0;
+  const int yes = additive(&e);
+  emitter_close(&e);
+  return yes;
+}
+
+/* The body of fj_score_log2: for an additive score_mod the terms scaled
+ * by log2 e (put_scaled), the scale folded into the score's, so that a
+ * score costs its terms and one FMA; for any other, fj_score_mod's value
+ * times log2 e. */
+static void put_log2_body(emitter *e) {
+  const int root = fjg_score_root(e->g);
+  fjg_buf_printf(e->out, "  const int q = (int)((unsigned)qb + (unsigned)dq);\n"
+                         "  const int kv = (int)((unsigned)kvb + (unsigned)dk);\n");
+  if (root < 0 || !additive(e)) {
+    fjg_buf_printf(e->out, "  return fj_score_mod(u, z, qk * scale, b, h, q, kv) * ");
+    put_float(e->out, LOG2E);
+    fjg_buf_printf(e->out, ";\n");
+    return;
+  }
+  fjg_buf_printf(e->out, "  const float score = qk * scale;\n");
+  put_temps(e, 1);
+  fjg_buf k;
+  fjg_buf_init(&k);
+  put_float(&k, LOG2E);
+  fjg_buf_printf(e->out, "  return ");
+  if (k.failed) e->out->failed = 1;
+  else put_scaled(e, root, k.data);
+  fjg_buf_printf(e->out, ";\n");
+  fjg_buf_free(&k);
 }
 
 fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
@@ -739,6 +955,12 @@ fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
       "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,"
       "\n    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n");
   put_body(&e, 1, "score");
+  fjg_buf_printf(out, "}\n\n");
+  fjg_buf_printf(out,
+      "__device__ __forceinline__ float fj_score_log2(const fj_user_params &u,"
+      "\n    const fj_sizes &z, float qk, float scale, int b, int h, int qb, int dq, "
+      "int kvb,\n    int dk) {\n");
+  put_log2_body(&e);
   fjg_buf_printf(out, "}\n\n");
   fjg_buf_printf(out,
       "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,"

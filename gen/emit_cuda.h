@@ -5,6 +5,18 @@
  * contract at the top of templates/common/fj_common.cuh):
  *   struct fj_user_params { long long fj_reserved_; <args> };
  *   fj_mask, fj_score_mod  SSA code, one statement per line (t0, t1, ...)
+ *   fj_score_log2(u, z, qk, scale, b, h, qb, dq, kvb, dk)
+ *                          what the kernels call: fj_score_mod(qk * scale)
+ *                          times log2 e at q = qb + dq, kv = kvb + dk, where
+ *                          a caller keeps qb and kvb the same over its
+ *                          unrolled elements and dq, dk constants. For an
+ *                          additive score_mod (fjg_score_is_additive) it is
+ *                          written so that what depends on the element
+ *                          costs least: the factor folded into every term,
+ *                          an affine index's float the base's plus a
+ *                          constant (within a few ulp of the terms of the
+ *                          product; exact conversions while the indices
+ *                          lie within 2^24)
  *   fj_tile_class          the interval analysis of gen/interval.c, as calls
  *                          to the same fj_iv_* rules, which
  *                          fjg_emit_interval_rules writes (once per
@@ -68,6 +80,11 @@ fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out);
  * before it. Only the graph reaches it: no byte of the spec's source text
  * (comments, names) is copied into CUDA. */
 fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out);
+
+/* 1 when g's score_mod is the score plus (or minus) terms that do not read
+ * it, such as ALiBi's bias: fj_score_log2 then folds the scale and log2 e
+ * into the score's product and the terms' invariant factors. */
+int fjg_score_is_additive(const fjg_graph *g);
 
 /* A kernel's parts (fjg_template_parts) in order: each template's text
  * under a "// ---- template NAME ----" line, and at FJG_PART_PROLOGUE the

@@ -14,6 +14,14 @@
 //                                 int b, int h, int q, int kv);
 //        __device__ float fj_score_mod(const fj_user_params&, const fj_sizes&,
 //                                      float score, int b, int h, int q, int kv);
+//        __device__ float fj_score_log2(const fj_user_params&, const fj_sizes&,
+//                                       float qk, float scale, int b, int h,
+//                                       int qb, int dq, int kvb, int dk);
+//      fj_score_log2 is what the kernels call: fj_score_mod(qk * scale) times
+//      log2 e at q = qb + dq, kv = kvb + dk. A caller passes the same qb and
+//      kvb for all the elements of its unrolled loop and their constant
+//      offsets as dq and dk, so that what only the offsets change is all the
+//      element computes (any split gives the value; this one gives the speed).
 //        __device__ int   fj_tile_class(const fj_user_params&, const fj_sizes&,
 //                                       int b, int h, int q0, int q1,
 //                                       int kv0, int kv1);

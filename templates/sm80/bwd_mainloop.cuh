@@ -161,7 +161,8 @@ __device__ __forceinline__ void fjb_step(const fj_bwd_params &p, const fj_sizes 
         const int ki = wkv0 + g + (e >> 1) * 8;
 #if FJ_HAS_SCORE_MOD
         const float score = s[nt][e] * p.scale;
-        const float x = fj_score_mod(p.user, z, score, b, h, qi, ki) * FJB_LOG2E;
+        const float x = fj_score_log2(p.user, z, s[nt][e], p.scale, b, h, q0 + 2 * t4,
+                                      nt * 8 + (e & 1), wkv0 + g, (e >> 1) * 8);
 #else
         const float x = s[nt][e] * p.scale_log2;
 #endif

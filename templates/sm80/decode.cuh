@@ -294,8 +294,8 @@ __device__ __forceinline__ void fjd_stream(const fj_fwd_params &p, const fjd_cta
           const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
           float v = s[mt][nt][e];
 #if FJ_HAS_SCORE_MOD
-          v = fj_score_mod(p.user, c.z, v * p.scale, c.b, rh[mt][hh], rt[mt][hh], ki) *
-              FJD_LOG2E;
+          v = fj_score_log2(p.user, c.z, v, p.scale, c.b, rh[mt][hh], rt[mt][hh], 0,
+                            kv0 + 2 * t4, nt * 8 + (e & 1));
 #endif
           s[mt][nt][e] = ki < c.Lk ? v : fj_neg_inf();
         }

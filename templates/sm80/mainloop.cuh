@@ -78,10 +78,8 @@ __device__ __forceinline__ void fjk_tile_step(
     for (int nt = 0; nt < FJK_NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int qi = wq0 + mt * 16 + g + (e >> 1) * 8;
-        const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
-        s[mt][nt][e] =
-            fj_score_mod(p.user, sz, s[mt][nt][e] * p.scale, b, h, qi, ki) * FJK_LOG2E;
+        s[mt][nt][e] = fj_score_log2(p.user, sz, s[mt][nt][e], p.scale, b, h, wq0 + g,
+                                     mt * 16 + (e >> 1) * 8, kv0 + 2 * t4, nt * 8 + (e & 1));
       }
 #endif
   // The mask is evaluated on every element, past Lk too (fj_mask is total;

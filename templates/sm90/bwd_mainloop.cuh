@@ -116,7 +116,8 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
       const int ki = wkv0 + 16 * w + g + 8 * (e >> 1);
 #if FJ_HAS_SCORE_MOD
       const float score = s[i] * p.scale;
-      const float x = fj_score_mod(p.user, z, score, b, h, qi, ki) * FJHB_LOG2E;
+      const float x = fj_score_log2(p.user, z, s[i], p.scale, b, h, q0 + 2 * t4, 8 * j + (e & 1),
+                                    wkv0 + 16 * w + g, 8 * (e >> 1));
 #else
       const float x = s[i] * p.scale_log2;
 #endif
@@ -199,7 +200,8 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
 #endif
       }
 #if FJ_HAS_SCORE_MOD
-      const float x = fj_score_mod(p.user, z, s[i] * p.scale, b, h, qi, ki) * FJHB_LOG2E;
+      const float x = fj_score_log2(p.user, z, s[i], p.scale, b, h, q0 + 2 * t4, 8 * j + (e & 1),
+                                    wkv0 + 16 * w + g, 8 * (e >> 1));
       s[i] = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
 #else
       // The exponent on every element, so that with 128-row tiles only the

@@ -106,9 +106,8 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, const fj_siz
 #if FJ_HAS_SCORE_MOD
 #pragma unroll
   for (int i = 0; i < FJH_S_REGS; ++i) {
-    const int qi = qr + 8 * ((i & 3) >> 1);
-    const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
-    s[i] = fj_score_mod(p.user, sz, s[i] * p.scale, b, h, qi, ki) * FJH_LOG2E;
+    s[i] = fj_score_log2(p.user, sz, s[i], p.scale, b, h, qr, 8 * ((i & 3) >> 1),
+                         kv0 + 2 * t4, 8 * (i >> 2) + (i & 1));
   }
 #endif
   // The mask is evaluated on every element, past Lk too (fj_mask is total;

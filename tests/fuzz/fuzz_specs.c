@@ -603,6 +603,8 @@ static const char *const host_prelude = FJT_HOST_PRELUDE;
 typedef int (*mask_fn)(const void *, const int *, int, int, int, int);
 typedef float (*score_fn)(const void *, const int *, float, int, int, int, int);
 typedef int (*tile_fn)(const void *, const int *, int, int, int, int, int, int);
+typedef float (*log2_fn)(const void *, const int *, float, float, int, int, int, int, int,
+                         int);
 
 static int within(const fjg_aval *a, float got) {
   if (isnan(got)) return a->exact ? isnan(a->v.f) : a->nan;
@@ -620,7 +622,13 @@ static int host_check_one(void *lib, int k, const pending *p, const options *o,
   score_fn score = (score_fn)dlsym(lib, name);
   snprintf(name, sizeof name, "tile_%d", k);
   tile_fn tile = (tile_fn)dlsym(lib, name);
-  if (!mask || !score || !tile) return report(p->text, o->seed, p->index, "dlsym");
+  snprintf(name, sizeof name, "log2_%d", k);
+  log2_fn log2v = (log2_fn)dlsym(lib, name);
+  if (!mask || !score || !tile || !log2v) return report(p->text, o->seed, p->index, "dlsym");
+  /* The kernels' form of a score_mod that is not additive is fj_score_mod's
+   * value times log2 e, bit for bit (an additive one is rearranged:
+   * unit/test_emit_cuda bounds it). */
+  const int additive = fjg_score_is_additive(g);
   rng r = {o->seed ^ ((uint64_t)p->index << 20) ^ 0x51ed27};
   world w;
   world_init(&w, g, &r, between(&r, 1, 300), between(&r, 1, 300), 2, 4);
@@ -651,6 +659,15 @@ static int host_check_one(void *lib, int k, const pending *p, const options *o,
                       "host score(%a, b %d h %d q %d kv %d) = %a, evaluator %a [%a, %a]%s%s",
                       s, b, h, q, kv, gs, ws->v.f, ws->flo, ws->fhi,
                       ws->exact ? " exact" : "", ws->nan ? " nan" : "");
+    if (!failed && !additive) {
+      const int dq = pick(&r, 64), dk = pick(&r, 64);
+      const float want = gs * 1.4426950408889634f;
+      const float got = log2v(params, w.env.sizes, s, 1.0f, b, h, q - dq, dq, kv - dk, dk);
+      if (!(isnan(want) && isnan(got)) && memcmp(&want, &got, sizeof got) != 0)
+        failed = report(p->text, o->seed, p->index,
+                        "host score_log2(%a, b %d h %d q %d kv %d) = %a, not %a", s, b, h, q,
+                        kv, got, want);
+    }
     int q0 = between(&r, -10, 300), kv0 = between(&r, -10, 300);
     int q1 = q0 + pick(&r, 64), kv1 = kv0 + pick(&r, 64);
     int wc = fjg_tile_class_cpu(g, &w.env, b, h, q0, q1, kv0, kv1);
@@ -685,8 +702,12 @@ static long host_check(pending *batch, int n, const options *o, stats *st) {
         "extern \"C\" float score_%d(const void *u, const int *z, float s, int b, int h, int q, int kv) {\n"
         "  return g%d::fj_score_mod(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, s, b, h, q, kv);\n}\n"
         "extern \"C\" int tile_%d(const void *u, const int *z, int b, int h, int q0, int q1, int k0, int k1) {\n"
-        "  return g%d::fj_tile_class(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q0, q1, k0, k1);\n}\n",
-        k, k, k, k, k, k, k, k, k);
+        "  return g%d::fj_tile_class(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q0, q1, k0, k1);\n}\n"
+        "extern \"C\" float log2_%d(const void *u, const int *z, float qk, float scale, int b, int h,\n"
+        "    int qb, int dq, int kvb, int dk) {\n"
+        "  return g%d::fj_score_log2(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, qk,\n"
+        "      scale, b, h, qb, dq, kvb, dk);\n}\n",
+        k, k, k, k, k, k, k, k, k, k, k, k);
   }
   char cpp[256], so[256], cmd[1024];
   snprintf(cpp, sizeof cpp, "%s/host.cpp", dir);

@@ -24,6 +24,25 @@ __device__ __forceinline__ float fj_score_mod(const fj_user_params &u,
   return t9;
 }
 
+__device__ __forceinline__ float fj_score_log2(const fj_user_params &u,
+    const fj_sizes &z, float qk, float scale, int b, int h, int qb, int dq, int kvb,
+    int dk) {
+  const int q = (int)((unsigned)qb + (unsigned)dq);
+  const int kv = (int)((unsigned)kvb + (unsigned)dk);
+  const float score = qk * scale;
+  const int t0 = (int)((unsigned)h * (unsigned)(-8));
+  const int t1 = (int)((unsigned)t0 - (unsigned)8);
+  const float t2 = (float)t1;
+  const float t3 = (float)z.Hq;
+  const float t4 = t2 / t3;
+  const float t5 = exp2f(t4);
+  const int t6 = (int)((unsigned)(q + z.q_off) - (unsigned)(kv + z.kv_off));
+  const float t7 = (float)t6;
+  const float t8 = t5 * t7;
+  const float t9 = score - t8;
+  return (qk * (0x1.715476p+0f /* 1.44269502 */ * scale) - ((0x1.715476p+0f /* 1.44269502 */ * t5) * (float)(int)((unsigned)(qb + z.q_off) - (unsigned)(kvb + z.kv_off)) + (0x1.715476p+0f /* 1.44269502 */ * t5) * (float)(int)((unsigned)dq * (unsigned)(1) + (unsigned)dk * (unsigned)(-1))));
+}
+
 __device__ __forceinline__ int fj_tile_class(const fj_user_params &u,
     const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {
   const fj_iv v0 = fj_iv_make(kv0 + (long long)z.kv_off, kv1 + (long long)z.kv_off);

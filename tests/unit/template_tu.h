@@ -26,6 +26,14 @@
 #error "FJ_SOURCE_DIR must name the source tree"
 #endif
 
+/* fj_score_log2 in the generator's form for a score_mod that is not
+ * additive, after each prologue's fj_score_mod. */
+#define FJT_SCORE_LOG2                                                                     \
+  "__device__ __forceinline__ float fj_score_log2(const fj_user_params &u,\n"             \
+  "    const fj_sizes &z, float qk, float scale, int b, int h, int qb, int dq, int kvb,\n" \
+  "    int dk) {\n"                                                                        \
+  "  return fj_score_mod(u, z, qk * scale, b, h, qb + dq, kvb + dk) * 1.44269502f;\n}\n"
+
 /* A causal mask, score_mod = score. */
 static const char fjt_causal[] =
     "struct fj_user_params {\n  long long fj_reserved_;\n};\n"
@@ -33,7 +41,7 @@ static const char fjt_causal[] =
     "    int b, int h, int q, int kv) {\n  bool t0 = kv <= q;\n  return t0;\n}\n"
     "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
     "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
-    "  return score;\n}\n"
+    "  return score;\n}\n" FJT_SCORE_LOG2
     "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
     "  if (kv0 > q1) return FJ_TILE_EMPTY;\n"
@@ -53,7 +61,7 @@ static const char fjt_softcap_bias[] =
     "  float t0 = score * 0.0333333351f;\n  float t1 = fj_tanh_f32(t0);\n  float t2 = t1 * 30.0f;\n"
     "  int t3 = fj_mod_i32(kv, u.a_period);\n"
     "  int t4 = fj_load_i32(u.a_bias, u.n_bias, t3);\n"
-    "  float t5 = (float)t4;\n  float t6 = t5 * 0.125f;\n  return t2 + t6;\n}\n"
+    "  float t5 = (float)t4;\n  float t6 = t5 * 0.125f;\n  return t2 + t6;\n}\n" FJT_SCORE_LOG2
     "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
     "  return FJ_TILE_FULL;\n}\n";
@@ -92,7 +100,7 @@ static const char fjt_bwd_causal_softcap_bias[] =
     "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
     "  float t0 = score * 0.0333333351f;\n  float t1 = fj_tanh_f32(t0);\n"
     "  float t2 = t1 * 30.0f;\n  int t3 = kv - q;\n  int t4 = t3 + 64;\n"
-    "  float t5 = fj_load_f32(u.a_bias, u.n_bias, t4);\n  return t2 + t5;\n}\n"
+    "  float t5 = fj_load_f32(u.a_bias, u.n_bias, t4);\n  return t2 + t5;\n}\n" FJT_SCORE_LOG2
     "__device__ __forceinline__ float fj_score_grad(const fj_user_params &u,\n"
     "    const fj_user_grads &g, fj_grad_cache &gc, const fj_sizes &z, float score, int b,\n"
     "    int h, int q, int kv, float ds) {\n"

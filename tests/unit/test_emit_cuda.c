@@ -446,12 +446,18 @@ static fjg_graph *make_graph(int i) {
 typedef int (*mask_fn)(const void *, const int *, int, int, int, int);
 typedef float (*score_fn)(const void *, const int *, float, int, int, int, int);
 typedef int (*tile_fn)(const void *, const int *, int, int, int, int, int, int);
+typedef float (*log2_fn)(const void *, const int *, float, float, int, int, int, int, int,
+                         int);
+
+/* log2 e as the emitter and the templates round it. */
+static const float LOG2E_F = 1.4426950408889634f;
 
 static const char *const host_prelude = FJT_HOST_PRELUDE;
 
-/* Writes one C++ file holding every graph's prologue in its own namespace,
- * with extern "C" entry points, and builds it into a shared object. */
-static void *build_host_library(fjg_graph **graphs, const char *dir) {
+/* Writes one C++ file holding the prologue of each of the count graphs in
+ * its own namespace, with extern "C" entry points, and builds it into a
+ * shared object. */
+static void *build_host_library(fjg_graph **graphs, int count, const char *dir) {
   fjg_buf src;
   fjg_buf_init(&src);
   fjg_buf_printf(&src, "%s", host_prelude);
@@ -459,7 +465,7 @@ static void *build_host_library(fjg_graph **graphs, const char *dir) {
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   fjg_buf_append(&src, common, len);
   assert_int_equal(fjg_emit_interval_rules(NULL, &src), FJ_OK);
-  for (int i = 0; i < NUM_GRAPHS; i++) {
+  for (int i = 0; i < count; i++) {
     fjg_buf_printf(&src, "namespace g%d {\n", i);
     assert_int_equal(fjg_emit_prologue(graphs[i], &src), FJ_OK);
     fjg_buf_printf(&src,
@@ -468,8 +474,12 @@ static void *build_host_library(fjg_graph **graphs, const char *dir) {
         "extern \"C\" float score_%d(const void *u, const int *z, float s, int b, int h, int q, int kv) {\n"
         "  return g%d::fj_score_mod(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, s, b, h, q, kv);\n}\n"
         "extern \"C\" int tile_%d(const void *u, const int *z, int b, int h, int q0, int q1, int k0, int k1) {\n"
-        "  return g%d::fj_tile_class(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q0, q1, k0, k1);\n}\n",
-        i, i, i, i, i, i, i, i, i);
+        "  return g%d::fj_tile_class(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q0, q1, k0, k1);\n}\n"
+        "extern \"C\" float log2_%d(const void *u, const int *z, float qk, float scale, int b, int h,\n"
+        "    int qb, int dq, int kvb, int dk) {\n"
+        "  return g%d::fj_score_log2(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, qk, scale,\n"
+        "      b, h, qb, dq, kvb, dk);\n}\n",
+        i, i, i, i, i, i, i, i, i, i, i, i);
   }
   char cpp[512], so[512], cmd[1600];
   snprintf(cpp, sizeof cpp, "%s/emitted_host.cpp", dir);
@@ -507,6 +517,8 @@ static void check_graph(void *lib, int i, fjg_graph *g) {
   mask_fn mask = (mask_fn)sym(lib, "mask", i);
   score_fn score = (score_fn)sym(lib, "score", i);
   tile_fn tile = (tile_fn)sym(lib, "tile", i);
+  log2_fn log2v = (log2_fn)sym(lib, "log2", i);
+  const int additive = fjg_score_is_additive(g);
   int32_t docs[32];
   float fvals[32];
   for (int j = 0; j < 32; j++) docs[j] = range(0, 2), fvals[j] = (float)range(-64, 64) / 8.0f;
@@ -542,6 +554,17 @@ static void check_graph(void *lib, int i, fjg_graph *g) {
       fail_msg("graph %d: score(%g, b=%d h=%d q=%d kv=%d) cpu %.9g [%.9g, %.9g]%s "
                "emitted %.9g", i, s, b, h, q, kv, ws->v.f, ws->flo, ws->fhi,
                ws->exact ? " exact" : "", gs);
+    /* The kernels' form of a score_mod that is not additive is
+     * fj_score_mod's value times log2 e, whatever the split of q and kv
+     * (the additive form: test_score_log2_additive). */
+    if (!additive) {
+      const int dq = range(0, 40), dk = range(0, 40);
+      const float want = gs * LOG2E_F, got = log2v(params, env.sizes, 2.0f * s, 0.5f, b, h,
+                                                   q - dq, dq, kv - dk, dk);
+      if (!(isnan(want) && isnan(got)) && memcmp(&want, &got, sizeof got) != 0)
+        fail_msg("graph %d: score_log2(%g, b=%d h=%d q=%d kv=%d) %.9g, not %.9g", i, s, b,
+                 h, q, kv, got, want);
+    }
     int q0 = range(-20, 200), kv0 = range(-20, 200);
     int q1 = q0 + range(0, 40), kv1 = kv0 + range(0, 40);
     int wc = fjg_tile_class_cpu(g, &env, b, h, q0, q1, kv0, kv1);
@@ -562,7 +585,7 @@ static void test_emitted_code_matches_cpu(void **state) {
   assert_non_null(mkdtemp(dir));
   fjg_graph *graphs[NUM_GRAPHS];
   for (int i = 0; i < NUM_GRAPHS; i++) graphs[i] = make_graph(i);
-  void *lib = build_host_library(graphs, dir);
+  void *lib = build_host_library(graphs, NUM_GRAPHS, dir);
   for (int i = 0; i < NUM_GRAPHS; i++) check_graph(lib, i, graphs[i]);
   dlclose(lib);
   for (int i = 0; i < NUM_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
@@ -604,6 +627,149 @@ static void test_division_by_constant(void **state) {
   const char *mask_div = strstr(mask, "__fdiv_rn(t0, 0x1.8p+1f");
   if (!mask_div || mask_div > score_fn) fail_msg("the mask lost its division:\n%s", mask);
   fjg_buf_free(&b);
+  fjg_graph_destroy(g);
+}
+
+/* ---- the additive score in log2 units ---- */
+
+/* A random term of an additive score_mod that reads no score, and in
+ * *bound a bound on its magnitude over check_additive's inputs (|q|, |kv|
+ * <= 600 with the offsets, w <= 64, fp in [0.25, 10], fbuf in [-8, 8]):
+ * the forms fj_score_log2 rewrites (sums, invariant factors, reciprocals,
+ * floats of affine indices) and a few it keeps whole. Factors are at least
+ * 1/4, so that a wrong dq or dk moves the result by more than the
+ * tolerance. */
+static int rand_bias(fjg_graph *g, const nodes *n, int depth, double *bound) {
+  double b1, b2;
+  int pick = depth <= 0 ? range(0, 3) : range(0, 8);
+  switch (pick) {
+  case 0: {
+    int c = range(-14, 14);
+    *bound = abs(c);
+    return fjg_const_f32(g, (float)c);
+  }
+  case 1: *bound = 10; return n->fp;
+  case 2: { /* a q + c kv + w + d */
+    int a = range(-3, 3), c = range(-3, 3), d = range(-70, 70);
+    int x = bin(g, FJG_OP_ADD, bin(g, FJG_OP_MUL, n->q, k32(g, a)),
+                bin(g, FJG_OP_MUL, k32(g, c), n->kv));
+    if (range(0, 1)) x = bin(g, FJG_OP_SUB, x, n->w);
+    if (range(0, 1)) x = fjg_unary(g, FJG_OP_NEG, x);
+    *bound = 600.0 * (abs(a) + abs(c)) + 64 + abs(d);
+    return fjg_unary(g, FJG_OP_TO_F32, bin(g, FJG_OP_ADD, x, k32(g, d)));
+  }
+  case 3: *bound = 8; return fjg_load(g, n->fbuf, n->kv);
+  case 4: case 5: { /* an invariant factor, on either side */
+    int f = range(0, 1) ? n->fp : fjg_const_f32(g, (float)range(1, 16) / 4.0f);
+    int t = rand_bias(g, n, depth - 1, &b1);
+    *bound = 10 * b1;
+    return range(0, 1) ? bin(g, FJG_OP_MUL, f, t) : bin(g, FJG_OP_MUL, t, f);
+  }
+  case 6: { /* a division by a constant */
+    static const float divs[] = {2.0f, 3.0f, 7.0f, 0.5f};
+    float d = divs[range(0, 3)];
+    int t = rand_bias(g, n, depth - 1, &b1);
+    *bound = b1 / d;
+    return bin(g, FJG_OP_DIV, t, fjg_const_f32(g, d));
+  }
+  case 7: {
+    int t = rand_bias(g, n, depth - 1, &b1);
+    *bound = b1;
+    return fjg_unary(g, FJG_OP_NEG, t);
+  }
+  default: {
+    int t = rand_bias(g, n, depth - 1, &b1), u = rand_bias(g, n, depth - 1, &b2);
+    *bound = b1 + b2;
+    return bin(g, range(0, 1) ? FJG_OP_ADD : FJG_OP_SUB, t, u);
+  }
+  }
+}
+
+enum { NUM_ADDITIVE = 40 };
+
+/* fj_score_log2 of an additive score_mod against the evaluator's value
+ * times log2 e, within a few ulp of the terms' magnitudes, at random
+ * splits of q and kv; and fjg_score_is_additive's answer on forms that are
+ * not additive. */
+static void test_score_log2_additive(void **state) {
+  (void)state;
+  if (system("g++ --version > /dev/null 2>&1") != 0) skip();
+  fjg_graph *graphs[NUM_ADDITIVE];
+  double bounds[NUM_ADDITIVE];
+  for (int i = 0; i < NUM_ADDITIVE; i++) {
+    fjg_graph *g = graphs[i] = fjg_graph_create();
+    nodes n = leaves(g);
+    int score = fjg_input_node(g, FJG_IN_SCORE);
+    int bias = rand_bias(g, &n, range(1, 4), &bounds[i]);
+    int root;
+    switch (i % 4) {
+    case 0: root = bin(g, FJG_OP_ADD, score, bias); break;
+    case 1: root = bin(g, FJG_OP_ADD, bias, score); break;
+    case 2: root = bin(g, FJG_OP_SUB, score, bias); break;
+    default: root = bin(g, FJG_OP_SUB, bias, fjg_unary(g, FJG_OP_NEG, score)); break;
+    }
+    assert_true(fjg_set_score_root(g, root) >= 0);
+    if (!fjg_score_is_additive(g)) fail_msg("graph %d is additive", i);
+  }
+  char dir[] = "/tmp/fj_emit_log2_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  void *lib = build_host_library(graphs, NUM_ADDITIVE, dir);
+  float fvals[32];
+  for (int j = 0; j < 32; j++) fvals[j] = (float)range(-64, 64) / 8.0f;
+  for (int i = 0; i < NUM_ADDITIVE; i++) {
+    fjg_graph *g = graphs[i];
+    log2_fn log2v = (log2_fn)sym(lib, "log2", i);
+    int32_t i32s[8] = {0}, docs[32] = {0};
+    float f32s[8] = {0};
+    uint64_t ptrs[8] = {0};
+    int64_t lens[8] = {0};
+    i32s[0] = range(1, 64);                      /* w */
+    f32s[3] = (float)range(1, 40) / 4.0f;        /* fp */
+    ptrs[1] = (uint64_t)(uintptr_t)docs, lens[1] = 32;
+    ptrs[4] = (uint64_t)(uintptr_t)fvals, lens[4] = 32;
+    unsigned char params[256];
+    fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
+    const void *data[8] = {0, docs, 0, 0, fvals};
+    fjg_env env = {{2, 8, 2, 300, 300}, range(0, 300), range(0, 300), i32s, f32s, data, lens};
+    fjg_evaluator ev;
+    assert_int_equal(fjg_evaluator_init(&ev, g, &env), FJ_OK);
+    for (int t = 0; t < 300; t++) {
+      int b = range(0, 1), h = range(0, 7), q = range(-5, 290), kv = range(-5, 290);
+      int dq = range(0, 63), dk = range(0, 63);
+      float s = (float)range(-400, 400) / 16.0f;
+      const fjg_aval *ws = fjg_eval_root(&ev, 1, s, b, h, q, kv);
+      float got = log2v(params, env.sizes, 4.0f * s, 0.25f, b, h, q - dq, dq, kv - dk, dk);
+      double want = (double)ws->v.f * LOG2E_F;
+      double tol = 0x1p-18 * (fabs(s) + bounds[i]) + (ws->exact ? 0 : ws->fhi - ws->flo);
+      if (!(fabs(got - want) <= tol))
+        fail_msg("graph %d: score_log2(%g, b=%d h=%d q=%d (%d + %d) kv=%d (%d + %d)) %.9g, "
+                 "want %.9g (tolerance %.3g)", i, s, b, h, q, q - dq, dq, kv, kv - dk, dk, got,
+                 want, tol);
+    }
+    fjg_evaluator_free(&ev);
+  }
+  dlclose(lib);
+  for (int i = 0; i < NUM_ADDITIVE; i++) fjg_graph_destroy(graphs[i]);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+
+  /* Not additive: the score scaled, under a function, or twice. */
+  fjg_graph *g = fjg_graph_create();
+  int score = fjg_input_node(g, FJG_IN_SCORE), h = fjg_input_node(g, FJG_IN_H);
+  int hf = fjg_unary(g, FJG_OP_TO_F32, h);
+  const int roots[] = {
+      bin(g, FJG_OP_MUL, score, fjg_const_f32(g, 2.0f)),
+      bin(g, FJG_OP_ADD, fjg_unary(g, FJG_OP_TANH, score), hf),
+      bin(g, FJG_OP_ADD, score, bin(g, FJG_OP_MUL, score, hf)),
+      bin(g, FJG_OP_SUB, hf, score),
+  };
+  for (size_t r = 0; r < sizeof roots / sizeof roots[0]; r++) {
+    assert_true(fjg_set_score_root(g, roots[r]) >= 0);
+    assert_int_equal(fjg_score_is_additive(g), 0);
+  }
+  assert_true(fjg_set_score_root(g, bin(g, FJG_OP_SUB, hf, fjg_unary(g, FJG_OP_NEG, score))) >= 0);
+  assert_int_equal(fjg_score_is_additive(g), 1);
   fjg_graph_destroy(g);
 }
 
@@ -657,7 +823,7 @@ static void test_i32_edges(void **state) {
   }
   char dir[] = "/tmp/fj_emit_i32_XXXXXX";
   assert_non_null(mkdtemp(dir));
-  void *lib = build_host_library(graphs, dir);
+  void *lib = build_host_library(graphs, NUM_GRAPHS, dir);
   int sizes[5] = {1, 1, 1, 1, 1};
   for (int i = 0; i < N; i++) {
     mask_fn mask = (mask_fn)sym(lib, "mask", i);
@@ -813,6 +979,7 @@ int main(void) {
       cmocka_unit_test(test_forward_tu_compiles_with_nvrtc),
       cmocka_unit_test(test_emitted_code_matches_cpu),
       cmocka_unit_test(test_division_by_constant),
+      cmocka_unit_test(test_score_log2_additive),
       cmocka_unit_test(test_i32_edges),
       cmocka_unit_test(test_decisive_f32_is_not_contracted),
   };

@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "391a63d6a239babb25838ec6fbdcab1a"
+#define PINNED_SOURCE_KEY "f76cc474f369bb060d3829474978f7fe"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";

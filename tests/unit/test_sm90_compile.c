@@ -41,7 +41,7 @@ static const char kSliding[] =
     "  bool t2 = t1 < u.a_window;\n  return t0 && t2;\n}\n"
     "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
     "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
-    "  return score;\n}\n"
+    "  return score;\n}\n" FJT_SCORE_LOG2
     "__device__ __forceinline__ int fj_tile_class(const fj_user_params &u,\n"
     "    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, int kv1) {\n"
     "  if (kv0 > q1 || q0 - kv1 >= u.a_window) return FJ_TILE_EMPTY;\n"
@@ -69,13 +69,13 @@ static const char kDocument[] =
     DOC_PARAMS DOC_MASK
     "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
     "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
-    "  return score;\n}\n" DOC_CLASS;
+    "  return score;\n}\n" FJT_SCORE_LOG2 DOC_CLASS;
 static const char kDocumentSoftcap[] =
     DOC_PARAMS DOC_MASK
     "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
     "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
     "  const float t0 = score * 0.0333333351f;\n  const float t1 = fj_tanh_f32(t0);\n"
-    "  return t1 * 30.0f;\n}\n" DOC_CLASS;
+    "  return t1 * 30.0f;\n}\n" FJT_SCORE_LOG2 DOC_CLASS;
 
 /* The translation unit, plus a check that the template's shared-memory size
  * is the configuration's. */
