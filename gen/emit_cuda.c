@@ -905,6 +905,29 @@ static int additive(const emitter *e) {
   return root >= 0 && score_terms(e, root, 1, &alone) == 1 && alone == 1;
 }
 
+/* 1 when the score_mod calls a special function (MUFU: exp, exp2, log,
+ * log2, sqrt, tanh, a division by a non-constant) on a value that changes
+ * from element to element, beside the softmax's own exponential. */
+static int score_uses_sfu(const emitter *e) {
+  if (fjg_score_root(e->g) < 0) return 0;
+  int count;
+  float recip;
+  const int32_t *list = fjg_reachable(e->g, 1, &count);
+  for (int k = 0; k < count; k++) {
+    const fjg_node *n = fjg_node_at(e->g, list[k]);
+    if (!e->reads[list[k]] || n->type != FJG_F32) continue;
+    switch (n->op) {
+    case FJG_OP_EXP: case FJG_OP_EXP2: case FJG_OP_LOG: case FJG_OP_LOG2:
+    case FJG_OP_SQRT: case FJG_OP_TANH: return 1;
+    case FJG_OP_DIV:
+      if (!fjg_div_recip(e->g, n->b, &recip)) return 1;
+      break;
+    default: break;
+    }
+  }
+  return 0;
+}
+
 int fjg_score_is_additive(const fjg_graph *g) {
   emitter e;
   fjg_buf unused;
@@ -1074,6 +1097,17 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   fjg_buf_printf(out, "#define FJ_NUM_STAGES %d\n", cfg->num_stages);
   fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n", fjg_has_mask(g));
   fjg_buf_printf(out, "#define FJ_HAS_SCORE_MOD %d\n", fjg_has_score_mod(g));
+  if (fjg_has_score_mod(g)) {
+    emitter e;
+    fjg_buf unused;
+    fjg_buf_init(&unused);
+    if (emitter_open(&e, g, &unused) != FJ_OK) {
+      out->failed = 1;
+      return;
+    }
+    if (score_uses_sfu(&e)) fjg_buf_printf(out, "#define FJ_SCORE_SFU 1\n");
+    emitter_close(&e);
+  }
   if (cfg->persistent) fjg_buf_printf(out, "#define FJ_PERSISTENT 1\n");
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
   if (cfg->deterministic) fjg_buf_printf(out, "#define FJ_DETERMINISTIC 1\n");

@@ -7,6 +7,9 @@
 //        FJ_BLOCK_M, FJ_BLOCK_N, FJ_NUM_WARPS, FJ_NUM_STAGES
 //        FJ_HAS_MASK       0 | 1   (0: every in-range pair is allowed)
 //        FJ_HAS_SCORE_MOD  0 | 1   (0: score is q.k * scale)
+//        FJ_SCORE_SFU      1 or undefined (0): the score_mod calls a special
+//                          function (exp, log, sqrt, tanh, a division) on
+//                          every element (sm90/config.cuh, FJ_EXP2_EMU)
 //   2. this file
 //   3. the generated prologue:
 //        struct fj_user_params { long long fj_reserved_; <args...> };

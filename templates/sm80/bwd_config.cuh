@@ -23,7 +23,7 @@
 //                      computed)
 //   FJ_HAS_MASK        0 | 1: 1 classifies (query tile, kv tile) pairs with
 //                      fj_tile_class and evaluates fj_mask on PARTIAL ones
-//   FJ_HAS_SCORE_MOD   0 | 1: 1 calls fj_score_mod and fj_score_grad per
+//   FJ_HAS_SCORE_MOD   0 | 1: 1 calls fj_score_log2 and fj_score_grad per
 //                      element
 //   FJ_DETERMINISTIC   1 or undefined (0): 1 adds dQ to each query tile in
 //                      descending kv-tile order (common/bwd_order.cuh), the
@@ -35,7 +35,7 @@
 //                      max_seqlen_q and max_seqlen_k
 // Hooks (the generated prologue): struct fj_user_params and struct
 //   fj_user_grads always; fj_tile_class and fj_mask when FJ_HAS_MASK;
-//   fj_score_mod and fj_score_grad (docs/backward.md) when FJ_HAS_SCORE_MOD.
+//   fj_score_log2 and fj_score_grad (docs/backward.md) when FJ_HAS_SCORE_MOD.
 //   All receive the query head h; they may be called with q >= Lq or
 //   kv >= Lk (the element is dropped after), so they must be total.
 // Launch of fj_attention_bwd: grid (ceil(Lk / FJ_BLOCK_N), Hkv, B),

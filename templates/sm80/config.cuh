@@ -23,14 +23,15 @@
 //                      kv tiles and their classes come from its lists
 //                      instead, and fj_tile_class only refines PARTIAL ones
 //                      per warp
-//   FJ_HAS_SCORE_MOD   0 | 1: 1 calls fj_score_mod per element
+//   FJ_HAS_SCORE_MOD   0 | 1: 1 calls fj_score_log2 per element
 // Hooks (from the generated prologue; see common/fj_common.cuh):
 //   struct fj_user_params;                               always
 //   fj_tile_class(user, sz, b, h, q0, q1, kv0, kv1)      when FJ_HAS_MASK
 //   fj_mask(user, sz, b, h, q, kv)                       when FJ_HAS_MASK
-//   fj_score_mod(user, sz, score, b, h, q, kv)           when FJ_HAS_SCORE_MOD
+//   fj_score_log2(user, sz, qk, scale, b, h, qb, dq, kvb, dk)
+//                                                        when FJ_HAS_SCORE_MOD
 //   (fj_tile_class and fj_mask receive query-head h; kv head is h / kv_group.)
-//   fj_score_mod may be called with kv >= Lk (the element is masked after),
+//   fj_score_log2 may be called with kv >= Lk (the element is masked after),
 //   so it must be total; generated code is (buffer reads are bounds-checked).
 // Launch: grid (ceil(Lq / FJ_BLOCK_M), Hq, B), FJ_NUM_WARPS * 32 threads,
 //   dynamic shared memory (FJ_BLOCK_M + 2 * FJ_NUM_STAGES * FJ_BLOCK_N)
@@ -41,7 +42,7 @@
 //   and 16-byte stores); head dim contiguous; p.scale > 0 when
 //   FJ_HAS_SCORE_MOD is 0 (the running max is taken on unscaled q.k);
 //   Hq == Hkv * kv_group; Lq, Lk >= 0. lse may be null.
-// Semantics: score = q.k * scale, then fj_score_mod if present; pairs with
+// Semantics: score = q.k * scale, then the score_mod if present; pairs with
 //   kv >= Lk or fj_mask false get probability 0; a row with no allowed pair
 //   gets O = 0 and LSE = -inf. LSE is natural log, float32.
 // ---------------------------------------------------------------------------

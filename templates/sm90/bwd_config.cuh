@@ -21,7 +21,7 @@
 //   FJ_DETERMINISTIC   1 or undefined (0): dQ added to each query tile in
 //                      descending kv-tile order (common/bwd_order.cuh), by
 //                      the dQ writer (sm90/bwd.cuh)
-// Hooks: fj_user_params, fj_tile_class, fj_mask, fj_score_mod and the
+// Hooks: fj_user_params, fj_tile_class, fj_mask, fj_score_log2 and the
 //   backward's fj_user_grads and fj_score_grad, as the sm80 backward.
 // Kernel (bwd.cuh):
 //   extern "C" __global__ void fj_attention_bwd(

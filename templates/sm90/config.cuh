@@ -27,6 +27,8 @@
 //   FJ_NUM_STAGES      >= 2: K and V tiles in shared memory
 //   FJ_HAS_MASK        0 | 1: as in sm80/config.cuh
 //   FJ_HAS_SCORE_MOD   0 | 1: as in sm80/config.cuh
+//   FJ_SCORE_SFU       optional, 1: the score_mod calls a special function
+//                      on every element (the generator's; FJ_EXP2_EMU below)
 //   FJ_PERSISTENT      optional, 0 | 1 (fjg_config.persistent): the
 //                      persistent kernel, grid (min(SMs, items), 1, 1)
 //   FJ_Q_BUFS          optional, 1 | 2 (fjg_config.q_bufs): Q buffers of the
@@ -35,7 +37,7 @@
 //   FJ_PINGPONG, FJ_INTRA_WG_OVERLAP, FJ_PRODUCER_REGS, FJ_CONSUMER_REGS,
 //   FJ_EXP2_EMU, FJ_BM_CACHE, FJ_TRACE, FJ_DEBUG_WAIT_LIMIT
 // Hooks: exactly those of sm80/config.cuh (fj_user_params, fj_tile_class,
-//   fj_mask, fj_score_mod; see common/fj_common.cuh), same semantics.
+//   fj_mask, fj_score_log2; see common/fj_common.cuh), same semantics.
 // Block masks: as sm80/config.cuh. With p.bm_kv_num set, the kv tiles and
 //   their classes come from the mask row's lists (PARTIAL blocks, then FULL
 //   ones, each bm_kv_ratio tiles of FJ_BLOCK_N) instead of fj_tile_class;
@@ -131,14 +133,21 @@
 #define FJ_CONSUMER_REGS 240
 #endif
 #endif
-// FJ_EXP2_EMU (4 with two consumers at D=64, else 0 = off): one exponential
-// in every FJ_EXP2_EMU of a row is computed on the FMA pipe (fjh_exp2_poly)
-// instead of the MUFU unit (16 results a clock per SM), FlashAttention-4's
-// trick. It pays where the softmax outweighs the two GEMMs and MUFU is the
-// bottleneck: at D=64 with two consumers; at D=128, and with three
-// consumers at D=64, it costs.
+// FJ_EXP2_EMU (4 at D=64 with two consumers, or with a score_mod that calls
+// a special function on every element (FJ_SCORE_SFU, from the generator:
+// softcap's tanh); else 0 = off): one exponential in every FJ_EXP2_EMU of a
+// row is computed on the FMA pipe (fjh_exp2_poly) instead of the MUFU unit
+// (16 results a clock per SM), FlashAttention-4's trick. It pays where the
+// softmax outweighs the two GEMMs and MUFU is the bottleneck: at D=64 with
+// two consumers, and with three where the score_mod's own special function
+// shares the unit (softcap 2.7% faster, bench/RESULTS.md, session 37); at
+// D=128 it costs (softcap too), and with three consumers at D=64 without
+// such a score_mod.
+#ifndef FJ_SCORE_SFU
+#define FJ_SCORE_SFU 0
+#endif
 #ifndef FJ_EXP2_EMU
-#define FJ_EXP2_EMU (FJ_HEAD_DIM == 64 && FJ_NUM_WARPS == 12 ? 4 : 0)
+#define FJ_EXP2_EMU (FJ_HEAD_DIM == 64 && (FJ_NUM_WARPS == 12 || FJ_SCORE_SFU) ? 4 : 0)
 #endif
 // FJ_BM_CACHE (1024): a block mask's row is copied into shared memory when
 // it has at most this many blocks, else read from global memory (tests set

@@ -195,6 +195,42 @@ static void test_forward_tu_layout(void **state) {
   fjg_buf_free(&all);
 }
 
+/* FJ_SCORE_SFU (sm90/config.cuh's FJ_EXP2_EMU): a score_mod that calls a
+ * special function on every element says so; one whose special function
+ * reads no element input (ALiBi's slope) or divides by a constant does not. */
+static void test_score_sfu_define(void **state) {
+  (void)state;
+  struct { int op; int on_element; int want; } cases[] = {
+      {FJG_OP_TANH, 1, 1}, {FJG_OP_EXP, 1, 1}, {FJG_OP_LOG2, 1, 1}, {FJG_OP_SQRT, 1, 1},
+      {FJG_OP_DIV, 1, 1}, {FJG_OP_EXP2, 0, 0}, {FJG_OP_TANH, 0, 0}, {FJG_OP_MUL, 1, 0},
+      {FJG_OP_NEG, 1, 0}, {-1, 1, 0},
+  };
+  fjg_config c = sm80_config();
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fjg_graph *g = fjg_graph_create();
+    int score = fjg_input_node(g, FJG_IN_SCORE);
+    int x = cases[i].on_element ? score
+                                : fjg_unary(g, FJG_OP_TO_F32, fjg_input_node(g, FJG_IN_H));
+    int f;
+    if (cases[i].op < 0)
+      f = fjg_binary(g, FJG_OP_DIV, score, fjg_const_f32(g, 30.0f)); /* times the reciprocal */
+    else if (cases[i].op == FJG_OP_DIV || cases[i].op == FJG_OP_MUL)
+      f = fjg_binary(g, (fjg_op)cases[i].op, fjg_const_f32(g, 2.0f), x);
+    else
+      f = fjg_unary(g, (fjg_op)cases[i].op, x);
+    assert_true(fjg_set_score_root(g, fjg_binary(g, FJG_OP_ADD, f, score)) >= 0);
+    fjg_buf b;
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
+    if ((strstr(b.data, "#define FJ_SCORE_SFU 1\n") != NULL) != cases[i].want)
+      fail_msg("case %zu (%s of %s): FJ_SCORE_SFU %s", i,
+               cases[i].op < 0 ? "div by constant" : fjg_op_name((fjg_op)cases[i].op),
+               cases[i].on_element ? "the score" : "h", cases[i].want ? "missing" : "set");
+    fjg_buf_free(&b);
+    fjg_graph_destroy(g);
+  }
+}
+
 /* Every kernel's part list names embedded templates, the prologue once;
  * every embedded template is a part of some kernel (none is dead weight in
  * the cache key). */
@@ -975,6 +1011,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_user_params_layout),
       cmocka_unit_test(test_forward_tu_layout),
+      cmocka_unit_test(test_score_sfu_define),
       cmocka_unit_test(test_template_parts),
       cmocka_unit_test(test_forward_tu_compiles_with_nvrtc),
       cmocka_unit_test(test_emitted_code_matches_cpu),
