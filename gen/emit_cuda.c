@@ -823,6 +823,24 @@ static void put_affine_base(emitter *e, int id) {
   }
 }
 
+static void put_scaled(emitter *e, int id, const char *k);
+
+/* put_scaled of node id by k times an invariant factor: node `factor`, or
+ * the constant c when factor is -1. */
+static void put_scaled_more(emitter *e, int id, const char *k, int factor, float c) {
+  fjg_buf inner, *saved = e->out;
+  fjg_buf_init(&inner);
+  e->out = &inner;
+  fjg_buf_printf(&inner, "(%s * ", k);
+  if (factor >= 0) put_operand(e, factor);
+  else put_float(&inner, c);
+  fjg_buf_printf(&inner, ")");
+  e->out = saved;
+  if (inner.failed) e->out->failed = 1;
+  else put_scaled(e, id, inner.data);
+  fjg_buf_free(&inner);
+}
+
 /* k times f32 node id, written so that what does not change from element
  * to element is computed once: k is an invariant expression, pushed
  * through sums, differences, negations and products with invariant factors
@@ -852,25 +870,9 @@ static void put_scaled(emitter *e, int id, const char *k) {
     fjg_buf_printf(out, ")");
   } else if (!whole && n->op == FJG_OP_MUL && (!e->reads[n->a] || !e->reads[n->b])) {
     const int factor = e->reads[n->a] ? n->b : n->a;
-    fjg_buf inner, *saved = e->out;
-    fjg_buf_init(&inner);
-    e->out = &inner;
-    fjg_buf_printf(&inner, "(%s * ", k);
-    put_operand(e, factor);
-    fjg_buf_printf(&inner, ")");
-    e->out = saved;
-    if (inner.failed) out->failed = 1;
-    else put_scaled(e, factor == n->a ? n->b : n->a, inner.data);
-    fjg_buf_free(&inner);
+    put_scaled_more(e, factor == n->a ? n->b : n->a, k, factor, 0.0f);
   } else if (!whole && n->op == FJG_OP_DIV && fjg_div_recip(e->g, n->b, &recip)) {
-    fjg_buf inner;
-    fjg_buf_init(&inner);
-    fjg_buf_printf(&inner, "(%s * ", k);
-    put_float(&inner, recip);
-    fjg_buf_printf(&inner, ")");
-    if (inner.failed) out->failed = 1;
-    else put_scaled(e, n->a, inner.data);
-    fjg_buf_free(&inner);
+    put_scaled_more(e, n->a, k, -1, recip);
   } else if (!whole && n->op == FJG_OP_TO_F32 && affine(e, n->a, &aq, &akv)) {
     fjg_buf_printf(out, "(%s * (float)", k);
     put_affine_base(e, n->a);
@@ -928,15 +930,19 @@ static int score_uses_sfu(const emitter *e) {
   return 0;
 }
 
-int fjg_score_is_additive(const fjg_graph *g) {
+/* ask(e) of an emitter over g that writes nothing (its per-node tables
+ * are what ask reads); -1 when they cannot be allocated. */
+static int ask_emitter(const fjg_graph *g, int (*ask)(const emitter *)) {
   emitter e;
   fjg_buf unused;
   fjg_buf_init(&unused);
-  if (emitter_open(&e, g, &unused) != FJ_OK) return 0;
-  const int yes = additive(&e);
+  if (emitter_open(&e, g, &unused) != FJ_OK) return -1;
+  const int answer = ask(&e);
   emitter_close(&e);
-  return yes;
+  return answer;
 }
+
+int fjg_score_is_additive(const fjg_graph *g) { return ask_emitter(g, additive) == 1; }
 
 /* The body of fj_score_log2: for an additive score_mod the terms scaled
  * by log2 e (put_scaled), the scale folded into the score's, so that a
@@ -1097,17 +1103,9 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   fjg_buf_printf(out, "#define FJ_NUM_STAGES %d\n", cfg->num_stages);
   fjg_buf_printf(out, "#define FJ_HAS_MASK %d\n", fjg_has_mask(g));
   fjg_buf_printf(out, "#define FJ_HAS_SCORE_MOD %d\n", fjg_has_score_mod(g));
-  if (fjg_has_score_mod(g)) {
-    emitter e;
-    fjg_buf unused;
-    fjg_buf_init(&unused);
-    if (emitter_open(&e, g, &unused) != FJ_OK) {
-      out->failed = 1;
-      return;
-    }
-    if (score_uses_sfu(&e)) fjg_buf_printf(out, "#define FJ_SCORE_SFU 1\n");
-    emitter_close(&e);
-  }
+  const int sfu = ask_emitter(g, score_uses_sfu);
+  if (sfu < 0) out->failed = 1;
+  if (sfu > 0) fjg_buf_printf(out, "#define FJ_SCORE_SFU 1\n");
   if (cfg->persistent) fjg_buf_printf(out, "#define FJ_PERSISTENT 1\n");
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
   if (cfg->deterministic) fjg_buf_printf(out, "#define FJ_DETERMINISTIC 1\n");
