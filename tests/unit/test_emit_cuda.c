@@ -533,6 +533,16 @@ static void *build_host_library(fjg_graph **graphs, int count, const char *dir) 
   return lib;
 }
 
+/* Unloads what build_host_library built, frees its graphs and removes its
+ * directory. */
+static void close_host_library(void *lib, fjg_graph **graphs, int count, const char *dir) {
+  dlclose(lib);
+  for (int i = 0; i < count; i++) fjg_graph_destroy(graphs[i]);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 static void *sym(void *lib, const char *kind, int i) {
   char name[32];
   snprintf(name, sizeof name, "%s_%d", kind, i);
@@ -623,11 +633,7 @@ static void test_emitted_code_matches_cpu(void **state) {
   for (int i = 0; i < NUM_GRAPHS; i++) graphs[i] = make_graph(i);
   void *lib = build_host_library(graphs, NUM_GRAPHS, dir);
   for (int i = 0; i < NUM_GRAPHS; i++) check_graph(lib, i, graphs[i]);
-  dlclose(lib);
-  for (int i = 0; i < NUM_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  assert_int_equal(system(cmd), 0);
+  close_host_library(lib, graphs, NUM_GRAPHS, dir);
 }
 
 /* A float division by a constant is a multiplication by the reciprocal in a
@@ -784,11 +790,7 @@ static void test_score_log2_additive(void **state) {
     }
     fjg_evaluator_free(&ev);
   }
-  dlclose(lib);
-  for (int i = 0; i < NUM_ADDITIVE; i++) fjg_graph_destroy(graphs[i]);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  assert_int_equal(system(cmd), 0);
+  close_host_library(lib, graphs, NUM_ADDITIVE, dir);
 
   /* Not additive: the score scaled, under a function, or twice. */
   fjg_graph *g = fjg_graph_create();
@@ -879,11 +881,7 @@ static void test_i32_edges(void **state) {
         fjg_evaluator_free(&ev);
       }
   }
-  dlclose(lib);
-  for (int i = 0; i < NUM_GRAPHS; i++) fjg_graph_destroy(graphs[i]);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  assert_int_equal(system(cmd), 0);
+  close_host_library(lib, graphs, NUM_GRAPHS, dir);
 }
 
 /* ---- the kernel's rounding, seen in PTX ---- */
