@@ -162,6 +162,8 @@ typedef struct emitter {
   uint8_t *decisive; /* node id -> 1: computed exactly (fjg_decisive_nodes) */
   uint8_t *reads; /* node id -> which of score, q and kv it reads (READS_*) */
   int score;     /* emitting the score_mod body */
+  fjg_buf *defs; /* put_scaled: where its factors' definitions go */
+  int num_hoisted; /* put_scaled: its factors (k0, k1, ...) and affine splits so far */
 } emitter;
 
 /* emitter.reads: the inputs that differ from one element of a tile to the
@@ -721,7 +723,7 @@ fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
  * is complete. */
 static fj_status emitter_open(emitter *e, const fjg_graph *g, fjg_buf *out) {
   const size_t n = (size_t)fjg_num_nodes(g) + 1;
-  *e = (emitter){g, out, malloc(n * sizeof(int32_t)), malloc(n), calloc(n, 1), 0};
+  *e = (emitter){g, out, malloc(n * sizeof(int32_t)), malloc(n), calloc(n, 1), 0, NULL, 0};
   if (!e->slot || !e->decisive || !e->reads) {
     free(e->slot);
     free(e->decisive);
@@ -825,20 +827,30 @@ static void put_affine_base(emitter *e, int id) {
 
 static void put_scaled(emitter *e, int id, const char *k);
 
+/* The most values put_scaled hoists out of the element loop (its factors,
+ * k0 included, and the bases of its affine splits): each is live across a
+ * kernel's element loop, and a score_mod that nests many products with
+ * invariant factors, or sums many affine indices, would pay registers for
+ * them (a chain of 300 products, every factor hoisted, took NVRTC 71 s for
+ * sm_90a, against 8 s without); past them a term is taken whole. */
+enum { MAX_HOISTED = 8 };
+
 /* put_scaled of node id by k times an invariant factor: node `factor`, or
- * the constant c when factor is -1. */
+ * the constant c when factor is -1. The product is a factor of its own,
+ * defined in e->defs (a chain of products under the sum would otherwise
+ * repeat its text at every leaf: a source quadratic in the chain's length). */
 static void put_scaled_more(emitter *e, int id, const char *k, int factor, float c) {
-  fjg_buf inner, *saved = e->out;
-  fjg_buf_init(&inner);
-  e->out = &inner;
-  fjg_buf_printf(&inner, "(%s * ", k);
+  fjg_buf *expr = e->out;
+  const int n = e->num_hoisted++;
+  e->out = e->defs;
+  fjg_buf_printf(e->out, "  const float k%d = %s * ", n, k);
   if (factor >= 0) put_operand(e, factor);
-  else put_float(&inner, c);
-  fjg_buf_printf(&inner, ")");
-  e->out = saved;
-  if (inner.failed) e->out->failed = 1;
-  else put_scaled(e, id, inner.data);
-  fjg_buf_free(&inner);
+  else put_float(e->out, c);
+  fjg_buf_printf(e->out, ";\n");
+  e->out = expr;
+  char name[16];
+  snprintf(name, sizeof name, "k%d", n);
+  put_scaled(e, id, name);
 }
 
 /* k times f32 node id, written so that what does not change from element
@@ -868,12 +880,16 @@ static void put_scaled(emitter *e, int id, const char *k) {
     fjg_buf_printf(out, "(-");
     put_scaled(e, n->a, k);
     fjg_buf_printf(out, ")");
-  } else if (!whole && n->op == FJG_OP_MUL && (!e->reads[n->a] || !e->reads[n->b])) {
+  } else if (!whole && n->op == FJG_OP_MUL && (!e->reads[n->a] || !e->reads[n->b]) &&
+             e->num_hoisted < MAX_HOISTED) {
     const int factor = e->reads[n->a] ? n->b : n->a;
     put_scaled_more(e, factor == n->a ? n->b : n->a, k, factor, 0.0f);
-  } else if (!whole && n->op == FJG_OP_DIV && fjg_div_recip(e->g, n->b, &recip)) {
+  } else if (!whole && n->op == FJG_OP_DIV && fjg_div_recip(e->g, n->b, &recip) &&
+             e->num_hoisted < MAX_HOISTED) {
     put_scaled_more(e, n->a, k, -1, recip);
-  } else if (!whole && n->op == FJG_OP_TO_F32 && affine(e, n->a, &aq, &akv)) {
+  } else if (!whole && n->op == FJG_OP_TO_F32 && e->num_hoisted < MAX_HOISTED &&
+             affine(e, n->a, &aq, &akv)) {
+    e->num_hoisted++;
     fjg_buf_printf(out, "(%s * (float)", k);
     put_affine_base(e, n->a);
     fjg_buf_printf(out, " + %s * (float)(int)((unsigned)dq * (unsigned)(%d) + (unsigned)dk * "
@@ -960,14 +976,20 @@ static void put_log2_body(emitter *e) {
   }
   fjg_buf_printf(e->out, "  const float score = qk * scale;\n");
   put_temps(e, 1);
-  fjg_buf k;
-  fjg_buf_init(&k);
-  put_float(&k, LOG2E);
-  fjg_buf_printf(e->out, "  return ");
-  if (k.failed) e->out->failed = 1;
-  else put_scaled(e, root, k.data);
+  fjg_buf_printf(e->out, "  const float k0 = ");
+  put_float(e->out, LOG2E);
   fjg_buf_printf(e->out, ";\n");
-  fjg_buf_free(&k);
+  /* The sum into its own buffer; the factors it defines go first. */
+  fjg_buf sum, *body = e->out;
+  fjg_buf_init(&sum);
+  e->defs = body;
+  e->num_hoisted = 1;
+  e->out = &sum;
+  put_scaled(e, root, "k0");
+  e->out = body;
+  if (sum.failed) body->failed = 1;
+  else fjg_buf_printf(body, "  return %s;\n", sum.data);
+  fjg_buf_free(&sum);
 }
 
 fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {

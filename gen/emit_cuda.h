@@ -16,7 +16,9 @@
  *                          an affine index's float the base's plus a
  *                          constant (within a few ulp of the terms of the
  *                          product; exact conversions while the indices
- *                          lie within 2^24)
+ *                          lie within 2^24); at most eight values hoisted
+ *                          out of the element loop, each factor defined
+ *                          once (k0, k1, ...)
  *   fj_tile_class          the interval analysis of gen/interval.c, as calls
  *                          to the same fj_iv_* rules, which
  *                          fjg_emit_interval_rules writes (once per

@@ -40,7 +40,9 @@ __device__ __forceinline__ float fj_score_log2(const fj_user_params &u,
   const float t7 = (float)t6;
   const float t8 = t5 * t7;
   const float t9 = score - t8;
-  return (qk * (0x1.715476p+0f /* 1.44269502 */ * scale) - ((0x1.715476p+0f /* 1.44269502 */ * t5) * (float)(int)((unsigned)(qb + z.q_off) - (unsigned)(kvb + z.kv_off)) + (0x1.715476p+0f /* 1.44269502 */ * t5) * (float)(int)((unsigned)dq * (unsigned)(1) + (unsigned)dk * (unsigned)(-1))));
+  const float k0 = 0x1.715476p+0f /* 1.44269502 */;
+  const float k1 = k0 * t5;
+  return (qk * (k0 * scale) - (k1 * (float)(int)((unsigned)(qb + z.q_off) - (unsigned)(kvb + z.kv_off)) + k1 * (float)(int)((unsigned)dq * (unsigned)(1) + (unsigned)dk * (unsigned)(-1))));
 }
 
 __device__ __forceinline__ int fj_tile_class(const fj_user_params &u,

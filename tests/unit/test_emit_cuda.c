@@ -811,6 +811,44 @@ static void test_score_log2_additive(void **state) {
   fjg_graph_destroy(g);
 }
 
+/* A score_mod that nests many products with invariant factors, or sums
+ * many affine indices, keeps fj_score_log2 linear in its size: at most
+ * eight values hoisted out of the element loop (k0 .. k7 and affine
+ * splits), each factor defined once, not repeated at every leaf. */
+static void test_score_log2_is_bounded(void **state) {
+  (void)state;
+  for (int shape = 0; shape < 2; shape++) {
+    fjg_graph *g = fjg_graph_create();
+    nodes n = leaves(g);
+    int d = fjg_unary(g, FJG_OP_TO_F32, bin(g, FJG_OP_SUB, n.kv, n.q));
+    int t = d, score = fjg_input_node(g, FJG_IN_SCORE);
+    for (int i = 0; i < 150; i++) { /* within FJG_MAX_MOD_NODES */
+      int di = fjg_unary(g, FJG_OP_TO_F32,
+                         bin(g, FJG_OP_ADD, bin(g, FJG_OP_SUB, n.kv, n.q), k32(g, i + 1)));
+      t = shape == 0 ? bin(g, FJG_OP_MUL, bin(g, FJG_OP_ADD, t, d), n.fp) /* a chain */
+                     : bin(g, FJG_OP_ADD, t, di);                         /* a sum */
+    }
+    assert_true(fjg_set_score_root(g, bin(g, FJG_OP_ADD, score, t)) >= 0);
+    assert_true(fjg_score_is_additive(g));
+    fjg_buf b;
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_prologue(g, &b), FJ_OK);
+    const char *body = strstr(b.data, "fj_score_log2(");
+    const char *end = strstr(body, "fj_tile_class(");
+    assert_non_null(body);
+    assert_non_null(end);
+    int splits = 0;
+    for (const char *p = body; (p = strstr(p, "(unsigned)dq * ")) && p < end; p++) splits++;
+    int factors = 0;
+    for (const char *p = body; (p = strstr(p, "const float k")) && p < end; p++) factors++;
+    if (factors + splits > 8 || factors < 1 || end - body > 100000)
+      fail_msg("shape %d: %d factors, %d splits, %ld bytes", shape, factors, splits,
+               (long)(end - body));
+    fjg_buf_free(&b);
+    fjg_graph_destroy(g);
+  }
+}
+
 /* ---- i32 semantics at the edges ---- */
 
 /* Lua's semantics written out independently: wrapping + - * and unary -,
@@ -1015,6 +1053,7 @@ int main(void) {
       cmocka_unit_test(test_emitted_code_matches_cpu),
       cmocka_unit_test(test_division_by_constant),
       cmocka_unit_test(test_score_log2_additive),
+      cmocka_unit_test(test_score_log2_is_bounded),
       cmocka_unit_test(test_i32_edges),
       cmocka_unit_test(test_decisive_f32_is_not_contracted),
   };
