@@ -140,9 +140,8 @@
 // (16 results a clock per SM), FlashAttention-4's trick. It pays where the
 // softmax outweighs the two GEMMs and MUFU is the bottleneck: at D=64 with
 // two consumers, and with three where the score_mod's own special function
-// shares the unit (softcap 2.7% faster, bench/RESULTS.md, session 37); at
-// D=128 it costs (softcap too), and with three consumers at D=64 without
-// such a score_mod.
+// shares the unit; at D=128 it costs (softcap too), and with three
+// consumers at D=64 without such a score_mod (docs/architecture.md).
 #ifndef FJ_SCORE_SFU
 #define FJ_SCORE_SFU 0
 #endif
