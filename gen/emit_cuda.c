@@ -831,15 +831,14 @@ static void put_scaled(emitter *e, int id, const char *k);
  * k0 included, and the bases of its affine splits): each is live across a
  * kernel's element loop, and a score_mod that nests many products with
  * invariant factors, or sums many affine indices, would pay registers for
- * them (a chain of 300 products, every factor hoisted, took NVRTC 71 s for
- * sm_90a, against 8 s without); past them a term is taken whole. */
+ * them, spill, and compile for minutes; past them a term is taken whole. */
 enum { MAX_HOISTED = 8 };
 
 /* put_scaled of node id by k times an invariant factor: node `factor`, or
  * the constant c when factor is -1. The product is a factor of its own,
  * defined in e->defs (a chain of products under the sum would otherwise
  * repeat its text at every leaf: a source quadratic in the chain's length). */
-static void put_scaled_more(emitter *e, int id, const char *k, int factor, float c) {
+static void put_scaled_by_factor(emitter *e, int id, const char *k, int factor, float c) {
   fjg_buf *expr = e->out;
   const int n = e->num_hoisted++;
   e->out = e->defs;
@@ -883,10 +882,10 @@ static void put_scaled(emitter *e, int id, const char *k) {
   } else if (!whole && n->op == FJG_OP_MUL && (!e->reads[n->a] || !e->reads[n->b]) &&
              e->num_hoisted < MAX_HOISTED) {
     const int factor = e->reads[n->a] ? n->b : n->a;
-    put_scaled_more(e, factor == n->a ? n->b : n->a, k, factor, 0.0f);
+    put_scaled_by_factor(e, factor == n->a ? n->b : n->a, k, factor, 0.0f);
   } else if (!whole && n->op == FJG_OP_DIV && fjg_div_recip(e->g, n->b, &recip) &&
              e->num_hoisted < MAX_HOISTED) {
-    put_scaled_more(e, n->a, k, -1, recip);
+    put_scaled_by_factor(e, n->a, k, -1, recip);
   } else if (!whole && n->op == FJG_OP_TO_F32 && e->num_hoisted < MAX_HOISTED &&
              affine(e, n->a, &aq, &akv)) {
     e->num_hoisted++;

@@ -559,29 +559,45 @@ static int within(const fjg_aval *a, float got) {
   return a->flo <= got && got <= a->fhi;
 }
 
+/* A graph's arguments as the leaves() graphs declare them (w, doc, p, fp,
+ * fbuf), drawn at random: packed for the emitted hooks in params, and as
+ * the CPU evaluator's env (sizes B=2, Hq=8, Hkv=2, Lq, Lk, no offsets).
+ * env points into the struct: initialize it in place, never copy it. */
+typedef struct host_args {
+  int32_t docs[32], i32s[8];
+  float fvals[32], f32s[8];
+  uint64_t ptrs[8];
+  int64_t lens[8];
+  const void *data[8];
+  unsigned char params[256];
+  fjg_env env;
+} host_args;
+
+static void host_args_init(host_args *a, const fjg_graph *g, int lq, int lk) {
+  memset(a, 0, sizeof *a);
+  for (int j = 0; j < 32; j++) a->docs[j] = range(0, 2), a->fvals[j] = (float)range(-64, 64) / 8.0f;
+  a->i32s[0] = range(1, 64);               /* w */
+  a->i32s[2] = range(-10, 100);            /* p */
+  a->f32s[3] = (float)range(1, 40) / 4.0f; /* fp */
+  a->ptrs[1] = (uint64_t)(uintptr_t)a->docs, a->lens[1] = 32;
+  a->ptrs[4] = (uint64_t)(uintptr_t)a->fvals, a->lens[4] = 32;
+  a->data[1] = a->docs, a->data[4] = a->fvals;
+  assert_true(fjg_user_params_size(g) <= sizeof a->params);
+  fjg_user_params_pack(g, a->i32s, a->f32s, a->ptrs, a->lens, a->params);
+  a->env = (fjg_env){{2, 8, 2, lq, lk}, 0, 0, a->i32s, a->f32s, a->data, a->lens};
+}
+
 static void check_graph(void *lib, int i, fjg_graph *g) {
   mask_fn mask = (mask_fn)sym(lib, "mask", i);
   score_fn score = (score_fn)sym(lib, "score", i);
   tile_fn tile = (tile_fn)sym(lib, "tile", i);
   log2_fn log2v = (log2_fn)sym(lib, "log2", i);
   const int additive = fjg_score_is_additive(g);
-  int32_t docs[32];
-  float fvals[32];
-  for (int j = 0; j < 32; j++) docs[j] = range(0, 2), fvals[j] = (float)range(-64, 64) / 8.0f;
-  int32_t i32s[8] = {0};
-  float f32s[8] = {0};
-  uint64_t ptrs[8] = {0};
-  int64_t lens[8] = {0};
-  i32s[0] = range(1, 64);     /* w */
-  i32s[2] = range(-10, 100);  /* p */
-  f32s[3] = (float)range(1, 40) / 4.0f; /* fp */
-  ptrs[1] = (uint64_t)(uintptr_t)docs, lens[1] = 32;
-  ptrs[4] = (uint64_t)(uintptr_t)fvals, lens[4] = 32;
-  unsigned char params[256];
-  assert_true(fjg_user_params_size(g) <= sizeof params);
-  fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
-  const void *data[8] = {0, docs, 0, 0, fvals};
-  fjg_env env = {{2, 8, 2, range(1, 200), range(1, 200)}, 0, 0, i32s, f32s, data, lens};
+  host_args args;
+  host_args_init(&args, g, 0, 0);
+  const unsigned char *params = args.params;
+  fjg_env env = args.env;
+  env.sizes[FJG_SZ_LQ] = range(1, 200), env.sizes[FJG_SZ_LK] = range(1, 200);
   /* Context parallel offsets on every other graph: q and kv as the spec
    * sees them, in the emitted hooks (fj_sizes' q_off, kv_off) and on the CPU. */
   if (i % 2) env.q_off = range(0, 5000), env.kv_off = range(0, 5000);
@@ -756,23 +772,14 @@ static void test_score_log2_additive(void **state) {
   char dir[] = "/tmp/fj_emit_log2_XXXXXX";
   assert_non_null(mkdtemp(dir));
   void *lib = build_host_library(graphs, NUM_ADDITIVE, dir);
-  float fvals[32];
-  for (int j = 0; j < 32; j++) fvals[j] = (float)range(-64, 64) / 8.0f;
   for (int i = 0; i < NUM_ADDITIVE; i++) {
     fjg_graph *g = graphs[i];
     log2_fn log2v = (log2_fn)sym(lib, "log2", i);
-    int32_t i32s[8] = {0}, docs[32] = {0};
-    float f32s[8] = {0};
-    uint64_t ptrs[8] = {0};
-    int64_t lens[8] = {0};
-    i32s[0] = range(1, 64);                      /* w */
-    f32s[3] = (float)range(1, 40) / 4.0f;        /* fp */
-    ptrs[1] = (uint64_t)(uintptr_t)docs, lens[1] = 32;
-    ptrs[4] = (uint64_t)(uintptr_t)fvals, lens[4] = 32;
-    unsigned char params[256];
-    fjg_user_params_pack(g, i32s, f32s, ptrs, lens, params);
-    const void *data[8] = {0, docs, 0, 0, fvals};
-    fjg_env env = {{2, 8, 2, 300, 300}, range(0, 300), range(0, 300), i32s, f32s, data, lens};
+    host_args args;
+    host_args_init(&args, g, 300, 300);
+    const unsigned char *params = args.params;
+    fjg_env env = args.env;
+    env.q_off = range(0, 300), env.kv_off = range(0, 300);
     fjg_evaluator ev;
     assert_int_equal(fjg_evaluator_init(&ev, g, &env), FJ_OK);
     for (int t = 0; t < 300; t++) {
