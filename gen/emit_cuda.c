@@ -710,14 +710,6 @@ static void put_interval_rules(fjg_buf *out) {
   fjg_buf_printf(out, "\n");
 }
 
-fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
-  /* Without a mask every tile is full and the rules would be dead code
-   * (a backward unit's hooks add them when its gradients need them). */
-  if (g && fjg_mask_root(g) < 0) return FJ_OK;
-  put_interval_rules(out);
-  return out->failed ? FJ_ENOMEM : FJ_OK;
-}
-
 /* An emitter over g writing to out: its per-node tables allocated, no
  * slot assigned yet. emitter_close frees them and says whether the output
  * is complete. */
@@ -959,6 +951,135 @@ static int ask_emitter(const fjg_graph *g, int (*ask)(const emitter *)) {
 
 int fjg_score_is_additive(const fjg_graph *g) { return ask_emitter(g, additive) == 1; }
 
+/* ---- an additive score_mod's terms over a tile ---- */
+
+/* 1 when node n, of i32 or bool operands, can be one value over a range
+ * of its operands' values: a clamp, a comparison, a bucket's division. */
+static int narrows(const emitter *e, const fjg_node *n) {
+  if (n->type == FJG_F32) return 0;
+  switch (n->op) {
+  case FJG_OP_WHERE: return 1;
+  case FJG_OP_MIN: case FJG_OP_MAX: case FJG_OP_IDIV: case FJG_OP_MOD:
+  case FJG_OP_LT: case FJG_OP_LE: case FJG_OP_GT: case FJG_OP_GE: case FJG_OP_EQ:
+  case FJG_OP_NE: case FJG_OP_AND: case FJG_OP_OR: case FJG_OP_XOR: case FJG_OP_NOT:
+    return fjg_node_at(e->g, n->a)->type != FJG_F32;
+  default: return 0;
+  }
+}
+
+/* 1 when node id can be one value over a tile of q and kv: it reads
+ * neither, or every path from them to it passes a node that narrows
+ * (memo: 0 not yet known, 1 no, 2 yes). */
+static int may_be_uniform(const emitter *e, int id, uint8_t *memo) {
+  if (memo[id]) return memo[id] == 2;
+  const fjg_node *n = fjg_node_at(e->g, id);
+  int yes;
+  if (!(e->reads[id] & (READS_Q | READS_KV))) {
+    yes = 1;
+  } else if ((e->reads[id] & READS_SCORE) || is_leaf(n)) {
+    yes = 0;
+  } else if (narrows(e, n)) {
+    yes = 1;
+  } else {
+    const int arity = fjg_op_arity((fjg_op)n->op);
+    yes = may_be_uniform(e, n->a, memo) && (arity < 2 || may_be_uniform(e, n->b, memo)) &&
+          (arity < 3 || may_be_uniform(e, n->c, memo));
+  }
+  memo[id] = yes ? 2 : 1;
+  return yes;
+}
+
+/* The terms of the additive score_mod's sum under node id that read q or
+ * kv (its summands that do not read the score): how many there are, and
+ * whether each may be one value over a tile. */
+static int tile_terms_under(const emitter *e, int id, uint8_t *memo, int *all_may) {
+  const fjg_node *n = fjg_node_at(e->g, id);
+  if (!(e->reads[id] & READS_SCORE)) {
+    if (!(e->reads[id] & (READS_Q | READS_KV))) return 0;
+    *all_may &= may_be_uniform(e, id, memo);
+    return 1;
+  }
+  if (n->op == FJG_OP_INPUT) return 0;
+  const int arity = fjg_op_arity((fjg_op)n->op);
+  return tile_terms_under(e, n->a, memo, all_may) +
+         (arity > 1 ? tile_terms_under(e, n->b, memo, all_may) : 0);
+}
+
+/* 1 when the score_mod is additive and its terms read q or kv in a way
+ * that can be one value over a tile (a clamped relative position, a
+ * bucket): a relative-position bias far from the diagonal. Its kernels
+ * then ask fj_score_tile once a tile. */
+static int tile_terms(const emitter *e) {
+  if (!additive(e)) return 0;
+  uint8_t *memo = calloc((size_t)fjg_num_nodes(e->g) + 1, 1);
+  if (!memo) return -1;
+  int all_may = 1;
+  const int n = tile_terms_under(e, fjg_score_root(e->g), memo, &all_may);
+  free(memo);
+  return n > 0 && all_may;
+}
+
+int fjg_score_has_tile_terms(const fjg_graph *g) { return ask_emitter(g, tile_terms) == 1; }
+
+/* 1 when the prologue of g reads the interval rules: fj_tile_class of a
+ * mask, fj_score_tile of terms that can be one value over a tile. */
+static int prologue_reads_rules(const emitter *e) {
+  return fjg_mask_root(e->g) >= 0 || tile_terms(e) != 0;
+}
+
+fj_status fjg_emit_interval_rules(const fjg_graph *g, fjg_buf *out) {
+  /* Without them every tile is full and no term uniform, and the rules
+   * would be dead code (a backward unit's hooks add them when its
+   * gradients need them). */
+  if (g && ask_emitter(g, prologue_reads_rules) == 0) return FJ_OK;
+  put_interval_rules(out);
+  return out->failed ? FJ_ENOMEM : FJ_OK;
+}
+
+/* The body of fj_score_tile: the intervals of the score_mod's i32 and
+ * bool nodes over the tile (fj_tile_class's rules), then for each node
+ * that reads q or kv whether it is one value there, w<id>: an i32 or
+ * bool node whose interval is a point, or a node whose operands that read
+ * q or kv all are. When every term is, the terms in log2 units at the
+ * tile's first element (fj_score_log2 of a zero product). */
+static void put_score_tile_body(emitter *e) {
+  int count;
+  const int32_t *list = fjg_reachable(e->g, 1, &count);
+  put_iv_nodes(e, 1);
+  for (int k = 0; k < count; k++) {
+    const int id = list[k];
+    const fjg_node *n = fjg_node_at(e->g, id);
+    if (!(e->reads[id] & (READS_Q | READS_KV)) || (e->reads[id] & READS_SCORE)) continue;
+    fjg_buf_printf(e->out, "  const bool w%d = ", id);
+    if (n->type != FJG_F32)
+      fjg_buf_printf(e->out, "v%d.lo == v%d.hi", (int)e->slot[id], (int)e->slot[id]);
+    if (!is_leaf(n)) {
+      const int ops[3] = {n->a, n->b, n->c};
+      const char *sep = n->type != FJG_F32 ? " || (" : "(";
+      for (int i = 0; i < fjg_op_arity((fjg_op)n->op); i++) {
+        if (!(e->reads[ops[i]] & (READS_Q | READS_KV))) continue;
+        fjg_buf_printf(e->out, "%sw%d", sep, ops[i]);
+        sep = " && ";
+      }
+      fjg_buf_printf(e->out, ")");
+    }
+    fjg_buf_printf(e->out, ";\n");
+  }
+  fjg_buf_printf(e->out, "  if (!(true");
+  for (int k = 0; k < count; k++) {
+    const int id = list[k];
+    const fjg_node *n = fjg_node_at(e->g, id);
+    if (!(e->reads[id] & READS_SCORE) || n->op == FJG_OP_INPUT) continue;
+    const int ops[2] = {n->a, n->b};
+    for (int i = 0; i < fjg_op_arity((fjg_op)n->op) && i < 2; i++)
+      if (!(e->reads[ops[i]] & READS_SCORE) && (e->reads[ops[i]] & (READS_Q | READS_KV)))
+        fjg_buf_printf(e->out, " && w%d", ops[i]);
+  }
+  fjg_buf_printf(e->out, ")) return false;\n"
+                         "  terms = fj_score_log2(u, z, 0.0f, scale, b, h, q0, 0, kv0, 0);\n"
+                         "  return true;\n");
+}
+
 /* The body of fj_score_log2: for an additive score_mod the terms scaled
  * by log2 e (put_scaled), the scale folded into the score's, so that a
  * score costs its terms and one FMA; for any other, fj_score_mod's value
@@ -1017,7 +1138,22 @@ fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
       "\n    const fj_sizes &z, int b, int h, int q0, int q1, int kv0, "
       "int kv1) {\n");
   put_tile_class_body(&e);
-  fjg_buf_printf(out, "}\n// ---- end of generated prologue ----\n");
+  fjg_buf_printf(out, "}\n");
+  const int tiles = tile_terms(&e);
+  if (tiles < 0) out->failed = 1;
+  if (tiles > 0) {
+    fjg_buf_printf(out,
+        "\n__device__ __forceinline__ bool fj_score_tile(const fj_user_params &u,"
+        "\n    const fj_sizes &z, float scale, int b, int h, int q0, int q1, int kv0, "
+        "int kv1,\n    float &terms) {\n");
+    put_score_tile_body(&e);
+    fjg_buf_printf(out, "}\n\n"
+        "__device__ __forceinline__ float fj_score_log2_tile(float qk, float scale, "
+        "float terms) {\n  return qk * (");
+    put_float(out, LOG2E);
+    fjg_buf_printf(out, " * scale) + terms;\n}\n");
+  }
+  fjg_buf_printf(out, "// ---- end of generated prologue ----\n");
   return emitter_close(&e);
 }
 
@@ -1063,7 +1199,7 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
   fjg_buf_printf(out, "// ---- generated backward hooks (gen/emit_cuda.c) ----\n");
   /* fj_grad_tile reads the interval rules, which the prologue has only
    * with a mask. */
-  if (fjg_mask_root(g) < 0 && num_grad_reads(g)) put_interval_rules(out);
+  if (!prologue_reads_rules(&e) && num_grad_reads(g)) put_interval_rules(out);
   put_grads_struct(out, g);
   put_grad_cache(out, g);
   fjg_buf_printf(out,
@@ -1127,6 +1263,9 @@ static void put_config_defines(fjg_buf *out, const fjg_graph *g,
   const int sfu = ask_emitter(g, score_uses_sfu);
   if (sfu < 0) out->failed = 1;
   if (sfu > 0) fjg_buf_printf(out, "#define FJ_SCORE_SFU 1\n");
+  const int tiles = ask_emitter(g, tile_terms);
+  if (tiles < 0) out->failed = 1;
+  if (tiles > 0) fjg_buf_printf(out, "#define FJ_SCORE_TILE 1\n");
   if (cfg->persistent) fjg_buf_printf(out, "#define FJ_PERSISTENT 1\n");
   if (cfg->q_bufs > 1) fjg_buf_printf(out, "#define FJ_Q_BUFS %d\n", cfg->q_bufs);
   if (cfg->deterministic) fjg_buf_printf(out, "#define FJ_DETERMINISTIC 1\n");

@@ -23,6 +23,14 @@
  *                          to the same fj_iv_* rules, which
  *                          fjg_emit_interval_rules writes (once per
  *                          translation unit, before the prologue).
+ *   fj_score_tile(u, z, scale, b, h, q0, q1, kv0, kv1, terms)
+ *                          only where fjg_score_has_tile_terms: true when
+ *                          the same rules find every term one value over
+ *                          the tile, with terms (log2 units) set to it;
+ *                          each of the tile's scores is then
+ *   fj_score_log2_tile(qk, scale, terms)
+ *                          qk * (log2 e * scale) + terms, within a few ulp
+ *                          of the terms of fj_score_log2's value.
  * Argument members are prefixed so Lua names cannot clash with C++ keywords:
  * an i32 param `w` is `int a_w;`, an f32 param `float a_w;`, a buffer `d` is
  * `const int *a_d; long long n_d;` (const float * for f32 elements).
@@ -87,6 +95,14 @@ fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out);
  * it, such as ALiBi's bias: fj_score_log2 then folds the scale and log2 e
  * into the score's product and the terms' invariant factors. */
 int fjg_score_is_additive(const fjg_graph *g);
+
+/* 1 when g's score_mod is additive and each of its terms that reads q or
+ * kv can be one value over a tile: q and kv reach it only through clamps,
+ * comparisons, selections or integer divisions (a relative-position bias
+ * or bucket, constant far from the diagonal). Its prologue then has
+ * fj_score_tile and fj_score_log2_tile, and its units define
+ * FJ_SCORE_TILE 1. */
+int fjg_score_has_tile_terms(const fjg_graph *g);
 
 /* A kernel's parts (fjg_template_parts) in order: each template's text
  * under a "// ---- template NAME ----" line, and at FJG_PART_PROLOGUE the

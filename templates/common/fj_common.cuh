@@ -10,6 +10,8 @@
 //        FJ_SCORE_SFU      1 or undefined (0): the score_mod calls a special
 //                          function (exp, log, sqrt, tanh, a division) on
 //                          every element (sm90/config.cuh, FJ_EXP2_EMU)
+//        FJ_SCORE_TILE     1 or undefined (0): the prologue has fj_score_tile
+//                          and fj_score_log2_tile (below)
 //   2. this file
 //   3. the generated prologue:
 //        struct fj_user_params { long long fj_reserved_; <args...> };
@@ -33,6 +35,16 @@
 //      is true for every pair, FJ_TILE_PARTIAL otherwise (always sound; it
 //      does not know about Lq/Lk bounds, which the kernel handles itself).
 //      h is the query head; b the batch index.
+//        __device__ bool  fj_score_tile(const fj_user_params&, const fj_sizes&,
+//                                       float scale, int b, int h, int q0,
+//                                       int q1, int kv0, int kv1, float &terms);
+//        __device__ float fj_score_log2_tile(float qk, float scale, float terms);
+//      With FJ_SCORE_TILE only (an additive score_mod whose terms can be
+//      one value over a tile): fj_score_tile returns true when, by the same
+//      interval analysis, the terms are one value over the inclusive ranges,
+//      and sets terms to it (log2 units); fj_score_log2_tile(qk, scale,
+//      terms) is then the score of every element of the tile (fj_score_log2's
+//      value within a few ulp of the terms).
 //   4. the kernel's other parts, in the order gen/templates.c lists them
 //      (for a forward kernel: common/fj_fwd.cuh, common/ptx.cuh,
 //      common/tile_walk.cuh, then the architecture template's parts).

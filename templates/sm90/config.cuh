@@ -29,6 +29,9 @@
 //   FJ_HAS_SCORE_MOD   0 | 1: as in sm80/config.cuh
 //   FJ_SCORE_SFU       optional, 1: the score_mod calls a special function
 //                      on every element (the generator's; FJ_EXP2_EMU below)
+//   FJ_SCORE_TILE      optional, 1: the score_mod's terms can be one value
+//                      over a tile (the generator's fjg_score_has_tile_terms):
+//                      the softmax asks fj_score_tile once a tile
 //   FJ_PERSISTENT      optional, 0 | 1 (fjg_config.persistent): the
 //                      persistent kernel, grid (min(SMs, items), 1, 1)
 //   FJ_Q_BUFS          optional, 1 | 2 (fjg_config.q_bufs): Q buffers of the
@@ -36,8 +39,9 @@
 // Tunables (optional, from $FLEXJIT_KERNEL_DEFINES; defaults below):
 //   FJ_PINGPONG, FJ_INTRA_WG_OVERLAP, FJ_PRODUCER_REGS, FJ_CONSUMER_REGS,
 //   FJ_EXP2_EMU, FJ_BM_CACHE, FJ_TRACE, FJ_DEBUG_WAIT_LIMIT
-// Hooks: exactly those of sm80/config.cuh (fj_user_params, fj_tile_class,
-//   fj_mask, fj_score_log2; see common/fj_common.cuh), same semantics.
+// Hooks: those of sm80/config.cuh (fj_user_params, fj_tile_class,
+//   fj_mask, fj_score_log2; see common/fj_common.cuh), same semantics, and
+//   with FJ_SCORE_TILE fj_score_tile and fj_score_log2_tile.
 // Block masks: as sm80/config.cuh. With p.bm_kv_num set, the kv tiles and
 //   their classes come from the mask row's lists (PARTIAL blocks, then FULL
 //   ones, each bm_kv_ratio tiles of FJ_BLOCK_N) instead of fj_tile_class;
@@ -132,6 +136,10 @@
 #else
 #define FJ_CONSUMER_REGS 240
 #endif
+#endif
+// FJ_SCORE_TILE: the generator's, undefined (0) for most specs.
+#ifndef FJ_SCORE_TILE
+#define FJ_SCORE_TILE 0
 #endif
 // FJ_EXP2_EMU (4 at D=64 with two consumers, or with a score_mod that calls
 // a special function on every element (FJ_SCORE_SFU, from the generator:

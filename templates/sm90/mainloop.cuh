@@ -200,6 +200,7 @@ __device__ __forceinline__ void fjh_tiles_serial(const fj_fwd_params &p, const f
   unsigned pf[FJH_PK][4];
   float alpha[2];
   int n = n_io, j = it.hi, cls = it.hi_cls, t = it.t;
+  fjh_terms tc(it);
   const fjh_descs d(sm, r.sq);
   fjh_stage st0 = fjh_stage_of(n);
   epi.after_first_qk(sm);
@@ -216,8 +217,8 @@ __device__ __forceinline__ void fjh_tiles_serial(const fj_fwd_params &p, const f
     fjh_fence_regs(s);
     fjh_mbar_arrive(sm.k_empty(st0.s));
     fjh_softmax(p, fjh_sz(p, it), it.b, it.h, r.wq0, j * FJ_BLOCK_N,
-                fjh_tile_mode(p, it, r.wq0, j * FJ_BLOCK_N, cls), exp_scale, s, row_m, row_l,
-                alpha);
+                fjh_tile_mode(p, it, r.wq0, j * FJ_BLOCK_N, cls), exp_scale, tc, s, row_m,
+                row_l, alpha);
     fjh_rescale_o(o, alpha);
     fjh_pack_p(s, pf);
     fjh_v_tail(p, sm, st0, r.c, j * FJ_BLOCK_N, it.Lk);
@@ -266,6 +267,7 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
       unsigned pf[FJH_PK][4];
       float alpha[2];
       int n = n_io, j = it.hi, t = it.t;
+      fjh_terms tc(it);
       const fjh_descs d(sm, r.sq);
       fjh_stage st0 = fjh_stage_of(n);  // tile j's stage, st1 the next tile's
       // Tile 0: S alone.
@@ -281,8 +283,8 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
       fjh_fence_regs(s);
       fjh_mbar_arrive(sm.k_empty(st0.s));
       fjh_softmax(p, fjh_sz(p, it), it.b, it.h, r.wq0, j * FJ_BLOCK_N,
-                  fjh_tile_mode(p, it, r.wq0, j * FJ_BLOCK_N, it.hi_cls), exp_scale, s, row_m,
-                  row_l, alpha);
+                  fjh_tile_mode(p, it, r.wq0, j * FJ_BLOCK_N, it.hi_cls), exp_scale, tc, s,
+                  row_m, row_l, alpha);
       fjh_pack_p(s, pf);
       fjh_v_tail(p, sm, st0, c, j * FJ_BLOCK_N, it.Lk);
       tr.at(3);
@@ -320,8 +322,8 @@ __device__ __forceinline__ void fjh_consume(const fj_fwd_params &p, const fj_tma
         fjh_fence_regs(s);
         tr.loop(5);
         fjh_mbar_arrive(sm.k_empty(st1.s));
-        fjh_softmax(p, fjh_sz(p, it), it.b, it.h, r.wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, s,
-                    row_m, row_l, alpha);
+        fjh_softmax(p, fjh_sz(p, it), it.b, it.h, r.wq0, jn * FJ_BLOCK_N, mode_n, exp_scale, tc,
+                    s, row_m, row_l, alpha);
         tr.loop(6);
         fjh_pv_done(o, pf, alpha, sm.v_empty(st0.s));
         tr.loop(7);

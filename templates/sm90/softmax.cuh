@@ -82,6 +82,46 @@ __device__ __forceinline__ float fjh_row_max(const float (&s)[FJH_S_REGS], int h
   return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 }
 
+// Terms of the score_mod that are one value over many tiles (FJ_SCORE_TILE:
+// a relative-position bias away from the diagonal), a consumer's state over
+// an item's walk: the kv range [lo_kv, hi_kv] over which its rows' terms
+// are one value, and that value. A tile inside it needs no check; a tile
+// whose own check (fj_score_tile) finds its terms one value after a tile
+// that did not (or as the item's first) checks the range from the item's
+// first kv to its own end too, which under a causal mask, walked from the
+// diagonal down, covers every tile left: a few checks an item rather than
+// one a tile. Empty without FJ_SCORE_TILE.
+struct fjh_terms {
+#if FJ_SCORE_TILE
+  int first_kv, lo_kv, hi_kv;
+  float value;
+  bool after_varied;
+  __device__ __forceinline__ explicit fjh_terms(const fjh_item &it)
+      : first_kv(it.lo * FJ_BLOCK_N), lo_kv(1), hi_kv(0), value(0.f), after_varied(true) {}
+  // Whether the terms of rows wq0 .. wq0 + 63 are one value over the tile
+  // at kv0, and that value.
+  __device__ __forceinline__ bool at(const fj_fwd_params &p, const fj_sizes &sz, int b, int h,
+                                     int wq0, int kv0, float &terms) {
+    const int kv1 = kv0 + FJ_BLOCK_N - 1;
+    if (lo_kv <= kv0 && kv1 <= hi_kv) {
+      terms = value;
+      return true;
+    }
+    const int q1 = wq0 + FJH_WG_ROWS - 1;
+    const bool one = fj_score_tile(p.user, sz, p.scale, b, h, wq0, q1, kv0, kv1, terms);
+    if (one && after_varied &&
+        fj_score_tile(p.user, sz, p.scale, b, h, wq0, q1, first_kv, kv1, value)) {
+      lo_kv = first_kv;
+      hi_kv = kv1;
+    }
+    after_varied = !one;
+    return one;
+  }
+#else
+  __device__ __forceinline__ explicit fjh_terms(const fjh_item &) {}
+#endif
+};
+
 // Per-thread view of the accumulator layout of wgmma m64nN: this thread
 // holds rows qr and qr + 8 (qr = first row of its warp + lane / 4), and in
 // each n8 block i the columns 8 i + 2 (lane % 4) + {0, 1}; element 4 i + e
@@ -94,20 +134,33 @@ __device__ __forceinline__ float fjh_row_max(const float (&s)[FJH_S_REGS], int h
 // bounds the keys.
 __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, const fj_sizes &sz, int b,
                                             int h, int wq0, int kv0, int mode, float exp_scale,
-                                            float (&s)[FJH_S_REGS], float (&row_m)[2],
-                                            float (&row_l)[2], float (&alpha)[2]) {
+                                            fjh_terms &tc, float (&s)[FJH_S_REGS],
+                                            float (&row_m)[2], float (&row_l)[2],
+                                            float (&alpha)[2]) {
   const int tid = fj_tid();
   const int t4 = tid & 3;
   // This thread's first row, derived here from a fresh read of tid rather
   // than kept in a register across the kv loop (that spilled at D=128).
   const int qr = wq0 + 16 * ((tid & 127) >> 5) + ((tid & 31) >> 2);
   const int Lk = sz.Lk;
-  (void)b; (void)h; (void)qr;
+  (void)b; (void)h; (void)qr; (void)tc;
 #if FJ_HAS_SCORE_MOD
+  // Terms that are one value over the consumer's rows of the tile (a
+  // relative-position bias away from the diagonal, FJ_SCORE_TILE) are
+  // computed once, and each score costs an FMA.
+#if FJ_SCORE_TILE
+  float terms;
+  if (tc.at(p, sz, b, h, wq0, kv0, terms)) {
 #pragma unroll
-  for (int i = 0; i < FJH_S_REGS; ++i) {
-    s[i] = fj_score_log2(p.user, sz, s[i], p.scale, b, h, qr, 8 * ((i & 3) >> 1),
-                         kv0 + 2 * t4, 8 * (i >> 2) + (i & 1));
+    for (int i = 0; i < FJH_S_REGS; ++i) s[i] = fj_score_log2_tile(s[i], p.scale, terms);
+  } else
+#endif
+  {
+#pragma unroll
+    for (int i = 0; i < FJH_S_REGS; ++i) {
+      s[i] = fj_score_log2(p.user, sz, s[i], p.scale, b, h, qr, 8 * ((i & 3) >> 1),
+                           kv0 + 2 * t4, 8 * (i >> 2) + (i & 1));
+    }
   }
 #endif
   // The mask is evaluated on every element, past Lk too (fj_mask is total;

@@ -65,6 +65,18 @@ static const char *const inline_specs[][2] = {
     {"relative_bias",
      "return { mask_mod = causal(),\n"
      "  score_mod = relative_bias(buffer(\"bias\", \"f32\")) }"},
+    /* Relative biases clamped to a window of distances: one value over
+     * the tiles away from the diagonal (FJ_SCORE_TILE); the second in both
+     * directions and without a mask, with an invariant factor. */
+    {"clamped_bias",
+     "local bias = buffer(\"bias\", \"f32\")\n"
+     "return { mask_mod = causal(),\n"
+     "  score_mod = function(score, b, h, q, kv)\n"
+     "    return score + bias[h * 32 + min(max(q - kv, 0), 31)] end }"},
+    {"clamped_bias_full",
+     "local bias = buffer(\"bias\", \"f32\")\n"
+     "return { score_mod = function(score, b, h, q, kv)\n"
+     "    return score - 0.5 * bias[h * 32 + min(max(q - kv + 16, 0), 31)] end }"},
     {"or_and_masks",
      "return { mask_mod = or_masks(prefix_lm(8),\n"
      "  and_masks(causal(), sliding_window(16))) }"},
@@ -176,6 +188,10 @@ static void build_matrix(void) {
   add_case("document", BF, 128, 1, 8, 1, 257, 257, 1);
   add_case("sliding_window", FP, 64, 1, 8, 1, 257, 257, 0);
   add_case("relative_bias", BF, 128, 1, 8, 1, 300, 257, 0);
+  add_case("clamped_bias", BF, 128, 1, 8, 2, 1000, 1000, 0);
+  add_case("clamped_bias", FP, 64, 2, 4, 4, 777, 777, 1);
+  add_case("clamped_bias_full", FP, 128, 1, 4, 1, 600, 900, 1);
+  add_case("clamped_bias_full", BF, 64, 1, 4, 4, 900, 600, 0);
   /* Hundreds of query blocks: more work items than the H200's 132 SMs, so
    * that the persistent kernel's CTAs each run several items in turn (the
    * ping-pong turn, the K/V stages and the two Q buffers carried from item

@@ -516,6 +516,15 @@ static void *build_host_library(fjg_graph **graphs, int count, const char *dir) 
         "  return g%d::fj_score_log2(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, qk, scale,\n"
         "      b, h, qb, dq, kvb, dk);\n}\n",
         i, i, i, i, i, i, i, i, i, i, i, i);
+    if (fjg_score_has_tile_terms(graphs[i]))
+      fjg_buf_printf(&src,
+          "extern \"C\" int tile_terms_%d(const void *u, const int *z, float scale, int b, int h,\n"
+          "    int q0, int q1, int k0, int k1, float *terms) {\n"
+          "  return g%d::fj_score_tile(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z,\n"
+          "      scale, b, h, q0, q1, k0, k1, *terms);\n}\n"
+          "extern \"C\" float log2_tile_%d(float qk, float scale, float terms) {\n"
+          "  return g%d::fj_score_log2_tile(qk, scale, terms);\n}\n",
+          i, i, i, i, i);
   }
   char cpp[512], so[512], cmd[1600];
   snprintf(cpp, sizeof cpp, "%s/emitted_host.cpp", dir);
@@ -818,6 +827,153 @@ static void test_score_log2_additive(void **state) {
   fjg_graph_destroy(g);
 }
 
+typedef int (*tile_terms_fn)(const void *, const int *, float, int, int, int, int, int, int,
+                             float *);
+typedef float (*log2_tile_fn)(float, float, float);
+
+/* A term of a relative-position bias that is one value over a tile far
+ * enough from the diagonal, drawn at random (|value| <= *bound): a table
+ * read at a clamped relative position, a T5-style bucket, the float of a
+ * clamped distance times an invariant factor, a selection by a threshold;
+ * or an invariant term. */
+static int rand_tile_term(fjg_graph *g, const nodes *n, double *bound) {
+  const int d = bin(g, FJG_OP_SUB, n->q, n->kv), c = range(-20, 20);
+  const int dc = bin(g, FJG_OP_ADD, d, k32(g, c));
+  switch (range(0, 4)) {
+  case 0: /* fbuf[clamp(q - kv + c, 0, 31)] */
+    *bound = 8;
+    return fjg_load(g, n->fbuf, bin(g, FJG_OP_MIN, bin(g, FJG_OP_MAX, dc, k32(g, 0)), k32(g, 31)));
+  case 1: { /* fbuf[min(n, 8) + (n >= t1) + (n >= t2)], n = max(q - kv, 0) */
+    const int nn = bin(g, FJG_OP_MAX, d, k32(g, 0));
+    int x = bin(g, FJG_OP_MIN, nn, k32(g, 8));
+    for (int t = 12; t <= 40; t += 28)
+      x = bin(g, FJG_OP_ADD, x, fjg_where(g, bin(g, FJG_OP_GE, nn, k32(g, t)), k32(g, 1), k32(g, 0)));
+    *bound = 8;
+    return fjg_load(g, n->fbuf, x);
+  }
+  case 2: /* fp * float(clamp(kv - q + c, -6, 6)) */
+    *bound = 60;
+    return bin(g, FJG_OP_MUL, n->fp,
+               fjg_unary(g, FJG_OP_TO_F32,
+                         bin(g, FJG_OP_MAX, bin(g, FJG_OP_MIN, fjg_unary(g, FJG_OP_NEG, dc),
+                                                k32(g, 6)), k32(g, -6))));
+  case 3: /* q - kv >= c ? 1.5 : -2 */
+    *bound = 2;
+    return fjg_where(g, bin(g, FJG_OP_GE, d, k32(g, c)), fjg_const_f32(g, 1.5f),
+                     fjg_const_f32(g, -2.0f));
+  default: /* invariant: fp, or fbuf[h] */
+    *bound = 10;
+    return range(0, 1) ? n->fp : fjg_load(g, n->fbuf, n->h);
+  }
+}
+
+enum { NUM_TILE_TERMS = 30 };
+
+/* fj_score_tile: where it says an additive score_mod's terms are one value
+ * over a tile, fj_score_log2_tile with them is fj_score_log2's value at
+ * every element of the tile (within a few ulp of the terms); over random
+ * tiles near and far from the diagonal it says both. And which score_mods
+ * have such terms (fjg_score_has_tile_terms, FJ_SCORE_TILE). */
+static void test_score_tile(void **state) {
+  (void)state;
+  if (system("g++ --version > /dev/null 2>&1") != 0) skip();
+  fjg_graph *graphs[NUM_TILE_TERMS];
+  double bounds[NUM_TILE_TERMS];
+  for (int i = 0; i < NUM_TILE_TERMS; i++) {
+    fjg_graph *g = graphs[i] = fjg_graph_create();
+    nodes n = leaves(g);
+    int root = fjg_input_node(g, FJG_IN_SCORE), clamped = 0;
+    bounds[i] = 0;
+    for (int t = range(1, 3); t > 0 || !clamped; t--) {
+      double b;
+      const int term = rand_tile_term(g, &n, &b);
+      clamped |= (fjg_input_deps(g, term) & (1u << FJG_IN_Q)) != 0;
+      bounds[i] += b;
+      root = bin(g, range(0, 1) ? FJG_OP_ADD : FJG_OP_SUB, root, term);
+    }
+    assert_true(fjg_set_score_root(g, root) >= 0);
+    if (!fjg_score_has_tile_terms(g)) fail_msg("graph %d has tile terms", i);
+  }
+  char dir[] = "/tmp/fj_emit_tile_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  void *lib = build_host_library(graphs, NUM_TILE_TERMS, dir);
+  int uniform = 0, varying = 0;
+  for (int i = 0; i < NUM_TILE_TERMS; i++) {
+    tile_terms_fn tile_terms = (tile_terms_fn)sym(lib, "tile_terms", i);
+    log2_tile_fn log2_tile = (log2_tile_fn)sym(lib, "log2_tile", i);
+    log2_fn log2v = (log2_fn)sym(lib, "log2", i);
+    host_args args;
+    host_args_init(&args, graphs[i], 400, 400);
+    const unsigned char *params = args.params;
+    int sizes[7];
+    memcpy(sizes, args.env.sizes, sizeof(int) * 5);
+    sizes[5] = i % 2 ? range(0, 300) : 0, sizes[6] = i % 2 ? range(0, 300) : 0; /* offsets */
+    for (int t = 0; t < 200; t++) {
+      const int b = range(0, 1), h = range(0, 7);
+      const int q0 = range(-5, 380), kv0 = range(-5, 380);
+      const int q1 = q0 + range(0, 63), kv1 = kv0 + range(0, 63);
+      float terms = NAN;
+      if (!tile_terms(params, sizes, 0.25f, b, h, q0, q1, kv0, kv1, &terms)) {
+        varying++;
+        continue;
+      }
+      uniform++;
+      for (int e = 0; e < 40; e++) {
+        const int q = range(q0, q1), kv = range(kv0, kv1);
+        const float qk = (float)range(-400, 400) / 4.0f;
+        const float want = log2v(params, sizes, qk, 0.25f, b, h, q, 0, kv, 0);
+        const float got = log2_tile(qk, 0.25f, terms);
+        const double tol = 0x1p-18 * (fabs(qk) * 0.25 * LOG2E_F + bounds[i] * LOG2E_F);
+        if (!(fabs((double)got - want) <= tol))
+          fail_msg("graph %d: tile q[%d,%d] kv[%d,%d] offsets %d, %d: at q=%d kv=%d "
+                   "%.9g, fj_score_log2 %.9g", i, q0, q1, kv0, kv1, sizes[5], sizes[6], q, kv,
+                   got, want);
+      }
+    }
+  }
+  /* Both answers, each often: a classifier that always or never says
+   * "one value" fails here or above. */
+  if (uniform < 600 || varying < 600)
+    fail_msg("%d tiles with one value, %d without", uniform, varying);
+  close_host_library(lib, graphs, NUM_TILE_TERMS, dir);
+
+  /* No tile terms: ALiBi's affine distance, a score that is not additive,
+   * a term of q and kv through no clamp, no score_mod at all. */
+  fjg_config c = sm80_config();
+  for (int k = 0; k < 5; k++) {
+    fjg_graph *g = fjg_graph_create();
+    nodes n = leaves(g);
+    const int score = fjg_input_node(g, FJG_IN_SCORE);
+    const int d = bin(g, FJG_OP_SUB, n.kv, n.q);
+    const int clamped =
+        fjg_load(g, n.fbuf, bin(g, FJG_OP_MIN, bin(g, FJG_OP_MAX, d, k32(g, 0)), k32(g, 31)));
+    int root = -1;
+    switch (k) {
+    case 0: root = bin(g, FJG_OP_ADD, score, bin(g, FJG_OP_MUL, n.fp, fjg_unary(g, FJG_OP_TO_F32, d))); break;
+    case 1: root = bin(g, FJG_OP_MUL, bin(g, FJG_OP_ADD, score, clamped), fjg_const_f32(g, 2.0f)); break;
+    case 2: root = bin(g, FJG_OP_ADD, bin(g, FJG_OP_ADD, score, clamped), fjg_load(g, n.fbuf, d)); break;
+    case 3: root = bin(g, FJG_OP_ADD, score, fjg_load(g, n.fbuf, n.h)); break;
+    default: break;
+    }
+    if (root >= 0) assert_true(fjg_set_score_root(g, root) >= 0);
+    assert_int_equal(fjg_score_has_tile_terms(g), 0);
+    fjg_buf b;
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
+    assert_null(strstr(b.data, "#define FJ_SCORE_TILE"));
+    assert_null(strstr(b.data, "bool fj_score_tile("));
+    fjg_buf_free(&b);
+    /* The clamped term alone has them. */
+    assert_true(fjg_set_score_root(g, bin(g, FJG_OP_ADD, score, clamped)) >= 0);
+    assert_int_equal(fjg_score_has_tile_terms(g), 1);
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_forward_tu(g, &c, &b), FJ_OK);
+    assert_non_null(strstr(b.data, "#define FJ_SCORE_TILE 1\n"));
+    fjg_buf_free(&b);
+    fjg_graph_destroy(g);
+  }
+}
+
 /* A score_mod that nests many products with invariant factors, or sums
  * many affine indices, keeps fj_score_log2 linear in its size: at most
  * eight values hoisted out of the element loop (k0 .. k7 and affine
@@ -1061,6 +1217,7 @@ int main(void) {
       cmocka_unit_test(test_division_by_constant),
       cmocka_unit_test(test_score_log2_additive),
       cmocka_unit_test(test_score_log2_is_bounded),
+      cmocka_unit_test(test_score_tile),
       cmocka_unit_test(test_i32_edges),
       cmocka_unit_test(test_decisive_f32_is_not_contracted),
   };

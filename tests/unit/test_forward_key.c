@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "6a123b8aac20f7f0382403d55817d7a7"
+#define PINNED_SOURCE_KEY "ff2fadbb1044247c2706e4c1343558bc"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
