@@ -51,6 +51,7 @@ FLOPs: 2.5x the forward's for the backward, 3.5x for forward+backward.
 import argparse
 import functools
 import json
+import math
 import os
 import random
 import re
@@ -78,6 +79,17 @@ PASS_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fb": 3.5}
 SPECS = os.path.join(REPO, "bench", "specs")
 # The relative-bias table: H x REL_BIAS_SPAN f32 values (bench/specs/rel_bias*.lua).
 REL_BIAS_SPAN = 64
+# T5's buckets (examples/relative_buckets.lua): H x T5_BUCKETS f32 values, a
+# bucket per distance below T5_EXACT, then log-spaced up to T5_MAX_DISTANCE.
+T5_BUCKETS, T5_EXACT, T5_MAX_DISTANCE = 32, 16, 128
+
+
+def t5_thresholds():
+    """The distances at which a T5 bucket past T5_EXACT starts, computed as
+    relative_buckets.lua computes them (the same double arithmetic)."""
+    n = T5_BUCKETS - T5_EXACT
+    return [math.ceil(T5_EXACT * (T5_MAX_DISTANCE / T5_EXACT) ** (k / n))
+            for k in range(1, n)]
 
 # ---- cases -------------------------------------------------------------
 
@@ -102,6 +114,13 @@ def rel_bias_values(H):
     and flexjit read the same numbers without numpy or torch."""
     r = random.Random(2)
     return [r.gauss(0.0, 0.5) for _ in range(H * REL_BIAS_SPAN)]
+
+
+def t5_bias_values(H):
+    """T5's bucket table, H x T5_BUCKETS values drawn as rel_bias_values's
+    (seed 3)."""
+    r = random.Random(3)
+    return [r.gauss(0.0, 0.5) for _ in range(H * T5_BUCKETS)]
 
 
 def write_npy_1d(path, values, code):
@@ -190,6 +209,10 @@ BACKWARD_MASKED = [
     ("rel-bias frozen + causal", "specs/rel_bias_frozen.lua",
      ["--buffer", "bias={bias}"],
      {"mask": "causal", "score": "rel_bias", "grad": False}),
+    # T5's bucketed relative bias, frozen (its table's gradient not asked).
+    ("T5 buckets + causal", "relative_buckets.lua",
+     ["--buffer", "rel_bias={bias}"],
+     {"mask": "causal", "score": "t5", "grad": False}),
 ]
 
 
@@ -376,7 +399,8 @@ def describe_phase(m):
 def torch_mods(desc, H, doc, bias=None):
     """FlexAttention's mask_mod and score_mod for a case (None where it has
     none); doc: the document ids (cuda int32), bias: the relative-bias
-    table (cuda f32, H x REL_BIAS_SPAN), for the cases that read them."""
+    table (cuda f32, H x REL_BIAS_SPAN, or H x T5_BUCKETS for T5's), for the
+    cases that read them."""
     import torch
 
     mask = desc.get("mask")
@@ -403,6 +427,15 @@ def torch_mods(desc, H, doc, bias=None):
         n = REL_BIAS_SPAN
         score_mod = lambda s, b, h, q, kv: s + bias[
             h * n + torch.clamp(q - kv, 0, n - 1)]
+    elif score == "t5":
+        thresholds = t5_thresholds()
+
+        def score_mod(s, b, h, q, kv):
+            n = torch.clamp(q - kv, min=0)
+            bucket = torch.clamp(n, max=T5_EXACT)
+            for t in thresholds:
+                bucket = bucket + torch.where(n >= t, 1, 0)
+            return s + bias[h * T5_BUCKETS + bucket]
     else:
         score_mod = None
     return mask_fn, score_mod
@@ -491,8 +524,8 @@ def flexjit_package_or_exit(binary, prog):
 
 def flexjit_call(fj, spec_path, extra, S, doc, table):
     """The case as one flexjit.attention call on (q, k, v): the spec with
-    the CLI's --param values, the document ids and the bias table as its
-    buffers, and, where the mask reads a buffer (the CLI's default rule), a
+    the CLI's --param values, the document ids (buffer doc) and the bias
+    table (any other buffer) as its buffers, and, where the mask reads a buffer (the CLI's default rule), a
     block mask built once beforehand, as FlexAttention's is."""
     spec = fj.Spec(spec_path)
     params, buffers = {}, {}
@@ -501,7 +534,7 @@ def flexjit_call(fj, spec_path, extra, S, doc, table):
         if opt == "--param":
             params[name] = float(value) if "." in value else int(value)
         elif opt == "--buffer":
-            buffers[name] = {"doc": doc, "bias": table}[name]
+            buffers[name] = doc if name == "doc" else table
     bm = None
     if spec.mask_reads_buffer:
         bm = fj.block_mask(spec, None, None, S, S, params=params,
@@ -1154,9 +1187,10 @@ def case_values(work, name, H, S, desc, have_torch):
         subst["{doc}"] = os.path.join(work, "doc_%d.npy" % S)
         write_npy_i32(subst["{doc}"], ids.tolist())
         doc = ids.to("cuda")
-    if desc.get("score") == "rel_bias":
-        bias = rel_bias_values(H)
-        subst["{bias}"] = os.path.join(work, "bias_%d.npy" % H)
+    if desc.get("score") in ("rel_bias", "t5"):
+        t5 = desc["score"] == "t5"
+        bias = t5_bias_values(H) if t5 else rel_bias_values(H)
+        subst["{bias}"] = os.path.join(work, "%s_%d.npy" % ("t5" if t5 else "bias", H))
         write_npy_1d(subst["{bias}"], bias, "f")
     return subst, doc, bias
 
