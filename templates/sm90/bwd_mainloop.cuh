@@ -169,11 +169,14 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
 // which must not pay for the mask.
 #define FJHB_MASK_SELECT \
   (!FJ_HAS_SCORE_MOD && (FJHB_SELECT_P || !FJ_MASK_LOADS))
-template <bool CHECK>
+// ONE_TERMS (FJ_SCORE_TILE): the score_mod's terms are one value over the
+// tile, terms (fj_score_tile), and each score is one FMA with it.
+template <bool CHECK, bool ONE_TERMS = false>
 __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_sizes &z, int b,
                                            int h, int q0,
                                            int wkv0, bool need_mask, bool edge,
-                                           unsigned s_lse, float (&s)[FJHB_S_REGS]) {
+                                           unsigned s_lse, float (&s)[FJHB_S_REGS],
+                                           float terms = 0.f) {
   const int t = fj_tid() & 127;
   const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
 #pragma unroll
@@ -200,8 +203,14 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
 #endif
       }
 #if FJ_HAS_SCORE_MOD
-      const float x = fj_score_log2(p.user, z, s[i], p.scale, b, h, q0 + 2 * t4, 8 * j + (e & 1),
-                                    wkv0 + 16 * w + g, 8 * (e >> 1));
+      float x;
+#if FJ_SCORE_TILE
+      if constexpr (ONE_TERMS)
+        x = fj_score_log2_tile(s[i], p.scale, terms);
+      else
+#endif
+        x = fj_score_log2(p.user, z, s[i], p.scale, b, h, q0 + 2 * t4, 8 * j + (e & 1),
+                          wkv0 + 16 * w + g, 8 * (e >> 1));
       s[i] = keep ? fj_exp2(x - l2[e & 1]) : 0.f;
 #else
       // The exponent on every element, so that with 128-row tiles only the
@@ -219,6 +228,7 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
     }
   }
   (void)need_mask, (void)b, (void)h, (void)w, (void)g, (void)q0, (void)wkv0, (void)edge;
+  (void)terms;
 }
 // dS^T = P^T (dP^T - delta) into dp, P^T from its fp32 accumulators (pr)
 // or, FJHB_DS_FROM_PACKED_P, from its A fragments (pa: rounded to the
@@ -506,6 +516,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #endif
       edge = q0 + FJ_BLOCK_M > z.Lq || wkv0 + FJHB_WG_KV > z.Lk;
     }
+
     // P^T and dS^T as A fragments: read by the in-flight dV and dK products
     // until the wait below, so they live across it.
     unsigned pa[FJHB_PK][4], dsa[FJHB_PK][4];
@@ -542,9 +553,23 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       // With a score_mod (an additive one), one loop for every tile, as the
       // one-pass step: a second, unchecked copy spills with a large one.
       // Its trainable reads' indices over the tile first (fj_grad_tile).
+      // Terms one value over the tile (a relative bias away from the
+      // diagonal): an FMA a score (FJ_SCORE_TILE).
+#if FJ_SCORE_TILE
+      float terms;
+      const bool one_terms = fj_score_tile(p.user, w.sizes(p), p.scale, b, it.h, q0,
+                                           q0 + FJ_BLOCK_M - 1, wkv0, wkv0 + FJHB_WG_KV - 1,
+                                           terms);
+#endif
 #if FJ_HAS_SCORE_MOD
       fj_grad_tile(p.user, w.sizes(p), b, it.h, q0, q0 + FJ_BLOCK_M - 1, wkv0,
                    wkv0 + FJHB_WG_KV - 1, gc);
+#endif
+#if FJ_SCORE_TILE
+      if (one_terms)
+        fjhb_probs<true, true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
+                               sacc, terms);
+      else
 #endif
       if (FJ_HAS_SCORE_MOD || need_mask || edge)
         fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);

@@ -80,6 +80,9 @@ static const tcase cases[] = {
     {5, FJ_DTYPE_F16, 128, 1, 4, 4, 131, 131, 0, 0, 0, 0},
     {6, FJ_DTYPE_BF16, 128, 1, 4, 2, 300, 300, 0, 0, 0, 0},
     {6, FJ_DTYPE_F16, 64, 2, 2, 2, 97, 97, 0, 1, 0, 0},
+    /* Long enough that most tiles' bias is one value (FJ_SCORE_TILE). */
+    {6, FJ_DTYPE_BF16, 64, 1, 4, 2, 700, 700, 0, 0, 0, 0},
+    {7, FJ_DTYPE_F16, 128, 1, 2, 1, 600, 900, 1, 0, 0, 0},
     {8, FJ_DTYPE_BF16, 64, 1, 2, 2, 100, 100, 0, 0, 0, 0},
     {8, FJ_DTYPE_F16, 128, 2, 4, 1, 45, 70, 1, 0, 0, 0},
     /* Head dim 64 beside the cases above: Lq > Lk, a 128-row tile whose
