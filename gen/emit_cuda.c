@@ -1065,6 +1065,9 @@ static void put_score_tile_body(emitter *e) {
     }
     fjg_buf_printf(e->out, ";\n");
   }
+  /* The terms: the operands that do not read the score of the sums,
+   * differences and negations that do (an additive score_mod has no other
+   * node reading it). */
   fjg_buf_printf(e->out, "  if (!(true");
   for (int k = 0; k < count; k++) {
     const int id = list[k];
@@ -1198,7 +1201,7 @@ fj_status fjg_emit_backward_hooks(const fjg_graph *g, fjg_buf *out) {
   if (emitter_open(&e, g, out) != FJ_OK) return FJ_ENOMEM;
   fjg_buf_printf(out, "// ---- generated backward hooks (gen/emit_cuda.c) ----\n");
   /* fj_grad_tile reads the interval rules, which the prologue has only
-   * with a mask. */
+   * with a mask or tile terms. */
   if (!prologue_reads_rules(&e) && num_grad_reads(g)) put_interval_rules(out);
   put_grads_struct(out, g);
   put_grad_cache(out, g);

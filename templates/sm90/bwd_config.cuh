@@ -22,7 +22,9 @@
 //                      descending kv-tile order (common/bwd_order.cuh), by
 //                      the dQ writer (sm90/bwd.cuh)
 // Hooks: fj_user_params, fj_tile_class, fj_mask, fj_score_log2 and the
-//   backward's fj_user_grads and fj_score_grad, as the sm80 backward.
+//   backward's fj_user_grads and fj_score_grad, as the sm80 backward; with
+//   FJ_SCORE_TILE (the generator's) fj_score_tile and fj_score_log2_tile
+//   (common/fj_common.cuh), which P^T uses where the terms are one value.
 // Kernel (bwd.cuh):
 //   extern "C" __global__ void fj_attention_bwd(
 //       const __grid_constant__ fj_bwd_params p,

@@ -516,7 +516,6 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #endif
       edge = q0 + FJ_BLOCK_M > z.Lq || wkv0 + FJHB_WG_KV > z.Lk;
     }
-
     // P^T and dS^T as A fragments: read by the in-flight dV and dK products
     // until the wait below, so they live across it.
     unsigned pa[FJHB_PK][4], dsa[FJHB_PK][4];
@@ -551,10 +550,12 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       fjh_wgmma_wait<1>();  // S^T is ready; dP^T runs on
       fjh_fence_regs(sacc);
       // With a score_mod (an additive one), one loop for every tile, as the
-      // one-pass step: a second, unchecked copy spills with a large one.
-      // Its trainable reads' indices over the tile first (fj_grad_tile).
-      // Terms one value over the tile (a relative bias away from the
-      // diagonal): an FMA a score (FJ_SCORE_TILE).
+      // one-pass step: a second, unchecked copy spills with a large one;
+      // but where its terms are one value over the tile (a relative bias
+      // away from the diagonal, FJ_SCORE_TILE) a copy whose scores are an
+      // FMA each, asked once an item (keeping the answers over the walk, as
+      // the forward does, spilled the trained relative bias's kernel). Its
+      // trainable reads' indices over the tile first (fj_grad_tile).
 #if FJ_SCORE_TILE
       float terms;
       const bool one_terms = fj_score_tile(p.user, w.sizes(p), p.scale, b, it.h, q0,

@@ -31,7 +31,8 @@
 //                      on every element (the generator's; FJ_EXP2_EMU below)
 //   FJ_SCORE_TILE      optional, 1: the score_mod's terms can be one value
 //                      over a tile (the generator's fjg_score_has_tile_terms):
-//                      the softmax asks fj_score_tile once a tile
+//                      the softmax asks fj_score_tile (fjh_terms), as does
+//                      the backward's P^T
 //   FJ_PERSISTENT      optional, 0 | 1 (fjg_config.persistent): the
 //                      persistent kernel, grid (min(SMs, items), 1, 1)
 //   FJ_Q_BUFS          optional, 1 | 2 (fjg_config.q_bufs): Q buffers of the
