@@ -24,12 +24,16 @@
 //                      instead, and fj_tile_class only refines PARTIAL ones
 //                      per warp
 //   FJ_HAS_SCORE_MOD   0 | 1: 1 calls fj_score_log2 per element
+//   FJ_SCORE_TILE      1 or undefined (0), the generator's: the forward's
+//                      warp step asks fj_score_tile once a sub-tile, and where
+//                      the terms are one value calls fj_score_log2_tile
 // Hooks (from the generated prologue; see common/fj_common.cuh):
 //   struct fj_user_params;                               always
 //   fj_tile_class(user, sz, b, h, q0, q1, kv0, kv1)      when FJ_HAS_MASK
 //   fj_mask(user, sz, b, h, q, kv)                       when FJ_HAS_MASK
 //   fj_score_log2(user, sz, qk, scale, b, h, qb, dq, kvb, dk)
 //                                                        when FJ_HAS_SCORE_MOD
+//   fj_score_tile, fj_score_log2_tile                    when FJ_SCORE_TILE
 //   (fj_tile_class and fj_mask receive query-head h; kv head is h / kv_group.)
 //   fj_score_log2 may be called with kv >= Lk (the element is masked after),
 //   so it must be total; generated code is (buffer reads are bounds-checked).

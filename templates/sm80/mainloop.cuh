@@ -72,15 +72,31 @@ __device__ __forceinline__ void fjk_tile_step(
 
   // ---- score_mod, then the mask and the kv bound ----
 #if FJ_HAS_SCORE_MOD
+  // Terms one value over the warp's sub-tile (FJ_SCORE_TILE: a relative
+  // bias away from the diagonal) are computed once, an FMA a score.
+#if FJ_SCORE_TILE
+  float terms;
+  if (fj_score_tile(p.user, sz, p.scale, b, h, wq0, wq0 + FJK_MT * 16 - 1, kv0,
+                    kv0 + FJK_NT * 8 - 1, terms)) {
 #pragma unroll
-  for (int mt = 0; mt < FJK_MT; ++mt)
+    for (int mt = 0; mt < FJK_MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < FJK_NT; ++nt)
+      for (int nt = 0; nt < FJK_NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[mt][nt][e] = fj_score_log2(p.user, sz, s[mt][nt][e], p.scale, b, h, wq0 + g,
-                                     mt * 16 + (e >> 1) * 8, kv0 + 2 * t4, nt * 8 + (e & 1));
-      }
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = fj_score_log2_tile(s[mt][nt][e], p.scale, terms);
+  } else
+#endif
+  {
+#pragma unroll
+    for (int mt = 0; mt < FJK_MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < FJK_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mt][nt][e] = fj_score_log2(p.user, sz, s[mt][nt][e], p.scale, b, h, wq0 + g,
+                                       mt * 16 + (e >> 1) * 8, kv0 + 2 * t4, nt * 8 + (e & 1));
+        }
+  }
 #endif
   // The mask is evaluated on every element, past Lk too (fj_mask is total;
   // such results are dropped), without a branch per element: its buffer
