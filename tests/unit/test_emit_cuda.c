@@ -847,7 +847,8 @@ static int rand_tile_term(fjg_graph *g, const nodes *n, double *bound) {
     const int nn = bin(g, FJG_OP_MAX, d, k32(g, 0));
     int x = bin(g, FJG_OP_MIN, nn, k32(g, 8));
     for (int t = 12; t <= 40; t += 28)
-      x = bin(g, FJG_OP_ADD, x, fjg_where(g, bin(g, FJG_OP_GE, nn, k32(g, t)), k32(g, 1), k32(g, 0)));
+      x = bin(g, FJG_OP_ADD, x,
+              fjg_where(g, bin(g, FJG_OP_GE, nn, k32(g, t)), k32(g, 1), k32(g, 0)));
     *bound = 8;
     return fjg_load(g, n->fbuf, x);
   }
@@ -938,7 +939,9 @@ static void test_score_tile(void **state) {
   close_host_library(lib, graphs, NUM_TILE_TERMS, dir);
 
   /* No tile terms: ALiBi's affine distance, a score that is not additive,
-   * a term of q and kv through no clamp, no score_mod at all. */
+   * a clamped term beside one of q and kv through no clamp, a term of
+   * neither q nor kv (already the same over a thread's elements), no
+   * score_mod at all. */
   fjg_config c = sm80_config();
   for (int k = 0; k < 5; k++) {
     fjg_graph *g = fjg_graph_create();
@@ -949,9 +952,15 @@ static void test_score_tile(void **state) {
         fjg_load(g, n.fbuf, bin(g, FJG_OP_MIN, bin(g, FJG_OP_MAX, d, k32(g, 0)), k32(g, 31)));
     int root = -1;
     switch (k) {
-    case 0: root = bin(g, FJG_OP_ADD, score, bin(g, FJG_OP_MUL, n.fp, fjg_unary(g, FJG_OP_TO_F32, d))); break;
-    case 1: root = bin(g, FJG_OP_MUL, bin(g, FJG_OP_ADD, score, clamped), fjg_const_f32(g, 2.0f)); break;
-    case 2: root = bin(g, FJG_OP_ADD, bin(g, FJG_OP_ADD, score, clamped), fjg_load(g, n.fbuf, d)); break;
+    case 0:
+      root = bin(g, FJG_OP_ADD, score, bin(g, FJG_OP_MUL, n.fp, fjg_unary(g, FJG_OP_TO_F32, d)));
+      break;
+    case 1:
+      root = bin(g, FJG_OP_MUL, bin(g, FJG_OP_ADD, score, clamped), fjg_const_f32(g, 2.0f));
+      break;
+    case 2:
+      root = bin(g, FJG_OP_ADD, bin(g, FJG_OP_ADD, score, clamped), fjg_load(g, n.fbuf, d));
+      break;
     case 3: root = bin(g, FJG_OP_ADD, score, fjg_load(g, n.fbuf, n.h)); break;
     default: break;
     }
