@@ -15,6 +15,19 @@
 // output error there.)
 #define FJK_RESCALE_THRESHOLD 0.0f
 
+// f(x, mt, nt, e) for every score of a warp's sub-tile: element e of n8
+// block nt of m16 tile mt, row wq0 + 16 mt + g + 8 (e >> 1), column kv0 +
+// 8 nt + 2 t4 + (e & 1).
+template <class F>
+__device__ __forceinline__ void fjk_each_score(float (&s)[FJK_MT][FJK_NT][4], const F &f) {
+#pragma unroll
+  for (int mt = 0; mt < FJK_MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < FJK_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(s[mt][nt][e], mt, nt, e);
+}
+
 // One online-softmax step of a warp over FJK_SUB_N kv columns starting at
 // kv0, K and V rows at sk / sv in shared memory: S = Q K^T, score_mod, mask,
 // running max and sum, O += P V.
@@ -78,24 +91,14 @@ __device__ __forceinline__ void fjk_tile_step(
   float terms;
   if (fj_score_tile(p.user, sz, p.scale, b, h, wq0, wq0 + FJK_MT * 16 - 1, kv0,
                     kv0 + FJK_NT * 8 - 1, terms)) {
-#pragma unroll
-    for (int mt = 0; mt < FJK_MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < FJK_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = fj_score_log2_tile(s[mt][nt][e], p.scale, terms);
+    fjk_each_score(s, [&](float &x, int, int, int) { x = fj_score_log2_tile(x, p.scale, terms); });
   } else
 #endif
   {
-#pragma unroll
-    for (int mt = 0; mt < FJK_MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < FJK_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[mt][nt][e] = fj_score_log2(p.user, sz, s[mt][nt][e], p.scale, b, h, wq0 + g,
-                                       mt * 16 + (e >> 1) * 8, kv0 + 2 * t4, nt * 8 + (e & 1));
-        }
+    fjk_each_score(s, [&](float &x, int mt, int nt, int e) {
+      x = fj_score_log2(p.user, sz, x, p.scale, b, h, wq0 + g, mt * 16 + (e >> 1) * 8,
+                        kv0 + 2 * t4, nt * 8 + (e & 1));
+    });
   }
 #endif
   // The mask is evaluated on every element, past Lk too (fj_mask is total;
@@ -104,29 +107,18 @@ __device__ __forceinline__ void fjk_tile_step(
   // each once per sub-tile instead of once per element.
 #if FJ_HAS_MASK
   if (need_mask) {
-#pragma unroll
-    for (int mt = 0; mt < FJK_MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < FJK_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
-          const int qi = wq0 + mt * 16 + g + (e >> 1) * 8;
-          const bool keep = (ki < Lk) & fj_mask(p.user, sz, b, h, qi, ki);
-          s[mt][nt][e] = keep ? s[mt][nt][e] : fj_neg_inf();
-        }
+    fjk_each_score(s, [&](float &x, int mt, int nt, int e) {
+      const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
+      const int qi = wq0 + mt * 16 + g + (e >> 1) * 8;
+      const bool keep = (ki < Lk) & fj_mask(p.user, sz, b, h, qi, ki);
+      x = keep ? x : fj_neg_inf();
+    });
   } else
 #endif
   if (ragged) {
-#pragma unroll
-    for (int mt = 0; mt < FJK_MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < FJK_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ki = kv0 + nt * 8 + 2 * t4 + (e & 1);
-          if (ki >= Lk) s[mt][nt][e] = fj_neg_inf();
-        }
+    fjk_each_score(s, [&](float &x, int, int nt, int e) {
+      if (kv0 + nt * 8 + 2 * t4 + (e & 1) >= Lk) x = fj_neg_inf();
+    });
   }
 
   // ---- each row's max on the tile (log2 units): rows g and g + 8 of each
