@@ -989,34 +989,39 @@ static int may_be_uniform(const emitter *e, int id, uint8_t *memo) {
   return yes;
 }
 
-/* The terms of the additive score_mod's sum under node id that read q or
- * kv (its summands that do not read the score): how many there are, and
- * whether each may be one value over a tile. */
-static int tile_terms_under(const emitter *e, int id, uint8_t *memo, int *all_may) {
-  const fjg_node *n = fjg_node_at(e->g, id);
+/* The terms of an additive score_mod's sum under node id that read q or
+ * kv (the summands that do not read the score, under the sums,
+ * differences and negations that do: an additive score_mod has no other
+ * node reading it), appended to terms[*n]. */
+static void qkv_terms(const emitter *e, int id, int *terms, int *n) {
+  const fjg_node *nd = fjg_node_at(e->g, id);
   if (!(e->reads[id] & READS_SCORE)) {
-    if (!(e->reads[id] & (READS_Q | READS_KV))) return 0;
-    *all_may &= may_be_uniform(e, id, memo);
-    return 1;
+    if (e->reads[id] & (READS_Q | READS_KV)) terms[(*n)++] = id;
+    return;
   }
-  if (n->op == FJG_OP_INPUT) return 0;
-  const int arity = fjg_op_arity((fjg_op)n->op);
-  return tile_terms_under(e, n->a, memo, all_may) +
-         (arity > 1 ? tile_terms_under(e, n->b, memo, all_may) : 0);
+  if (nd->op == FJG_OP_INPUT) return;
+  qkv_terms(e, nd->a, terms, n);
+  if (fjg_op_arity((fjg_op)nd->op) > 1) qkv_terms(e, nd->b, terms, n);
 }
 
 /* 1 when the score_mod is additive and its terms read q or kv in a way
  * that can be one value over a tile (a clamped relative position, a
  * bucket): a relative-position bias far from the diagonal. Its kernels
- * then ask fj_score_tile once a tile. */
+ * then ask fj_score_tile. */
 static int tile_terms(const emitter *e) {
   if (!additive(e)) return 0;
-  uint8_t *memo = calloc((size_t)fjg_num_nodes(e->g) + 1, 1);
-  if (!memo) return -1;
-  int all_may = 1;
-  const int n = tile_terms_under(e, fjg_score_root(e->g), memo, &all_may);
+  const size_t nodes = (size_t)fjg_num_nodes(e->g) + 1;
+  uint8_t *memo = calloc(nodes, 1);
+  int *terms = malloc(nodes * sizeof *terms);
+  int n = 0, all_may = 1;
+  if (memo && terms) {
+    qkv_terms(e, fjg_score_root(e->g), terms, &n);
+    for (int i = 0; i < n; i++) all_may &= may_be_uniform(e, terms[i], memo);
+  }
+  const int answer = !memo || !terms ? -1 : n > 0 && all_may;
   free(memo);
-  return n > 0 && all_may;
+  free(terms);
+  return answer;
 }
 
 int fjg_score_has_tile_terms(const fjg_graph *g) { return ask_emitter(g, tile_terms) == 1; }
@@ -1065,19 +1070,16 @@ static void put_score_tile_body(emitter *e) {
     }
     fjg_buf_printf(e->out, ";\n");
   }
-  /* The terms: the operands that do not read the score of the sums,
-   * differences and negations that do (an additive score_mod has no other
-   * node reading it). */
-  fjg_buf_printf(e->out, "  if (!(true");
-  for (int k = 0; k < count; k++) {
-    const int id = list[k];
-    const fjg_node *n = fjg_node_at(e->g, id);
-    if (!(e->reads[id] & READS_SCORE) || n->op == FJG_OP_INPUT) continue;
-    const int ops[2] = {n->a, n->b};
-    for (int i = 0; i < fjg_op_arity((fjg_op)n->op) && i < 2; i++)
-      if (!(e->reads[ops[i]] & READS_SCORE) && (e->reads[ops[i]] & (READS_Q | READS_KV)))
-        fjg_buf_printf(e->out, " && w%d", ops[i]);
+  /* Whether every term that reads q or kv is one value. */
+  int *terms = malloc(((size_t)fjg_num_nodes(e->g) + 1) * sizeof *terms), num_terms = 0;
+  if (!terms) {
+    e->out->failed = 1;
+    return;
   }
+  qkv_terms(e, fjg_score_root(e->g), terms, &num_terms);
+  fjg_buf_printf(e->out, "  if (!(true");
+  for (int i = 0; i < num_terms; i++) fjg_buf_printf(e->out, " && w%d", terms[i]);
+  free(terms);
   fjg_buf_printf(e->out, ")) return false;\n"
                          "  terms = fj_score_log2(u, z, 0.0f, scale, b, h, q0, 0, kv0, 0);\n"
                          "  return true;\n");
