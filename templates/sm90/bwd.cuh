@@ -99,10 +99,11 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // Producer warp 2, the dQ writer: each item's dQ buffers, once a consumer
 // has filled its own, added to their tiles of dq_accum by bulk reduce-adds
 // (rows past Lq fall in the head's or sequence's own padding rows, which
-// the post kernel does not read), and released once the
-// reduce-add has read them: with two buffers a consumer, the item after, so
-// that a buffer is read while the consumer fills the other; with one, at
-// once (the consumer fills it again only after its next S^T product). The
+// the post kernel does not read; a part wholly past Lq is not added), and
+// released once the reduce-add has read them: with two buffers a consumer,
+// the item after, so that a buffer is read while the consumer fills the
+// other; with one, at once (the consumer fills it again only after its next
+// S^T product). The
 // tile's last buffers are released at its end: the consumers stage dK and
 // dV in them. Lane 0 issues; every lane walks.
 // FJ_DETERMINISTIC (the one-tile kernel, kv tiles in descending order:
@@ -132,9 +133,15 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n / FJHB_DQ_BUFS) & 1u);
-        fjh_bulk_reduce_add_f32(
-            p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD,
-            sm.dq(c, bi), FJHB_DQ_BYTES);
+        // A part whose rows all lie past Lq, and so past the head's scratch
+        // rows (the upper half of a last 128-row tile), is zeros, and those
+        // rows are the next head's (or past dq_accum's end): not added. Its
+        // group is committed all the same, empty, for the counts of groups
+        // below.
+        if (!FJHB_DQ_BY_ROWS || c == 0 || it.i * FJ_BLOCK_M + 64 < sq.sz.Lq)
+          fjh_bulk_reduce_add_f32(
+              p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD,
+              sm.dq(c, bi), FJHB_DQ_BYTES);
         fjh_bulk_commit();
         if constexpr (FJHB_DQ_BUFS == 1 && !FJ_DETERMINISTIC) {
           fjh_bulk_wait_read_n<0>();
