@@ -103,9 +103,8 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // released once the reduce-add has read them: with two buffers a consumer,
 // the item after, so that a buffer is read while the consumer fills the
 // other; with one, at once (the consumer fills it again only after its next
-// S^T product). The
-// tile's last buffers are released at its end: the consumers stage dK and
-// dV in them. Lane 0 issues; every lane walks.
+// S^T product). The tile's last buffers are released at its end: the
+// consumers stage dK and dV in them. Lane 0 issues; every lane walks.
 // FJ_DETERMINISTIC (the one-tile kernel, kv tiles in descending order:
 // common/bwd_order.cuh): the warp counts the item's rank, lane 0 waits for
 // the query tile's semaphore to reach it, adds, releases the buffers once
@@ -138,7 +137,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
         // rows are the next head's (or past dq_accum's end): not added. Its
         // group is committed all the same, empty, for the counts of groups
         // below.
-        if (!FJHB_DQ_BY_ROWS || c == 0 || it.i * FJ_BLOCK_M + 64 < sq.sz.Lq)
+        if (!FJHB_DQ_BY_ROWS || c == 0 || it.i * FJ_BLOCK_M + FJHB_DQ_ROWS < sq.sz.Lq)
           fjh_bulk_reduce_add_f32(
               p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD,
               sm.dq(c, bi), FJHB_DQ_BYTES);
