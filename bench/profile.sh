@@ -4,6 +4,8 @@
 # $OUT/profile-*.txt. Usage: bash bench/profile.sh CASE...
 #   CASE: causal64 (8 x 4096, H=32, D=64) | causal128 (2 x 16384, H=16, D=128)
 #         | sliding (window 1024, 2 x 16384, H=16, D=128; flexjit only)
+#         | document (compare.py's document ids, 2 x 16384, H=16, D=128, with
+#           the block mask the CLI builds; flexjit only; needs torch)
 #   Set PROFILE_DEFINES to profile a template variant (FLEXJIT_KERNEL_DEFINES).
 #   PROFILE_FLEXJIT_ONLY=1: no cuDNN profile. PROFILE_SOURCE=1: also the
 #   memory sections and warp-state sampling per SASS instruction, written as
@@ -29,6 +31,10 @@ for c in "$@"; do
     causal128) B=2; H=16; S=16384; D=128 ;;
     sliding) B=2; H=16; S=16384; D=128; spec=examples/sliding_window.lua
              extra=(--param window=1024) ;;
+    document) B=2; H=16; S=16384; D=128; spec=examples/document.lua
+              python3 -c "import sys; sys.path.insert(0, 'bench'); import compare
+compare.write_npy_i32('$OUT/doc_$S.npy', compare.document_ids($S).tolist())" || continue
+              extra=(--buffer doc=$OUT/doc_$S.npy) ;;
     *) echo "unknown case $c"; continue ;;
   esac
   # Compile (and cache) first so the profiled process only launches.
