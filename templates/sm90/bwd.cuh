@@ -132,12 +132,13 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n / FJHB_DQ_BUFS) & 1u);
-        // A part whose rows all lie past Lq, and so past the head's scratch
-        // rows (the upper half of a last 128-row tile), is zeros, and those
-        // rows are the next head's (or past dq_accum's end): not added. Its
-        // group is committed all the same, empty, for the counts of groups
-        // below.
-        if (!FJHB_DQ_BY_ROWS || c == 0 || it.i * FJ_BLOCK_M + FJHB_DQ_ROWS < sq.sz.Lq)
+        // A part that starts past Lq, and so past the head's scratch rows
+        // (the upper half of a last 128-row tile), is zeros, and those rows
+        // are the next head's (or past dq_accum's end): not added. Its group
+        // is committed all the same, empty, for the counts of groups below.
+        // (A part starting at the item's first row is always added: the walk
+        // holds only items that start below Lq.)
+        if (fjhb_dq_row0(c) == 0 || it.i * FJ_BLOCK_M + fjhb_dq_row0(c) < sq.sz.Lq)
           fjh_bulk_reduce_add_f32(
               p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD,
               sm.dq(c, bi), FJHB_DQ_BYTES);
