@@ -227,13 +227,13 @@ typedef struct fjg_instr {
   fjg_value imm; /* CONST, SIZE, PARAM: the value; recip: the reciprocal */
 } fjg_instr;
 
-static fjg_value load(const fjg_env *env, const fjg_instr *n, int32_t index) {
+fjg_value fjg_load_value(const fjg_env *env, int arg, fjg_type type, int32_t index) {
   fjg_value v;
   v.i = 0;
   if (!env->buffer_data || !env->buffer_len) return v;
-  const void *data = env->buffer_data[n->arg];
-  if (!data || index < 0 || index >= env->buffer_len[n->arg]) return v;
-  if (n->type == FJG_F32)
+  const void *data = env->buffer_data[arg];
+  if (!data || index < 0 || index >= env->buffer_len[arg]) return v;
+  if (type == FJG_F32)
     v.f = ((const float *)data)[index];
   else
     v.i = ((const int32_t *)data)[index];
@@ -290,7 +290,9 @@ static fjg_value run_exact(fjg_evaluator *e, int which,
     switch (n->op) {
     case FJG_OP_CONST: case FJG_OP_SIZE: case FJG_OP_PARAM: v = n->imm; break;
     case FJG_OP_INPUT: v = inputs[n->arg]; break;
-    case FJG_OP_LOAD: v = load(&e->env, n, vals[n->a].i); break;
+    case FJG_OP_LOAD:
+      v = fjg_load_value(&e->env, n->arg, (fjg_type)n->type, vals[n->a].i);
+      break;
     default: v = apply_instr(n, vals[n->a], vals[n->b], vals[n->c]); break;
     }
     vals[n->id] = v;
@@ -657,7 +659,7 @@ static fjg_aval bounded_op(const fjg_instr *n, const fjg_aval *vals) {
 
 static fjg_aval bounded_load(const fjg_env *env, const fjg_instr *n,
                              const fjg_aval *index) {
-  fjg_value v = load(env, n, index->v.i);
+  fjg_value v = fjg_load_value(env, n->arg, (fjg_type)n->type, index->v.i);
   if (index->lo == index->hi)
     return n->type == FJG_F32 ? av_exact_f(v.f) : av_exact_i(v.i);
   if (n->type == FJG_F32) return av_range(full_range(), v.f, 1);

@@ -58,6 +58,11 @@ fjg_value fjg_apply_op(fjg_op op, fjg_type type, fjg_type operand_type,
 void fjg_set_inputs(const fjg_env *env, fjg_value in[FJG_NUM_INPUTS], float score, int b,
                     int h, int q, int kv);
 
+/* A LOAD of argument `arg` (a buffer of `type`'s elements) at `index`: 0
+ * when env has no such buffer or the index is outside [0, len). Defined in
+ * eval.c; used by the evaluator and the reference's gradients. */
+fjg_value fjg_load_value(const fjg_env *env, int arg, fjg_type type, int32_t index);
+
 /* The interval of op (any non-leaf op on i32 or bool operands; for WHERE
  * a is the condition) from its operands' intervals [x[0], x[1]], by the
  * rules fjg_tile_class_cpu uses; `operand_type` is the type of a. The

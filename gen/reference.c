@@ -388,20 +388,6 @@ static void uncertain_row(ref_job *j, ref_scratch *t, int b, int h, int i) {
 
 /* ---- backward ---- */
 
-static fjg_value gstep_load(const fjg_env *env, const grad_step *n,
-                            int32_t index) {
-  fjg_value v;
-  v.i = 0;
-  if (!env->buffer_data || !env->buffer_len) return v;
-  const void *data = env->buffer_data[n->arg];
-  if (!data || index < 0 || index >= env->buffer_len[n->arg]) return v;
-  if (n->type == FJG_F32)
-    v.f = ((const float *)data)[index];
-  else
-    v.i = ((const int32_t *)data)[index];
-  return v;
-}
-
 /* The derivative's nodes at one element; their values land in vals (by
  * node id). */
 static void grad_run(const ref_job *j, fjg_value *vals, float score, int b,
@@ -415,7 +401,9 @@ static void grad_run(const ref_job *j, fjg_value *vals, float score, int b,
     switch (n->op) {
     case FJG_OP_CONST: case FJG_OP_SIZE: case FJG_OP_PARAM: v = n->imm; break;
     case FJG_OP_INPUT: v = in[n->arg]; break;
-    case FJG_OP_LOAD: v = gstep_load(&j->env, n, vals[n->a].i); break;
+    case FJG_OP_LOAD:
+      v = fjg_load_value(&j->env, n->arg, (fjg_type)n->type, vals[n->a].i);
+      break;
     default:
       if (n->recip) {
         v.f = vals[n->a].f * n->imm.f;
@@ -878,17 +866,18 @@ int64_t fjg_reference_uncertain_rows(const fjg_ref_problem *p, uint8_t *rows) {
 static void grad_prog_free(grad_prog *gp) { free(gp->steps); }
 
 /* Builds the program of g's derivative and lays out one accumulator per
- * argument whose gradient is asked (want[a]: a trainable buffer with an
- * output array). FJ_EINVAL when g has a score_mod but no derivative. */
+ * argument whose gradient is asked: a trainable buffer with an output
+ * array (dbuf[a], the callers' double or float arrays; dbuf NULL: none).
+ * FJ_EINVAL when g has a score_mod but no derivative. */
 static fj_status grad_prog_init(grad_prog *gp, const fjg_graph *g,
-                                const fjg_env *env, const uint8_t *want) {
+                                const fjg_env *env, const void *const *dbuf) {
   memset(gp, 0, sizeof *gp);
   for (int a = 0; a < FJG_MAX_ARGS; a++) gp->acc_off[a] = -1;
   if (!g) return FJ_OK;
   gp->d = fjg_graph_derivative(g);
   if (fjg_score_root(g) >= 0 && !gp->d) return FJ_EINVAL;
   for (int a = 0; a < fjg_num_args(g) && a < FJG_MAX_ARGS; a++) {
-    if (!want[a] || !env->buffer_len) continue;
+    if (!dbuf || !dbuf[a] || !fjg_arg_at(g, a)->trainable || !env->buffer_len) continue;
     gp->acc_off[a] = gp->acc_len;
     gp->acc_len += env->buffer_len[a];
   }
@@ -962,7 +951,6 @@ fj_status fjg_reference_backward(const fjg_ref_problem *p, const double *q,
                                  double *dk, double *dv, double *const *dbuf) {
   ref_job rows, cols;
   grad_prog gp;
-  uint8_t want[FJG_MAX_ARGS];
   double *own_o = NULL, *own_lse = NULL, *delta = NULL;
   fj_status st = FJ_ENOMEM;
   if (!problem_valid(p) || !q || !k || !v || !dout || !dq || !dk || !dv)
@@ -970,10 +958,7 @@ fj_status fjg_reference_backward(const fjg_ref_problem *p, const double *q,
   const size_t nq = (size_t)p->B * p->Hq * p->Lq * p->D;
   const size_t nl = (size_t)p->B * p->Hq * p->Lq;
   job_init(&rows, p, KIND_BWD_ROWS, ROWS_PER_ITEM);
-  memset(want, 0, sizeof want);
-  for (int a = 0; dbuf && p->g && a < fjg_num_args(p->g) && a < FJG_MAX_ARGS; a++)
-    want[a] = dbuf[a] && fjg_arg_at(p->g, a)->trainable;
-  st = grad_prog_init(&gp, p->g, &rows.env, want);
+  st = grad_prog_init(&gp, p->g, &rows.env, (const void *const *)dbuf);
   if (st != FJ_OK) return st;
   st = FJ_ENOMEM;
   if (!o) o = own_o = malloc(sizeof(double) * (nq ? nq : 1));
@@ -1006,7 +991,6 @@ fj_status fjg_reference_backward_lowp(const fjg_ref_problem *p,
                                       float *const *dbuf) {
   ref_job rows, cols;
   grad_prog gp;
-  uint8_t want[FJG_MAX_ARGS];
   float *qf = NULL, *kf = NULL, *vf = NULL, *dof = NULL;
   float *of = NULL, *lsef = NULL, *deltaf = NULL;
   fj_status st;
@@ -1017,10 +1001,7 @@ fj_status fjg_reference_backward_lowp(const fjg_ref_problem *p,
   const size_t nk = (size_t)p->B * p->Hkv * p->Lk * p->D;
   const size_t nl = (size_t)p->B * p->Hq * p->Lq;
   job_init(&rows, p, KIND_LOWP_BWD_ROWS, ROWS_PER_ITEM);
-  memset(want, 0, sizeof want);
-  for (int a = 0; dbuf && p->g && a < fjg_num_args(p->g) && a < FJG_MAX_ARGS; a++)
-    want[a] = dbuf[a] && fjg_arg_at(p->g, a)->trainable;
-  st = grad_prog_init(&gp, p->g, &rows.env, want);
+  st = grad_prog_init(&gp, p->g, &rows.env, (const void *const *)dbuf);
   if (st != FJ_OK) return st;
   st = FJ_ENOMEM;
   qf = rounded_copy(q, nq, dtype);
