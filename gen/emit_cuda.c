@@ -347,11 +347,13 @@ static void put_expr(emitter *e, const fjg_node *n) {
 }
 
 /* One statement per non-leaf node reachable from root `which` (0 the
- * mask, 1 the score_mod), each in a temporary of its own. */
+ * mask, 1 the score_mod, 2 the score_mod's derivative: fjg_reachable's
+ * lists), each in a temporary of its own; 1 and 2 with a score_mod's f32
+ * rules. */
 static void put_temps(emitter *e, int which) {
   int count, next = 0;
   const int32_t *list = fjg_reachable(e->g, which, &count);
-  e->score = which == 1;
+  e->score = which != 0;
   memset(e->decisive, 0, (size_t)fjg_num_nodes(e->g));
   fjg_decisive_nodes(e->g, which, e->decisive);
   for (int k = 0; k < count; k++) {
@@ -468,36 +470,6 @@ static void put_grad_tile_end_body(emitter *e) {
   }
 }
 
-/* The body of fj_score_grad: one statement per non-leaf node of the
- * derivative (fjg_reachable list 2, which holds the score_mod's nodes it
- * reads, so they are computed here once), with the f32 rules of a
- * score_mod; then ds times each trainable read's derivative added to its
- * gradient through the read's slot of the caller's fj_grad_cache
- * (fj_grad_add: atomics when the element changes and at fj_grad_flush)
- * where the index is inside the buffer (a read outside reads 0 and has
- * none), and ds times d score_mod / d score.
- * An element with ds == 0 (P == 0: a score_mod's -inf, or underflow)
- * contributes nothing and costs no atomic, also where the derivative there
- * is infinite or NaN (log at 0, an overflowing exp): selected away, not
- * branched around, so the caller's unrolled loop stays one block. */
-/* The derivative's nodes (fjg_reachable list 2) as SSA statements t0, t1,
- * ... with a score_mod's f32 rules. */
-static void put_grad_nodes(emitter *e) {
-  int count, next = 0;
-  const int32_t *list = fjg_reachable(e->g, 2, &count);
-  e->score = 1;
-  memset(e->decisive, 0, (size_t)fjg_num_nodes(e->g));
-  fjg_decisive_nodes(e->g, 2, e->decisive);
-  for (int k = 0; k < count; k++) {
-    const fjg_node *n = fjg_node_at(e->g, list[k]);
-    if (is_leaf(n)) continue;
-    e->slot[list[k]] = next;
-    fjg_buf_printf(e->out, "  const %s t%d = ", ctype(n->type), next++);
-    put_expr(e, n);
-    fjg_buf_printf(e->out, ";\n");
-  }
-}
-
 /* Each trainable read's add of ds times its derivative where live: to the
  * tile's sum where fj_grad_tile found its index one value, else through
  * its slot where the index is inside the buffer. */
@@ -529,6 +501,18 @@ static void put_grad_adds(emitter *e) {
   }
 }
 
+/* The body of fj_score_grad: one statement per non-leaf node of the
+ * derivative (fjg_reachable list 2, which holds the score_mod's nodes it
+ * reads, so they are computed here once), with the f32 rules of a
+ * score_mod; then ds times each trainable read's derivative added to its
+ * gradient through the read's slot of the caller's fj_grad_cache
+ * (fj_grad_add: atomics when the element changes and at fj_grad_flush)
+ * where the index is inside the buffer (a read outside reads 0 and has
+ * none), and ds times d score_mod / d score.
+ * An element with ds == 0 (P == 0: a score_mod's -inf, or underflow)
+ * contributes nothing and costs no atomic, also where the derivative there
+ * is infinite or NaN (log at 0, an overflowing exp): selected away, not
+ * branched around, so the caller's unrolled loop stays one block. */
 static void put_grad_body(emitter *e) {
   const fjg_derivative *d = fjg_graph_derivative(e->g);
   if (!d) { /* no score_mod: the score passes unchanged */
@@ -536,7 +520,7 @@ static void put_grad_body(emitter *e) {
     return;
   }
   fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
-  put_grad_nodes(e);
+  put_temps(e, 2);
   put_grad_adds(e);
   fjg_buf_printf(e->out, "  return live ? ds * ");
   put_operand(e, d->dscore);
@@ -553,7 +537,7 @@ static void put_grad_bufs_body(emitter *e) {
     return;
   }
   fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
-  put_grad_nodes(e);
+  put_temps(e, 2);
   put_grad_adds(e);
 }
 
