@@ -52,6 +52,8 @@ static const char *const inline_specs[][2] = {
      "return { mask_mod = sliding_window(16, {causal = false}) }"},
     {"prefix_lm", "return { mask_mod = prefix_lm(param(\"prefix\", \"i32\")) }"},
     {"document", "return { mask_mod = document(buffer(\"doc\", \"i32\")) }"},
+    {"doc_bidir",
+     "return { mask_mod = document(buffer(\"doc\", \"i32\"), {causal = false}) }"},
     {"chunked", "return { mask_mod = chunked(32) }"},
     {"late_rows", /* rows q < 5 fully masked */
      "return { mask_mod = function(b, h, q, kv) return ge(q, 5) end }"},
@@ -222,8 +224,12 @@ static void build_matrix(void) {
   add_case("full", BF, 128, 1, 2, 1, 129, 9001, 0);
   add_case("causal_br", FP, 128, 1, 4, 2, 300, 8500, 1);
   add_case("late_rows", BF, 128, 2, 16, 4, 129, 8300, 0);
+  /* A mask that reads a buffer counts its rows by its index part, here every
+   * key (unit/test_long_rows): its masked tiles read the ids over 176-row
+   * tiles. */
+  add_case("doc_bidir", BF, 128, 1, 2, 1, 129, 9001, 1);
   add_case("chunked", FP, 128, 1, 2, 2, 77, 8400, 0); /* its rows stay short */
-  for (int i = ncases - 4; i < ncases - 1; i++) cases[i].long_rows = 1;
+  for (int i = ncases - 5; i < ncases - 1; i++) cases[i].long_rows = 1;
 }
 
 /* ---- compiling ahead, in parallel ---- */

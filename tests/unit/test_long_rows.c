@@ -31,6 +31,8 @@ static const char WINDOW[] = "return { mask_mod = sliding_window(param(\"window\
 static const char SCALED[] =
     "return { mask_mod = causal(), score_mod = function(s, b, h, q, kv) return s * 0.5 end }";
 static const char DOCUMENT[] = "return { mask_mod = document(buffer(\"doc\", \"i32\")) }";
+static const char DOC_BIDIR[] =
+    "return { mask_mod = document(buffer(\"doc\", \"i32\"), {causal = false}) }";
 
 static fj_spec *load(fj_context *ctx, const char *src) {
   fj_spec *s = NULL;
@@ -122,6 +124,12 @@ static void test_estimate(void **state) {
   /* A mask that reads a buffer: intervals see its index part alone (the
    * document mask's causal one). */
   assert_int_equal(estimate(doc, 0, 3000, 9000, NULL), estimate(causal, 0, 3000, 9000, NULL));
+  /* Without the causal part, every key: gpu/test_forward's long-row case of
+   * a buffer mask (129 x 9001). */
+  fj_spec *bidir = load(ctx, DOC_BIDIR);
+  assert_int_equal(estimate(bidir, 0, 129, 9001, NULL), estimate(full, 0, 129, 9001, NULL));
+  assert_true(estimate(bidir, 0, 129, 9001, NULL) >= FJ_LONG_ROW_KEYS);
+  fj_spec_destroy(bidir);
   fj_spec_destroy(causal), fj_spec_destroy(br), fj_spec_destroy(full);
   fj_spec_destroy(window), fj_spec_destroy(doc);
   fj_context_destroy(ctx);
