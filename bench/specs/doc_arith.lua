@@ -1,6 +1,6 @@
 -- The causal document mask of three documents whose ids come from two
 -- boundaries (params `first` and `second`: the first positions of the second
--- and third documents) instead of a buffer (a diagnostic for bench/ablate.sh).
+-- and third documents) instead of a buffer (a diagnostic for bench/ab_builds.sh).
 -- The kernel then classifies its tiles from indices (no block mask) and a
 -- masked tile computes the ids without loads: beside examples/document.lua
 -- with the same documents, it shows what the ids' loads and the block mask
