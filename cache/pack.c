@@ -500,21 +500,47 @@ const char *fjc_pack_check_blob(const fjc_pack *pack, int i) {
   return why;
 }
 
-/* NVRTC versions compare number by number: "12.10" > "12.8". */
-static int version_cmp(const char *a, const char *b) {
-  while (*a || *b) {
-    char *ea, *eb;
-    unsigned long x = strtoul(a, &ea, 10), y = strtoul(b, &eb, 10);
-    if (x != y)
-      return x < y ? -1 : 1;
-    if (ea == a && eb == b) {
-      int c = strcmp(a, b); /* not numbers: any fixed order will do */
-      return c < 0 ? -1 : c > 0;
-    }
-    a = *ea ? ea + 1 : ea;
-    b = *eb ? eb + 1 : eb;
+/* One dot-separated part of an NVRTC version against another: numbers
+ * (digits only) by value, and below every other part; other parts by their
+ * bytes. */
+static int version_part_cmp(const char *a, size_t na, const char *b, size_t nb) {
+  int da = na > 0 && strspn(a, "0123456789") >= na;
+  int db = nb > 0 && strspn(b, "0123456789") >= nb;
+  if (da != db)
+    return da ? -1 : 1;
+  if (da) { /* by value, of any length: leading zeros aside, longer is larger */
+    for (; na > 1 && *a == '0'; a++, na--) {}
+    for (; nb > 1 && *b == '0'; b++, nb--) {}
+    if (na != nb)
+      return na < nb ? -1 : 1;
   }
-  return 0;
+  int c = memcmp(a, b, na < nb ? na : nb);
+  if (c != 0)
+    return c < 0 ? -1 : 1;
+  return na < nb ? -1 : na > nb;
+}
+
+/* NVRTC versions compare part by part ("12.10" > "12.8", "13" < "13.0"),
+ * then, where the parts are equal ("13.01" and "13.1"), by their bytes. A
+ * total order for any text, as fjc_pack_find's walk down the candidates
+ * needs (whatever an index holds). */
+static int version_cmp(const char *a, const char *b) {
+  const char *pa = a, *pb = b;
+  for (;;) {
+    size_t na = strcspn(pa, "."), nb = strcspn(pb, ".");
+    int c = version_part_cmp(pa, na, pb, nb);
+    if (c != 0)
+      return c;
+    int more_a = pa[na] == '.', more_b = pb[nb] == '.';
+    if (more_a != more_b)
+      return more_a ? 1 : -1;
+    if (!more_a)
+      break;
+    pa += na + 1;
+    pb += nb + 1;
+  }
+  int c = strcmp(a, b);
+  return c < 0 ? -1 : c > 0;
 }
 
 static int record_matches(const unsigned char *r, const char *arch,

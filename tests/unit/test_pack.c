@@ -257,6 +257,44 @@ static void test_corrupt_blob_is_a_miss(void **state) {
   fjc_pack_close(p);
 }
 
+/* Builds of one source whose NVRTC versions are not numbers (a pack crafted
+ * or damaged with its index checksum mended), all with corrupt blobs: the
+ * lookup tries each once and misses. Versions compared by a rule that is not
+ * an order (these three each ranked above the next, in a ring) made it try
+ * them in a circle for ever. */
+static void test_corrupt_blobs_of_odd_versions_end(void **state) {
+  fixture *f = *state;
+  fjc_pack_writer *w = NULL;
+  char err[512];
+  void *data;
+  size_t size;
+  fjc_pack_entry e[3] = {entry(f, 0, 0, "sm_80", "13.0sm_80", 5000),
+                         entry(f, 1, 0, "sm_80", "13.\xfe\xff\xff\xff", 4000),
+                         entry(f, 2, 0, "sm_80", "13.\xff" "0", 1234)};
+  assert_int_equal(fjc_pack_writer_open(f->path, &w, err, sizeof err), FJ_OK);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(fjc_pack_writer_add(w, &e[i], err, sizeof err), FJ_OK);
+  assert_int_equal(fjc_pack_writer_finish(w, err, sizeof err), FJ_OK);
+  fjc_pack *p = open_ok(f);
+  long at[3];
+  for (int i = 0; i < 3; i++) {
+    fjc_pack_entry x;
+    assert_int_equal(fjc_pack_entry_at(p, i, &x), FJ_OK);
+    at[i] = (long)x.offset;
+  }
+  fjc_pack_close(p);
+  unsigned char bad = 0xff;
+  for (int i = 0; i < 3; i++)
+    patch(f->path, at[i] + 10, &bad, 1);
+  p = open_ok(f);
+  assert_int_equal(
+      fjc_pack_find(p, "sm_80", NULL, &f->src[0], &data, &size, NULL),
+      FJ_ENOTFOUND);
+  assert_null(data);
+  assert_int_equal(f->warnings, 3);
+  fjc_pack_close(p);
+}
+
 static void test_corrupt_header_is_an_error_at_mount(void **state) {
   fixture *f = *state;
   unsigned char orig[HEADER];
@@ -453,6 +491,7 @@ int main(void) {
       T(test_round_trip),
       T(test_find_by_source_key_without_nvrtc),
       T(test_corrupt_blob_is_a_miss),
+      T(test_corrupt_blobs_of_odd_versions_end),
       T(test_corrupt_header_is_an_error_at_mount),
       T(test_writer_failures_leave_nothing),
       T(test_empty_pack),
