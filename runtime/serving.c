@@ -107,7 +107,7 @@ fj_status fjr_serving_bind(fj_context *ctx, const fj_forward_args *a, const fjr_
   }
   if (l->kv_paged) {
     const int64_t page_size = a->k->shape[1];
-    if (page_size % 16 != 0 || page_size > 256)
+    if (page_size <= 0 || page_size % 16 != 0 || page_size > 256)
       return fjr_fail(ctx, FJ_ETENSOR,
                       "k: page size %lld (dimension 1 of the page pool [num_pages, "
                       "page_size, Hkv, D]) must be a multiple of 16, at most 256",
@@ -118,15 +118,15 @@ fj_status fjr_serving_bind(fj_context *ctx, const fj_forward_args *a, const fjr_
                       "block_table: %lld rows for a batch of %lld sequences (it is [B, "
                       "max_pages])",
                       (long long)a->block_table->shape[0], (long long)B);
-    const int64_t Lk = a->block_table->shape[1] * page_size;
-    if (Lk > INT32_MAX)
+    const int64_t pages = a->block_table->shape[1];
+    if (pages > INT32_MAX / page_size)
       return fjr_fail(ctx, FJ_ETENSOR,
                       "block_table: %lld pages of %lld rows reach past 2^31 kv positions",
-                      (long long)a->block_table->shape[1], (long long)page_size);
+                      (long long)pages, (long long)page_size);
     p->block_table = fjr_tensor_ptr(a->block_table);
     p->bt_stride = s[0];
     p->page_size = (int32_t)page_size;
-    *Lk_paged = Lk;
+    *Lk_paged = pages * page_size;
   }
   const float t = a->skip_softmax_threshold;
   p->skip_log2 = t > 0.0f ? log2f(t) : 0.0f;
@@ -146,7 +146,7 @@ fj_status fjr_offsets_bind(fj_context *ctx, const fjg_graph *g, int64_t q_offset
   if (q_offset < 0 || kv_offset < 0)
     return fjr_fail(ctx, FJ_EINVAL, "q_offset (%lld) and kv_offset (%lld) must be >= 0",
                     (long long)q_offset, (long long)kv_offset);
-  if (q_offset + sz->Lq > INT32_MAX || kv_offset + sz->Lk > INT32_MAX)
+  if (q_offset > INT32_MAX - sz->Lq || kv_offset > INT32_MAX - sz->Lk)
     return fjr_fail(ctx, FJ_EINVAL,
                     "q_offset + q length and kv_offset + kv length must be below 2^31");
   if (packed)

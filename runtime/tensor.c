@@ -52,7 +52,8 @@ fj_status fjr_tensor_check(fj_context *ctx, const char *what, const DLTensor *t,
       return fjr_fail(ctx, FJ_ETENSOR, "%s: dimension %d has size %lld", what, i,
                       (long long)t->shape[i]);
     strides[i] = t->strides ? t->strides[i] : expect;
-    expect *= t->shape[i];
+    if (__builtin_mul_overflow(expect, t->shape[i], &expect))
+      return fjr_fail(ctx, FJ_ETENSOR, "%s: shape has more than 2^63 elements", what);
   }
   if (strides[ndim - 1] != 1 && t->shape[ndim - 1] > 1)
     return fjr_fail(ctx, FJ_ETENSOR,

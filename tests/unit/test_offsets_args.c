@@ -68,6 +68,11 @@ static void test_bind_fills_and_refuses(void **state) {
                  FJ_EINVAL, "must be >= 0");
   expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(causal), 0, INT32_MAX - 100, 0, &sz),
                  FJ_EINVAL, "below 2^31");
+  /* Offsets near 2^63, whose sum with a length does not fit an int64. */
+  expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(causal), INT64_MAX, 0, 0, &sz),
+                 FJ_EINVAL, "below 2^31");
+  expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(causal), 5, INT64_MAX - 200, 0, &sz),
+                 FJ_EINVAL, "below 2^31");
   expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(causal), 64, 0, 1, &sz),
                  FJ_EUNSUPPORTED, "packed batches");
   expect_refused(ctx, fjr_offsets_bind(ctx, fjr_spec_graph(br), 64, 64, 0, &sz),

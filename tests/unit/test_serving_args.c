@@ -302,6 +302,23 @@ static void test_paged_rejects_bad_input(void **state) {
     assert_non_null(strstr(fj_context_last_error(ctx), "multiple of 16, at most 256"));
   }
 
+  /* Page sizes that are multiples of 16 but not sizes. */
+  static const int64_t not_sizes[] = {-16, INT64_MIN};
+  for (size_t i = 0; i < sizeof not_sizes / sizeof not_sizes[0]; i++) {
+    paged(&t);
+    t.pools[1] = not_sizes[i];
+    expect_bad(ctx, &t, FJ_ETENSOR, "k: ");
+  }
+
+  /* A block table whose pages reach past 2^31 kv positions, also where
+   * their count times the page size does not fit an int64. */
+  static const int64_t many_pages[] = {(int64_t)1 << 25, (int64_t)1 << 60};
+  for (size_t i = 0; i < sizeof many_pages / sizeof many_pages[0]; i++) {
+    paged(&t);
+    t.bts[1] = many_pages[i];
+    expect_bad(ctx, &t, FJ_ETENSOR, "reach past 2^31 kv positions");
+  }
+
   paged(&t);
   t.bt.dtype = fjt_i64;
   expect_bad(ctx, &t, FJ_ETENSOR, "block_table: dtype int64, expected int32");
@@ -402,6 +419,12 @@ static void test_public_entry_checks(void **state) {
   t.a.scale = -0.1f;
   assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_EINVAL);
   assert_non_null(strstr(fj_context_last_error(ctx), "must be positive"));
+  /* Sizes whose product does not fit an int64: refused, not multiplied. */
+  packed(&t);
+  int64_t huge[3] = {(int64_t)1 << 40, (int64_t)1 << 20, (int64_t)1 << 10};
+  t.q.shape = huge;
+  assert_int_equal(fj_attention_forward(ctx, spec, &t.a), FJ_ETENSOR);
+  assert_non_null(strstr(fj_context_last_error(ctx), "q: shape has more than 2^63 elements"));
   fj_spec_destroy(spec);
   fj_context_destroy(ctx);
 }
