@@ -450,17 +450,17 @@ fj_status fj_paged_from_csr(fj_context *ctx, const fj_paged_csr_args *a) {
       (st = fjr_tensor_check(ctx, "block_table", a->block_table, 2, i32, s2)) != FJ_OK)
     return st;
   const int64_t B = a->block_table->shape[0], max_pages = a->block_table->shape[1];
+  if (a->page_size < 16 || a->page_size > 256 || a->page_size % 16 != 0 ||
+      max_pages > INT32_MAX / a->page_size || B > 65535)
+    return fjr_fail(ctx, FJ_EINVAL,
+                    "fj_paged_from_csr: page_size %d must be a multiple of 16 up to 256 (what "
+                    "the kernels take), max_pages x page_size below 2^31 and B at most 65535",
+                    a->page_size);
   const int64_t ip[1] = {B + 1}, b1[1] = {B};
   if ((st = fjr_tensor_check_shape(ctx, "kv_indptr", a->kv_indptr, ip)) != FJ_OK ||
       (st = fjr_tensor_check_shape(ctx, "kv_last_page_len", a->kv_last_page_len, b1)) != FJ_OK ||
       (st = fjr_tensor_check_shape(ctx, "seqlens_k", a->seqlens_k, b1)) != FJ_OK)
     return st;
-  if (a->page_size < 16 || a->page_size > 256 || a->page_size % 16 != 0 ||
-      max_pages * (int64_t)a->page_size > INT32_MAX || B > 65535)
-    return fjr_fail(ctx, FJ_EINVAL,
-                    "fj_paged_from_csr: page_size %d must be a multiple of 16 up to 256 (what "
-                    "the kernels take), max_pages x page_size below 2^31 and B at most 65535",
-                    a->page_size);
   if ((st = fjr_context_device(ctx, NULL)) != FJ_OK) return st;
   fjr_kernel *u = NULL;
   if ((st = util_kernel(ctx, &u)) != FJ_OK) return st;

@@ -476,6 +476,17 @@ static void test_merge_and_csr_checks(void **state) {
   indices.dtype = fjt_i64;
   assert_int_equal(fj_paged_from_csr(ctx, &c), FJ_ETENSOR);
   assert_non_null(strstr(fj_context_last_error(ctx), "kv_indices"));
+  indices.dtype = fjt_i32;
+  /* Block tables whose pages times the page size, or whose rows plus one,
+   * do not fit an int64: refused by the limits, not computed. */
+  int64_t far[2] = {1, (int64_t)1 << 60}, tall[2] = {INT64_MAX, 1};
+  table.shape = far;
+  ip[0] = 2, ll[0] = 1, sl[0] = 1; /* shaped for its one row */
+  assert_int_equal(fj_paged_from_csr(ctx, &c), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "below 2^31"));
+  table.shape = tall;
+  assert_int_equal(fj_paged_from_csr(ctx, &c), FJ_EINVAL);
+  assert_non_null(strstr(fj_context_last_error(ctx), "B at most 65535"));
   fj_context_destroy(ctx);
 }
 
