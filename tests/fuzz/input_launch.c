@@ -1,8 +1,9 @@
 /*
- * tests/fuzz/input_launch.c: the launch checks of fj_attention_forward and
- * fj_attention_backward (shapes, strides, dtypes, devices, alignment, the
- * serving layouts, offsets, runtime values), fed arguments decoded from
- * bytes, for libFuzzer; an input fuzzer like input_spec.c.
+ * tests/fuzz/input_launch.c: the launch checks of fj_attention_forward,
+ * fj_attention_backward, fj_merge_states and fj_paged_from_csr (shapes,
+ * strides, dtypes, devices, alignment, the serving layouts, offsets, block
+ * masks made by fj_block_mask_wrap, runtime values), fed arguments decoded
+ * from bytes, for libFuzzer; an input fuzzer like input_spec.c.
  *
  * The tensors are DLTensors on a CUDA device at addresses that are never
  * dereferenced, and the context loads no driver (FLEXJIT_LIBCUDA names a
@@ -119,17 +120,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         abort();
   }
   reader r = {data, size};
-  const unsigned spec_i = next_byte(&r) % N_SPECS, backward = next_byte(&r) % 2;
+  /* What is launched: the forward, the backward, a merge, a CSR conversion. */
+  const unsigned spec_i = next_byte(&r) % N_SPECS, entry = next_byte(&r) % 4;
   const int64_t B = 1 + next_byte(&r) % 3, Hkv = 1 + next_byte(&r) % 2,
                 Hq = Hkv * (1 + next_byte(&r) % 3), Lq = 1 + next_byte(&r) * 3,
                 Lk = 1 + next_byte(&r) * 5, D = next_byte(&r) % 2 ? 64 : 128;
   const DLDataType bf16 = {kDLBfloat, 16, 1}, f32 = {kDLFloat, 32, 1}, i32 = {kDLInt, 32, 1};
   const int64_t qs[4] = {B, Hq, Lq, D}, ks[4] = {B, Hkv, Lk, D}, ls[3] = {B, Hq, Lq},
                 one[1] = {B}, cu[1] = {B + 1}, table[2] = {B, 4}, doc[1] = {Lk},
-                bias[1] = {64};
+                bias[1] = {64}, parts[5] = {3, B, Hq, Lq, D}, part_lse[4] = {3, B, Hq, Lq},
+                indices[1] = {12};
   /* q k v o lse dout dlse dq dk dv | seqlens_k block_table cu_q cu_k |
-   * buffer, its gradient. */
-  enum { Q, K, V, O, LSE, DOUT, DLSE, DQ, DK, DV, SEQK, TABLE, CUQ, CUK, BUF, GRAD, N };
+   * buffer, its gradient | the merge's parts | the CSR layout's page
+   * indices and the kv lengths it writes. */
+  enum { Q, K, V, O, LSE, DOUT, DLSE, DQ, DK, DV, SEQK, TABLE, CUQ, CUK, BUF, GRAD,
+         PARTS, PART_LSE, INDICES, SEQK_OUT, N };
   tensor x[N];
   dense(&x[Q], qs, 4, bf16, Q);
   dense(&x[K], ks, 4, bf16, K);
@@ -147,8 +152,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   dense(&x[CUK], cu, 1, i32, CUK);
   dense(&x[BUF], spec_i == 1 ? doc : bias, 1, spec_i == 1 ? i32 : f32, BUF);
   dense(&x[GRAD], bias, 1, f32, GRAD);
+  dense(&x[PARTS], parts, 5, bf16, PARTS);
+  dense(&x[PART_LSE], part_lse, 4, f32, PART_LSE);
+  dense(&x[INDICES], indices, 1, i32, INDICES);
+  dense(&x[SEQK_OUT], one, 1, i32, SEQK_OUT);
   x[DLSE].present = x[SEQK].present = x[TABLE].present = 0;
   x[CUQ].present = x[CUK].present = 0;
+  if (entry == 3) x[CUQ].present = x[SEQK].present = x[TABLE].present = 1;
+
+  /* A block mask over arrays at fake addresses, as a caller wraps
+   * FlexAttention's (its info perturbed by the stream; off at first). */
+  fj_block_mask_info bm = {.B = (int)B, .H = (int)Hq, .q_len = (int)Lq, .kv_len = (int)Lk,
+                           .block_q = 128, .block_kv = 128,
+                           .num_q_blocks = (int)(Lq + 127) / 128,
+                           .num_kv_blocks = (int)(Lk + 127) / 128};
+  int with_mask = 0;
+  int page_size = 16;
 
   /* The spec's one runtime value, and a second that names it again. */
   fj_arg args[2] = {{.name = spec_i == 1 ? "doc" : spec_i == 2 ? "w" : "t", .i32 = 256,
@@ -164,7 +183,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   /* The rest of the stream: perturbations, a byte saying which field. */
   while (r.n > 0) {
-    const unsigned f = next_byte(&r) % (N + 11);
+    const unsigned f = next_byte(&r) % (N + 13);
     static const float kFloats[] = {0.f, -1.f, 0.5f, 1e30f, INFINITY, NAN, 2.f};
     if (f < N) {
       perturb(&x[f], &r);
@@ -182,12 +201,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 8: workspace = (void *)(uintptr_t)(0x8000000u + next_byte(&r) % 2 * 17);
             workspace_bytes = (size_t)any_size(&r); break;
     case 9: arg->buffer = next_byte(&r) % 2 ? NULL : &x[Q].t; break;
+    case 10: {
+      with_mask = 1;
+      int *const fields[] = {&bm.B, &bm.H, &bm.q_len, &bm.kv_len, &bm.block_q, &bm.block_kv,
+                             &bm.num_q_blocks, &bm.num_kv_blocks, &bm.q_offset, &bm.kv_offset};
+      const unsigned i = next_byte(&r) % 11;
+      if (i < 10) *fields[i] = (int)any_size(&r);
+      break;
+    }
+    case 11: page_size = (int)any_size(&r); break;
     default: arg->grad = arg->grad ? NULL : &x[GRAD].t; break;
     }
   }
 
+  fj_block_mask *mask = NULL;
+  if (with_mask) {
+    uint64_t arrays[FJ_BM_NUM_ARRAYS];
+    for (int i = 0; i < FJ_BM_NUM_ARRAYS; i++) arrays[i] = 0x4000000u + 0x100000u * (unsigned)i;
+    if (fj_block_mask_wrap(ctx, &bm, arrays, &mask) != FJ_OK) mask = NULL;
+  }
   fj_spec *spec = specs[spec_i];
-  if (!backward) {
+  if (entry == 0) {
     fj_forward_args a = {.q = opt(&x[Q]), .k = opt(&x[K]), .v = opt(&x[V]), .o = opt(&x[O]),
                          .lse = opt(&x[LSE]), .scale = scale, .args = args,
                          .num_args = num_args, .workspace = workspace,
@@ -195,9 +229,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                          .block_table = opt(&x[TABLE]), .cu_seqlens_q = opt(&x[CUQ]),
                          .cu_seqlens_k = opt(&x[CUK]), .max_seqlen_q = max_q,
                          .max_seqlen_k = max_k, .skip_softmax_threshold = skip,
-                         .q_offset = q_offset, .kv_offset = kv_offset};
+                         .q_offset = q_offset, .kv_offset = kv_offset, .block_mask = mask};
     (void)fj_attention_forward(ctx, spec, &a);
-  } else {
+  } else if (entry == 1) {
     fj_backward_args a = {.q = opt(&x[Q]), .k = opt(&x[K]), .v = opt(&x[V]), .o = opt(&x[O]),
                           .lse = opt(&x[LSE]), .dout = opt(&x[DOUT]), .dlse = opt(&x[DLSE]),
                           .dq = opt(&x[DQ]), .dk = opt(&x[DK]), .dv = opt(&x[DV]),
@@ -205,8 +239,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                           .workspace = workspace, .workspace_bytes = workspace_bytes,
                           .deterministic = deterministic, .cu_seqlens_q = opt(&x[CUQ]),
                           .cu_seqlens_k = opt(&x[CUK]), .max_seqlen_q = max_q,
-                          .max_seqlen_k = max_k, .q_offset = q_offset, .kv_offset = kv_offset};
+                          .max_seqlen_k = max_k, .q_offset = q_offset, .kv_offset = kv_offset,
+                          .block_mask = mask};
     (void)fj_attention_backward(ctx, spec, &a);
+  } else if (entry == 2) {
+    fj_merge_args a = {.o_parts = opt(&x[PARTS]), .lse_parts = opt(&x[PART_LSE]),
+                       .o = opt(&x[O]), .lse = opt(&x[LSE])};
+    (void)fj_merge_states(ctx, &a);
+  } else {
+    fj_paged_csr_args a = {.kv_indptr = opt(&x[CUQ]), .kv_indices = opt(&x[INDICES]),
+                           .kv_last_page_len = opt(&x[SEQK]), .page_size = page_size,
+                           .block_table = opt(&x[TABLE]), .seqlens_k = opt(&x[SEQK_OUT])};
+    (void)fj_paged_from_csr(ctx, &a);
   }
+  fj_block_mask_destroy(mask);
   return 0;
 }
