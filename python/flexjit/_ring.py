@@ -30,7 +30,7 @@ except ImportError:  # a torch without the distributed package: no mesh can come
     DeviceMesh = ()
 
 from . import _torch as fjt
-from .spec import Spec
+from .spec import Spec, core_of
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -260,7 +260,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buf
             raise ValueError(f"a DeviceMesh of {group.ndim} dimensions: pass the context "
                              "parallel one, mesh[name] (or its group)")
         group = group.get_group()
-    core = spec._core
+    core = core_of(spec)
     ints, floats, bufs = core.values(params, buffers)
     sc = 0.0 if scale is None else float(scale)
     out, lse = _Ring.apply(q, k, v, core.id, sc, ints, floats, layout, group, *bufs)

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import _lib, _runtime
 from ._lib import lib
-from .spec import Spec, core_by_id
+from .spec import Spec, core_by_id, core_of
 
 _DTYPES = {torch.bfloat16: (_lib.KDL_BFLOAT, 16), torch.float16: (_lib.KDL_FLOAT, 16),
            torch.float32: (_lib.KDL_FLOAT, 32), torch.int32: (_lib.KDL_INT, 32),
@@ -640,7 +640,7 @@ def block_mask(spec: Spec, B: Optional[int], H: Optional[int], q_len: int, kv_le
     flexjit.attention takes them (a shard of the whole sequence: the mask
     is for launches at those offsets). The arrays come from torch's
     allocator and the build runs on the current stream."""
-    core = spec._core
+    core = core_of(spec)
     ints, floats, bufs = core.values(params, buffers)
     bq, bkv = (block_size, block_size) if isinstance(block_size, int) else block_size
     if device is None:
@@ -792,7 +792,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
     (buffers indexed by position cover the whole sequence). Differentiable;
     a block mask must be flexjit.block_mask's at the same offsets; not with
     a spec that reads Lq or Lk."""
-    core = spec._core
+    core = core_of(spec)
     ints, floats, bufs = core.values(params, buffers)
     bm, bs = _mask_args(block_mask)
     sc = 0.0 if scale is None else float(scale)
@@ -844,7 +844,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, cu_seqlens_q: 
 
     Returns O [total_q, Hq, D], and LSE [Hq, total_q] (float32) with
     return_lse."""
-    core = spec._core
+    core = core_of(spec)
     ints, floats, bufs = core.values(params, buffers)
     sc = 0.0 if scale is None else float(scale)
     skip = float(skip_softmax_threshold)

@@ -306,3 +306,12 @@ def _kernel_options(head_dim, dtype, c_arch, kernel_template, block_mask_block_q
     ko.kernel_template = kernel_template.encode() if kernel_template else None
     ko.block_mask_block_q = int(block_mask_block_q)
     return ko
+
+
+def core_of(spec):
+    """spec's traced graph; a TypeError that says what to pass for anything
+    but a Spec (a path or Lua text, FlexAttention's functions)."""
+    if not isinstance(spec, Spec):
+        raise TypeError(f"spec must be a flexjit.Spec (got {type(spec).__name__}): "
+                        "flexjit.Spec(path_or_lua_source) loads one")
+    return spec._core

@@ -159,6 +159,17 @@ def test_library_errors_become_exceptions():
         fjt.forward_impl(q, k, v, spec._core.id, 0.0, [], [], [], [], [], *fjt.Layout())
 
 
+def test_a_spec_that_is_not_a_spec_is_refused():
+    q, k, v = _inputs(grad=False)
+    for wrong in ("examples/causal.lua", lambda b, h, q, kv: q >= kv, None):
+        with pytest.raises(TypeError, match=r"spec must be a flexjit.Spec \(got "):
+            flexjit.attention(q, k, v, wrong)
+        with pytest.raises(TypeError, match="flexjit.Spec"):
+            flexjit.varlen_attention(q[0], k[0], v[0], wrong, None, None, 1, None)
+        with pytest.raises(TypeError, match="flexjit.Spec"):
+            flexjit.block_mask(wrong, 1, 1, 128, 128)
+
+
 # ---- serving (docs/python.md, "Serving") ----
 
 def _cpu_merge(o_parts, lse_parts, out_dtype):
