@@ -261,7 +261,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buf
                              "parallel one, mesh[name] (or its group)")
         group = group.get_group()
     core = core_of(spec)
-    ints, floats, bufs = core.values(params, buffers)
+    ints, floats, bufs = fjt._launch_values(core, params, buffers)
     sc = 0.0 if scale is None else float(scale)
     out, lse = _Ring.apply(q, k, v, core.id, sc, ints, floats, layout, group, *bufs)
     return (out, lse) if return_lse else out

@@ -607,7 +607,7 @@ class BlockMask:
         """Rebuilds the mask in place for new runtime values (the next
         batch's document ids), on the current stream; eager only."""
         core = self.spec._core
-        ints, floats, bufs = core.values(params, buffers)
+        ints, floats, bufs = _launch_values(core, params, buffers)
         B, H = self.kv_num_blocks.shape[:2]
         _build_into(core.id, self.arrays(), B, H, self.seq_lengths[0], self.seq_lengths[1],
                     self.BLOCK_SIZE[0], self.BLOCK_SIZE[1], ints, floats, bufs,
@@ -641,7 +641,7 @@ def block_mask(spec: Spec, B: Optional[int], H: Optional[int], q_len: int, kv_le
     is for launches at those offsets). The arrays come from torch's
     allocator and the build runs on the current stream."""
     core = core_of(spec)
-    ints, floats, bufs = core.values(params, buffers)
+    ints, floats, bufs = _launch_values(core, params, buffers)
     bq, bkv = (block_size, block_size) if isinstance(block_size, int) else block_size
     if device is None:
         device = bufs[0].device if bufs else torch.device("cuda", torch.cuda.current_device())
@@ -652,11 +652,24 @@ def block_mask(spec: Spec, B: Optional[int], H: Optional[int], q_len: int, kv_le
     return BlockMask(arrays, (bq, bkv), (q_len, kv_len), spec, (q_offset, kv_offset))
 
 
+def _launch_values(core, params, buffers):
+    """core.values, with each buffer a tensor."""
+    ints, floats, bufs = core.values(params, buffers)
+    for a, b in zip(core.buffers, bufs):
+        if not isinstance(b, Tensor):
+            raise TypeError(f"buffer '{a.name}' must be a torch.Tensor (1-D {a.dtype} on the "
+                            f"GPU; got {type(b).__name__})")
+    return ints, floats, bufs
+
+
 def _mask_args(m):
     if m is None:
         return [], []
     if isinstance(m, BlockMask):
         return m.arrays(), list(m.BLOCK_SIZE)
+    if not all(hasattr(m, n) for n in ("kv_num_blocks", "q_num_blocks", "BLOCK_SIZE")):
+        raise TypeError("block_mask must be a flexjit.BlockMask or FlexAttention's BlockMask "
+                        f"(got {type(m).__name__})")
     # FlexAttention's BlockMask: full_* may be None (no full blocks).
     arrays = []
     for n in BM_NAMES:
@@ -793,7 +806,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, params=None, buffers=
     a block mask must be flexjit.block_mask's at the same offsets; not with
     a spec that reads Lq or Lk."""
     core = core_of(spec)
-    ints, floats, bufs = core.values(params, buffers)
+    ints, floats, bufs = _launch_values(core, params, buffers)
     bm, bs = _mask_args(block_mask)
     sc = 0.0 if scale is None else float(scale)
     layout = Layout()
@@ -845,7 +858,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec, cu_seqlens_q: 
     Returns O [total_q, Hq, D], and LSE [Hq, total_q] (float32) with
     return_lse."""
     core = core_of(spec)
-    ints, floats, bufs = core.values(params, buffers)
+    ints, floats, bufs = _launch_values(core, params, buffers)
     sc = 0.0 if scale is None else float(scale)
     skip = float(skip_softmax_threshold)
     if q.dim() != 3:

@@ -3,6 +3,7 @@ compiling their kernels without a GPU."""
 import ctypes
 import os
 import threading
+from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
 from . import _lib, _runtime
@@ -118,6 +119,9 @@ class _Core:
         need_buffers, the buffers given, which may be none)."""
         params = params or {}
         buffers = buffers or {}
+        for what, d in (("params", params), ("buffers", buffers)):
+            if not isinstance(d, Mapping):
+                raise TypeError(f"{what} must be a dict by name (got {type(d).__name__})")
         for n in params:
             if n not in self.param_names:
                 raise ValueError(f"spec '{self.name}' declares no param named '{n}'"

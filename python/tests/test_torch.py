@@ -170,6 +170,19 @@ def test_a_spec_that_is_not_a_spec_is_refused():
             flexjit.block_mask(wrong, 1, 1, 128, 128)
 
 
+def test_values_and_masks_of_the_wrong_type_are_refused():
+    q, k, v = _inputs(grad=False)
+    causal, doc = flexjit.Spec(example("causal.lua")), flexjit.Spec(example("document.lua"))
+    with pytest.raises(TypeError, match=r"params must be a dict by name \(got list\)"):
+        flexjit.attention(q, k, v, causal, params=[1, 2])
+    with pytest.raises(TypeError, match=r"buffers must be a dict by name \(got tuple\)"):
+        flexjit.attention(q, k, v, doc, buffers=(1,))
+    with pytest.raises(TypeError, match=r"buffer 'doc' must be a torch.Tensor .*got list"):
+        flexjit.attention(q, k, v, doc, buffers={"doc": [0, 0, 1]})
+    with pytest.raises(TypeError, match=r"block_mask must be a flexjit.BlockMask .*got str"):
+        flexjit.attention(q, k, v, causal, block_mask="causal")
+
+
 # ---- serving (docs/python.md, "Serving") ----
 
 def _cpu_merge(o_parts, lse_parts, out_dtype):
