@@ -398,7 +398,11 @@ fj_status fjc_pack_open(const char *path, fjc_pack **out, char *err,
   }
   status = FJ_ECACHE;
   p->file_size = (uint64_t)st.st_size;
-  if (!S_ISREG(st.st_mode) || p->file_size < PACK_HEADER_SIZE ||
+  if (!S_ISREG(st.st_mode)) {
+    fjc_errmsg(err, errlen, "pack %s is not a regular file", path);
+    goto fail;
+  }
+  if (p->file_size < PACK_HEADER_SIZE ||
       fjc_pread_all(p->fd, p->header, PACK_HEADER_SIZE, 0) != 0) {
     fjc_errmsg(err, errlen,
                "pack %s is corrupt: file too short for a pack header", path);

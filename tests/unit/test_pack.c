@@ -336,6 +336,11 @@ static void test_corrupt_header_is_an_error_at_mount(void **state) {
   assert_int_equal(fjc_pack_open(missing, &p, err, sizeof err), FJ_EIO);
   assert_null(p);
   assert_non_null(strstr(err, "none.fjpack"));
+  /* A directory is not a pack, and says so. */
+  p = (fjc_pack *)1;
+  assert_int_equal(fjc_pack_open(f->dir, &p, err, sizeof err), FJ_ECACHE);
+  assert_null(p);
+  assert_non_null(strstr(err, "is not a regular file"));
 }
 
 static void test_writer_failures_leave_nothing(void **state) {
