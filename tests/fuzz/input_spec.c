@@ -4,12 +4,17 @@
  * libFuzzer is not linked).
  *
  * Loads the bytes as a spec (fj_spec_load_string). One that loads has its
- * prologue and backward hooks emitted and its mask classified on the host
- * on two blocks, the second at context-parallel offsets. Errors are the
- * expected answer to most inputs; a crash, a sanitizer's finding or a hang
- * is a failure.
+ * prologue and backward hooks emitted, its mask classified through the
+ * public call on two blocks (the second at context-parallel offsets), and
+ * the spec fuzzer's mask checks (mask_checks.h) run under runtime values
+ * drawn from a hash of the input: a census, block mask or tile class that
+ * disagrees with brute-force evaluation is a failure, and so are a crash,
+ * a sanitizer's finding and a hang. Errors are the expected answer to most
+ * inputs.
  */
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,8 +22,22 @@
 #include "gen/emit_cuda.h"
 #include "gen/graph.h"
 #include "runtime/context.h"
+#include "tests/fuzz/mask_checks.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* A mask check's failure: printed with the input, then abort(), which is
+ * how a fuzzer is told. */
+static int fail_check(void *user, const char *what, ...) __attribute__((format(printf, 2, 3)));
+static int fail_check(void *user, const char *what, ...) {
+  va_list ap;
+  va_start(ap, what);
+  fprintf(stderr, "mask check failed: ");
+  vfprintf(stderr, what, ap);
+  va_end(ap);
+  fprintf(stderr, "\n--- spec ---\n%s\n---\n", (const char *)user);
+  abort();
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static fj_context *ctx;
@@ -48,6 +67,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   q.kv_offset = 1000;
   fj_spec_block_class(spec, args, n, &q, &cls);
   (void)fj_spec_mask_deps(spec);
+
+  char *text = malloc(size + 1);
+  if (!text) abort();
+  memcpy(text, data, size);
+  text[size] = '\0';
+  uint64_t seed = 1469598103934665603ull; /* FNV-1a of the input */
+  for (size_t i = 0; i < size; i++) seed = (seed ^ data[i]) * 1099511628211ull;
+  long elements = 0, uncertain = 0;
+  for (int k = 0; k < 3; k++) {
+    rng r = {seed + 7919u * (uint64_t)k};
+    check_masks(fjr_spec_graph(spec), &r, fail_check, text, &elements, &uncertain);
+  }
+  free(text);
   fj_spec_destroy(spec);
   return 0;
 }
