@@ -259,9 +259,9 @@ static void test_corrupt_blob_is_a_miss(void **state) {
 
 /* Builds of one source whose NVRTC versions are not numbers (a pack crafted
  * or damaged with its index checksum mended), all with corrupt blobs: the
- * lookup tries each once and misses. Versions compared by a rule that is not
- * an order (these three each ranked above the next, in a ring) made it try
- * them in a circle for ever. */
+ * lookup tries each once and misses. With a comparison of versions that is
+ * not an order (under which these three could each rank above the next, in a
+ * ring) the lookup would go round them for ever. */
 static void test_corrupt_blobs_of_odd_versions_end(void **state) {
   fixture *f = *state;
   fjc_pack_writer *w = NULL;
