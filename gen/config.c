@@ -336,14 +336,16 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
  * two stages of LSE and delta; 1 + 3 * stages + 4 * (dQ buffers a consumer)
  * + 5 mbarriers (5: the persistent kernel's); the sequence's record (6
  * int32: its sizes and rows in a packed batch); the persistent kernel's
- * ring of two slots of two int32 (a tile and its piece). */
+ * ring of two slots of two int32 (a tile and its piece); two stages of the
+ * mask's row values (FJHB_ROWV: one int32 a row), whether the spec has them
+ * or not. */
 static int sm90_bwd_smem_bytes(const fjg_config *c) {
   const int by_rows = c->block_m == 128;
   const int dq_bufs = by_rows ? 1 : 2, dq_cols = by_rows ? c->head_dim : c->head_dim / 2;
   return 1024 + (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
          2 * c->block_n * c->block_m * 2 + 2 * dq_bufs * 64 * dq_cols * 4 +
          2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 4 * dq_bufs + 5) +
-         4 * 6 + 8 * 2;
+         4 * 6 + 8 * 2 + c->num_stages * c->block_m * 4;
 }
 
 int fjg_sm90_bwd_block_m(int head_dim) { return head_dim == 64 ? 128 : 64; }

@@ -346,12 +346,27 @@ static void put_expr(emitter *e, const fjg_node *n) {
   }
 }
 
+/* A mask's row values: its loads whose index reads q but not kv (a query
+ * row's document id), the same for every kv of a row, so that a kernel may
+ * read them once a row (fj_mask_rows) and the mask from them
+ * (fj_mask_from_rows). */
+static int is_row_load(const emitter *e, int id) {
+  return fjg_node_at(e->g, id)->op == FJG_OP_LOAD &&
+         (e->reads[id] & (READS_SCORE | READS_Q | READS_KV)) == READS_Q;
+}
+
+/* How put_temps emits: every node; only those of the mask's row values
+ * (reading neither kv nor the score), each row value stored in r[k]; or
+ * each row value read from r[k]. */
+enum { TEMPS_ALL, TEMPS_ROWS, TEMPS_FROM_ROWS };
+
 /* One statement per non-leaf node reachable from root `which` (0 the
  * mask, 1 the score_mod, 2 the score_mod's derivative: fjg_reachable's
  * lists), each in a temporary of its own; 1 and 2 with a score_mod's f32
- * rules. */
-static void put_temps(emitter *e, int which) {
-  int count, next = 0;
+ * rules. `mode`: TEMPS_ALL, or for the mask (0) TEMPS_ROWS or
+ * TEMPS_FROM_ROWS. */
+static void put_temps(emitter *e, int which, int mode) {
+  int count, next = 0, row = 0;
   const int32_t *list = fjg_reachable(e->g, which, &count);
   e->score = which != 0;
   memset(e->decisive, 0, (size_t)fjg_num_nodes(e->g));
@@ -359,11 +374,30 @@ static void put_temps(emitter *e, int which) {
   for (int k = 0; k < count; k++) {
     const fjg_node *n = fjg_node_at(e->g, list[k]);
     if (is_leaf(n)) continue;
+    if (mode == TEMPS_ROWS && (e->reads[list[k]] & (READS_SCORE | READS_KV))) continue;
     e->slot[list[k]] = next;
     fjg_buf_printf(e->out, "  const %s t%d = ", ctype(n->type), next++);
-    put_expr(e, n);
+    if (mode == TEMPS_FROM_ROWS && is_row_load(e, list[k]))
+      fjg_buf_printf(e->out, n->type == FJG_I32 ? "(int)r[%d]" : "__uint_as_float(r[%d])",
+                     row++);
+    else
+      put_expr(e, n);
     fjg_buf_printf(e->out, ";\n");
+    if (mode == TEMPS_ROWS && is_row_load(e, list[k]))
+      fjg_buf_printf(e->out, n->type == FJG_I32 ? "  r[%d] = (unsigned)t%d;\n"
+                                                : "  r[%d] = __float_as_uint(t%d);\n",
+                     row++, next - 1);
   }
+}
+
+/* The number of the mask's row values (is_row_load). */
+static int mask_rows(const emitter *e) {
+  const int root = fjg_mask_root(e->g);
+  if (root < 0) return 0;
+  int count, n = 0;
+  const int32_t *list = fjg_reachable(e->g, 0, &count);
+  for (int k = 0; k < count; k++) n += is_row_load(e, list[k]);
+  return n;
 }
 
 /* The body of fj_mask (which == 0) or fj_score_mod (1): its temporaries,
@@ -374,7 +408,7 @@ static void put_body(emitter *e, int which, const char *absent) {
     fjg_buf_printf(e->out, "  return %s;\n", absent);
     return;
   }
-  put_temps(e, which);
+  put_temps(e, which, TEMPS_ALL);
   fjg_buf_printf(e->out, "  return ");
   put_operand(e, root);
   fjg_buf_printf(e->out, ";\n");
@@ -520,7 +554,7 @@ static void put_grad_body(emitter *e) {
     return;
   }
   fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
-  put_temps(e, 2);
+  put_temps(e, 2, TEMPS_ALL);
   put_grad_adds(e);
   fjg_buf_printf(e->out, "  return live ? ds * ");
   put_operand(e, d->dscore);
@@ -537,7 +571,7 @@ static void put_grad_bufs_body(emitter *e) {
     return;
   }
   fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
-  put_temps(e, 2);
+  put_temps(e, 2, TEMPS_ALL);
   put_grad_adds(e);
 }
 
@@ -1010,6 +1044,8 @@ static int tile_terms(const emitter *e) {
 
 int fjg_score_has_tile_terms(const fjg_graph *g) { return ask_emitter(g, tile_terms) == 1; }
 
+int fjg_mask_row_values(const fjg_graph *g) { return ask_emitter(g, mask_rows); }
+
 /* 1 when the prologue of g reads the interval rules: fj_tile_class of a
  * mask, fj_score_tile of terms that can be one value over a tile. */
 static int prologue_reads_rules(const emitter *e) {
@@ -1084,7 +1120,7 @@ static void put_log2_body(emitter *e) {
     return;
   }
   fjg_buf_printf(e->out, "  const float score = qk * scale;\n");
-  put_temps(e, 1);
+  put_temps(e, 1, TEMPS_ALL);
   fjg_buf_printf(e->out, "  const float k0 = ");
   put_float(e->out, LOG2E);
   fjg_buf_printf(e->out, ";\n");
@@ -1111,7 +1147,25 @@ fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
       "__device__ __forceinline__ bool fj_mask(const fj_user_params &u, "
       "const fj_sizes &z,\n    int b, int h, int q, int kv) {\n");
   put_body(&e, 0, "true");
-  fjg_buf_printf(out, "}\n\n"
+  fjg_buf_printf(out, "}\n\n");
+  const int rows = mask_rows(&e);
+  if (rows > 0) {
+    /* Read by the backward's sm90 kernel, whose unit defines FJ_MASK_ROWS. */
+    fjg_buf_printf(out,
+        "#ifdef FJ_MASK_ROWS\n"
+        "__device__ __forceinline__ void fj_mask_rows(const fj_user_params &u, "
+        "const fj_sizes &z,\n    int b, int h, int q, unsigned (&r)[%d]) {\n", rows);
+    put_temps(&e, 0, TEMPS_ROWS);
+    fjg_buf_printf(out, "}\n\n"
+        "__device__ __forceinline__ bool fj_mask_from_rows(const fj_user_params &u, "
+        "const fj_sizes &z,\n    int b, int h, int q, int kv, const unsigned (&r)[%d]) {\n",
+        rows);
+    put_temps(&e, 0, TEMPS_FROM_ROWS);
+    fjg_buf_printf(out, "  return ");
+    put_operand(&e, fjg_mask_root(g));
+    fjg_buf_printf(out, ";\n}\n#endif\n\n");
+  }
+  fjg_buf_printf(out,
       "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,"
       "\n    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n");
   put_body(&e, 1, "score");
@@ -1320,6 +1374,9 @@ fj_status fjg_emit_backward_tu(const fjg_graph *g, const fjg_config *cfg,
   if (score_grad_one(g)) fjg_buf_printf(out, "#define FJ_SCORE_GRAD_ONE 1\n");
   if (grad_diagonal(g)) fjg_buf_printf(out, "#define FJ_GRAD_DIAGONAL 1\n");
   if (!fjg_mask_is_index_only(g)) fjg_buf_printf(out, "#define FJ_MASK_LOADS 1\n");
+  const int rows = fjg_mask_row_values(g);
+  if (rows < 0) out->failed = 1;
+  if (rows > 0) fjg_buf_printf(out, "#define FJ_MASK_ROWS %d\n", rows);
   return emit_parts(g, parts, 1, out);
 }
 

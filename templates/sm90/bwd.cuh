@@ -60,9 +60,9 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
 }
 
 // Producer warp 1: each item's LSE, in log2 units (+inf for a row without
-// an allowed pair, and past Lq, so that its P is 0), and delta (0 past Lq)
-// into its stage, two rows a lane; every lane arrives on the stage's
-// rows-full barrier.
+// an allowed pair, and past Lq, so that its P is 0), delta (0 past Lq) and,
+// for a PARTIAL item, its rows' mask values (FJHB_ROWV) into its stage, two
+// rows a lane; every lane arrives on the stage's rows-full barrier.
 __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const fjhb_smem &sm,
                                                   const fjb_walk &w, int &n) {
   const int lane = fj_tid() & 31;
@@ -76,12 +76,18 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
     const float *gl = p.lse + w.b * p.lse_sb + it.h * p.lse_sh + sq.q_row0;
     const float *gd = p.delta + fjb_acc_row(p, sq, it.h);
     float l[FJ_BLOCK_M / 32], d[FJ_BLOCK_M / 32];
+    unsigned rv[FJ_BLOCK_M / 32];  // FJHB_ROWV: a PARTIAL item's row values
 #pragma unroll
     for (int r = 0; r < FJ_BLOCK_M / 32; ++r) {
       const int q = q0 + 32 * r + lane;
       const float x = q < Lq ? __ldg(gl + q) : fj_neg_inf();
       l[r] = x == fj_neg_inf() ? -fj_neg_inf() : x * FJHB_LOG2E;
       d[r] = q < Lq ? gd[q] : 0.f;
+      unsigned v[1] = {0u};
+#if FJHB_ROWV
+      if (it.cls == FJ_TILE_PARTIAL && q < Lq) fj_mask_rows(p.user, sq.sz, w.b, it.h, q, v);
+#endif
+      rv[r] = v[0];
     }
     fjh_mbar_wait(sm.empty(s), ph ^ 1u);
 #pragma unroll
@@ -90,6 +96,9 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
                    "f"(l[r]) : "memory");
       asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(sm.delta(s) + (32 * r + lane) * 4),
                    "f"(d[r]) : "memory");
+      if (FJHB_ROWV)
+        asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.rowv(s) + (32 * r + lane) * 4),
+                     "r"(rv[r]) : "memory");
     }
     fjh_mbar_arrive(sm.rows_full(s));
     it = w.next(p, it);

@@ -165,8 +165,20 @@ constexpr int FJHB_OFF_BAR = FJHB_OFF_DELTA + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS + 5;
 constexpr int FJHB_OFF_SEQ = FJHB_OFF_BAR + 8 * FJHB_BARS;
 constexpr int FJHB_OFF_RING = FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
+// FJHB_ROWV: where the mask has one row value (FJ_MASK_ROWS, the generator's
+// fj_mask_rows: a query row's document id), producer warp 1 stores each
+// stage's rows' values after the ring, beside their LSE and delta, and the
+// consumers' masked loops read them there (fj_mask_from_rows) instead of
+// loading them per element. The bytes are reserved in every kernel (the
+// host's size does not know the spec).
+#if defined(FJ_MASK_ROWS) && FJ_MASK_ROWS == 1
+#define FJHB_ROWV 1
+#else
+#define FJHB_ROWV 0
+#endif
+constexpr int FJHB_OFF_ROWV = FJHB_OFF_RING + 16;
 // What gen/config.c computes as smem_bytes (1024 to align the base).
-constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_RING + 16;
+constexpr int FJHB_SMEM_BYTES = 1024 + FJHB_OFF_ROWV + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 
 // setmaxnreg targets: the producer warps walk the items (the classifier is
 // inlined there), the consumers hold dK, dV, S^T, dP^T and dQ.
@@ -247,4 +259,6 @@ struct fjhb_smem {
   // Ring slot s: the take's tile, then its piece (ring_piece).
   __device__ unsigned ring(int s) const { return base + FJHB_OFF_RING + 8 * s; }
   __device__ unsigned ring_piece(int s) const { return ring(s) + 4; }
+  // Stage s's row values (FJHB_ROWV), FJ_BLOCK_M int32.
+  __device__ unsigned rowv(int s) const { return base + FJHB_OFF_ROWV + s * FJ_BLOCK_M * 4; }
 };

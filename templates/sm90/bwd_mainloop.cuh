@@ -76,6 +76,32 @@ __device__ __forceinline__ void fjhb_st_shared_u32(unsigned addr, unsigned v) {
   asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
 }
 
+// The mask of query qi and kv row ki; with FJHB_ROWV from the query row's
+// value rv (the stage's, read beside its LSE), else from fj_mask's own
+// loads.
+__device__ __forceinline__ bool fjhb_mask(const fj_bwd_params &p, const fj_sizes &z, int b,
+                                          int h, int qi, int ki, unsigned rv) {
+#if FJHB_ROWV
+  const unsigned r[1] = {rv};
+  return fj_mask_from_rows(p.user, z, b, h, qi, ki, r);
+#else
+  (void)rv;
+  return fj_mask(p.user, z, b, h, qi, ki);
+#endif
+}
+// The row values of a stage's rows 8 j + 2 t4 and the one after (FJHB_ROWV),
+// else zeros.
+__device__ __forceinline__ void fjhb_rowv_pair(unsigned s_rowv, int j, int t4,
+                                               unsigned (&rv)[2]) {
+#if FJHB_ROWV
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(rv[0]), "=r"(rv[1])
+               : "r"(s_rowv + (8 * j + 2 * t4) * 4));
+#else
+  (void)s_rowv, (void)j, (void)t4;
+  rv[0] = rv[1] = 0u;
+#endif
+}
+
 // A masked pair's P is 0. With 64-row query tiles the loops below compute
 // every element's exponential and then select (FJHB_SELECT_P): written as
 // a conditional, ptxas makes each element's exponential a branch of its
@@ -97,6 +123,7 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
                                                  int b, int h, int q0,
                                                  int wkv0, bool need_mask, bool edge,
                                                  unsigned s_lse, unsigned s_delta,
+                                                 unsigned s_rowv,
                                                  float (&s)[FJHB_S_REGS],
                                                  float (&dp)[FJHB_S_REGS],
                                                  unsigned (&pa)[FJHB_PK][4],
@@ -109,6 +136,8 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
     float l2[2], dl[2];
     fjhb_ld_shared_f2(s_lse + (8 * j + 2 * t4) * 4, l2[0], l2[1]);
     fjhb_ld_shared_f2(s_delta + (8 * j + 2 * t4) * 4, dl[0], dl[1]);
+    unsigned rv[2];
+    fjhb_rowv_pair(s_rowv, j, t4, rv);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e;
@@ -124,7 +153,7 @@ __device__ __forceinline__ void fjhb_elementwise(const fj_bwd_params &p, const f
       bool keep = true;
       if constexpr (CHECK) {
 #if FJ_HAS_MASK
-        if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
+        if (need_mask) keep = fjhb_mask(p, z, b, h, qi, ki, rv[e & 1]);
 #endif
         if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
       }
@@ -175,7 +204,8 @@ template <bool CHECK, bool ONE_TERMS = false>
 __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_sizes &z, int b,
                                            int h, int q0,
                                            int wkv0, bool need_mask, bool edge,
-                                           unsigned s_lse, float (&s)[FJHB_S_REGS],
+                                           unsigned s_lse, unsigned s_rowv,
+                                           float (&s)[FJHB_S_REGS],
                                            float terms = 0.f) {
   const int t = fj_tid() & 127;
   const int w = t >> 5, g = (t >> 2) & 7, t4 = t & 3;
@@ -183,6 +213,8 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
   for (int j = 0; j < FJ_BLOCK_M / 8; ++j) {
     float l2[2];
     fjhb_ld_shared_f2(s_lse + (8 * j + 2 * t4) * 4, l2[0], l2[1]);
+    unsigned rv[2] = {0u, 0u};
+    if constexpr (CHECK) fjhb_rowv_pair(s_rowv, j, t4, rv);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e;
@@ -192,12 +224,12 @@ __device__ __forceinline__ void fjhb_probs(const fj_bwd_params &p, const fj_size
       if constexpr (CHECK) {
 #if FJHB_MASK_SELECT
 #if FJ_HAS_MASK
-        keep = fj_mask(p.user, z, b, h, qi, ki) | !need_mask;
+        keep = fjhb_mask(p, z, b, h, qi, ki, rv[e & 1]) | !need_mask;
 #endif
         keep = keep & ((qi < z.Lq) & (ki < z.Lk) | !edge);
 #else
 #if FJ_HAS_MASK
-        if (need_mask) keep = fj_mask(p.user, z, b, h, qi, ki);
+        if (need_mask) keep = fjhb_mask(p, z, b, h, qi, ki, rv[e & 1]);
 #endif
         if (edge) keep = keep & (qi < z.Lq) & (ki < z.Lk);
 #endif
@@ -541,7 +573,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
       // Trainable reads go element by element here (fj_grad_tile's sums
       // spill this step with a large score_mod).
       fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
-                             sm.delta(s), sacc, dpacc, pa, dsa, gc);
+                             sm.delta(s), sm.rowv(s), sacc, dpacc, pa, dsa, gc);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
       fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
@@ -569,13 +601,15 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #if FJ_SCORE_TILE
       if (one_terms)
         fjhb_probs<true, true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
-                               sacc, terms);
+                               sm.rowv(s), sacc, terms);
       else
 #endif
       if (FJ_HAS_SCORE_MOD || need_mask || edge)
-        fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
+        fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
+                         sm.rowv(s), sacc);
       else
-        fjhb_probs<false>(p, p.sz, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sacc);
+        fjhb_probs<false>(p, p.sz, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.rowv(s),
+                          sacc);
       fjhb_pack(sacc, pa);
       fjh_wgmma_fence();
       fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));

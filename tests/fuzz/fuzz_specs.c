@@ -20,7 +20,8 @@
  *      no contraction) and runs fj_mask, fj_score_mod and fj_tile_class on
  *      random points: the evaluator must agree bit for bit where it says
  *      exact, hold the host's value inside its bounds elsewhere (glibc's exp,
- *      log, tanh standing in for CUDA's), and give the same tile classes.
+ *      log, tanh standing in for CUDA's), and give the same tile classes;
+ *      and fj_mask_from_rows of fj_mask_rows must equal fj_mask.
  *
  * Usage (the ctest entry fuzz/specs runs the first):
  *   build/fuzz_specs --seed 1 --count 300
@@ -480,7 +481,10 @@ static int host_check_one(void *lib, int k, const pending *p, const options *o,
   tile_fn tile = (tile_fn)dlsym(lib, name);
   snprintf(name, sizeof name, "log2_%d", k);
   log2_fn log2v = (log2_fn)dlsym(lib, name);
-  if (!mask || !score || !tile || !log2v) return report(p->text, o->seed, p->index, "dlsym");
+  snprintf(name, sizeof name, "rows_%d", k);
+  mask_fn rows = (mask_fn)dlsym(lib, name);
+  if (!mask || !score || !tile || !log2v || !rows)
+    return report(p->text, o->seed, p->index, "dlsym");
   /* The kernels' form of a score_mod that is not additive is fj_score_mod's
    * value times log2 e, bit for bit (an additive one is rearranged:
    * unit/test_emit_cuda bounds it). */
@@ -507,6 +511,11 @@ static int host_check_one(void *lib, int k, const pending *p, const options *o,
     if (want != FJG_UNCERTAIN && want != got)
       failed = report(p->text, o->seed, p->index,
                       "host mask(b %d h %d q %d kv %d) = %d, evaluator %d", b, h, q, kv, got, want);
+    const int from_rows = rows(params, w.env.sizes, b, h, q, kv);
+    if (!failed && from_rows != got)
+      failed = report(p->text, o->seed, p->index,
+                      "host mask from its row values (b %d h %d q %d kv %d) = %d, mask %d", b, h,
+                      q, kv, from_rows, got);
     float s = chance(&r, 10) ? random_float(&r) : (float)between(&r, -800, 800) / 32.0f;
     float gs = score(params, w.env.sizes, s, b, h, q, kv);
     const fjg_aval *ws = fjg_eval_root(&e, 1, s, b, h, q, kv);
@@ -545,6 +554,9 @@ static long host_check(pending *batch, int n, const options *o, stats *st) {
   fjg_buf src;
   fjg_buf_init(&src);
   fjg_buf_printf(&src, "%s", host_prelude);
+  /* The prologues' fj_mask_rows and fj_mask_from_rows, where a mask has row
+   * values (each sized by its own count). */
+  fjg_buf_printf(&src, "#define FJ_MASK_ROWS 1\n");
   size_t len;
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   fjg_buf_append(&src, common, len);
@@ -564,6 +576,23 @@ static long host_check(pending *batch, int n, const options *o, stats *st) {
         "  return g%d::fj_score_log2(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, qk,\n"
         "      scale, b, h, qb, dq, kvb, dk);\n}\n",
         k, k, k, k, k, k, k, k, k, k, k, k);
+    /* fj_mask again, from the row values (the mask itself without any). */
+    const int nrows = fjg_mask_row_values(fjr_spec_graph(batch[k].spec));
+    fjg_buf_printf(&src,
+        "extern \"C\" int rows_%d(const void *u, const int *z, int b, int h, int q, int kv) {\n",
+        k);
+    if (nrows > 0)
+      fjg_buf_printf(&src,
+          "  unsigned r[%d];\n"
+          "  g%d::fj_mask_rows(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q, r);\n"
+          "  return g%d::fj_mask_from_rows(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z,"
+          " b, h, q, kv, r);\n}\n",
+          nrows, k, k, k, k);
+    else
+      fjg_buf_printf(&src,
+          "  return g%d::fj_mask(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q,"
+          " kv);\n}\n",
+          k, k);
   }
   char cpp[256], so[256], cmd[1024];
   snprintf(cpp, sizeof cpp, "%s/host.cpp", dir);

@@ -14,6 +14,8 @@
   "static inline int __ldg(const int *p) { return *p; }\n"                               \
   "static inline float __ldg(const float *p) { return *p; }\n"                           \
   "static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }\n" \
+  "static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }\n" \
+  "static inline unsigned __float_as_uint(float f) { unsigned x; memcpy(&x, &f, 4); return x; }\n" \
   "static inline float __fdividef(float a, float b) { return a / b; }\n"                 \
   "static inline float __fadd_rn(float a, float b) { return a + b; }\n"                  \
   "static inline float __fsub_rn(float a, float b) { return a - b; }\n"                  \
