@@ -6,7 +6,8 @@
 # FJ_DEBUG_WAIT_LIMIT (a hang traps), `--backward --check` of document masks
 # (D=128 and D=64, GQA, Lq != Lk, fp16 BSHD), then the backward of the
 # document mask (compare.py's ids; one document) and causal (the control:
-# its kernel is byte for byte main's), main against the branch, two rounds.
+# its kernel is byte for byte main's; with --block-mask on, what walking the
+# block mask's lists costs), main against the branch, two rounds.
 set -u
 export FLEXJIT_CACHE_DIR=/tmp/fjc
 S=build-gpu/mr
@@ -23,7 +24,7 @@ for c in "examples/document.lua --batch 2 --heads 16 --q-len 16384 --buffer doc=
   LD_LIBRARY_PATH=$PWD/$S/lib FLEXJIT_KERNEL_DEFINES=FJ_DEBUG_WAIT_LIMIT=20000000 timeout 90 $S/flexjit run $c --backward --check 2>&1 | tail -2; echo "check rc $?"
 done
 for r in 1 2; do
-  for c in "document.lua --buffer doc=/tmp/doc_cmp.npy" "document.lua --buffer doc=/tmp/doc_one.npy" "causal.lua"; do
+  for c in "document.lua --buffer doc=/tmp/doc_cmp.npy" "document.lua --buffer doc=/tmp/doc_one.npy" "causal.lua" "causal.lua --block-mask on"; do
     for B in main mr; do
       echo "== $B $c"
       LD_LIBRARY_PATH=$PWD/build-gpu/$B/lib timeout 100 build-gpu/$B/flexjit run examples/$c --batch 2 --heads 16 --q-len 16384 --backward --bench --warmup-ms 30 --rep-ms 150 2>&1 | grep -E "^bench (backward|forward\+)" | head -3
