@@ -17,8 +17,9 @@ tail -3 $OUT/test_backward.log
 tail -3 $OUT/test_varlen.log
 python3 -c "import sys; sys.path.insert(0, 'bench'); import compare
 compare.write_npy_i32('/tmp/doc_cmp.npy', compare.document_ids(16384).tolist())
-compare.write_npy_i32('/tmp/doc_one.npy', [0] * 16384)"
-for c in "examples/document.lua --batch 2 --heads 16 --q-len 16384 --buffer doc=/tmp/doc_cmp.npy" \
+compare.write_npy_i32('/tmp/doc_one.npy', [0] * 16384)
+compare.write_npy_i32('/tmp/doc_4k.npy', compare.document_ids(4096).tolist())"
+for c in "examples/document.lua --batch 1 --heads 4 --kv-heads 2 --q-len 4096 --buffer doc=/tmp/doc_4k.npy" \
          "examples/document.lua --batch 1 --heads 6 --kv-heads 2 --q-len 777 --kv-len 901 --head-dim 64" \
          "examples/document.lua --batch 2 --heads 4 --q-len 1000 --dtype fp16 --layout bshd"; do
   LD_LIBRARY_PATH=$PWD/$S/lib FLEXJIT_KERNEL_DEFINES=FJ_DEBUG_WAIT_LIMIT=20000000 timeout 90 $S/flexjit run $c --backward --check 2>&1 | tail -2; echo "check rc $?"
