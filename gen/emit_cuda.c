@@ -349,56 +349,63 @@ static void put_expr(emitter *e, const fjg_node *n) {
 /* A mask's row values: its loads whose index reads q but not kv (a query
  * row's document id), the same for every kv of a row, so that a kernel may
  * read them once a row (fj_mask_rows) and the mask from them
- * (fj_mask_from_rows). */
-static int is_row_load(const emitter *e, int id) {
+ * (fj_mask_from_rows); its column values likewise, loads whose index reads
+ * kv but not q (a key's document id: fj_mask_cols, fj_mask_from_cols).
+ * `side` is READS_Q for rows, READS_KV for columns. */
+static int is_side_load(const emitter *e, int id, unsigned side) {
   return fjg_node_at(e->g, id)->op == FJG_OP_LOAD &&
-         (e->reads[id] & (READS_SCORE | READS_Q | READS_KV)) == READS_Q;
+         (e->reads[id] & (READS_SCORE | READS_Q | READS_KV)) == side;
 }
 
-/* How put_temps emits: every node; only those of the mask's row values
- * (reading neither kv nor the score), each row value stored in r[k]; or
- * each row value read from r[k]. */
-enum { TEMPS_ALL, TEMPS_ROWS, TEMPS_FROM_ROWS };
+/* How put_temps emits: every node (TEMPS_ALL); only the nodes of one
+ * side's values (reading neither the score nor the other index), each value
+ * stored in v[k] (TEMPS_VALUES); or every node, each of one side's values
+ * read from v[k] (TEMPS_FROM_VALUES). */
+enum { TEMPS_ALL, TEMPS_VALUES, TEMPS_FROM_VALUES };
 
 /* One statement per non-leaf node reachable from root `which` (0 the
  * mask, 1 the score_mod, 2 the score_mod's derivative: fjg_reachable's
  * lists), each in a temporary of its own; 1 and 2 with a score_mod's f32
- * rules. `mode`: TEMPS_ALL, or for the mask (0) TEMPS_ROWS or
- * TEMPS_FROM_ROWS. */
-static void put_temps(emitter *e, int which, int mode) {
-  int count, next = 0, row = 0;
+ * rules. `mode`: TEMPS_ALL, or for the mask (0) TEMPS_VALUES or
+ * TEMPS_FROM_VALUES of side `side` (READS_Q, READS_KV). */
+static void put_temps(emitter *e, int which, int mode, unsigned side) {
+  int count, next = 0, value = 0;
   const int32_t *list = fjg_reachable(e->g, which, &count);
+  const unsigned other = side == READS_Q ? READS_KV : READS_Q;
   e->score = which != 0;
   memset(e->decisive, 0, (size_t)fjg_num_nodes(e->g));
   fjg_decisive_nodes(e->g, which, e->decisive);
   for (int k = 0; k < count; k++) {
     const fjg_node *n = fjg_node_at(e->g, list[k]);
     if (is_leaf(n)) continue;
-    if (mode == TEMPS_ROWS && (e->reads[list[k]] & (READS_SCORE | READS_KV))) continue;
+    if (mode == TEMPS_VALUES && (e->reads[list[k]] & (READS_SCORE | other))) continue;
+    const int is_value = mode != TEMPS_ALL && is_side_load(e, list[k], side);
     e->slot[list[k]] = next;
     fjg_buf_printf(e->out, "  const %s t%d = ", ctype(n->type), next++);
-    if (mode == TEMPS_FROM_ROWS && is_row_load(e, list[k]))
-      fjg_buf_printf(e->out, n->type == FJG_I32 ? "(int)r[%d]" : "__uint_as_float(r[%d])",
-                     row++);
+    if (mode == TEMPS_FROM_VALUES && is_value)
+      fjg_buf_printf(e->out, n->type == FJG_I32 ? "(int)v[%d]" : "__uint_as_float(v[%d])",
+                     value++);
     else
       put_expr(e, n);
     fjg_buf_printf(e->out, ";\n");
-    if (mode == TEMPS_ROWS && is_row_load(e, list[k]))
-      fjg_buf_printf(e->out, n->type == FJG_I32 ? "  r[%d] = (unsigned)t%d;\n"
-                                                : "  r[%d] = __float_as_uint(t%d);\n",
-                     row++, next - 1);
+    if (mode == TEMPS_VALUES && is_value)
+      fjg_buf_printf(e->out, n->type == FJG_I32 ? "  v[%d] = (unsigned)t%d;\n"
+                                                : "  v[%d] = __float_as_uint(t%d);\n",
+                     value++, next - 1);
   }
 }
 
-/* The number of the mask's row values (is_row_load). */
-static int mask_rows(const emitter *e) {
+/* The number of the mask's values of one side (is_side_load). */
+static int mask_values(const emitter *e, unsigned side) {
   const int root = fjg_mask_root(e->g);
   if (root < 0) return 0;
   int count, n = 0;
   const int32_t *list = fjg_reachable(e->g, 0, &count);
-  for (int k = 0; k < count; k++) n += is_row_load(e, list[k]);
+  for (int k = 0; k < count; k++) n += is_side_load(e, list[k], side);
   return n;
 }
+static int mask_rows(const emitter *e) { return mask_values(e, READS_Q); }
+static int mask_cols(const emitter *e) { return mask_values(e, READS_KV); }
 
 /* The body of fj_mask (which == 0) or fj_score_mod (1): its temporaries,
  * then the return. */
@@ -408,7 +415,7 @@ static void put_body(emitter *e, int which, const char *absent) {
     fjg_buf_printf(e->out, "  return %s;\n", absent);
     return;
   }
-  put_temps(e, which, TEMPS_ALL);
+  put_temps(e, which, TEMPS_ALL, 0);
   fjg_buf_printf(e->out, "  return ");
   put_operand(e, root);
   fjg_buf_printf(e->out, ";\n");
@@ -554,7 +561,7 @@ static void put_grad_body(emitter *e) {
     return;
   }
   fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
-  put_temps(e, 2, TEMPS_ALL);
+  put_temps(e, 2, TEMPS_ALL, 0);
   put_grad_adds(e);
   fjg_buf_printf(e->out, "  return live ? ds * ");
   put_operand(e, d->dscore);
@@ -571,7 +578,7 @@ static void put_grad_bufs_body(emitter *e) {
     return;
   }
   fjg_buf_printf(e->out, "  const bool live = ds != 0.0f;\n");
-  put_temps(e, 2, TEMPS_ALL);
+  put_temps(e, 2, TEMPS_ALL, 0);
   put_grad_adds(e);
 }
 
@@ -1045,6 +1052,7 @@ static int tile_terms(const emitter *e) {
 int fjg_score_has_tile_terms(const fjg_graph *g) { return ask_emitter(g, tile_terms) == 1; }
 
 int fjg_mask_row_values(const fjg_graph *g) { return ask_emitter(g, mask_rows); }
+int fjg_mask_col_values(const fjg_graph *g) { return ask_emitter(g, mask_cols); }
 
 /* 1 when the prologue of g reads the interval rules: fj_tile_class of a
  * mask, fj_score_tile of terms that can be one value over a tile. */
@@ -1120,7 +1128,7 @@ static void put_log2_body(emitter *e) {
     return;
   }
   fjg_buf_printf(e->out, "  const float score = qk * scale;\n");
-  put_temps(e, 1, TEMPS_ALL);
+  put_temps(e, 1, TEMPS_ALL, 0);
   fjg_buf_printf(e->out, "  const float k0 = ");
   put_float(e->out, LOG2E);
   fjg_buf_printf(e->out, ";\n");
@@ -1137,6 +1145,32 @@ static void put_log2_body(emitter *e) {
   fjg_buf_free(&sum);
 }
 
+/* Where the mask has values of one side (is_side_load), under #ifdef
+ * FJ_MASK_ROWS (side READS_Q: the backward's sm90 kernel reads them, and
+ * its units define it) or FJ_MASK_COLS (READS_KV: the sm90 forward's):
+ * fj_mask_rows (a query row's values into v) and fj_mask_from_rows (the
+ * mask from them, loading the rest), or fj_mask_cols and
+ * fj_mask_from_cols (a key's). */
+static void put_mask_values(emitter *e, unsigned side) {
+  const int n = mask_values(e, side);
+  if (n <= 0) return;
+  const char *what = side == READS_Q ? "rows" : "cols", *index = side == READS_Q ? "q" : "kv";
+  fjg_buf_printf(e->out,
+      "#ifdef FJ_MASK_%s\n"
+      "__device__ __forceinline__ void fj_mask_%s(const fj_user_params &u, "
+      "const fj_sizes &z,\n    int b, int h, int %s, unsigned (&v)[%d]) {\n",
+      side == READS_Q ? "ROWS" : "COLS", what, index, n);
+  put_temps(e, 0, TEMPS_VALUES, side);
+  fjg_buf_printf(e->out, "}\n\n"
+      "__device__ __forceinline__ bool fj_mask_from_%s(const fj_user_params &u, "
+      "const fj_sizes &z,\n    int b, int h, int q, int kv, const unsigned (&v)[%d]) {\n",
+      what, n);
+  put_temps(e, 0, TEMPS_FROM_VALUES, side);
+  fjg_buf_printf(e->out, "  return ");
+  put_operand(e, fjg_mask_root(e->g));
+  fjg_buf_printf(e->out, ";\n}\n#endif\n\n");
+}
+
 fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
   emitter e;
   if (emitter_open(&e, g, out) != FJ_OK) return FJ_ENOMEM;
@@ -1148,23 +1182,8 @@ fj_status fjg_emit_prologue(const fjg_graph *g, fjg_buf *out) {
       "const fj_sizes &z,\n    int b, int h, int q, int kv) {\n");
   put_body(&e, 0, "true");
   fjg_buf_printf(out, "}\n\n");
-  const int rows = mask_rows(&e);
-  if (rows > 0) {
-    /* Read by the backward's sm90 kernel, whose unit defines FJ_MASK_ROWS. */
-    fjg_buf_printf(out,
-        "#ifdef FJ_MASK_ROWS\n"
-        "__device__ __forceinline__ void fj_mask_rows(const fj_user_params &u, "
-        "const fj_sizes &z,\n    int b, int h, int q, unsigned (&r)[%d]) {\n", rows);
-    put_temps(&e, 0, TEMPS_ROWS);
-    fjg_buf_printf(out, "}\n\n"
-        "__device__ __forceinline__ bool fj_mask_from_rows(const fj_user_params &u, "
-        "const fj_sizes &z,\n    int b, int h, int q, int kv, const unsigned (&r)[%d]) {\n",
-        rows);
-    put_temps(&e, 0, TEMPS_FROM_ROWS);
-    fjg_buf_printf(out, "  return ");
-    put_operand(&e, fjg_mask_root(g));
-    fjg_buf_printf(out, ";\n}\n#endif\n\n");
-  }
+  put_mask_values(&e, READS_Q);
+  put_mask_values(&e, READS_KV);
   fjg_buf_printf(out,
       "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,"
       "\n    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n");
@@ -1346,6 +1365,9 @@ fj_status fjg_emit_forward_tu(const fjg_graph *g, const fjg_config *cfg,
   const char *const *parts = fjg_template_parts(cfg->template_name, "forward");
   if (!parts) return FJ_ENOTFOUND;
   put_config_defines(out, g, cfg);
+  const int cols = fjg_mask_col_values(g);
+  if (cols < 0) out->failed = 1;
+  if (cols > 0) fjg_buf_printf(out, "#define FJ_MASK_COLS %d\n", cols);
   return emit_parts(g, parts, 0, out);
 }
 

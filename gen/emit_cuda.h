@@ -107,9 +107,14 @@ int fjg_score_has_tile_terms(const fjg_graph *g);
 /* The number of g's mask's row values: its loads whose index reads q but
  * not kv (a query row's document id). Where there are any, the prologue
  * has, under #ifdef FJ_MASK_ROWS, fj_mask_rows (a row's values into
- * unsigned r[N]) and fj_mask_from_rows (fj_mask from them), and backward
+ * unsigned v[N]) and fj_mask_from_rows (fj_mask from them), and backward
  * units define FJ_MASK_ROWS N. -1 when out of memory. */
 int fjg_mask_row_values(const fjg_graph *g);
+
+/* The same for its column values, loads whose index reads kv but not q (a
+ * key's document id): fj_mask_cols and fj_mask_from_cols under #ifdef
+ * FJ_MASK_COLS, which forward units define as N. */
+int fjg_mask_col_values(const fjg_graph *g);
 
 /* A kernel's parts (fjg_template_parts) in order: each template's text
  * under a "// ---- template NAME ----" line, and at FJG_PART_PROLOGUE the

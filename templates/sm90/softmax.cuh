@@ -122,6 +122,34 @@ struct fjh_terms {
 #endif
 };
 
+#ifdef FJ_MASK_COLS
+// A mask's column values over a kv tile, spread over a warp's lanes: lane L
+// holds in cv[r] the values of the key 8 a + 2 (L % 4) + (L / 4) % 2 of the
+// tile, a = (L / 8) FJH_COL_REGS + r (none where a is past the tile's
+// FJ_BLOCK_N / 8 n8 blocks), so that the lanes that need a key (those with
+// its L % 4, as the accumulator layout below deals columns) read it from
+// register a % FJH_COL_REGS, a constant once the loops are unrolled, of
+// lane fjh_col_lane.
+constexpr int FJH_COL_REGS = (FJ_BLOCK_N / 8 + 3) / 4;
+__device__ __forceinline__ int fjh_col_lane(int a, int e, int t4) {
+  return 8 * (a / FJH_COL_REGS) + 4 * e + t4;
+}
+__device__ __forceinline__ void fjh_mask_cols(const fj_fwd_params &p, const fj_sizes &sz,
+                                              int b, int h, int kv0,
+                                              unsigned (&cv)[FJH_COL_REGS][FJ_MASK_COLS]) {
+  const int lane = fj_tid() & 31;
+  const int kv = kv0 + 2 * (lane & 3) + ((lane >> 2) & 1);
+#pragma unroll
+  for (int r = 0; r < FJH_COL_REGS; ++r) {
+    const int a = (lane >> 3) * FJH_COL_REGS + r;
+#pragma unroll
+    for (int k = 0; k < FJ_MASK_COLS; ++k) cv[r][k] = 0u;
+    if ((FJ_BLOCK_N / 8) % 4 == 0 || a < FJ_BLOCK_N / 8)
+      fj_mask_cols(p.user, sz, b, h, kv + 8 * a, cv[r]);
+  }
+}
+#endif
+
 // Per-thread view of the accumulator layout of wgmma m64nN: this thread
 // holds rows qr and qr + 8 (qr = first row of its warp + lane / 4), and in
 // each n8 block i the columns 8 i + 2 (lane % 4) + {0, 1}; element 4 i + e
@@ -170,12 +198,38 @@ __device__ __forceinline__ void fjh_softmax(const fj_fwd_params &p, const fj_siz
   // the other; without, they issue together.
 #if FJ_HAS_MASK
   if (mode == FJH_TILE_MASK) {
+#ifdef FJ_MASK_COLS
+    // A mask with column values (fj_mask_cols: a key's document id) reads
+    // them once a warp, FJH_COL_REGS keys a lane, issued together, and hands
+    // each to the lanes whose columns it is by a shuffle (fjh_col_lane),
+    // instead of loading each of a thread's columns itself.
+    unsigned cv[FJH_COL_REGS][FJ_MASK_COLS];
+    fjh_mask_cols(p, sz, b, h, kv0, cv);
+#pragma unroll
+    for (int a = 0; a < FJ_BLOCK_N / 8; ++a) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        unsigned c[FJ_MASK_COLS];
+#pragma unroll
+        for (int k = 0; k < FJ_MASK_COLS; ++k)
+          c[k] = __shfl_sync(0xffffffffu, cv[a % FJH_COL_REGS][k], fjh_col_lane(a, e, t4));
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = 4 * a + 2 * hh + e;
+          const bool keep =
+              fj_mask_from_cols(p.user, sz, b, h, qr + 8 * hh, kv0 + 8 * a + 2 * t4 + e, c);
+          s[i] = keep ? s[i] : fj_neg_inf();
+        }
+      }
+    }
+#else
 #pragma unroll
     for (int i = 0; i < FJH_S_REGS; ++i) {
       const int ki = kv0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
       const bool keep = fj_mask(p.user, sz, b, h, qr + 8 * ((i & 3) >> 1), ki);
       s[i] = keep ? s[i] : fj_neg_inf();
     }
+#endif
   }
 #endif
   if (kv0 + FJ_BLOCK_N > Lk) {

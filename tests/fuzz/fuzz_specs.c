@@ -21,7 +21,8 @@
  *      random points: the evaluator must agree bit for bit where it says
  *      exact, hold the host's value inside its bounds elsewhere (glibc's exp,
  *      log, tanh standing in for CUDA's), and give the same tile classes;
- *      and fj_mask_from_rows of fj_mask_rows must equal fj_mask.
+ *      and fj_mask_from_rows of fj_mask_rows, and fj_mask_from_cols of
+ *      fj_mask_cols, must equal fj_mask.
  *
  * Usage (the ctest entry fuzz/specs runs the first):
  *   build/fuzz_specs --seed 1 --count 300
@@ -483,7 +484,9 @@ static int host_check_one(void *lib, int k, const pending *p, const options *o,
   log2_fn log2v = (log2_fn)dlsym(lib, name);
   snprintf(name, sizeof name, "rows_%d", k);
   mask_fn rows = (mask_fn)dlsym(lib, name);
-  if (!mask || !score || !tile || !log2v || !rows)
+  snprintf(name, sizeof name, "cols_%d", k);
+  mask_fn cols = (mask_fn)dlsym(lib, name);
+  if (!mask || !score || !tile || !log2v || !rows || !cols)
     return report(p->text, o->seed, p->index, "dlsym");
   /* The kernels' form of a score_mod that is not additive is fj_score_mod's
    * value times log2 e, bit for bit (an additive one is rearranged:
@@ -516,6 +519,11 @@ static int host_check_one(void *lib, int k, const pending *p, const options *o,
       failed = report(p->text, o->seed, p->index,
                       "host mask from its row values (b %d h %d q %d kv %d) = %d, mask %d", b, h,
                       q, kv, from_rows, got);
+    const int from_cols = cols(params, w.env.sizes, b, h, q, kv);
+    if (!failed && from_cols != got)
+      failed = report(p->text, o->seed, p->index,
+                      "host mask from its column values (b %d h %d q %d kv %d) = %d, mask %d", b,
+                      h, q, kv, from_cols, got);
     float s = chance(&r, 10) ? random_float(&r) : (float)between(&r, -800, 800) / 32.0f;
     float gs = score(params, w.env.sizes, s, b, h, q, kv);
     const fjg_aval *ws = fjg_eval_root(&e, 1, s, b, h, q, kv);
@@ -547,6 +555,25 @@ static int host_check_one(void *lib, int k, const pending *p, const options *o,
 }
 
 /* Compiles the batch's prologues into one shared object and checks each. */
+/* extern "C" int WHAT_k(u, z, b, h, q, kv): spec k's mask from its n values
+ * of one side (fj_mask_WHAT of `index`, then fj_mask_from_WHAT), or fj_mask
+ * where it has none. */
+static void put_from_values(fjg_buf *src, int k, const char *what, const char *index, int n) {
+  fjg_buf_printf(src,
+      "extern \"C\" int %s_%d(const void *u, const int *z, int b, int h, int q, int kv) {\n"
+      "  const g%d::fj_user_params &p = *(const g%d::fj_user_params *)u;\n"
+      "  const fj_sizes &s = *(const fj_sizes *)z;\n",
+      what, k, k, k);
+  if (n > 0)
+    fjg_buf_printf(src,
+        "  unsigned v[%d];\n"
+        "  g%d::fj_mask_%s(p, s, b, h, %s, v);\n"
+        "  return g%d::fj_mask_from_%s(p, s, b, h, q, kv, v);\n}\n",
+        n, k, what, index, k, what);
+  else
+    fjg_buf_printf(src, "  return g%d::fj_mask(p, s, b, h, q, kv);\n}\n", k);
+}
+
 static long host_check(pending *batch, int n, const options *o, stats *st) {
   if (!n) return 0;
   char dir[] = "/tmp/fuzz_specs_XXXXXX";
@@ -554,9 +581,10 @@ static long host_check(pending *batch, int n, const options *o, stats *st) {
   fjg_buf src;
   fjg_buf_init(&src);
   fjg_buf_printf(&src, "%s", host_prelude);
-  /* The prologues' fj_mask_rows and fj_mask_from_rows, where a mask has row
-   * values (each sized by its own count). */
-  fjg_buf_printf(&src, "#define FJ_MASK_ROWS 1\n");
+  /* The prologues' fj_mask_rows and fj_mask_from_rows, fj_mask_cols and
+   * fj_mask_from_cols, where a mask has such values (each sized by its own
+   * count). */
+  fjg_buf_printf(&src, "#define FJ_MASK_ROWS 1\n#define FJ_MASK_COLS 1\n");
   size_t len;
   const char *common = fjg_template_text("common/fj_common.cuh", &len);
   fjg_buf_append(&src, common, len);
@@ -576,23 +604,10 @@ static long host_check(pending *batch, int n, const options *o, stats *st) {
         "  return g%d::fj_score_log2(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, qk,\n"
         "      scale, b, h, qb, dq, kvb, dk);\n}\n",
         k, k, k, k, k, k, k, k, k, k, k, k);
-    /* fj_mask again, from the row values (the mask itself without any). */
-    const int nrows = fjg_mask_row_values(fjr_spec_graph(batch[k].spec));
-    fjg_buf_printf(&src,
-        "extern \"C\" int rows_%d(const void *u, const int *z, int b, int h, int q, int kv) {\n",
-        k);
-    if (nrows > 0)
-      fjg_buf_printf(&src,
-          "  unsigned r[%d];\n"
-          "  g%d::fj_mask_rows(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q, r);\n"
-          "  return g%d::fj_mask_from_rows(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z,"
-          " b, h, q, kv, r);\n}\n",
-          nrows, k, k, k, k);
-    else
-      fjg_buf_printf(&src,
-          "  return g%d::fj_mask(*(const g%d::fj_user_params *)u, *(const fj_sizes *)z, b, h, q,"
-          " kv);\n}\n",
-          k, k);
+    /* fj_mask again, from its row values and from its column values (the
+     * mask itself without any). */
+    put_from_values(&src, k, "rows", "q", fjg_mask_row_values(fjr_spec_graph(batch[k].spec)));
+    put_from_values(&src, k, "cols", "kv", fjg_mask_col_values(fjr_spec_graph(batch[k].spec)));
   }
   char cpp[256], so[256], cmd[1024];
   snprintf(cpp, sizeof cpp, "%s/host.cpp", dir);

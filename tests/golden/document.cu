@@ -17,15 +17,33 @@ __device__ __forceinline__ bool fj_mask(const fj_user_params &u, const fj_sizes 
 
 #ifdef FJ_MASK_ROWS
 __device__ __forceinline__ void fj_mask_rows(const fj_user_params &u, const fj_sizes &z,
-    int b, int h, int q, unsigned (&r)[1]) {
+    int b, int h, int q, unsigned (&v)[1]) {
   const int t0 = fj_load_i32(u.a_doc_id, u.n_doc_id, (q + z.q_off));
-  r[0] = (unsigned)t0;
+  v[0] = (unsigned)t0;
 }
 
 __device__ __forceinline__ bool fj_mask_from_rows(const fj_user_params &u, const fj_sizes &z,
-    int b, int h, int q, int kv, const unsigned (&r)[1]) {
+    int b, int h, int q, int kv, const unsigned (&v)[1]) {
   const int t0 = fj_load_i32(u.a_doc_id, u.n_doc_id, (kv + z.kv_off));
-  const int t1 = (int)r[0];
+  const int t1 = (int)v[0];
+  const bool t2 = t1 == t0;
+  const bool t3 = (q + z.q_off) >= (kv + z.kv_off);
+  const bool t4 = t2 && t3;
+  return t4;
+}
+#endif
+
+#ifdef FJ_MASK_COLS
+__device__ __forceinline__ void fj_mask_cols(const fj_user_params &u, const fj_sizes &z,
+    int b, int h, int kv, unsigned (&v)[1]) {
+  const int t0 = fj_load_i32(u.a_doc_id, u.n_doc_id, (kv + z.kv_off));
+  v[0] = (unsigned)t0;
+}
+
+__device__ __forceinline__ bool fj_mask_from_cols(const fj_user_params &u, const fj_sizes &z,
+    int b, int h, int q, int kv, const unsigned (&v)[1]) {
+  const int t0 = (int)v[0];
+  const int t1 = fj_load_i32(u.a_doc_id, u.n_doc_id, (q + z.q_off));
   const bool t2 = t1 == t0;
   const bool t3 = (q + z.q_off) >= (kv + z.kv_off);
   const bool t4 = t2 && t3;

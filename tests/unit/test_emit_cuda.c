@@ -986,27 +986,34 @@ static void test_score_tile(void **state) {
 /* A mask's row values (fjg_mask_row_values): its loads whose index reads q
  * but not kv, counted once each; a backward unit defines FJ_MASK_ROWS and
  * its prologue has fj_mask_rows and fj_mask_from_rows only where there are
- * any (fuzz/specs checks their values against fj_mask). */
-static void test_mask_row_values(void **state) {
+ * any; its column values (fjg_mask_col_values) likewise, loads whose index
+ * reads kv but not q, FJ_MASK_COLS in a forward unit (fuzz/specs checks
+ * both against fj_mask). */
+static void test_mask_values(void **state) {
   (void)state;
-  fjg_config c;
+  fjg_config c, f;
   assert_int_equal(fjg_config_choose_backward(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, NULL, 0),
+                   FJ_OK);
+  assert_int_equal(fjg_config_choose_template(128, FJ_DTYPE_BF16, "sm_90a", "sm90", &f, NULL, 0),
                    FJ_OK);
   for (int k = 0; k < 5; k++) {
     fjg_graph *g = fjg_graph_create();
     nodes n = leaves(g);
     const int dq = fjg_load(g, n.doc, n.q), dkv = fjg_load(g, n.doc, n.kv);
     const int causal = bin(g, FJG_OP_GE, n.q, n.kv);
-    int root = -1, want = 0;
+    int root = -1, want = 0, want_cols = 0;
     switch (k) {
-    case 0: root = bin(g, FJG_OP_AND, bin(g, FJG_OP_EQ, dq, dkv), causal), want = 1; break;
-    case 1: root = bin(g, FJG_OP_EQ, dkv, n.w); break;                /* kv only */
+    case 0:
+      root = bin(g, FJG_OP_AND, bin(g, FJG_OP_EQ, dq, dkv), causal), want = 1, want_cols = 1;
+      break;
+    case 1: root = bin(g, FJG_OP_EQ, dkv, n.w), want_cols = 1; break;  /* kv only */
     case 2: root = causal; break;                                     /* no load */
     case 3:                                                           /* q + kv */
       root = bin(g, FJG_OP_EQ, fjg_load(g, n.doc, bin(g, FJG_OP_ADD, n.q, n.kv)), n.w);
       break;
     case 4:                                /* two: doc[q] and doc[doc[q] + h] */
-      root = bin(g, FJG_OP_LT, fjg_load(g, n.doc, bin(g, FJG_OP_ADD, dq, n.h)), dkv), want = 2;
+      root = bin(g, FJG_OP_LT, fjg_load(g, n.doc, bin(g, FJG_OP_ADD, dq, n.h)), dkv), want = 2,
+      want_cols = 1;
       break;
     default: break;
     }
@@ -1021,6 +1028,15 @@ static void test_mask_row_values(void **state) {
     assert_int_equal(strstr(b.data, def) != NULL, want > 0);
     assert_int_equal(strstr(b.data, "void fj_mask_rows(") != NULL, want > 0);
     assert_int_equal(strstr(b.data, "bool fj_mask_from_rows(") != NULL, want > 0);
+    fjg_buf_free(&b);
+    if (fjg_mask_col_values(g) != want_cols)
+      fail_msg("case %d: %d column values, expected %d", k, fjg_mask_col_values(g), want_cols);
+    fjg_buf_init(&b);
+    assert_int_equal(fjg_emit_forward_tu(g, &f, &b), FJ_OK);
+    snprintf(def, sizeof def, "#define FJ_MASK_COLS %d\n", want_cols);
+    assert_int_equal(strstr(b.data, def) != NULL, want_cols > 0);
+    assert_int_equal(strstr(b.data, "void fj_mask_cols(") != NULL, want_cols > 0);
+    assert_int_equal(strstr(b.data, "bool fj_mask_from_cols(") != NULL, want_cols > 0);
     fjg_buf_free(&b);
     fjg_graph_destroy(g);
   }
@@ -1270,7 +1286,7 @@ int main(void) {
       cmocka_unit_test(test_score_log2_additive),
       cmocka_unit_test(test_score_log2_is_bounded),
       cmocka_unit_test(test_score_tile),
-      cmocka_unit_test(test_mask_row_values),
+      cmocka_unit_test(test_mask_values),
       cmocka_unit_test(test_i32_edges),
       cmocka_unit_test(test_decisive_f32_is_not_contracted),
   };
