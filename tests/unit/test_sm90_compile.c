@@ -3,7 +3,8 @@
  * compiles with NVRTC for sm_90a (CPU only, no GPU needed) for both dtypes
  * and head dims 64 and 128, with a causal mask, a sliding window (param),
  * a softcap + buffer bias score_mod, and a document mask (buffer reads; the
- * usual user of block masks) alone and with a softcap, in the
+ * usual user of block masks) alone, with its column values (FJ_MASK_COLS)
+ * and with a softcap, in the
  * configurations gen/config.c ships; and:
  *   - the PTX holds wgmma.mma_async and cp.async.bulk.tensor, and the
  *     block-mask walk (ld.global.nc of the bm_* lists, compiled into every
@@ -67,6 +68,20 @@ static const char kSliding[] =
   "  if (kv0 > q1) return FJ_TILE_EMPTY;\n  return FJ_TILE_PARTIAL;\n}\n"
 static const char kDocument[] =
     DOC_PARAMS DOC_MASK
+    "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
+    "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
+    "  return score;\n}\n" FJT_SCORE_LOG2 DOC_CLASS;
+/* The same mask with its keys' ids as column values (FJ_MASK_COLS, as the
+ * emitter writes a forward unit of it): the masked tiles read them once a
+ * warp and shuffle them (sm90/softmax.cuh, fjh_mask_cols). */
+static const char kDocumentCols[] =
+    "#define FJ_MASK_COLS 1\n" DOC_PARAMS DOC_MASK
+    "__device__ __forceinline__ void fj_mask_cols(const fj_user_params &u, const fj_sizes &z,\n"
+    "    int b, int h, int kv, unsigned (&v)[1]) {\n"
+    "  v[0] = (unsigned)fj_load_i32(u.a_doc, u.n_doc, kv);\n}\n"
+    "__device__ __forceinline__ bool fj_mask_from_cols(const fj_user_params &u,\n"
+    "    const fj_sizes &z, int b, int h, int q, int kv, const unsigned (&v)[1]) {\n"
+    "  return fj_load_i32(u.a_doc, u.n_doc, q) == (int)v[0] && q >= kv;\n}\n"
     "__device__ __forceinline__ float fj_score_mod(const fj_user_params &u,\n"
     "    const fj_sizes &z, float score, int b, int h, int q, int kv) {\n"
     "  return score;\n}\n" FJT_SCORE_LOG2 DOC_CLASS;
@@ -223,6 +238,11 @@ static void test_document(void **state) {
   run_matrix(1, 0, kDocument, "document");
 }
 
+static void test_document_cols(void **state) {
+  (void)state;
+  run_matrix(1, 0, kDocumentCols, "doc cols");
+}
+
 /* One dtype: the dtype changes no code path, and these compile slowly. */
 static void test_document_softcap(void **state) {
   (void)state;
@@ -318,9 +338,9 @@ static void test_variants_compile(void **state) {
   static const char *const wait_limit[] = {"-DFJ_DEBUG_WAIT_LIMIT=100000000"};
   /* The traces must not spill either: a spill would time another kernel. */
   compile_variant("causal, FJ_TRACE", 128, 1, fjt_causal, trace, 1, 1, 0);
-  compile_variant("document, FJ_TRACE", 64, 1, kDocument, trace, 1, 1, 2);
+  compile_variant("document, FJ_TRACE", 64, 1, kDocumentCols, trace, 1, 1, 2);
   /* D=64 with two consumers: the kernel block masks of 128-row blocks take. */
-  compile_variant("document, two consumers", 64, 1, kDocument, NULL, 0, 1, 2);
+  compile_variant("document, two consumers", 64, 1, kDocumentCols, NULL, 0, 1, 2);
   compile_variant("causal, FJ_TRACE persistent", 128, 1, fjt_causal, trace, 1, 1, 1);
   /* The tunables: the ping-pong off; the spill fallback (no overlap); a
    * register split; every exponential on the FMA pipe; block-mask rows past
@@ -328,11 +348,11 @@ static void test_variants_compile(void **state) {
    * the mbarrier poll limit (its counter may spill). */
   compile_variant("causal, FJ_PINGPONG=0 persistent", 128, 1, fjt_causal, no_pingpong, 1,
                   1, 1);
-  compile_variant("document, FJ_INTRA_WG_OVERLAP=0", 128, 1, kDocument, no_overlap, 1, 1,
+  compile_variant("document, FJ_INTRA_WG_OVERLAP=0", 128, 1, kDocumentCols, no_overlap, 1, 1,
                   1);
   compile_variant("causal, registers 40 / 232", 128, 1, fjt_causal, regs, 2, 1, 0);
   compile_variant("causal, FJ_EXP2_EMU=1", 64, 1, fjt_causal, emu, 1, 1, 0);
-  compile_variant("document, FJ_BM_CACHE=2 persistent", 128, 1, kDocument, bm_cache, 1, 1,
+  compile_variant("document, FJ_BM_CACHE=2 persistent", 128, 1, kDocumentCols, bm_cache, 1, 1,
                   1);
   compile_variant("causal, FJ_DEBUG_WAIT_LIMIT", 128, 1, fjt_causal, wait_limit, 1, 0, 0);
   /* The persistent kernel at D=256, with one Q buffer (compile_one covers
@@ -344,8 +364,8 @@ static void test_variants_compile(void **state) {
    * run most (D=128, persistent or not); compiled at D=64 and 256. */
   static const char *const varlen[] = {"-DFJ_VARLEN=1"};
   compile_variant("causal, FJ_VARLEN persistent", 128, 1, fjt_causal, varlen, 1, 1, 1);
-  compile_variant("document, FJ_VARLEN", 128, 1, kDocument, varlen, 1, 1, 0);
-  compile_variant("document, FJ_VARLEN", 64, 1, kDocument, varlen, 1, 0, 0);
+  compile_variant("document, FJ_VARLEN", 128, 1, kDocumentCols, varlen, 1, 1, 0);
+  compile_variant("document, FJ_VARLEN", 64, 1, kDocumentCols, varlen, 1, 0, 0);
   compile_variant("causal, FJ_VARLEN", 256, 1, fjt_causal, varlen, 1, 0, 0);
   /* Skip Softmax's variant (FJ_SKIP), alone and with FJ_VARLEN. */
   static const char *const skip[] = {"-DFJ_SKIP=1"};
@@ -354,7 +374,7 @@ static void test_variants_compile(void **state) {
    * it (its persistent kernel spills with the overlap, and D=64's three
    * consumers spill: both then run the spill fallback). */
   compile_variant("causal, FJ_SKIP", 128, 1, fjt_causal, skip, 1, 1, 0);
-  compile_variant("document, FJ_SKIP FJ_VARLEN", 128, 1, kDocument, skip_varlen, 2, 1, 0);
+  compile_variant("document, FJ_SKIP FJ_VARLEN", 128, 1, kDocumentCols, skip_varlen, 2, 1, 0);
   compile_variant("causal, FJ_SKIP persistent", 128, 1, fjt_causal, skip, 1, 0, 1);
   compile_variant("causal, FJ_SKIP", 64, 1, fjt_causal, skip, 1, 0, 0);
 }
@@ -492,6 +512,7 @@ int main(void) {
       cmocka_unit_test(test_sliding),
       cmocka_unit_test(test_softcap_bias),
       cmocka_unit_test(test_document),
+      cmocka_unit_test(test_document_cols),
       cmocka_unit_test(test_document_softcap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
