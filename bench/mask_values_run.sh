@@ -20,7 +20,8 @@ set -u
 export FLEXJIT_CACHE_DIR=/tmp/fjc
 python3 -c "import sys; sys.path.insert(0, 'bench'); import compare
 compare.write_npy_i32('/tmp/doc_cmp.npy', compare.document_ids(16384).tolist())
-compare.write_npy_i32('/tmp/doc_al.npy', [0] * 7168 + [1] * 4352 + [2] * 4864)"
+compare.write_npy_i32('/tmp/doc_al.npy', [0] * 7168 + [1] * 4352 + [2] * 4864)
+compare.write_npy_i32('/tmp/doc_4k.npy', compare.document_ids(4096).tolist())"
 case ${1:-} in
 tests)
   S=build-gpu/mc
@@ -29,7 +30,7 @@ tests)
         timeout ${t#*:} ./gpu_test_${t%:*} ) > $OUT/test_${t%:*}.log 2>&1
     echo "gpu_test_${t%:*} rc $?: $(tail -1 $OUT/test_${t%:*}.log)"
   done
-  for c in "--batch 2 --heads 16 --q-len 16384 --buffer doc=/tmp/doc_cmp.npy" \
+  for c in "--batch 1 --heads 4 --kv-heads 2 --q-len 4096 --buffer doc=/tmp/doc_4k.npy" \
            "--batch 1 --heads 6 --kv-heads 2 --q-len 777 --kv-len 901 --head-dim 64" \
            "--batch 2 --heads 4 --q-len 1000 --dtype fp16 --layout bshd" \
            "--batch 1 --heads 2 --q-len 3000 --block-mask off"; do
