@@ -1,10 +1,11 @@
 #!/bin/bash
-# The mask-values experiment's device calls (not yet run): three builds made
+# The mask-values experiment's device calls (run in session 43,
+# bench/RESULTS.md; the branches are on main since): three builds made
 # on the CPU machine and carried (`carry: ["build-gpu"]`; each a copy of
 # build/flexjit, the GPU test programs and the shared libraries):
 # build-gpu/main (main), build-gpu/mr (branch mask-rows: the sm90 backward
 # reads a PARTIAL item's query rows' ids from its stage) and build-gpu/mc
-# (this branch, mask-cols: that, and the sm90 forward's masked tiles read the
+# (branch mask-cols: that, and the sm90 forward's masked tiles read the
 # keys' ids once a warp and shuffle them to the lanes that need them).
 #   bash bench/mask_values_run.sh tests   the GPU tests of mc, with
 #       FJ_DEBUG_WAIT_LIMIT (a hang traps), and --check of document masks
