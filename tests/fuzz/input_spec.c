@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "flexjit.h"
 #include "gen/emit_cuda.h"
 #include "gen/graph.h"
@@ -72,8 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!text) abort();
   memcpy(text, data, size);
   text[size] = '\0';
-  uint64_t seed = 1469598103934665603ull; /* FNV-1a of the input */
-  for (size_t i = 0; i < size; i++) seed = (seed ^ data[i]) * 1099511628211ull;
+  const uint64_t seed = XXH3_64bits(data, size);
   long elements = 0, uncertain = 0;
   for (int k = 0; k < 3; k++) {
     rng r = {seed + 7919u * (uint64_t)k};
