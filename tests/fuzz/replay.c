@@ -49,7 +49,10 @@ static int cmp_names(const void *a, const void *b) {
 /* The regular files of dir, in name order; their count, or -1. */
 static int run_dir(const char *dir) {
   DIR *d = opendir(dir);
-  if (!d) return -1;
+  if (!d) {
+    fprintf(stderr, "replay: cannot open %s\n", dir);
+    return -1;
+  }
   char **names = NULL;
   int n = 0, runs = 0;
   for (struct dirent *e; (e = readdir(d)) != NULL;) {
@@ -76,14 +79,13 @@ int main(int argc, char **argv) {
   int runs = 0;
   for (int i = 1; i < argc; i++) {
     struct stat st;
-    const int n = stat(argv[i], &st) != 0       ? -1
-                  : S_ISDIR(st.st_mode)          ? run_dir(argv[i])
-                  : run_file(argv[i]) == 0       ? 1
-                                                 : -1;
-    if (n < 0) {
+    if (stat(argv[i], &st) != 0) {
       fprintf(stderr, "replay: cannot read %s\n", argv[i]);
       return 1;
     }
+    /* run_file and run_dir say what they could not read. */
+    const int n = S_ISDIR(st.st_mode) ? run_dir(argv[i]) : run_file(argv[i]) == 0 ? 1 : -1;
+    if (n < 0) return 1;
     runs += n;
   }
   printf("replay: %d inputs\n", runs);
