@@ -12,10 +12,13 @@
 #   $OUT/source-flexjit-CASE.csv (ncu's source page) beside the report
 #   (bench/ncu_stalls.py reads it). PROFILE_BACKWARD=1: the backward's main
 #   kernel (fj_attention_bwd) instead of the forward, and no cuDNN profile.
+#   PROFILE_BUILD: the build directory (build/flexjit and build/lib by
+#   default; a carried build-gpu/NAME).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flexjit-out}; mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/build/lib:${LD_LIBRARY_PATH:-}"
+BUILD=${PROFILE_BUILD:-build}
+export LD_LIBRARY_PATH="$PWD/$BUILD/lib:${LD_LIBRARY_PATH:-}"
 export FLEXJIT_CACHE_DIR=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-cache}
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis
           --section SchedulerStats --section WarpStateStats
@@ -29,6 +32,7 @@ for c in "$@"; do
   case $c in
     causal64) B=8; H=32; S=4096; D=64 ;;
     causal128) B=2; H=16; S=16384; D=128 ;;
+    causal128bm) B=2; H=16; S=16384; D=128; extra=(--block-mask on) ;;
     sliding) B=2; H=16; S=16384; D=128; spec=examples/sliding_window.lua
              extra=(--param window=1024) ;;
     document) B=2; H=16; S=16384; D=128; spec=examples/document.lua
@@ -40,13 +44,13 @@ compare.write_npy_i32('$OUT/doc_$S.npy', compare.document_ids($S).tolist())" || 
   # Compile (and cache) first so the profiled process only launches.
   kernel=fj_attention
   if [ "${PROFILE_BACKWARD:-0}" = 1 ]; then extra+=(--backward); kernel='fj_attention_bwd$'; fi
-  FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" build/flexjit run $spec "${extra[@]}" \
+  FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" $BUILD/flexjit run $spec "${extra[@]}" \
     --batch $B --heads $H --q-len $S --head-dim $D >/dev/null 2>&1
   export_opt=()
   [ "${PROFILE_SOURCE:-0}" = 1 ] && export_opt=(--export "$OUT/flexjit-$c" --force-overwrite)
   FLEXJIT_KERNEL_DEFINES="${PROFILE_DEFINES:-}" timeout 300 ncu --clock-control none \
     -k "regex:$kernel" "${sections[@]}" "${export_opt[@]}" -c 1 \
-    build/flexjit run $spec "${extra[@]}" --batch $B --heads $H --q-len $S --head-dim $D \
+    $BUILD/flexjit run $spec "${extra[@]}" --batch $B --heads $H --q-len $S --head-dim $D \
     > "$OUT/profile-flexjit-$c.txt" 2>&1
   echo "flexjit $c: exit $?"
   if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
@@ -55,7 +59,7 @@ compare.write_npy_i32('$OUT/doc_$S.npy', compare.document_ids($S).tolist())" || 
     echo "source page $c: exit $?"
   fi
   [ "${PROFILE_FLEXJIT_ONLY:-0}" = 1 ] || [ "${PROFILE_BACKWARD:-0}" = 1 ] && continue
-  [ "$spec" = examples/causal.lua ] || continue  # cuDNN has causal and full only
+  [ "$c" = causal64 ] || [ "$c" = causal128 ] || continue  # cuDNN: causal and full only
   timeout 300 ncu --clock-control none -k regex:'sdpa|fmha|flash|cudnn|sm90' \
     "${sections[@]}" -c 1 python3 - $B $H $S $D > "$OUT/profile-cudnn-$c.txt" 2>&1 <<'PY'
 import sys, torch
