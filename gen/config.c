@@ -333,7 +333,8 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
  * the base; K and V; two stages of Q and dO; two dS^T buffers (block_n x
  * block_m); each consumer's fp32 dQ buffers, two of 64 x head_dim / 2 at
  * block_m 64, one of 64 x head_dim at 128 (dQ split by columns or by rows);
- * two stages of LSE and delta; 1 + 3 * stages + 4 * (dQ buffers a consumer)
+ * two stages of LSE and delta; each stage's next item (four int32);
+ * 1 + 3 * stages + 4 * (dQ buffers a consumer)
  * + 5 mbarriers (5: the persistent kernel's); the sequence's record (6
  * int32: its sizes and rows in a packed batch); the persistent kernel's
  * ring of two slots of two int32 (a tile and its piece); two stages of the
@@ -344,7 +345,8 @@ static int sm90_bwd_smem_bytes(const fjg_config *c) {
   const int dq_bufs = by_rows ? 1 : 2, dq_cols = by_rows ? c->head_dim : c->head_dim / 2;
   return 1024 + (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
          2 * c->block_n * c->block_m * 2 + 2 * dq_bufs * 64 * dq_cols * 4 +
-         2 * c->num_stages * c->block_m * 4 + 8 * (1 + 3 * c->num_stages + 4 * dq_bufs + 5) +
+         2 * c->num_stages * c->block_m * 4 + 16 * c->num_stages +
+         8 * (1 + 3 * c->num_stages + 4 * dq_bufs + 5) +
          4 * 6 + 8 * 2 + c->num_stages * c->block_m * 4;
 }
 

@@ -4,8 +4,9 @@
 // EMPTY: for each query head h of the kv head's group in turn, its query
 // tiles of FJ_BLOCK_M rows in ascending order, from the block mask's
 // transposed lists (its PARTIAL blocks, then its FULL blocks) or, without
-// one, from fj_tile_class. Every thread of the CTA walks the same items
-// (each warp computes them for itself; nothing is shared). `z` is the
+// one, from fj_tile_class. The roles of a CTA see the same items in the
+// same order: each warp that walks computes them for itself (the sm90
+// consumers take theirs from producer warp 1's walk instead). `z` is the
 // sequence's sizes (fjb_seq_of: p.sz, or its own Lq and Lk in a packed
 // batch), which bound its tiles and which fj_tile_class sees. Needs
 // fj_bwd_params, fj_tile_class (when FJ_HAS_MASK), FJ_BLOCK_M and
@@ -154,9 +155,10 @@ __device__ __forceinline__ void fjb_piece(const fj_sizes &z, int h0, int h_end, 
 }
 
 // A CTA's walk: kv tile n_block of kv head hk, batch b, over the query
-// heads of hk's group, for kernels whose roles each walk on their own (the
-// sm90 producer warps and consumers) and must see the same items in the
-// same order. The sequence's sizes are read at each step from its record in
+// heads of hk's group, for kernels whose roles walk on their own (the sm90
+// producer warps; the consumers start their walk here and take each next
+// item from the stage) and must see the same items in the same order. The
+// sequence's sizes are read at each step from its record in
 // shared memory (s_seq: fjb_seq_sts, written by every thread before), not
 // held in registers across the roles' loops. (The sm80 kernel calls
 // fjb_find itself: with these fields held across its loop it spilled at

@@ -138,7 +138,9 @@ __device__ __forceinline__ int fjhb_dq_col0(int c) {
 // Shared memory, byte offsets from the 1024-aligned base: K, V, the stages'
 // Q and dO, two dS^T buffers (items alternate), each consumer's
 // FJHB_DQ_BUFS dQ buffers (consecutive), the stages' LSE and delta
-// (FJ_BLOCK_M floats each), then the mbarriers: K/V full; per stage Q/dO
+// (FJ_BLOCK_M floats each), each stage's next item (fjhb_put_item: the
+// item after the stage's, as producer warp 1's walk found it), then the
+// mbarriers: K/V full; per stage Q/dO
 // full, LSE/delta full, stage empty; per consumer and dQ buffer full (the
 // consumer's 128 threads have written it) and empty (the writer's
 // reduce-add has read it); the persistent kernel's K/V empty (both
@@ -161,7 +163,8 @@ constexpr int FJHB_OFF_DS = FJHB_OFF_DO + FJ_NUM_STAGES * FJHB_Q_BYTES;
 constexpr int FJHB_OFF_DQ = FJHB_OFF_DS + 2 * FJHB_DS_BYTES;
 constexpr int FJHB_OFF_LSE = FJHB_OFF_DQ + 2 * FJHB_DQ_BUFS * FJHB_DQ_BYTES;
 constexpr int FJHB_OFF_DELTA = FJHB_OFF_LSE + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
-constexpr int FJHB_OFF_BAR = FJHB_OFF_DELTA + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
+constexpr int FJHB_OFF_ITEM = FJHB_OFF_DELTA + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
+constexpr int FJHB_OFF_BAR = FJHB_OFF_ITEM + FJ_NUM_STAGES * 16;
 constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS + 5;
 constexpr int FJHB_OFF_SEQ = FJHB_OFF_BAR + 8 * FJHB_BARS;
 constexpr int FJHB_OFF_RING = FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
@@ -235,6 +238,8 @@ struct fjhb_smem {
   __device__ unsigned dv_out(int c) const { return dq(c, 0) + FJHB_ROWS_BYTES; }
   __device__ unsigned lse(int s) const { return base + FJHB_OFF_LSE + s * FJ_BLOCK_M * 4; }
   __device__ unsigned delta(int s) const { return base + FJHB_OFF_DELTA + s * FJ_BLOCK_M * 4; }
+  // Stage s's next item: four int32 (h, t, i, cls of fjb_item).
+  __device__ unsigned next_item(int s) const { return base + FJHB_OFF_ITEM + 16 * s; }
   __device__ unsigned kv_full() const { return base + FJHB_OFF_BAR; }
   __device__ unsigned q_full(int s) const { return base + FJHB_OFF_BAR + 8 * (1 + s); }
   __device__ unsigned rows_full(int s) const {
@@ -262,3 +267,20 @@ struct fjhb_smem {
   // Stage s's row values (FJHB_ROWV), FJ_BLOCK_M int32.
   __device__ unsigned rowv(int s) const { return base + FJHB_OFF_ROWV + s * FJ_BLOCK_M * 4; }
 };
+
+// A stage's next item (fjhb_smem::next_item): producer warp 1 walks one item
+// ahead of the stage it fills and stores the item there, and the consumers
+// take their next item from it instead of walking themselves. Their walk
+// step ran beside the dQ product and outlasted it (a block mask's chain of
+// loads and divisions, or the classifier's scan), on the path from one
+// item's products to the next's.
+__device__ __forceinline__ void fjhb_put_item(unsigned addr, const fjb_item &it) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(it.h), "r"(it.t),
+               "r"(it.i), "r"(it.cls) : "memory");
+}
+__device__ __forceinline__ fjb_item fjhb_get_item(unsigned addr) {
+  fjb_item it;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(it.h), "=r"(it.t), "=r"(it.i), "=r"(it.cls) : "r"(addr) : "memory");
+  return it;
+}

@@ -357,15 +357,16 @@ static void test_sm90_backward_tiles(void **state) {
     if (c.block_m == block_m) assert_int_equal(c.smem_bytes, smem);
   }
   /* D=64: 195 KiB with 128-row tiles (one dQ buffer a consumer), 131 KiB
-   * with 64-row ones; each with two stages of row values last. */
+   * with 64-row ones; each with two stages' next items before the barriers
+   * and two stages of row values last. */
   assert_int_equal(fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_90a", "sm90", &c, NULL, 0),
                    FJ_OK);
   assert_int_equal(c.smem_bytes, 1024 + 2 * 16384 + 4 * 16384 + 2 * 32768 + 2 * 16384 +
-                                     4 * 128 * 4 + 8 * (1 + 6 + 4 + 5) + 24 + 16 +
+                                     4 * 128 * 4 + 2 * 16 + 8 * (1 + 6 + 4 + 5) + 24 + 16 +
                                      2 * 128 * 4);
   fjg_config_backward_variant(&c, 0, 1, 0);
   assert_int_equal(c.smem_bytes, 1024 + 2 * 16384 + 4 * 8192 + 2 * 16384 + 4 * 8192 +
-                                     4 * 64 * 4 + 8 * (1 + 6 + 8 + 5) + 24 + 16 +
+                                     4 * 64 * 4 + 2 * 16 + 8 * (1 + 6 + 8 + 5) + 24 + 16 +
                                      2 * 64 * 4);
   /* The sm80 backward's tiles do not change. */
   assert_int_equal(fjg_config_choose_backward(64, FJ_DTYPE_BF16, "sm_90a", "sm80", &c, NULL, 0),
