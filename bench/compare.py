@@ -1095,7 +1095,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("--cases", default="",
                     help="comma-separated substrings: run only the cases "
-                    "whose name contains one (e.g. 'D=64,document')")
+                    "whose name contains one (e.g. 'D=64,document'); one "
+                    "that starts with '=' takes the case of that very name "
+                    "(e.g. '=causal', without ALiBi + causal)")
     ap.add_argument("--no-in-process", dest="in_process",
                     action="store_false",
                     help="skip the in-process flexjit column (the Python "
@@ -1135,7 +1137,8 @@ def main():
     wanted = [w.strip() for w in args.cases.split(",") if w.strip()]
     cases = (make_backward_cases(None if args.quick else shapes, args.quick)
              if args.backward else make_cases(shapes, args.quick))
-    cases = [c for c in cases if not wanted or any(w in c[0] for w in wanted)]
+    cases = [c for c in cases if not wanted or any(
+        w[1:] == c[0] if w.startswith("=") else w in c[0] for w in wanted)]
     if not cases:
         print("no case matches --cases %r" % args.cases, file=sys.stderr)
         return 2
