@@ -4,6 +4,7 @@
 # $OUT/profile-*.txt. Usage: bash bench/profile.sh CASE...
 #   CASE: causal64 (8 x 4096, H=32, D=64) | causal128 (2 x 16384, H=16, D=128)
 #         | sliding (window 1024, 2 x 16384, H=16, D=128; flexjit only)
+#         | alibi (ALiBi + causal, 2 x 16384, H=16, D=128; flexjit only)
 #         | document (compare.py's document ids, 2 x 16384, H=16, D=128, with
 #           the block mask the CLI builds; flexjit only; needs torch)
 #   Set PROFILE_DEFINES to profile a template variant (FLEXJIT_KERNEL_DEFINES).
@@ -33,6 +34,7 @@ for c in "$@"; do
     causal64) B=8; H=32; S=4096; D=64 ;;
     causal128) B=2; H=16; S=16384; D=128 ;;
     causal128bm) B=2; H=16; S=16384; D=128; extra=(--block-mask on) ;;
+    alibi) B=2; H=16; S=16384; D=128; spec=examples/alibi.lua ;;
     sliding) B=2; H=16; S=16384; D=128; spec=examples/sliding_window.lua
              extra=(--param window=1024) ;;
     document) B=2; H=16; S=16384; D=128; spec=examples/document.lua
