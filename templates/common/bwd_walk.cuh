@@ -159,8 +159,7 @@ __device__ __forceinline__ void fjb_piece(const fj_sizes &z, int h0, int h_end, 
 // heads of hk's group, for kernels whose roles walk on their own (the sm90
 // producer warps and consumers; with FJHB_STAGE_ITEMS the consumers take
 // only their first item here) and must see the same items in the same
-// order. The
-// sequence's sizes are read at each step from its record in
+// order. The sequence's sizes are read at each step from its record in
 // shared memory (s_seq: fjb_seq_sts, written by every thread before), not
 // held in registers across the roles' loops. (The sm80 kernel calls
 // fjb_find itself: with these fields held across its loop it spilled at
