@@ -12,7 +12,7 @@
 #   pre, main and post kernels) from the environment.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,12p' "$0"; exit 2; }
 spec=$1; shift
 cache=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-ab}
 args=(run "examples/$spec.lua" --batch 2 --heads 16 --q-len 16384 --backward --bench)

@@ -1,9 +1,10 @@
 #!/bin/bash
-# The stage-items experiment's device call: main's build (build-gpu/final)
-# against branch stage-items' (build-gpu/si: the sm90 backward's consumers
-# take each next item from the stage, where producer warp 1's walk put it,
-# instead of walking themselves), both made on the CPU machine and carried
-# (`carry: ["build-gpu"]`).
+# The stage-items experiment's device call (run in session 44,
+# bench/RESULTS.md; on main since, for kernels without a score_mod): main's
+# build (build-gpu/final) against branch stage-items' (build-gpu/si, b2fba78:
+# the sm90 backward's consumers take each next item from the stage, where
+# producer warp 1's walk put it, instead of walking themselves), both made on
+# the CPU machine and carried (`carry: ["build-gpu"]`).
 #   bash bench/stage_items_run.sh tests   si's backward GPU tests with
 #       FJ_DEBUG_WAIT_LIMIT (a hang traps) and --backward --check of a block
 #       mask, a sliding window at D=64 and GQA with Lq != Lk: about 150 s
@@ -42,5 +43,5 @@ full 2 16 16384 128
 CASES
   ROUNDS=2 bash bench/ab_builds.sh build-gpu/final $S /tmp/cases
   ;;
-*) sed -n '2,15p' "$0"; exit 2 ;;
+*) sed -n '2,14p' "$0"; exit 2 ;;
 esac
