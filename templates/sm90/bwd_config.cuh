@@ -273,13 +273,9 @@ struct fjhb_smem {
 // there, and the consumers take their next item from it instead of walking
 // themselves. Their walk step ran beside the dQ product and outlasted it (a
 // block mask's chain of loads and divisions, or the classifier's scan), on
-// the path from one item's products to the next's. Taking the items from
-// the stage made the backward faster by 2.9% for causal, 10.5% for causal
-// through a block mask, 7.8% for document, 4% for the sliding window and
-// 1.9% for full attention (2 x 16384). Kernels with a score_mod keep the walk:
-// ALiBi's backward took 7% longer with the stage's items under the CLI's
-// repeated timing, though fewer samples under Nsight Compute in one launch;
-// the cause is not established (bench/RESULTS.md, session 44).
+// the path from one item's products to the next's. Kernels with a score_mod
+// keep the consumers' walk: ALiBi's backward measured slower with the
+// stage's items, for a reason not established.
 #define FJHB_STAGE_ITEMS (!FJ_HAS_SCORE_MOD)
 __device__ __forceinline__ void fjhb_put_item(unsigned addr, const fjb_item &it) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(it.h), "r"(it.t),
