@@ -6,8 +6,8 @@
 // transposed lists (its PARTIAL blocks, then its FULL blocks) or, without
 // one, from fj_tile_class. The roles of a CTA see the same items in the
 // same order: each warp that walks computes them for itself (the sm90
-// consumers of a kernel without a score_mod take theirs from producer warp
-// 1's walk instead: sm90/bwd_config.cuh, FJHB_STAGE_ITEMS). `z` is the
+// consumers take theirs from producer warp 1's walk instead:
+// sm90/bwd_config.cuh, fjhb_put_item). `z` is the
 // sequence's sizes (fjb_seq_of: p.sz, or its own Lq and Lk in a packed
 // batch), which bound its tiles and which fj_tile_class sees. Needs
 // fj_bwd_params, fj_tile_class (when FJ_HAS_MASK), FJ_BLOCK_M and
@@ -157,8 +157,8 @@ __device__ __forceinline__ void fjb_piece(const fj_sizes &z, int h0, int h_end, 
 
 // A CTA's walk: kv tile n_block of kv head hk, batch b, over the query
 // heads of hk's group, for kernels whose roles walk on their own (the sm90
-// producer warps and consumers; with FJHB_STAGE_ITEMS the consumers take
-// only their first item here) and must see the same items in the same
+// producer warps and consumers; the sm90 consumers take only their first
+// item here) and must see the same items in the same
 // order. The sequence's sizes are read at each step from its record in
 // shared memory (s_seq: fjb_seq_sts, written by every thread before), not
 // held in registers across the roles' loops. (The sm80 kernel calls

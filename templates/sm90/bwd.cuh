@@ -62,10 +62,10 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
 // Producer warp 1: each item's LSE, in log2 units (+inf for a row without
 // an allowed pair, and past Lq, so that its P is 0), delta (0 past Lq) and,
 // for a PARTIAL item, its rows' mask values (FJHB_ROWV) into its stage, two
-// rows a lane, and with FJHB_STAGE_ITEMS the item after it (fjhb_put_item,
-// lane 0; the walk's step runs before the arrival: the consumers wait for a
-// stage's rows more than an item after they free it); every lane arrives on
-// the stage's rows-full barrier.
+// rows a lane, and the item after it, from which the consumers take their
+// next item (fjhb_put_item, lane 0; the walk's step runs before the arrival:
+// the consumers wait for a stage's rows more than an item after they free
+// it); every lane arrives on the stage's rows-full barrier.
 __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const fjhb_smem &sm,
                                                   const fjb_walk &w, int &n) {
   const int lane = fj_tid() & 31;
@@ -103,15 +103,10 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
         asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.rowv(s) + (32 * r + lane) * 4),
                      "r"(rv[r]) : "memory");
     }
-#if FJHB_STAGE_ITEMS
     const fjb_item nxt = w.next(p, it);
     if (lane == 0) fjhb_put_item(sm.next_item(s), nxt);
     fjh_mbar_arrive(sm.rows_full(s));
     it = nxt;
-#else
-    fjh_mbar_arrive(sm.rows_full(s));
-    it = w.next(p, it);
-#endif
   }
 }
 

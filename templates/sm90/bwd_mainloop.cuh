@@ -494,9 +494,8 @@ __device__ __forceinline__ void fjhb_add_rows(const fj_bwd_params &p, const fjhb
 // Two latencies are hidden behind the tensor cores: item n's dQ is stored
 // in its buffer while item n + 1's S^T is computed (and handed to the
 // writer after item n + 1's dS^T stores, under the proxy fence that covers
-// both), and item n + 1 is found while item n's dQ product runs: read from
-// stage n's record (FJHB_STAGE_ITEMS: producer warp 1 walked to it) or the
-// consumer's own walk.
+// both), and item n + 1 is read from stage n's record (producer warp 1
+// walked to it: fjhb_get_item) while item n's dQ product runs.
 // Every product is issued and waited for in the same item (a product in
 // flight from one item to the next, through the branches on `run`, made
 // ptxas serialize every wgmma: C7518).
@@ -634,7 +633,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #endif
     } else {
       if (put) fjhb_store_dq_buf(sm, c, n - 1, dq);
-      if (FJHB_STAGE_ITEMS) fjh_mbar_wait_warp(sm.rows_full(s), ph);  // the next item
+      fjh_mbar_wait_warp(sm.rows_full(s), ph);  // the next item
 #pragma unroll
       for (int kk = 0; kk < FJHB_PK; ++kk)
 #pragma unroll
@@ -651,7 +650,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjhb_issue_dq(dq, ds_lo + bi * (FJHB_DS_BYTES >> 4), kq_lo);
     fjh_wgmma_commit();
     // Beside the products.
-    const fjb_item nxt = FJHB_STAGE_ITEMS ? fjhb_get_item(sm.next_item(s)) : w.next(p, it);
+    const fjb_item nxt = fjhb_get_item(sm.next_item(s));
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
     // Scaled here, with no product in flight: registers a wgmma wrote and
