@@ -1,6 +1,6 @@
 #!/bin/bash
 # The stage-items experiment's device call (run in session 44,
-# bench/RESULTS.md; on main since, for kernels without a score_mod): main's
+# bench/RESULTS.md; on main since, for every kernel from session 45): main's
 # build (build-gpu/final) against branch stage-items' (build-gpu/si, b2fba78:
 # the sm90 backward's consumers take each next item from the stage, where
 # producer warp 1's walk put it, instead of walking themselves), both made on
