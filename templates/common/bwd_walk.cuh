@@ -156,10 +156,10 @@ __device__ __forceinline__ void fjb_piece(const fj_sizes &z, int h0, int h_end, 
 }
 
 // A CTA's walk: kv tile n_block of kv head hk, batch b, over the query
-// heads of hk's group, for kernels whose roles walk on their own (the sm90
-// producer warps and consumers; the sm90 consumers take only their first
-// item here) and must see the same items in the same
-// order. The sequence's sizes are read at each step from its record in
+// heads of hk's group, for the roles of the sm90 kernel, which must see the
+// same items in the same order: its producer warps walk on their own, its
+// consumers take their first item here (and the next ones from producer
+// warp 1). The sequence's sizes are read at each step from its record in
 // shared memory (s_seq: fjb_seq_sts, written by every thread before), not
 // held in registers across the roles' loops. (The sm80 kernel calls
 // fjb_find itself: with these fields held across its loop it spilled at
