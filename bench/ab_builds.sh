@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# Two builds of flexjit against each other (flexjit only, no PyTorch: no
+# Carried builds of flexjit against each other (flexjit only, no PyTorch: no
 # ratios from it), on the GPU machine: each case's `flexjit run --bench`
-# (with --backward, its backward and forward+backward lines) from build A,
-# then from build B, for every case, ROUNDS times (the builds interleaved, so
-# that a drift of the GPU's clock falls on both). A build is a folder with the
+# (with --backward, its backward and forward+backward lines) from each build
+# in turn, for every case, ROUNDS times (the builds interleaved, so that a
+# drift of the GPU's clock falls on all). A build is a folder with the
 # `flexjit` binary and lib/ holding libflexjit.so and liblua5.4.so.0 (what
-# the device lacks), carried from the CPU machine; each build keeps its
-# kernel cache apart ($FLEXJIT_CACHE_DIR/NAME).
-# Usage: bash bench/ab_builds.sh BUILD_A BUILD_B [CASES_FILE]
-#   CASES_FILE: one case a line, `SPEC B H L D [flexjit run options...]`
-#   (SPEC names examples/SPEC.lua); without it the cases below. ROUNDS
-#   (default 2), AB_OPTIONS (default "--backward --warmup-ms 30 --rep-ms
-#   150") from the environment.
+# the device lacks), carried from the CPU machine, optionally followed by
+# `:DEFINES`, template macros for its kernels (FLEXJIT_KERNEL_DEFINES, commas
+# for spaces: `build-gpu/x:FJ_FOO=0,FJ_BAR=1`); each build keeps its kernel
+# cache apart ($FLEXJIT_CACHE_DIR/NAME).
+# Usage: bash bench/ab_builds.sh BUILD BUILD [BUILD...] [CASES_FILE]
+#   CASES_FILE (a file, where builds are folders): one case a line, `SPEC B
+#   H L D [flexjit run options...]` (SPEC names examples/SPEC.lua); without
+#   it the cases below. ROUNDS (default 2), AB_OPTIONS (default "--backward
+#   --warmup-ms 30 --rep-ms 150") from the environment.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n '2,15p' "$0"; exit 2; }
-a=$1 b=$2 cases=${3:-}
+builds=() cases=
+for arg in "$@"; do
+  if [ -f "$arg" ] && [ "$arg" = "${!#}" ]; then cases=$arg; else builds+=("$arg"); fi
+done
+[ ${#builds[@]} -ge 2 ] || { sed -n '2,16p' "$0"; exit 2; }
+for b in "${builds[@]}"; do
+  [ -x "${b%%:*}/flexjit" ] || { echo "ab_builds: no ${b%%:*}/flexjit" >&2; exit 2; }
+done
 rounds=${ROUNDS:-2}
 read -r -a opts <<< "${AB_OPTIONS:---backward --warmup-ms 30 --rep-ms 150}"
 cache=${FLEXJIT_CACHE_DIR:-/tmp/flexjit-ab}
@@ -24,13 +32,24 @@ full 2 16 16384 128
 causal 8 16 4096 128
 sliding_window 2 16 16384 128 --param window=1024"
 
+# A build's name in the output and its cache folder: the folder's name,
+# then its defines.
+name() {
+  local dir=${1%%:*} defs=
+  [ "$1" = "$dir" ] || defs=":${1#*:}"
+  echo "$(basename "$dir")$defs"
+}
+
 # The median lines of one run (forward; with --backward the backward and
 # forward+backward too), on one line: build spec B H L D [options].
 run() {
   local build=$1 spec=$2 bsz=$3 heads=$4 len=$5 dim=$6
   shift 6
-  LD_LIBRARY_PATH="$build/lib" FLEXJIT_CACHE_DIR="$cache/$(basename "$build")" \
-    "$build/flexjit" run "examples/$spec.lua" --batch "$bsz" --heads "$heads" \
+  local dir=${build%%:*} defs=
+  [ "$build" = "$dir" ] || defs=${build#*:}
+  LD_LIBRARY_PATH="$dir/lib" FLEXJIT_CACHE_DIR="$cache/$(name "$build" | tr ':,=' '_._')" \
+    FLEXJIT_KERNEL_DEFINES="${defs//,/ }" \
+    "$dir/flexjit" run "examples/$spec.lua" --batch "$bsz" --heads "$heads" \
     --q-len "$len" --head-dim "$dim" --bench "${opts[@]}" "$@" < /dev/null 2>&1 |
     grep -E "median|rror" | tr '\n' ' '
 }
@@ -39,8 +58,8 @@ for r in $(seq 1 "$rounds"); do
   while read -r line; do
     [ -n "$line" ] || continue
     read -r -a c <<< "$line"
-    for build in "$a" "$b"; do
-      echo "round $r $(basename "$build") $line: $(run "$build" "${c[@]}")"
+    for build in "${builds[@]}"; do
+      echo "round $r $(name "$build") $line: $(run "$build" "${c[@]}")"
     done
   done < <(if [ -n "$cases" ]; then cat "$cases"; else echo "$default_cases"; fi)
 done
