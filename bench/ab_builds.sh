@@ -6,9 +6,9 @@
 # drift of the GPU's clock falls on all). A build is a folder with the
 # `flexjit` binary and lib/ holding libflexjit.so and liblua5.4.so.0 (what
 # the device lacks), carried from the CPU machine, optionally followed by
-# `:DEFINES`, template macros for its kernels (FLEXJIT_KERNEL_DEFINES, commas
-# for spaces: `build-gpu/x:FJ_FOO=0,FJ_BAR=1`); each build keeps its kernel
-# cache apart ($FLEXJIT_CACHE_DIR/NAME).
+# `:DEFINES`, template macros for its kernels (added to FLEXJIT_KERNEL_DEFINES,
+# commas for spaces: `build-gpu/x:FJ_FOO=0,FJ_BAR=1`); each build keeps its
+# kernel cache apart ($FLEXJIT_CACHE_DIR/NAME).
 # Usage: bash bench/ab_builds.sh BUILD BUILD [BUILD...] [CASES_FILE]
 #   CASES_FILE (a file, where builds are folders): one case a line, `SPEC B
 #   H L D [flexjit run options...]` (SPEC names examples/SPEC.lua); without
@@ -45,8 +45,8 @@ name() {
 run() {
   local build=$1 spec=$2 bsz=$3 heads=$4 len=$5 dim=$6
   shift 6
-  local dir=${build%%:*} defs=
-  [ "$build" = "$dir" ] || defs=${build#*:}
+  local dir=${build%%:*} defs=${FLEXJIT_KERNEL_DEFINES:-}
+  [ "$build" = "$dir" ] || defs="${defs:+$defs }${build#*:}"
   LD_LIBRARY_PATH="$dir/lib" FLEXJIT_CACHE_DIR="$cache/$(name "$build" | tr ':,=' '_._')" \
     FLEXJIT_KERNEL_DEFINES="${defs//,/ }" \
     "$dir/flexjit" run "examples/$spec.lua" --batch "$bsz" --heads "$heads" \
