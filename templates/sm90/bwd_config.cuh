@@ -270,10 +270,10 @@ struct fjhb_smem {
 
 // A stage's next item (fjhb_smem::next_item): producer warp 1 walks one
 // item ahead of the stage it fills and stores the item there, and the
-// consumers take their next item from it instead of walking themselves.
-// Their walk step ran beside the dQ product and outlasted it (a block
-// mask's chain of loads and divisions, or the classifier's scan), on the
-// path from one item's products to the next's.
+// consumers take their next item from it instead of walking themselves: a
+// walk step (a block mask's chain of loads and divisions, or the
+// classifier's scan) beside the dQ product outlasts it, on the path from
+// one item's products to the next's.
 __device__ __forceinline__ void fjhb_put_item(unsigned addr, const fjb_item &it) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(it.h), "r"(it.t),
                "r"(it.i), "r"(it.cls) : "memory");
