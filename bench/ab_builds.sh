@@ -35,9 +35,8 @@ sliding_window 2 16 16384 128 --param window=1024"
 # A build's name in the output and its cache folder: the folder's name,
 # then its defines.
 name() {
-  local dir=${1%%:*} defs=
-  [ "$1" = "$dir" ] || defs=":${1#*:}"
-  echo "$(basename "$dir")$defs"
+  local dir=${1%%:*}
+  echo "$(basename "$dir")${1#"$dir"}"
 }
 
 # The median lines of one run (forward; with --backward the backward and
@@ -46,7 +45,7 @@ run() {
   local build=$1 spec=$2 bsz=$3 heads=$4 len=$5 dim=$6
   shift 6
   local dir=${build%%:*} defs=${FLEXJIT_KERNEL_DEFINES:-}
-  [ "$build" = "$dir" ] || defs="${defs:+$defs }${build#*:}"
+  [ "$build" = "$dir" ] || defs="${defs:+$defs }${build#"$dir:"}"
   LD_LIBRARY_PATH="$dir/lib" FLEXJIT_CACHE_DIR="$cache/$(name "$build" | tr ':,=' '_._')" \
     FLEXJIT_KERNEL_DEFINES="${defs//,/ }" \
     "$dir/flexjit" run "examples/$spec.lua" --batch "$bsz" --heads "$heads" \
