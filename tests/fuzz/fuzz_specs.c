@@ -511,19 +511,20 @@ static int host_check_one(void *lib, int k, const pending *p, const options *o,
   for (int t = 0; t < 64 && !failed; t++) {
     int b = pick(&r, 2), h = pick(&r, 4), q = between(&r, -3, 300), kv = between(&r, -3, 300);
     int want = fjg_eval_mask3(&e, b, h, q, kv), got = mask(params, w.env.sizes, b, h, q, kv);
-    if (want != FJG_UNCERTAIN && want != got)
+    const int certain = want != FJG_UNCERTAIN;
+    if (certain && want != got)
       failed = report(p->text, o->seed, p->index,
                       "host mask(b %d h %d q %d kv %d) = %d, evaluator %d", b, h, q, kv, got, want);
     /* fj_mask and its forms from row or column values are compiled apart:
      * an element the evaluator finds uncertain (fminf of -0 and +0, say:
      * docs/precision.md) each may decide its own way, as the kernels may. */
     const int from_rows = rows(params, w.env.sizes, b, h, q, kv);
-    if (!failed && want != FJG_UNCERTAIN && from_rows != got)
+    if (!failed && certain && from_rows != got)
       failed = report(p->text, o->seed, p->index,
                       "host mask from its row values (b %d h %d q %d kv %d) = %d, mask %d", b, h,
                       q, kv, from_rows, got);
     const int from_cols = cols(params, w.env.sizes, b, h, q, kv);
-    if (!failed && want != FJG_UNCERTAIN && from_cols != got)
+    if (!failed && certain && from_cols != got)
       failed = report(p->text, o->seed, p->index,
                       "host mask from its column values (b %d h %d q %d kv %d) = %d, mask %d", b,
                       h, q, kv, from_cols, got);
