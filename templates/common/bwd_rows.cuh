@@ -4,14 +4,17 @@
 // when FJ_DETERMINISTIC, common/bwd_order.cuh.
 //   fj_attention_bwd_pre:  delta = dO . O - dLSE per query row (0 where
 //                          LSE = -inf), and zeroes its rows' dq_accum,
-//                          padding included (and,
-//                          FJ_DETERMINISTIC, the semaphores of the query
+//                          padding included (FJ_DETERMINISTIC: not
+//                          dq_accum, whose first addition to a query tile
+//                          is a store, but the semaphores of the query
 //                          tiles that start in its rows: common/bwd_order.cuh;
 //                          FJ_PERSISTENT, the main kernel's tile counter
-//                          and its split tiles' dkv_accum)
+//                          and its split tiles' dkv_accum too)
 //   fj_attention_bwd_post: dq = dq_accum in the element type (row-major
-//                          or tiled: common/fj_bwd.cuh); FJ_PERSISTENT,
-//                          the split tiles' dk and dv from dkv_accum
+//                          or tiled: common/fj_bwd.cuh; FJ_DETERMINISTIC,
+//                          0 for a query tile that no kv tile added to,
+//                          its semaphore still 0); FJ_PERSISTENT, the
+//                          split tiles' dk and dv from dkv_accum
 // Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B) (Lq: max_seqlen_q for a
 // packed batch, whose shorter sequences' CTAs past their rows return at
 // once), FJB_ROW_THREADS threads,
@@ -108,13 +111,14 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
       p.delta[row0 + q] = L == fj_neg_inf() ? 0.f : dot - dl;
     }
   }
+#if FJ_DETERMINISTIC
+  fjb_order_zero(p, Lq, b, h, q0, FJB_ROW_BLOCK, tid, FJB_ROW_THREADS);
+#else
   // The CTA's rows of dq_accum, padding included, are contiguous (a block
   // of the tiled form): zero them 16 bytes a thread.
   float *acc = p.dq_accum + (row0 + q0) * FJ_HEAD_DIM;
   for (int k = tid; k < FJB_ROW_BLOCK * (FJ_HEAD_DIM / 4); k += FJB_ROW_THREADS)
     fj_st_global_v4(acc + 4 * k, 0u, 0u, 0u, 0u);
-#if FJ_DETERMINISTIC
-  fjb_order_zero(p, Lq, b, h, q0, FJB_ROW_BLOCK, tid, FJB_ROW_THREADS);
 #endif
 #if FJ_PERSISTENT
   if ((blockIdx.x | blockIdx.y | blockIdx.z | tid) == 0) p.dq_sem[0] = 0;
@@ -170,6 +174,19 @@ __device__ __forceinline__ void fjb_post_tail(const fj_bwd_params &p, int tid) {
 }
 #endif
 
+// Whether query row q of head h, batch b, has dQ in dq_accum: always, but
+// in the deterministic mode, where dq_accum is not zeroed, only when a kv
+// tile added to its query tile (the tile's semaphore is not 0; a tile of
+// rows that allow nothing has none, and its dq is 0).
+__device__ __forceinline__ bool fjb_row_added(const fj_bwd_params &p, int b, int h, int q) {
+#if FJ_DETERMINISTIC
+  return __ldg(fjb_order_sem(p, b, h, q / FJ_BLOCK_M)) != 0;
+#else
+  (void)p, (void)b, (void)h, (void)q;
+  return true;
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
 fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
   const int tid = threadIdx.x;
@@ -186,6 +203,7 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
   const float *acc = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM;
   fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh +
                (long long)(sq.q_row0 + q0) * p.dq_ss;
+
 #if FJB_DQ_TILED
   // The block's tiles: a thread takes rows r and r + 8 of 8 columns, four
   // float4s of one 64-byte run, then stores two 16-byte row pieces.
@@ -195,9 +213,10 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
     const int r = 16 * (pr / 8) + pr % 8, col = 8 * ch;
     const float *t = acc + (col / FJB_DQ_TILE_COLS) * (FJB_SEQ_PAD * FJB_DQ_TILE_COLS) +
                      4 * fjb_dq_tiled_f4(r, col % FJB_DQ_TILE_COLS);
-    unsigned v[4][4];
+    unsigned v[4][4] = {};
+    if (fjb_row_added(p, b, h, q0 + r))  // rows r and r + 8: one 16-row group
 #pragma unroll
-    for (int e = 0; e < 4; ++e) fjb_ld_global_v4(v[e], t + 4 * e);
+      for (int e = 0; e < 4; ++e) fjb_ld_global_v4(v[e], t + 4 * e);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
       if (q0 + r + 8 * hh < Lq)
@@ -213,9 +232,11 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
   for (int i = 0; i < FJB_ROW_BLOCK / FJB_ROW_PASS; ++i) {
     const int q = i * FJB_ROW_PASS + r;
     if (q0 + q < Lq) {
-      unsigned lo[4], hi[4];
-      fjb_ld_global_v4(lo, acc + (long long)q * FJ_HEAD_DIM + c * 8);
-      fjb_ld_global_v4(hi, acc + (long long)q * FJ_HEAD_DIM + c * 8 + 4);
+      unsigned lo[4] = {}, hi[4] = {};
+      if (fjb_row_added(p, b, h, q0 + q)) {
+        fjb_ld_global_v4(lo, acc + (long long)q * FJ_HEAD_DIM + c * 8);
+        fjb_ld_global_v4(hi, acc + (long long)q * FJ_HEAD_DIM + c * 8 + 4);
+      }
       fj_st_global_v4(gq + q * p.dq_ss + c * 8,
                       fj_pack2(__uint_as_float(lo[0]), __uint_as_float(lo[1])),
                       fj_pack2(__uint_as_float(lo[2]), __uint_as_float(lo[3])),

@@ -245,7 +245,8 @@ __device__ __forceinline__ void fjb_red_add2(float *p, float x, float y) {
 //     xor applies as there).
 // FJ_DETERMINISTIC: the CTA waits for its turn on query tile (h, q0)'s
 // semaphore `sem` (its rank: common/bwd_order.cuh) between the product and
-// the additions; every thread calls it (the wait ends in a barrier).
+// the additions, which at rank 0 are stores; every thread calls it (the
+// wait ends in a barrier).
 __device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, const fjb_seq &sq, int h,
                                             int q0, unsigned s_k, unsigned s_ds,
                                             const int *sem = nullptr, int rank = 0) {
@@ -288,9 +289,19 @@ __device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, const fjb_se
     const int r = wm * 16 + g + hh * 8;
     if (q0 + r < Lq) {
 #pragma unroll
-      for (int nt = 0; nt < FJB_DQ_NT; ++nt)
-        fjb_red_add2(gq + r * FJ_HEAD_DIM + nt * 8, acc[nt][2 * hh] * p.scale,
-                     acc[nt][2 * hh + 1] * p.scale);
+      for (int nt = 0; nt < FJB_DQ_NT; ++nt) {
+        float *dst = gq + r * FJ_HEAD_DIM + nt * 8;
+        const float x = acc[nt][2 * hh] * p.scale, y = acc[nt][2 * hh + 1] * p.scale;
+#if FJ_DETERMINISTIC
+        // The first in the order stores: dq_accum is not zeroed
+        // (common/bwd_rows.cuh).
+        if (rank == 0) {
+          *(float2 *)dst = make_float2(x, y);
+          continue;
+        }
+#endif
+        fjb_red_add2(dst, x, y);
+      }
     }
   }
 }

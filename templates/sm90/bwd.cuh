@@ -121,7 +121,8 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // consumers stage dK and dV in them. Lane 0 issues; every lane walks.
 // FJ_DETERMINISTIC (the one-tile kernel, kv tiles in descending order:
 // common/bwd_order.cuh): the warp counts the item's rank, lane 0 waits for
-// the query tile's semaphore to reach it, adds, releases the buffers once
+// the query tile's semaphore to reach it, adds (stores, at rank 0: the
+// query tile's first addition), releases the buffers once
 // the adds have read them and the semaphore once their writes are done in
 // global memory.
 __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
@@ -152,10 +153,17 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
         // is committed all the same, empty, for the counts of groups below.
         // (A part starting at the item's first row is always added: the walk
         // holds only items that start below Lq.)
-        if (fjhb_dq_row0(c) == 0 || it.i * FJ_BLOCK_M + fjhb_dq_row0(c) < sq.sz.Lq)
-          fjh_bulk_reduce_add_f32(
-              p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD,
-              sm.dq(c, bi), FJHB_DQ_BYTES);
+        if (fjhb_dq_row0(c) == 0 || it.i * FJ_BLOCK_M + fjhb_dq_row0(c) < sq.sz.Lq) {
+          float *dst =
+              p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD;
+#if FJ_DETERMINISTIC
+          // The first in the order stores: dq_accum is not zeroed (common/bwd_rows.cuh).
+          if (rank == 0)
+            fjh_bulk_copy_out(dst, sm.dq(c, bi), FJHB_DQ_BYTES);
+          else
+#endif
+            fjh_bulk_reduce_add_f32(dst, sm.dq(c, bi), FJHB_DQ_BYTES);
+        }
         fjh_bulk_commit();
         if constexpr (FJHB_DQ_BUFS == 1 && !FJ_DETERMINISTIC) {
           fjh_bulk_wait_read_n<0>();

@@ -103,6 +103,14 @@ __device__ __forceinline__ void fjh_bulk_reduce_add_f32(float *dst, unsigned src
       " cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [%1], %2;\n}\n"
       :: "l"(dst), "r"(src), "r"(bytes) : "memory");
 }
+// Global = shared, `bytes` (a multiple of 16) from src to dst (both 16-byte
+// aligned), in the calling thread's bulk group.
+__device__ __forceinline__ void fjh_bulk_copy_out(void *dst, unsigned src, unsigned bytes) {
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " cp.async.bulk.global.shared::cta.bulk_group [g], [%1], %2;\n}\n"
+      :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
 // Four 8 x 8 matrices of 16-bit elements into shared memory: lanes 8 m ..
 // 8 m + 7 give the addresses of matrix m's rows (16 bytes each); register m
 // holds, in every lane l, row l / 4's elements 2 (l % 4) and 2 (l % 4) + 1

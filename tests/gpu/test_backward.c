@@ -13,8 +13,9 @@
  * 128-row blocks and of 64 and 192 (the sm90 kernel's 64-row tiles at head
  * dim 64, where it takes 128 otherwise). The deterministic
  * mode's cases (det) run the backward three times, each on poisoned
- * outputs: dq, dk and dv must be bitwise equal in all three, and the first
- * within the tolerance. Exits 77 without a GPU.
+ * outputs (the third with a NaN-filled workspace of the caller's): dq, dk
+ * and dv must be bitwise equal in all three, and the first within the
+ * tolerance. Exits 77 without a GPU.
  */
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +50,11 @@ static const char *const specs[][2] = {
     /* Rows q < 9 allow nothing: their dq must be exactly 0. */
     {"empty_rows", "return { mask_mod = function(b, h, q, kv)\n"
                    "  return ge(q, 9) & le(kv, q) end }"},
+    /* Rows q < 150 allow nothing: whole query tiles without a kv tile's
+     * addition, whose dq the deterministic mode writes as 0 with no
+     * addition to read. */
+    {"empty_tiles", "return { mask_mod = function(b, h, q, kv)\n"
+                    "  return ge(q, 150) & le(kv, q) end }"},
 };
 enum { NSPECS = sizeof specs / sizeof specs[0] };
 
@@ -103,7 +109,8 @@ static const tcase cases[] = {
     {7, FJ_DTYPE_BF16, 128, 1, 35, 35, 1234, 500, 0, 1, 0, 0},
     /* The deterministic mode: causal (GQA; Lq < Lk and Lq > Lk), document
      * ids with and without a block mask, a sliding window with a group of
-     * 4, softcap, ALiBi, no mask with Lq != Lk, fully masked rows. */
+     * 4, softcap, ALiBi, no mask with Lq != Lk, fully masked rows,
+     * fully masked query tiles. */
     {1, FJ_DTYPE_BF16, 128, 2, 4, 2, 611, 611, 0, 0, 0, 1},
     {1, FJ_DTYPE_F16, 64, 1, 4, 4, 300, 1000, 1, 1, 0, 1},
     {1, FJ_DTYPE_BF16, 128, 2, 2, 1, 777, 333, 0, 0, 0, 1},
@@ -114,6 +121,8 @@ static const tcase cases[] = {
     {5, FJ_DTYPE_F16, 64, 1, 4, 2, 390, 390, 0, 0, 0, 1},
     {0, FJ_DTYPE_F16, 128, 1, 2, 1, 200, 450, 0, 0, 0, 1},
     {8, FJ_DTYPE_BF16, 64, 1, 2, 2, 300, 300, 0, 0, 0, 1},
+    {9, FJ_DTYPE_BF16, 128, 2, 4, 2, 333, 333, 0, 0, 0, 1},
+    {9, FJ_DTYPE_F16, 64, 1, 2, 2, 401, 401, 1, 0, 0, 1},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
@@ -143,12 +152,20 @@ static int download_f32(const fjr_driver *drv, const gpu_tensor *t, size_t n,
 
 /* The deterministic mode: two more backward runs, each on NaN-poisoned
  * outputs, must write dq, dk and dv bitwise equal to the first run's (the
- * device bytes of each, compared whole). */
+ * device bytes of each, compared whole). The third takes a workspace of
+ * the caller's filled with NaN: the mode does not zero dq_accum (its first
+ * addition to a query tile stores), so a row it read unwritten would show. */
 static int repeat_equal(fj_context *ctx, const fjr_driver *drv, const fj_spec *spec,
-                        const fj_backward_args *ba, gpu_tensor *const out[3], fj_dtype dt) {
+                        const fj_backward_args *ba_pool, gpu_tensor *const out[3], fj_dtype dt,
+                        int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
   static const char *const names[3] = {"dq", "dk", "dv"};
   unsigned char *first[3] = {0}, *again[3] = {0};
-  int ok = 1;
+  gpu_tensor ws = {0};
+  fj_backward_args ba_ws = *ba_pool;
+  int ok = gpu_alloc(drv, &ws, fj_backward_workspace_size(B, Hq, Lq, D)) &&
+           gpu_cu_ok(drv, drv->cuMemsetD32(ws.ptr, 0xffffffffu, ws.bytes / 4), "cuMemsetD32");
+  ba_ws.workspace = (void *)(uintptr_t)ws.ptr;
+  ba_ws.workspace_bytes = ws.bytes;
   for (int t = 0; t < 3; t++) {
     first[t] = malloc(out[t]->bytes), again[t] = malloc(out[t]->bytes);
     ok &= first[t] && again[t] &&
@@ -157,7 +174,7 @@ static int repeat_equal(fj_context *ctx, const fjr_driver *drv, const fj_spec *s
   for (int run = 2; ok && run <= 3; run++) {
     for (int t = 0; t < 3; t++) ok &= gpu_poison(drv, out[t], dt, NULL);
     if (!ok) break;
-    if (fj_attention_backward(ctx, spec, ba) != FJ_OK) {
+    if (fj_attention_backward(ctx, spec, run == 3 ? &ba_ws : ba_pool) != FJ_OK) {
       printf("backward (run %d): %s ", run, fj_context_last_error(ctx));
       ok = 0;
       break;
@@ -176,6 +193,7 @@ static int repeat_equal(fj_context *ctx, const fjr_driver *drv, const fj_spec *s
   }
   if (ok) printf(" 3 runs bitwise equal;");
   for (int t = 0; t < 3; t++) free(first[t]), free(again[t]);
+  gpu_free(drv, &ws);
   return ok;
 }
 
@@ -291,7 +309,8 @@ static int run_case(fj_context *ctx, const fjr_driver *drv, int idx) {
   }
   if (!gpu_cu_ok(drv, drv->cuCtxSynchronize(), "the kernels")) goto done;
   gpu_tensor *const outs[3] = {&io.tdq, &io.tdk, &io.tdv};
-  if (c->det && !repeat_equal(ctx, drv, spec, &ba, outs, c->dt)) goto done;
+  if (c->det && !repeat_equal(ctx, drv, spec, &ba, outs, c->dt, c->B, c->Hq, c->Lq, c->D))
+    goto done;
   dq = malloc(4 * nq), dk = malloc(4 * nk), dv = malloc(4 * nk);
   lq = malloc(4 * nq), lk = malloc(4 * nk), lv = malloc(4 * nk);
   rq = malloc(8 * nq), rk = malloc(8 * nk), rv = malloc(8 * nk);
