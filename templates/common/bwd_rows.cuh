@@ -203,7 +203,6 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
   const float *acc = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM;
   fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh +
                (long long)(sq.q_row0 + q0) * p.dq_ss;
-
 #if FJB_DQ_TILED
   // The block's tiles: a thread takes rows r and r + 8 of 8 columns, four
   // float4s of one 64-byte run, then stores two 16-byte row pieces.
