@@ -8,7 +8,9 @@
  * within the target's shared memory, the template's shared-memory map equal
  * to the configuration's; and the deterministic variant (FJ_DETERMINISTIC)
  * for sm_80, sm_86 and sm_90a the same way, with its ordered dQ (acquire polls,
- * the rank's counting barriers, release fences), which the other lacks; and
+ * the rank's counting barriers, release fences), which the other lacks, and
+ * its first addition to a query tile a store, so that its pre kernel zeroes
+ * no dq_accum; and
  * the packed-batch variant (FJ_VARLEN), alone and deterministic, which reads
  * cu_seqlens_q (the parameter's bytes at 464) where no other unit does; and
  * the sm90 kernel's query tiles: 128 rows at head dim 64, 64 for a packed
@@ -131,6 +133,17 @@ static void test_parts(void **state) {
       fail_msg("part %s is not embedded", *p);
 }
 
+/* Whether the PTX of entry `name` (up to the next entry) holds `what`. */
+static int entry_has(const char *ptx, const char *name, const char *what) {
+  char head[96];
+  snprintf(head, sizeof head, ".entry %s(", name);
+  const char *at = strstr(ptx, head);
+  if (!at) fail_msg("no entry %s", name);
+  const char *end = strstr(at + 1, ".entry ");
+  const char *hit = strstr(at, what);
+  return hit && (!end || hit < end);
+}
+
 /* block_q: a block mask's (0: none), which may change the sm90 kernel's
  * query tiles; one_tile: the sm90 kernel of one CTA a kv tile, not the
  * persistent one (FLEXJIT_PERSISTENT=0). */
@@ -237,7 +250,17 @@ static void compile_one_as(const char *arch, const char *tmpl, int head_dim, fj_
     }
     assert_non_null(strstr(ptx, "ld.acquire.gpu.global.b32"));
     assert_non_null(strstr(ptx, "fence.acq_rel.gpu"));
+    /* A query tile's first addition stores (sm90: a bulk copy; sm80: a
+     * store of two floats), so the pre kernel does not zero dq_accum. */
+    if (sm90)
+      assert_true(
+          entry_has(ptx, "fj_attention_bwd", "cp.async.bulk.global.shared::cta.bulk_group ["));
+    else
+      assert_true(entry_has(ptx, "fj_attention_bwd", "st.global.v2.f32"));
+    assert_false(entry_has(ptx, "fj_attention_bwd_pre", "st.global.v4.b32"));
   } else {
+    assert_null(strstr(ptx, "cp.async.bulk.global.shared::cta.bulk_group ["));
+    assert_true(entry_has(ptx, "fj_attention_bwd_pre", "st.global.v4.b32"));
     assert_null(strstr(ptx, "bar.red.popc"));
     assert_null(strstr(ptx, "cp.async.bulk.wait_group 0;"));
     assert_null(strstr(ptx, "fence.proxy.async.global"));
