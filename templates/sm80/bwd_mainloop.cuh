@@ -229,6 +229,14 @@ __device__ __forceinline__ void fjb_red_add2(float *p, float x, float y) {
 #endif
 }
 
+// p[0] = x and p[1] = y (store), or += (fjb_red_add2).
+__device__ __forceinline__ void fjb_put2(float *p, float x, float y, bool store) {
+  if (store)
+    *(float2 *)p = make_float2(x, y);
+  else
+    fjb_red_add2(p, x, y);
+}
+
 // dQ of query rows [q0, q0 + FJ_BLOCK_M) of head h of sequence sq, this
 // warp's part (rows
 // 16 wm .., head-dim columns FJB_DQ_COLS wd ..): dS K over the CTA's
@@ -279,8 +287,10 @@ __device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, const fjb_se
 #if FJ_DETERMINISTIC
   fjb_order_wait(sem, rank);
 #else
-  (void)sem, (void)rank;
+  (void)sem;
 #endif
+  // The first in the order stores: dq_accum is not zeroed (common/bwd_rows.cuh).
+  const bool first = FJ_DETERMINISTIC && rank == 0;
   const int Lq = sq.sz.Lq;
   float *gq = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM + wd * FJB_DQ_COLS +
               2 * t4;
@@ -289,19 +299,9 @@ __device__ __forceinline__ void fjb_dq_step(const fj_bwd_params &p, const fjb_se
     const int r = wm * 16 + g + hh * 8;
     if (q0 + r < Lq) {
 #pragma unroll
-      for (int nt = 0; nt < FJB_DQ_NT; ++nt) {
-        float *dst = gq + r * FJ_HEAD_DIM + nt * 8;
-        const float x = acc[nt][2 * hh] * p.scale, y = acc[nt][2 * hh + 1] * p.scale;
-#if FJ_DETERMINISTIC
-        // The first in the order stores: dq_accum is not zeroed
-        // (common/bwd_rows.cuh).
-        if (rank == 0) {
-          *(float2 *)dst = make_float2(x, y);
-          continue;
-        }
-#endif
-        fjb_red_add2(dst, x, y);
-      }
+      for (int nt = 0; nt < FJB_DQ_NT; ++nt)
+        fjb_put2(gq + r * FJ_HEAD_DIM + nt * 8, acc[nt][2 * hh] * p.scale,
+                 acc[nt][2 * hh + 1] * p.scale, first);
     }
   }
 }

@@ -134,6 +134,10 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
     const int bi = n % FJHB_DQ_BUFS;
 #if FJ_DETERMINISTIC
     const int rank = fjb_order_rank<32>(p, w.sizes(p), w.b, w.n_block, it.h, it.i);
+    // The first in the order stores: dq_accum is not zeroed (common/bwd_rows.cuh).
+    const bool first = rank == 0;
+#else
+    constexpr bool first = false;
 #endif
     if (lane == 0) {
       const fjb_seq sq = w.seq(p);
@@ -156,12 +160,9 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
         if (fjhb_dq_row0(c) == 0 || it.i * FJ_BLOCK_M + fjhb_dq_row0(c) < sq.sz.Lq) {
           float *dst =
               p.dq_accum + (row + fjhb_dq_row0(c)) * FJ_HEAD_DIM + fjhb_dq_col0(c) * FJB_SEQ_PAD;
-#if FJ_DETERMINISTIC
-          // The first in the order stores: dq_accum is not zeroed (common/bwd_rows.cuh).
-          if (rank == 0)
+          if (first)
             fjh_bulk_copy_out(dst, sm.dq(c, bi), FJHB_DQ_BYTES);
           else
-#endif
             fjh_bulk_reduce_add_f32(dst, sm.dq(c, bi), FJHB_DQ_BYTES);
         }
         fjh_bulk_commit();
