@@ -489,9 +489,8 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 
 /* Bytes of scratch a backward over B x Hq x Lq rows of head dim D needs
  * (fp32 delta and dq accumulator, each head's rows rounded up to 64, the
- * deterministic mode's int32
- * semaphores, one per 16 query rows, whose first is the persistent sm90
- * kernel's tile counter otherwise, and 32768 * D bytes for the persistent
+ * persistent sm90 kernel's int32 tile counter and the query tiles' int32
+ * semaphores, one per 16 query rows, and 32768 * D bytes for the persistent
  * kernel's split last round, docs/backward.md; a workspace without them
  * runs unsplit), for callers that pass their own. 0 when a size is below
  * 1. A packed batch of B sequences needs at most

@@ -132,20 +132,20 @@ static size_t tail_bytes(int64_t tiles, int64_t D) {
 
 /* The scratch's layout, the one place it is decided: delta (fp32, one
  * float a row) at 0, dq_accum (fp32, D floats a row) at at[0], the
- * semaphores (int32, zeroed by the pre kernel of a deterministic launch;
- * unused otherwise) at at[1], then, at at[2], the persistent kernel's
- * dkv_accum for the tiles it splits (tail_bytes), each at a 256-byte
- * boundary. `rows`: B *
- * Hq * acc_rows(Lq), or for a packed batch Hq * (total_q + FJG_BWD_SEQ_PAD
- * * B) (fj_bwd_params.acc_sh rows a query head); the semaphores: an int32
- * per FJG_BWD_SEM_ROWS query rows of every (batch, query head), Lq being
+ * persistent kernel's tile counter and the query tiles' semaphores (int32,
+ * zeroed by the pre kernel; fj_bwd_params.dq_sem) at at[1], then, at
+ * at[2], the persistent kernel's dkv_accum for the tiles it splits
+ * (tail_bytes), each at a 256-byte boundary. `rows`: B * Hq *
+ * acc_rows(Lq), or for a packed batch Hq * (total_q + FJG_BWD_SEQ_PAD * B)
+ * (fj_bwd_params.acc_sh rows a query head); the semaphores: an int32 per
+ * FJG_BWD_SEM_ROWS query rows of every (batch, query head), Lq being
  * max_seqlen_q for a packed batch. */
 static void scratch_layout(int64_t rows, int64_t B, int64_t Hq, int64_t Lq, int64_t D,
                            size_t at[3]) {
   const size_t tiles = (size_t)((Lq + FJG_BWD_SEM_ROWS - 1) / FJG_BWD_SEM_ROWS);
   at[0] = align_up((size_t)rows * 4);
   at[1] = at[0] + align_up((size_t)rows * (size_t)D * 4);
-  at[2] = at[1] + align_up((size_t)B * (size_t)Hq * tiles * 4);
+  at[2] = at[1] + align_up((1 + (size_t)B * (size_t)Hq * tiles) * 4);
 }
 
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {

@@ -1,15 +1,23 @@
-// templates/common/bwd_order.cuh: the deterministic backward's order of dQ
-// additions (FJ_DETERMINISTIC; docs/backward.md).
+// templates/common/bwd_order.cuh: the order of the backward's dQ additions
+// to a query tile of dq_accum, which is not zeroed where the first of them
+// is a store (FJB_DQ_FIRST_STORE: every sm90 kernel, and the deterministic
+// mode on every template; docs/backward.md). Two disciplines over one
+// semaphore a query tile:
+//   - the deterministic mode's fixed order (FJ_DETERMINISTIC, below);
+//   - the default mode's first claim (fjb_claim_*, at the end): the kv
+//     tiles add in arrival order; the first to claim the tile stores, and
+//     the others add once that store is done.
 //
-// Every kv tile whose walk (common/bwd_walk.cuh) holds a work item (query
-// head h, query tile i) adds its part of dQ to tile i's rows of dq_accum.
-// Added in arrival order, the fp32 sum rounds differently from run to run;
-// here the kv tiles of a (batch, kv head) add to a query tile one after
-// another in descending kv-tile order. The scratch holds a semaphore per
-// (b, h, i) (dq_sem, zeroed by the pre kernel): the number of kv tiles that
-// have added to the tile. Kv tile n computes its rank, the number of kv
-// tiles above n whose walks hold (h, i) (fjb_order_rank), waits until the
-// semaphore reaches it, adds, and sets it to rank + 1.
+// The deterministic order. Every kv tile whose walk (common/bwd_walk.cuh)
+// holds a work item (query head h, query tile i) adds its part of dQ to
+// tile i's rows of dq_accum. Added in arrival order, the fp32 sum rounds
+// differently from run to run; here the kv tiles of a (batch, kv head) add
+// to a query tile one after another in descending kv-tile order. The
+// scratch holds a semaphore per (b, h, i) (fjb_order_sem, zeroed by the pre
+// kernel): the number of kv tiles that have added to the tile. Kv tile n
+// computes its rank, the number of kv tiles above n whose walks hold (h,
+// i) (fjb_order_rank), waits until the semaphore reaches it, adds (stores,
+// at rank 0), and sets it to rank + 1.
 //
 // Deadlock freedom. The main kernel (sm80's, or sm90's one-tile kernel:
 // the persistent one takes no part) runs kv tile n of (kv head hk, batch b)
@@ -46,7 +54,7 @@
 // (gen/config.h's FJG_BWD_SEM_ROWS), so any tile of a multiple of it fits.
 constexpr int FJB_SEM_ROWS = 16;
 static_assert(FJ_BLOCK_M % FJB_SEM_ROWS == 0,
-              "deterministic backward: the semaphores are sized for 16-row query tiles");
+              "backward: the semaphores are sized for 16-row query tiles");
 
 // The kv tile of the CTA at x = blockIdx.x of a one-tile grid (grid
 // (ceil(Lk / FJ_BLOCK_N), Hkv, B), Lk the launch's): x, or with
@@ -58,10 +66,11 @@ __device__ __forceinline__ int fjb_cta_kv_tile(const fj_bwd_params &p, int x) {
 
 // The semaphore of query tile i of query head h, batch b: p.sz.Lq (the
 // launch's, max_seqlen_q for a packed batch) spaces the heads, so every
-// sequence's tiles have their own.
+// sequence's tiles have their own. They follow dq_sem[0], the persistent
+// kernel's tile counter.
 __device__ __forceinline__ int *fjb_order_sem(const fj_bwd_params &p, int b, int h, int i) {
   const int nq = (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
-  return p.dq_sem + ((long long)b * p.sz.Hq + h) * nq + i;
+  return p.dq_sem + 1 + ((long long)b * p.sz.Hq + h) * nq + i;
 }
 
 // Zeroes the semaphores of head h's query tiles that start in rows
@@ -187,4 +196,39 @@ __device__ __forceinline__ void fjb_order_wait(const int *sem, int rank) {
 __device__ __forceinline__ void fjb_order_release(int *sem, int rank) {
   __syncthreads();
   if (fj_tid() == 0) fjb_sem_release_thread(sem, rank + 1);
+}
+
+// The default mode's first claim (FJB_DQ_FIRST_STORE without
+// FJ_DETERMINISTIC: the sm90 dQ writer). A query tile's semaphore counts
+// the claims of the kv tiles that add to it, and FJB_SEM_STORED is set in
+// it once the first claimant's store is done in global memory. Only that
+// store must precede the others' additions, which may run in any order.
+// No deadlock: a claimant waits only for a store that a kv tile already
+// running has claimed for the item it is on, and a writer flags each of
+// its stores before it takes its next item (sm90/bwd.cuh, fjhb_write_dq),
+// so the store it waits for depends on no other CTA.
+constexpr int FJB_SEM_STORED = 1 << 30;
+
+// One thread claims the tile: returns the semaphore before the claim, 0 for
+// the first claimant, which is to store; a later one waits until
+// FJB_SEM_STORED is set in it (fjb_sem_wait_thread) unless it already is.
+// Acquire semantics: a later claimant that sees the flag reads what the
+// first wrote.
+__device__ __forceinline__ int fjb_claim_thread(int *sem) {
+  int old;
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %1;\n"
+      " atom.acquire.gpu.global.add.u32 %0, [g], 1;\n}\n"
+      : "=r"(old) : "l"(sem) : "memory");
+  return old;
+}
+
+// The first claimant's thread, once its store is done: sets FJB_SEM_STORED,
+// after a fence that makes the store visible first (the claims of others
+// may add to the semaphore meanwhile, so the flag is or-ed in).
+__device__ __forceinline__ void fjb_claim_stored_thread(int *sem) {
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " fence.acq_rel.gpu;\n red.relaxed.gpu.global.or.b32 [g], %1;\n}\n"
+      :: "l"(sem), "r"(FJB_SEM_STORED) : "memory");
 }

@@ -1,17 +1,17 @@
 // templates/common/bwd_rows.cuh: the backward's two row kernels, around the
 // main one (docs/backward.md); no tensor cores, so every backward template
 // shares them. Needs fj_bwd_params (common/fj_bwd.cuh), common/ptx.cuh and,
-// when FJ_DETERMINISTIC, common/bwd_order.cuh.
+// when FJB_DQ_FIRST_STORE, common/bwd_order.cuh.
 //   fj_attention_bwd_pre:  delta = dO . O - dLSE per query row (0 where
 //                          LSE = -inf), and zeroes its rows' dq_accum,
-//                          padding included (FJ_DETERMINISTIC: not
+//                          padding included (FJB_DQ_FIRST_STORE: not
 //                          dq_accum, whose first addition to a query tile
 //                          is a store, but the semaphores of the query
 //                          tiles that start in its rows: common/bwd_order.cuh;
 //                          FJ_PERSISTENT, the main kernel's tile counter
 //                          and its split tiles' dkv_accum too)
 //   fj_attention_bwd_post: dq = dq_accum in the element type (row-major
-//                          or tiled: common/fj_bwd.cuh; FJ_DETERMINISTIC,
+//                          or tiled: common/fj_bwd.cuh; FJB_DQ_FIRST_STORE,
 //                          0 for a query tile that no kv tile added to,
 //                          its semaphore still 0); FJ_PERSISTENT, the
 //                          split tiles' dk and dv from dkv_accum
@@ -25,9 +25,15 @@
 // checks, as for the forward's o); dq_accum rows are 16-byte aligned (D * 4
 // bytes a row from a 16-byte aligned base).
 #pragma once
-// Read by a configuration that chooses dq_accum's form (FJB_DQ_TILED), to
-// check that it comes first.
+// Read by a configuration that chooses dq_accum's form (FJB_DQ_TILED, and
+// FJB_DQ_FIRST_STORE), to check that it comes first.
 #define FJB_ROW_KERNELS 1
+// FJB_DQ_FIRST_STORE: the main kernel stores a query tile's first dQ
+// addition (common/bwd_order.cuh), so dq_accum is not zeroed here: the sm90
+// kernels (sm90/bwd_config.cuh), and the deterministic mode.
+#ifndef FJB_DQ_FIRST_STORE
+#define FJB_DQ_FIRST_STORE FJ_DETERMINISTIC
+#endif
 
 constexpr int FJB_ROW_BLOCK = FJB_SEQ_PAD;  // query rows of a CTA
 constexpr int FJB_ROW_THREADS = 128;  // threads of a CTA
@@ -111,7 +117,7 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
       p.delta[row0 + q] = L == fj_neg_inf() ? 0.f : dot - dl;
     }
   }
-#if FJ_DETERMINISTIC
+#if FJB_DQ_FIRST_STORE
   fjb_order_zero(p, Lq, b, h, q0, FJB_ROW_BLOCK, tid, FJB_ROW_THREADS);
 #else
   // The CTA's rows of dq_accum, padding included, are contiguous (a block
@@ -175,11 +181,11 @@ __device__ __forceinline__ void fjb_post_tail(const fj_bwd_params &p, int tid) {
 #endif
 
 // Whether query row q of head h, batch b, has dQ in dq_accum: always, but
-// in the deterministic mode, where dq_accum is not zeroed, only when a kv
-// tile added to its query tile (the tile's semaphore is not 0; a tile of
-// rows that allow nothing has none, and its dq is 0).
+// where dq_accum is not zeroed (FJB_DQ_FIRST_STORE) only when a kv tile
+// added to its query tile (the tile's semaphore is not 0; a tile of rows
+// that allow nothing has none, and its dq is 0).
 __device__ __forceinline__ bool fjb_row_added(const fj_bwd_params &p, int b, int h, int q) {
-#if FJ_DETERMINISTIC
+#if FJB_DQ_FIRST_STORE
   return __ldg(fjb_order_sem(p, b, h, q / FJ_BLOCK_M)) != 0;
 #else
   (void)p, (void)b, (void)h, (void)q;

@@ -122,19 +122,19 @@ struct fj_bwd_params {
   int bm_nq;        // the mask's query blocks, ceil(Lq / block_q)
   int bm_q_ratio;   // block_q / FJ_BLOCK_M
   int bm_kv_ratio;  // block_kv / FJ_BLOCK_N
-  // The deterministic mode's (FJ_DETERMINISTIC; unused otherwise):
-  //   dq_sem   int32 [B][Hq][ceil(Lq / FJ_BLOCK_M)], a query tile's count
-  //            of the kv tiles that have added their dQ part to it; zeroed
-  //            by pre (scratch sized for 16-row tiles: FJB_SEM_ROWS)
-  // and the block mask's lists per query block (null without a block
-  // mask), from which a kv tile counts the kv tiles that add to a query
-  // tile before it: count arrays (kv_num_blocks, full_kv_num_blocks)
-  // indexed by b * bm_qb_stride + h * bm_qh_stride + query block (strides 0
-  // broadcast), index arrays holding bm_nkv entries per count, ascending.
-  // They are the transposes of the lists above (fj_block_mask_build
-  // compacts both from one classification). FJ_PERSISTENT (never with
-  // FJ_DETERMINISTIC): dq_sem[0] is the kernel's tile counter, zeroed by
-  // pre.
+  //   dq_sem   int32: [0] the persistent kernel's tile counter
+  //            (FJ_PERSISTENT), then [B][Hq][ceil(Lq / FJ_BLOCK_M)] a
+  //            semaphore a query tile (FJB_DQ_FIRST_STORE: the order of its
+  //            dQ additions, common/bwd_order.cuh); zeroed by pre (scratch
+  //            sized for 16-row tiles: FJB_SEM_ROWS)
+  // The deterministic mode's (FJ_DETERMINISTIC; unused otherwise): the
+  // block mask's lists per query block (null without a block mask), from
+  // which a kv tile counts the kv tiles that add to a query tile before
+  // it: count arrays (kv_num_blocks, full_kv_num_blocks) indexed by b *
+  // bm_qb_stride + h * bm_qh_stride + query block (strides 0 broadcast),
+  // index arrays holding bm_nkv entries per count, ascending. They are the
+  // transposes of the lists above (fj_block_mask_build compacts both from
+  // one classification).
   int *dq_sem;
   const int *bm_kv_num;       // PARTIAL kv blocks per query block
   const int *bm_kv_idx;

@@ -119,10 +119,13 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // other; with one, at once (the consumer fills it again only after its next
 // S^T product). The tile's last buffers are released at its end: the
 // consumers stage dK and dV in them. Lane 0 issues; every lane walks.
-// FJ_DETERMINISTIC (the one-tile kernel, kv tiles in descending order:
-// common/bwd_order.cuh): the warp counts the item's rank, lane 0 waits for
-// the query tile's semaphore to reach it, adds (stores, at rank 0: the
-// query tile's first addition), releases the buffers once
+// dq_accum is not zeroed (FJB_DQ_FIRST_STORE): a query tile's first
+// addition is a bulk copy (common/bwd_order.cuh). By default the writer
+// claims each item's query tile; the first claimant stores, and marks the
+// tile stored once its copy's writes are done; the others add after that.
+// FJ_DETERMINISTIC (the one-tile kernel, kv tiles in descending order):
+// the warp counts the item's rank, lane 0 waits for the query tile's
+// semaphore to reach it, adds (stores, at rank 0), releases the buffers once
 // the adds have read them and the semaphore once their writes are done in
 // global memory.
 __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
@@ -134,23 +137,29 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
     const int bi = n % FJHB_DQ_BUFS;
 #if FJ_DETERMINISTIC
     const int rank = fjb_order_rank<32>(p, w.sizes(p), w.b, w.n_block, it.h, it.i);
-    // The first in the order stores: dq_accum is not zeroed (common/bwd_rows.cuh).
-    const bool first = rank == 0;
-#else
-    constexpr bool first = false;
 #endif
     if (lane == 0) {
       const fjb_seq sq = w.seq(p);
       // The item's first scratch row.
       const long long row = fjb_acc_row(p, sq, it.h) + it.i * FJ_BLOCK_M;
-#if FJ_DETERMINISTIC
       int *sem = fjb_order_sem(p, w.b, it.h, it.i);
+#if FJ_DETERMINISTIC
+      const bool first = rank == 0;
       fjb_sem_wait_thread(sem, rank);
-      fjh_fence_proxy_async_global();
+#else
+      const int claim = fjb_claim_thread(sem);
+      const bool first = claim == 0;
 #endif
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         fjh_mbar_wait(sm.dq_full(c, bi), (unsigned)(n / FJHB_DQ_BUFS) & 1u);
+#if !FJ_DETERMINISTIC
+        // A later claimant adds once the first's store is done, waited for
+        // as late as possible: once its own part is ready.
+        if (c == 0 && !first && !(claim & FJB_SEM_STORED))
+          fjb_sem_wait_thread(sem, FJB_SEM_STORED);
+#endif
+        if (c == 0 && !first) fjh_fence_proxy_async_global();
         // A part that starts past Lq, and so past the head's scratch rows
         // (the upper half of a last 128-row tile), is zeros, and those rows
         // are the next head's (or past dq_accum's end): not added. Its group
@@ -184,6 +193,13 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
         fjh_bulk_wait_read_n<2>();  // the previous item's two groups
         fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
         fjh_mbar_arrive(sm.dq_empty(1, bi ^ 1));
+      }
+      // A first claimant's store, flagged once its writes are done, after
+      // the previous item's buffers went back to the consumers.
+      if (first) {
+        fjh_bulk_wait();
+        fjh_fence_proxy_async_global();
+        fjb_claim_stored_thread(sem);
       }
 #endif
     }

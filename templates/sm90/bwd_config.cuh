@@ -101,6 +101,9 @@
 // (common/bwd_rows.cuh, which comes after this part): its tiles are a
 // consumer's dQ parts (FJHB_DQ_COLS wide, below).
 #define FJB_DQ_TILED 1
+// A query tile's first dQ addition is a store, so dq_accum is not zeroed
+// (common/bwd_order.cuh; the dQ writer, sm90/bwd.cuh).
+#define FJB_DQ_FIRST_STORE 1
 #ifdef FJB_ROW_KERNELS
 #error "sm90 backward: its configuration must precede common/bwd_rows.cuh"
 #endif

@@ -16,8 +16,9 @@
  * outputs (the third with a NaN-filled workspace of the caller's): dq, dk
  * and dv must be bitwise equal in all three, and the first within the
  * tolerance. The other cases run it once, the odd-numbered ones with a
- * NaN-filled workspace of the caller's: a scratch row that the kernels
- * read before writing (or zeroing) it would show. Exits 77 without a GPU.
+ * NaN-filled workspace of the caller's: the sm90 kernels do not zero
+ * dq_accum (a query tile's first addition stores), so a row read unwritten
+ * would show. Exits 77 without a GPU.
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,8 +54,8 @@ static const char *const specs[][2] = {
     {"empty_rows", "return { mask_mod = function(b, h, q, kv)\n"
                    "  return ge(q, 9) & le(kv, q) end }"},
     /* Rows q < 150 allow nothing: whole query tiles without a kv tile's
-     * addition, whose dq the deterministic mode writes as 0 with no
-     * addition to read. */
+     * addition, whose dq is written as 0 with no addition to read where
+     * dq_accum is not zeroed (the sm90 kernels, the deterministic mode). */
     {"empty_tiles", "return { mask_mod = function(b, h, q, kv)\n"
                     "  return ge(q, 150) & le(kv, q) end }"},
 };

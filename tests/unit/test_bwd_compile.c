@@ -8,9 +8,10 @@
  * within the target's shared memory, the template's shared-memory map equal
  * to the configuration's; and the deterministic variant (FJ_DETERMINISTIC)
  * for sm_80, sm_86 and sm_90a the same way, with its ordered dQ (acquire polls,
- * the rank's counting barriers, release fences), which the other lacks, and
- * its first addition to a query tile a store, so that its pre kernel zeroes
- * no dq_accum; and
+ * the rank's counting barriers, release fences); the first dQ addition to a
+ * query tile a store, so that the pre kernel zeroes no dq_accum, in the
+ * deterministic units and in every sm90 one (whose default units claim
+ * each query tile; the sm80 default unit has none of this); and
  * the packed-batch variant (FJ_VARLEN), alone and deterministic, which reads
  * cu_seqlens_q (the parameter's bytes at 464) where no other unit does; and
  * the sm90 kernel's query tiles: 128 rows at head dim 64, 64 for a packed
@@ -237,35 +238,51 @@ static void compile_one_as(const char *arch, const char *tmpl, int head_dim, fj_
   } else {
     assert_null(strstr(ptx, "_param_0+472]"));
   }
-  /* The ordered dQ of common/bwd_order.cuh, only in the deterministic unit:
-   * the rank's count (sm80: the CTA's counting barrier; sm90: the dQ
-   * writer warp's ballots, then its wait for the reduce-adds' writes and
-   * the proxy fences around them), the poll, the release. */
-  if (det) {
-    if (sm90) {
-      assert_non_null(strstr(ptx, "cp.async.bulk.wait_group 0;"));
-      assert_non_null(strstr(ptx, "fence.proxy.async.global"));
-    } else {
-      assert_non_null(strstr(ptx, "bar.red.popc"));
-    }
-    assert_non_null(strstr(ptx, "ld.acquire.gpu.global.b32"));
-    assert_non_null(strstr(ptx, "fence.acq_rel.gpu"));
-    /* A query tile's first addition stores (sm90: a bulk copy; sm80: a
-     * store of two floats), so the pre kernel does not zero dq_accum. */
+  /* The order of the dQ additions (common/bwd_order.cuh). A query tile's
+   * first addition is a store (sm90: a bulk copy; sm80: a store of two
+   * floats) in every sm90 unit and every deterministic one
+   * (FJB_DQ_FIRST_STORE), whose pre kernels zero no dq_accum (the
+   * persistent one zeroes its split tiles' dkv_accum) and whose post
+   * kernels poll nothing; the sm80 default unit adds to a zeroed dq_accum
+   * and orders nothing. The deterministic units count a rank (sm80: the
+   * CTA's counting barrier; sm90: the dQ writer warp's ballots, then its
+   * wait for the adds' writes and the proxy fences around them), poll and
+   * release; the sm90 default units claim (an acquiring atomic add), wait
+   * for the first claimant's store, and flag it done (an or after a
+   * fence). */
+  const int first_store = det || sm90;
+  if (first_store) {
     if (sm90)
       assert_true(
           entry_has(ptx, "fj_attention_bwd", "cp.async.bulk.global.shared::cta.bulk_group ["));
     else
       assert_true(entry_has(ptx, "fj_attention_bwd", "st.global.v2.f32"));
-    assert_false(entry_has(ptx, "fj_attention_bwd_pre", "st.global.v4.b32"));
+    if (!c.persistent) assert_false(entry_has(ptx, "fj_attention_bwd_pre", "st.global.v4.b32"));
+    assert_non_null(strstr(ptx, "ld.acquire.gpu.global.b32"));
+    assert_non_null(strstr(ptx, "fence.acq_rel.gpu"));
   } else {
     assert_null(strstr(ptx, "cp.async.bulk.global.shared::cta.bulk_group ["));
     assert_true(entry_has(ptx, "fj_attention_bwd_pre", "st.global.v4.b32"));
-    assert_null(strstr(ptx, "bar.red.popc"));
-    assert_null(strstr(ptx, "cp.async.bulk.wait_group 0;"));
-    assert_null(strstr(ptx, "fence.proxy.async.global"));
     assert_null(strstr(ptx, "ld.acquire"));
     assert_null(strstr(ptx, "fence.acq_rel"));
+  }
+  if (sm90) {
+    assert_non_null(strstr(ptx, "cp.async.bulk.wait_group 0;"));
+    assert_non_null(strstr(ptx, "fence.proxy.async.global"));
+  } else {
+    assert_null(strstr(ptx, "cp.async.bulk.wait_group 0;"));
+    assert_null(strstr(ptx, "fence.proxy.async.global"));
+  }
+  if (det && !sm90)
+    assert_non_null(strstr(ptx, "bar.red.popc"));
+  else
+    assert_null(strstr(ptx, "bar.red.popc"));
+  if (sm90 && !det) {
+    assert_non_null(strstr(ptx, "atom.acquire.gpu.global.add.u32"));
+    assert_non_null(strstr(ptx, "red.relaxed.gpu.global.or.b32"));
+  } else {
+    assert_null(strstr(ptx, "atom.acquire"));
+    assert_null(strstr(ptx, ".global.or.b32"));
   }
   size_t cubin_size = 0;
   assert_int_equal(nvrtcGetCUBINSize(prog, &cubin_size), NVRTC_SUCCESS);
