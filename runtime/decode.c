@@ -137,24 +137,9 @@ static fj_status launch_util(fj_context *ctx, fjr_kernel *k, int entry, const vo
   size_t psize = size;
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, (void *)params, CU_LAUNCH_PARAM_BUFFER_SIZE,
                    &psize, CU_LAUNCH_PARAM_END};
-  if (after_kernel && k->cfg.sm >= 90) {
-    CUlaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig lc;
-    memset(&lc, 0, sizeof lc);
-    lc.gridDimX = gx, lc.gridDimY = gy, lc.gridDimZ = 1;
-    lc.blockDimX = 128, lc.blockDimY = 1, lc.blockDimZ = 1;
-    lc.hStream = stream;
-    lc.attrs = &attr;
-    lc.numAttrs = 1;
-    CUresult r = ctx->drv->cuLaunchKernelEx(&lc, k->fn[entry], NULL, extra);
-    return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, "cuLaunchKernelEx", r);
-  }
-  CUresult r = ctx->drv->cuLaunchKernel(k->fn[entry], gx, gy, 1, 128, 1, 1, 0, stream, NULL,
-                                        extra);
-  return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, "cuLaunchKernel", r);
+  const unsigned grid[3] = {gx, gy, 1};
+  return fjr_launch(ctx, k->fn[entry], grid, 128, 0, stream, NULL, extra,
+                    after_kernel && k->cfg.sm >= 90, "cuLaunchKernelEx");
 }
 
 /* ---- the decode plan ---- */

@@ -496,3 +496,22 @@ int64_t fjr_kernel_grid(const fjg_config *cfg, int num_sms, int64_t tiles, int64
   }
   return items;
 }
+
+fj_status fjr_launch(fj_context *ctx, CUfunction fn, const unsigned grid[3], unsigned threads,
+                     unsigned smem, CUstream stream, void **kernel_params, void **extra,
+                     int dependent, const char *what) {
+  CUlaunchAttribute attr;
+  memset(&attr, 0, sizeof attr);
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig lc;
+  memset(&lc, 0, sizeof lc);
+  lc.gridDimX = grid[0], lc.gridDimY = grid[1], lc.gridDimZ = grid[2];
+  lc.blockDimX = threads, lc.blockDimY = 1, lc.blockDimZ = 1;
+  lc.sharedMemBytes = smem;
+  lc.hStream = stream;
+  lc.attrs = &attr;
+  lc.numAttrs = dependent ? 1 : 0;
+  CUresult r = ctx->drv->cuLaunchKernelEx(&lc, fn, kernel_params, extra);
+  return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, what, r);
+}

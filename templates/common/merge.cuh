@@ -101,12 +101,9 @@ fj_merge_states_kernel(const __grid_constant__ fj_merge_params p) {
   const bool vec = ((unsigned long long)p.o_parts + op0 * esz) % (4 * esz) == 0 &&
                    p.op_sn % 4 == 0;
   unsigned short *o = (unsigned short *)p.o + b * p.o_sb + h * p.o_sh + l * p.o_sl;
-#if __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the decode kernel (sm_90 and
-  // newer): its partials are complete and visible past this point. A plain
-  // launch passes at once.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  // newer): its partials are complete and visible past this point.
+  fj_grid_dep_wait();
   // A lane takes 4 consecutive elements (D is a multiple of 8).
   for (int d0 = 0; d0 < p.D; d0 += 128) {
     const int d = d0 + 4 * lane;

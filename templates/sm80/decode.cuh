@@ -528,11 +528,9 @@ fj_attention_decode(const __grid_constant__ fj_fwd_params p) {
   else
     fjd_stream<false>(p, c, j_begin, j_end, whole, j_guess, s_q, s_w, acc, row_m, row_l);
 
-#if __CUDA_ARCH__ >= 900
   // The merge kernel may launch now (runtime/decode.c); it waits for this
   // grid's partials before reading them.
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
+  fj_grid_dep_launch();
   // ---- epilogue: merge the warps' states through shared memory ----
   __syncthreads();  // every warp is done with its stages
   float *red_m = (float *)(fjd_smem + FJD_Q_BYTES);  // [warp][row]

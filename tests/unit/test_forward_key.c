@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "d143701d92938be3d8935a5f5c946eb7"
+#define PINNED_SOURCE_KEY "cf87045a451cfc914e1379bac88fef1f"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
