@@ -387,16 +387,17 @@ static size_t tail_split(const fj_spec *spec, const fj_backward_args *args,
 }
 
 /* A kernel whose one parameter is the packed struct (pbuf, psize bytes), or,
- * with maps, the sm90 main kernel's two: the struct and the tensor maps. */
+ * with maps, the sm90 main kernel's two: the struct and the tensor maps;
+ * dependent as fjr_launch's. */
 static fj_status launch(fj_context *ctx, CUfunction fn, const unsigned grid[3],
                         unsigned threads, unsigned smem, CUstream stream, void *pbuf,
-                        size_t psize, const fjr_tma_bwd_maps *maps, const char *what) {
+                        size_t psize, const fjr_tma_bwd_maps *maps, int dependent,
+                        const char *what) {
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf, CU_LAUNCH_PARAM_BUFFER_SIZE,
                    &psize, CU_LAUNCH_PARAM_END};
   void *params[] = {pbuf, (void *)maps};
-  CUresult r = ctx->drv->cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem,
-                                        stream, maps ? params : NULL, maps ? NULL : extra);
-  return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, what, r);
+  return fjr_launch(ctx, fn, grid, threads, smem, stream, maps ? params : NULL,
+                    maps ? NULL : extra, dependent, what);
 }
 
 fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
@@ -506,13 +507,17 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
+  /* The main and post kernels start while the kernel before them ends
+   * (docs/backward.md). */
+  const int dependent = k->cfg.sm >= 90;
   if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
-                   NULL, "cuLaunchKernel (fj_attention_bwd_pre)")) == FJ_OK &&
+                   NULL, 0, "cuLaunchKernelEx (fj_attention_bwd_pre)")) == FJ_OK &&
       (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,
                    (unsigned)k->cfg.smem_bytes, stream, pbuf, total,
-                   k->cfg.uses_tma ? &maps : NULL, "cuLaunchKernel (fj_attention_bwd)")) == FJ_OK)
+                   k->cfg.uses_tma ? &maps : NULL, dependent,
+                   "cuLaunchKernelEx (fj_attention_bwd)")) == FJ_OK)
     st = launch(ctx, k->fn[BWD_POST], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL,
-                "cuLaunchKernel (fj_attention_bwd_post)");
+                dependent, "cuLaunchKernelEx (fj_attention_bwd_post)");
   if (!args->workspace) {
     CUresult rf = ctx->drv->cuMemFreeAsync(scratch, stream);
     if (st == FJ_OK && rf != CUDA_SUCCESS) st = fjr_cu_fail(ctx, "cuMemFreeAsync", rf);

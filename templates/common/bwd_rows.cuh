@@ -15,6 +15,10 @@
 //                          0 for a query tile that no kv tile added to,
 //                          its semaphore still 0); FJ_PERSISTENT, the
 //                          split tiles' dk and dv from dkv_accum
+// On sm_90 and newer the main kernel is a programmatic dependent of the pre
+// kernel, which lets it start at once (the main kernel waits for delta and
+// the zeroed scratch), and the post kernel one of the main kernel, which it
+// waits for before it reads anything (common/ptx.cuh, runtime/backward.c).
 // Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B) (Lq: max_seqlen_q for a
 // packed batch, whose shorter sequences' CTAs past their rows return at
 // once), FJB_ROW_THREADS threads,
@@ -72,6 +76,7 @@ __device__ __forceinline__ int fjb_row_cta() {
 // stay among them.
 extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
 fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
+  fj_grid_dep_launch();
   const int tid = threadIdx.x;
   const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -195,6 +200,7 @@ __device__ __forceinline__ bool fjb_row_added(const fj_bwd_params &p, int b, int
 
 extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
 fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
+  fj_grid_dep_wait();
   const int tid = threadIdx.x;
 #if FJ_PERSISTENT && FJB_PIECES
   fjb_post_tail(p, tid);

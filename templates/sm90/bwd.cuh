@@ -249,6 +249,7 @@ __device__ __forceinline__ fjhb_take fjhb_take_tile(const fj_bwd_params &p,
                                                     const fjhb_smem &sm, int k) {
   fjhb_take x{0, -1};
   if ((fj_tid() & 31) == 0) {
+    if (k == 1) fj_grid_dep_wait();  // the counter is zeroed by the pre kernel
     const int n = k == 0 ? (int)blockIdx.x : atomicAdd(p.dq_sem, 1) + (int)gridDim.x;
     if (n >= p.takes) {
       x.t = -1;
@@ -308,6 +309,7 @@ extern "C" __global__ void __launch_bounds__(FJHB_THREADS, 1)
 fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
                  const __grid_constant__ fj_bwd_maps maps) {
   extern __shared__ __align__(1024) unsigned char fjhb_smem_raw[];
+  fj_grid_dep_launch();  // the post kernel waits for this grid's end
   fjhb_smem sm;
   sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
 #if !FJ_PERSISTENT
@@ -358,6 +360,12 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
     int n = 0;
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
     if (warp > 2) return;
+    // The kernel is a programmatic dependent of the pre kernel on sm_90
+    // (common/bwd_rows.cuh): warp 0 loads K, V, Q and dO, which that kernel
+    // does not write, before it waits (fjhb_take_tile, before the tile
+    // counter); the other roles read delta or the zeroed semaphores, or add
+    // to the zeroed dkv_accum, past their wait.
+    if (warp != 0) fj_grid_dep_wait();
 #if FJ_PERSISTENT
     for (int k = 0;; ++k) {
       const fjhb_take x = warp == 0 ? fjhb_take_tile(p, sm, k) : fjhb_read_tile(sm, k, true);
@@ -371,6 +379,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
 #endif
   } else {
     fjh_setmaxnreg_inc<FJHB_CONSUMER_REGS>();
+    fj_grid_dep_wait();
     int n = 0;
 #if FJ_PERSISTENT
     for (int k = 0;; ++k) {
