@@ -14,13 +14,18 @@
 #   H L D [flexjit run options...]` (SPEC names examples/SPEC.lua); without
 #   it the cases below. ROUNDS (default 2), AB_OPTIONS (default "--backward
 #   --warmup-ms 30 --rep-ms 150") from the environment.
+# AB_PRECOMPILE=1, on the CPU machine: no timing; each build compiles the
+# cases' kernels (bf16, sm_90a: forward, its long-row variant and backward,
+# for every spec and head dim of the cases) into its cache folder, which,
+# under a carried folder (FLEXJIT_CACHE_DIR=$PWD/build-gpu/cache on both
+# machines), spares the device the compiles.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 builds=() cases=
 for arg in "$@"; do
   if [ -f "$arg" ] && [ "$arg" = "${!#}" ]; then cases=$arg; else builds+=("$arg"); fi
 done
-[ ${#builds[@]} -ge 2 ] || { sed -n '2,16p' "$0"; exit 2; }
+[ ${#builds[@]} -ge 2 ] || { sed -n '2,21p' "$0"; exit 2; }
 for b in "${builds[@]}"; do
   [ -x "${b%%:*}/flexjit" ] || { echo "ab_builds: no ${b%%:*}/flexjit" >&2; exit 2; }
 done
@@ -52,6 +57,31 @@ run() {
     --q-len "$len" --head-dim "$dim" --bench "${opts[@]}" "$@" < /dev/null 2>&1 |
     grep -E "median|rror" | tr '\n' ' '
 }
+
+# AB_PRECOMPILE=1: each build's kernels for the cases (above).
+precompile() {
+  local specs= dims= spec line manifest build dir defs
+  local -a c
+  while read -r line; do
+    [ -n "$line" ] || continue
+    read -r -a c <<< "$line"
+    spec="\"$PWD/examples/${c[0]}.lua\""
+    case ",$specs," in *",$spec,"*) ;; *) specs=${specs:+$specs,}$spec ;; esac
+    case ",$dims," in *",${c[4]},"*) ;; *) dims=${dims:+$dims,}${c[4]} ;; esac
+  done < <(if [ -n "$cases" ]; then cat "$cases"; else echo "$default_cases"; fi)
+  manifest=$(mktemp --suffix .lua)
+  printf 'return { specs = {%s}, head_dims = {%s}, dtypes = {"bf16"}, archs = {"sm_90a"},\n  passes = {"forward", "forward_long", "backward"} }\n' \
+    "$specs" "$dims" > "$manifest"
+  for build in "${builds[@]}"; do
+    dir=${build%%:*} defs=${FLEXJIT_KERNEL_DEFINES:-}
+    [ "$build" = "$dir" ] || defs="${defs:+$defs }${build#"$dir:"}"
+    echo "$(name "$build"): $(LD_LIBRARY_PATH="$dir/lib" FLEXJIT_KERNEL_DEFINES="${defs//,/ }" \
+      "$dir/flexjit" precompile "$manifest" \
+      --out "$cache/$(name "$build" | tr ':,=' '_._')" -j "$(nproc)" 2>&1 | tail -n 1)"
+  done
+  rm -f "$manifest"
+}
+if [ "${AB_PRECOMPILE:-0}" = 1 ]; then precompile; exit; fi
 
 for r in $(seq 1 "$rounds"); do
   while read -r line; do
