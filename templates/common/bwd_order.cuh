@@ -64,13 +64,17 @@ __device__ __forceinline__ int fjb_cta_kv_tile(const fj_bwd_params &p, int x) {
   return FJ_DETERMINISTIC ? (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N - 1 - x : x;
 }
 
+// The persistent kernel's tile counter (sm90/bwd.cuh, fjhb_take_tile),
+// zeroed by the pre kernel: the first int of dq_sem, the query tiles'
+// semaphores after it (runtime/backward.c's scratch_layout sizes both).
+__device__ __forceinline__ int *fjb_tile_counter(const fj_bwd_params &p) { return p.dq_sem; }
+
 // The semaphore of query tile i of query head h, batch b: p.sz.Lq (the
 // launch's, max_seqlen_q for a packed batch) spaces the heads, so every
-// sequence's tiles have their own. They follow dq_sem[0], the persistent
-// kernel's tile counter.
+// sequence's tiles have their own.
 __device__ __forceinline__ int *fjb_order_sem(const fj_bwd_params &p, int b, int h, int i) {
   const int nq = (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
-  return p.dq_sem + 1 + ((long long)b * p.sz.Hq + h) * nq + i;
+  return fjb_tile_counter(p) + 1 + ((long long)b * p.sz.Hq + h) * nq + i;
 }
 
 // Zeroes the semaphores of head h's query tiles that start in rows

@@ -132,7 +132,7 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
     fj_st_global_v4(acc + 4 * k, 0u, 0u, 0u, 0u);
 #endif
 #if FJ_PERSISTENT
-  if ((blockIdx.x | blockIdx.y | blockIdx.z | tid) == 0) p.dq_sem[0] = 0;
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | tid) == 0) *fjb_tile_counter(p) = 0;
   // The split tiles' dkv_accum blocks, 16 bytes a thread over the grid.
   const int n4 = FJB_PIECES ? p.tail_tiles * (4 * 64 * FJ_HEAD_DIM / 4) : 0;
   for (int k = fjb_row_cta() * FJB_ROW_THREADS + tid; k < n4;

@@ -122,7 +122,7 @@ struct fj_bwd_params {
   int bm_nq;        // the mask's query blocks, ceil(Lq / block_q)
   int bm_q_ratio;   // block_q / FJ_BLOCK_M
   int bm_kv_ratio;  // block_kv / FJ_BLOCK_N
-  //   dq_sem   int32: [0] the persistent kernel's tile counter
+  //   dq_sem   int32: [0] the persistent kernel's tile counter (fjb_tile_counter)
   //            (FJ_PERSISTENT), then [B][Hq][ceil(Lq / FJ_BLOCK_M)] a
   //            semaphore a query tile (FJB_DQ_FIRST_STORE: the order of its
   //            dQ additions, common/bwd_order.cuh); zeroed by pre (scratch

@@ -250,7 +250,7 @@ __device__ __forceinline__ fjhb_take fjhb_take_tile(const fj_bwd_params &p,
   fjhb_take x{0, -1};
   if ((fj_tid() & 31) == 0) {
     if (k == 1) fj_grid_dep_wait();  // the counter is zeroed by the pre kernel
-    const int n = k == 0 ? (int)blockIdx.x : atomicAdd(p.dq_sem, 1) + (int)gridDim.x;
+    const int n = k == 0 ? (int)blockIdx.x : atomicAdd(fjb_tile_counter(p), 1) + (int)gridDim.x;
     if (n >= p.takes) {
       x.t = -1;
     } else {
