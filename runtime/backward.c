@@ -386,18 +386,18 @@ static size_t tail_split(const fj_spec *spec, const fj_backward_args *args,
   return tail[0] ? tail_bytes(tail[0], D) : 0;
 }
 
-/* A kernel whose one parameter is the packed struct (pbuf, psize bytes), or,
- * with maps, the sm90 main kernel's two: the struct and the tensor maps;
- * dependent as fjr_launch's. */
-static fj_status launch(fj_context *ctx, CUfunction fn, const unsigned grid[3],
+/* Entry `entry` of k, whose one parameter is the packed struct (pbuf, psize
+ * bytes), or, with maps, the sm90 main kernel's two: the struct and the
+ * tensor maps; after_kernel as fjr_launch's. */
+static fj_status launch(fj_context *ctx, const fjr_kernel *k, int entry, const unsigned grid[3],
                         unsigned threads, unsigned smem, CUstream stream, void *pbuf,
-                        size_t psize, const fjr_tma_bwd_maps *maps, int dependent,
+                        size_t psize, const fjr_tma_bwd_maps *maps, int after_kernel,
                         const char *what) {
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf, CU_LAUNCH_PARAM_BUFFER_SIZE,
                    &psize, CU_LAUNCH_PARAM_END};
   void *params[] = {pbuf, (void *)maps};
-  return fjr_launch(ctx, fn, grid, threads, smem, stream, maps ? params : NULL,
-                    maps ? NULL : extra, dependent, what);
+  return fjr_launch(ctx, k, entry, grid, threads, smem, stream, maps ? params : NULL,
+                    maps ? NULL : extra, after_kernel, what);
 }
 
 fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
@@ -507,17 +507,16 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
-  /* The main and post kernels start while the kernel before them ends
-   * (docs/backward.md). */
-  const int dependent = k->cfg.sm >= 90;
-  if ((st = launch(ctx, k->fn[BWD_PRE], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total,
-                   NULL, 0, "cuLaunchKernelEx (fj_attention_bwd_pre)")) == FJ_OK &&
-      (st = launch(ctx, k->fn[BWD_MAIN], cols, (unsigned)k->cfg.threads,
+  /* The main and post kernels follow the pre and main kernels, and may
+   * start while those end (docs/backward.md). */
+  if ((st = launch(ctx, k, BWD_PRE, rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL, 0,
+                   "cuLaunchKernelEx (fj_attention_bwd_pre)")) == FJ_OK &&
+      (st = launch(ctx, k, BWD_MAIN, cols, (unsigned)k->cfg.threads,
                    (unsigned)k->cfg.smem_bytes, stream, pbuf, total,
-                   k->cfg.uses_tma ? &maps : NULL, dependent,
+                   k->cfg.uses_tma ? &maps : NULL, 1,
                    "cuLaunchKernelEx (fj_attention_bwd)")) == FJ_OK)
-    st = launch(ctx, k->fn[BWD_POST], rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL,
-                dependent, "cuLaunchKernelEx (fj_attention_bwd_post)");
+    st = launch(ctx, k, BWD_POST, rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL, 1,
+                "cuLaunchKernelEx (fj_attention_bwd_post)");
   if (!args->workspace) {
     CUresult rf = ctx->drv->cuMemFreeAsync(scratch, stream);
     if (st == FJ_OK && rf != CUDA_SUCCESS) st = fjr_cu_fail(ctx, "cuMemFreeAsync", rf);

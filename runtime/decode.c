@@ -129,7 +129,7 @@ static fj_status decode_config(fj_context *ctx, const fj_kernel_options *o, int 
  * decode's merge), and on sm_90 and newer is a programmatic dependent
  * launch: it may start while that kernel finishes (the decode kernel
  * allows it after its main loop), and waits for its results at
- * griddepcontrol.wait (merge.cuh). The public fj_merge_states follows the
+ * fj_grid_dep_wait (merge.cuh). The public fj_merge_states follows the
  * caller's work, so it is launched plainly. */
 static fj_status launch_util(fj_context *ctx, fjr_kernel *k, int entry, const void *params,
                              size_t size, unsigned gx, unsigned gy, CUstream stream,
@@ -138,8 +138,8 @@ static fj_status launch_util(fj_context *ctx, fjr_kernel *k, int entry, const vo
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, (void *)params, CU_LAUNCH_PARAM_BUFFER_SIZE,
                    &psize, CU_LAUNCH_PARAM_END};
   const unsigned grid[3] = {gx, gy, 1};
-  return fjr_launch(ctx, k->fn[entry], grid, 128, 0, stream, NULL, extra,
-                    after_kernel && k->cfg.sm >= 90, "cuLaunchKernelEx");
+  return fjr_launch(ctx, k, entry, grid, 128, 0, stream, NULL, extra, after_kernel,
+                    "cuLaunchKernelEx");
 }
 
 /* ---- the decode plan ---- */

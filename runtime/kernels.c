@@ -497,9 +497,9 @@ int64_t fjr_kernel_grid(const fjg_config *cfg, int num_sms, int64_t tiles, int64
   return items;
 }
 
-fj_status fjr_launch(fj_context *ctx, CUfunction fn, const unsigned grid[3], unsigned threads,
-                     unsigned smem, CUstream stream, void **kernel_params, void **extra,
-                     int dependent, const char *what) {
+fj_status fjr_launch(fj_context *ctx, const fjr_kernel *k, int entry, const unsigned grid[3],
+                     unsigned threads, unsigned smem, CUstream stream, void **kernel_params,
+                     void **extra, int after_kernel, const char *what) {
   CUlaunchAttribute attr;
   memset(&attr, 0, sizeof attr);
   attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -511,7 +511,7 @@ fj_status fjr_launch(fj_context *ctx, CUfunction fn, const unsigned grid[3], uns
   lc.sharedMemBytes = smem;
   lc.hStream = stream;
   lc.attrs = &attr;
-  lc.numAttrs = dependent ? 1 : 0;
-  CUresult r = ctx->drv->cuLaunchKernelEx(&lc, fn, kernel_params, extra);
+  lc.numAttrs = after_kernel && k->cfg.sm >= 90 ? 1 : 0;
+  CUresult r = ctx->drv->cuLaunchKernelEx(&lc, k->fn[entry], kernel_params, extra);
   return r == CUDA_SUCCESS ? FJ_OK : fjr_cu_fail(ctx, what, r);
 }

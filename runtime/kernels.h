@@ -107,16 +107,17 @@ void fjr_kernel_info(const fjr_kernel *k, int resident, fj_kernel_info *info);
 int64_t fjr_kernel_grid(const fjg_config *cfg, int num_sms, int64_t tiles, int64_t heads,
                         int64_t B, unsigned grid[3]);
 
-/* Launches fn on grid x threads with smem bytes of dynamic shared memory on
- * stream, its parameters as cuLaunchKernel's kernel_params or extra take
- * them. dependent: a programmatic dependent launch of the kernel before it
- * on the stream, which fn may overlap; fn must wait for that kernel's
- * writes (fj_grid_dep_wait, templates/common/ptx.cuh) before it reads
- * them, so only kernels built for sm_90 and newer, which have the wait,
- * are launched so. A failure is recorded in ctx with `what`. */
-fj_status fjr_launch(fj_context *ctx, CUfunction fn, const unsigned grid[3], unsigned threads,
-                     unsigned smem, CUstream stream, void **kernel_params, void **extra,
-                     int dependent, const char *what);
+/* Launches entry `entry` of the loaded kernel k on grid x threads with smem
+ * bytes of dynamic shared memory on stream, its parameters as
+ * cuLaunchKernel's kernel_params or extra take them. after_kernel: the
+ * launch follows another kernel of ours on the stream, whose writes the
+ * entry waits for where it needs them (fj_grid_dep_wait,
+ * templates/common/ptx.cuh); on sm_90 and newer, where kernels have that
+ * wait, it is then a programmatic dependent launch, which may start while
+ * that kernel ends. A failure is recorded in ctx with `what`. */
+fj_status fjr_launch(fj_context *ctx, const fjr_kernel *k, int entry, const unsigned grid[3],
+                     unsigned threads, unsigned smem, CUstream stream, void **kernel_params,
+                     void **extra, int after_kernel, const char *what);
 
 /* Unloads and frees a spec's table. */
 void fjr_kernels_release(fj_context *ctx, fjr_kernel *list);
