@@ -132,8 +132,9 @@ static size_t tail_bytes(int64_t tiles, int64_t D) {
 
 /* The scratch's layout, the one place it is decided: delta (fp32, one
  * float a row) at 0, dq_accum (fp32, D floats a row) at at[0], the
- * persistent kernel's tile counter and the query tiles' semaphores (int32,
- * zeroed by the pre kernel; fj_bwd_params.dq_sem) at at[1], then, at
+ * persistent kernel's tile counter, the query tiles' semaphores and the
+ * main kernel's conversion counters (int32, zeroed by the pre kernel;
+ * fj_bwd_params.dq_sem; common/bwd_order.cuh) at at[1], then, at
  * at[2], the persistent kernel's dkv_accum for the tiles it splits
  * (tail_bytes), each at a 256-byte boundary. `rows`: B * Hq *
  * acc_rows(Lq), or for a packed batch Hq * (total_q + FJG_BWD_SEQ_PAD * B)
@@ -145,7 +146,7 @@ static void scratch_layout(int64_t rows, int64_t B, int64_t Hq, int64_t Lq, int6
   const size_t tiles = (size_t)((Lq + FJG_BWD_SEM_ROWS - 1) / FJG_BWD_SEM_ROWS);
   at[0] = align_up((size_t)rows * 4);
   at[1] = at[0] + align_up((size_t)rows * (size_t)D * 4);
-  at[2] = at[1] + align_up((1 + (size_t)B * (size_t)Hq * tiles) * 4);
+  at[2] = at[1] + align_up((2 + (size_t)B * (size_t)Hq * (tiles + 1)) * 4);
 }
 
 size_t fj_backward_workspace_size(int64_t B, int64_t Hq, int64_t Lq, int64_t D) {
@@ -386,18 +387,25 @@ static size_t tail_split(const fj_spec *spec, const fj_backward_args *args,
   return tail[0] ? tail_bytes(tail[0], D) : 0;
 }
 
+/* Whether the post kernel has work: the persistent kernel (sm90's) converts
+ * dq itself where it splits no tile (templates/sm90/bwd.cuh,
+ * fjhb_convert_dq); the split tiles' dk and dv, and every other kernel's
+ * dq, are the post kernel's. */
+static int post_needed(const fjg_config *cfg, const fjr_bwd_params_fixed *p) {
+  return !cfg->persistent || p->tail_tiles > 0;
+}
+
 /* Entry `entry` of k, whose one parameter is the packed struct (pbuf, psize
  * bytes), or, with maps, the sm90 main kernel's two: the struct and the
- * tensor maps; after_kernel as fjr_launch's. */
+ * tensor maps; a plain launch (fjr_launch). */
 static fj_status launch(fj_context *ctx, const fjr_kernel *k, int entry, const unsigned grid[3],
                         unsigned threads, unsigned smem, CUstream stream, void *pbuf,
-                        size_t psize, const fjr_tma_bwd_maps *maps, int after_kernel,
-                        const char *what) {
+                        size_t psize, const fjr_tma_bwd_maps *maps, const char *what) {
   void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pbuf, CU_LAUNCH_PARAM_BUFFER_SIZE,
                    &psize, CU_LAUNCH_PARAM_END};
   void *params[] = {pbuf, (void *)maps};
   return fjr_launch(ctx, k, entry, grid, threads, smem, stream, maps ? params : NULL,
-                    maps ? NULL : extra, after_kernel, what);
+                    maps ? NULL : extra, 0, what);
 }
 
 fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
@@ -507,15 +515,14 @@ fj_status fj_attention_backward(fj_context *ctx, const fj_spec *spec,
 
   const unsigned rows[3] = {(unsigned)((Lq + FJG_BWD_ROW_BLOCK - 1) / FJG_BWD_ROW_BLOCK),
                             (unsigned)Hq, (unsigned)B};
-  /* The main and post kernels follow the pre and main kernels, and may
-   * start while those end (docs/backward.md). */
-  if ((st = launch(ctx, k, BWD_PRE, rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL, 0,
+  if ((st = launch(ctx, k, BWD_PRE, rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL,
                    "cuLaunchKernelEx (fj_attention_bwd_pre)")) == FJ_OK &&
       (st = launch(ctx, k, BWD_MAIN, cols, (unsigned)k->cfg.threads,
                    (unsigned)k->cfg.smem_bytes, stream, pbuf, total,
-                   k->cfg.uses_tma ? &maps : NULL, 1,
-                   "cuLaunchKernelEx (fj_attention_bwd)")) == FJ_OK)
-    st = launch(ctx, k, BWD_POST, rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL, 1,
+                   k->cfg.uses_tma ? &maps : NULL, "cuLaunchKernelEx (fj_attention_bwd)")) ==
+          FJ_OK &&
+      post_needed(&k->cfg, p))
+    st = launch(ctx, k, BWD_POST, rows, FJG_BWD_ROW_THREADS, 0, stream, pbuf, total, NULL,
                 "cuLaunchKernelEx (fj_attention_bwd_post)");
   if (!args->workspace) {
     CUresult rf = ctx->drv->cuMemFreeAsync(scratch, stream);

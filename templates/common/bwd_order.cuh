@@ -77,6 +77,20 @@ __device__ __forceinline__ int *fjb_order_sem(const fj_bwd_params &p, int b, int
   return fjb_tile_counter(p) + 1 + ((long long)b * p.sz.Hq + h) * nq + i;
 }
 
+// The main kernel's conversion of dq_accum (FJB_DQ_IN_MAIN, sm90/bwd.cuh),
+// after the query tiles' semaphores (which the host sizes for 16-row
+// tiles and one more int a (batch, query head)): the count of 64-row
+// blocks taken for conversion, then per (batch, kv head) hb = b * Hkv + hk
+// the count of its kv tiles whose dQ additions are done. Zeroed by the pre
+// kernel.
+__device__ __forceinline__ int *fjb_convert_counter(const fj_bwd_params &p) {
+  const int nq = (p.sz.Lq + FJ_BLOCK_M - 1) / FJ_BLOCK_M;
+  return fjb_order_sem(p, 0, 0, 0) + (long long)p.sz.B * p.sz.Hq * nq;
+}
+__device__ __forceinline__ int *fjb_kv_head_done(const fj_bwd_params &p, int hb) {
+  return fjb_convert_counter(p) + 1 + hb;
+}
+
 // Zeroes the semaphores of head h's query tiles that start in rows
 // [q0, q0 + rows) (rows [q0, Lq) at the end; Lq the sequence's): each tile
 // starts in the rows of exactly one pre CTA. Thread tid of `threads`
@@ -91,6 +105,8 @@ __device__ __forceinline__ void fjb_order_zero(const fj_bwd_params &p, int Lq, i
 
 // One thread polls *sem until it reaches `value`, then reads with acquire
 // semantics what the threads that released it wrote before.
+// SLEEP_NS: the back-off between polls.
+template <int SLEEP_NS = 64>
 __device__ __forceinline__ void fjb_sem_wait_thread(const int *sem, int value) {
 #ifdef FJ_DEBUG_WAIT_LIMIT
   unsigned polls = 0;
@@ -105,7 +121,7 @@ __device__ __forceinline__ void fjb_sem_wait_thread(const int *sem, int value) {
 #ifdef FJ_DEBUG_WAIT_LIMIT
     if (++polls > (unsigned)(FJ_DEBUG_WAIT_LIMIT)) asm volatile("trap;");
 #endif
-    asm volatile("nanosleep.u32 64;\n" ::: "memory");
+    asm volatile("nanosleep.u32 %0;\n" :: "n"(SLEEP_NS) : "memory");
   }
 }
 
@@ -115,6 +131,14 @@ __device__ __forceinline__ void fjb_sem_release_thread(int *sem, int value) {
   asm volatile(
       "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
       " fence.acq_rel.gpu;\n st.relaxed.gpu.global.b32 [g], %1;\n}\n"
+      :: "l"(sem), "r"(value) : "memory");
+}
+
+// One thread adds `value` to *sem, after the same fence.
+__device__ __forceinline__ void fjb_sem_add_thread(int *sem, int value) {
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+      " fence.acq_rel.gpu;\n red.relaxed.gpu.global.add.s32 [g], %1;\n}\n"
       :: "l"(sem), "r"(value) : "memory");
 }
 

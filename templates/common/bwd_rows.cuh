@@ -8,17 +8,17 @@
 //                          dq_accum, whose first addition to a query tile
 //                          is a store, but the semaphores of the query
 //                          tiles that start in its rows: common/bwd_order.cuh;
-//                          FJ_PERSISTENT, the main kernel's tile counter
-//                          and its split tiles' dkv_accum too)
+//                          FJ_PERSISTENT, the main kernel's tile counter,
+//                          its conversion counters and its split tiles'
+//                          dkv_accum too)
 //   fj_attention_bwd_post: dq = dq_accum in the element type (row-major
 //                          or tiled: common/fj_bwd.cuh; FJB_DQ_FIRST_STORE,
 //                          0 for a query tile that no kv tile added to,
 //                          its semaphore still 0); FJ_PERSISTENT, the
-//                          split tiles' dk and dv from dkv_accum
-// On sm_90 and newer the main kernel is a programmatic dependent of the pre
-// kernel, which lets it start at once (the main kernel waits for delta and
-// the zeroed scratch), and the post kernel one of the main kernel, which it
-// waits for before it reads anything (common/ptx.cuh, runtime/backward.c).
+//                          split tiles' dk and dv from dkv_accum. Not
+//                          launched where the persistent kernel converts
+//                          dq itself (FJB_DQ_IN_MAIN, a launch that splits
+//                          no tile: runtime/backward.c)
 // Launch: grid (ceil(Lq / FJB_ROW_BLOCK), Hq, B) (Lq: max_seqlen_q for a
 // packed batch, whose shorter sequences' CTAs past their rows return at
 // once), FJB_ROW_THREADS threads,
@@ -38,6 +38,12 @@
 #ifndef FJB_DQ_FIRST_STORE
 #define FJB_DQ_FIRST_STORE FJ_DETERMINISTIC
 #endif
+// FJB_DQ_IN_MAIN: the main kernel converts dq_accum into dq itself, where
+// it splits no tile (sm90/bwd.cuh; the host launches the post kernel only
+// where it does); the pre kernel zeroes its counters (common/bwd_order.cuh).
+#ifndef FJB_DQ_IN_MAIN
+#define FJB_DQ_IN_MAIN 0
+#endif
 
 constexpr int FJB_ROW_BLOCK = FJB_SEQ_PAD;  // query rows of a CTA
 constexpr int FJB_ROW_THREADS = 128;  // threads of a CTA
@@ -52,6 +58,15 @@ __device__ __forceinline__ void fjb_ld_global_v4(unsigned (&r)[4], const void *s
       "{\n .reg .u64 g;\n cvta.to.global.u64 g, %4;\n"
       " ld.global.nc.v4.b32 {%0, %1, %2, %3}, [g];\n}\n"
       : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+}
+
+// The same through L2 only (no non-coherent cache): for data written
+// during the kernel that reads it.
+__device__ __forceinline__ void fjb_ld_global_cg_v4(unsigned (&r)[4], const void *src) {
+  asm volatile(
+      "{\n .reg .u64 g;\n cvta.to.global.u64 g, %4;\n"
+      " ld.global.cg.v4.b32 {%0, %1, %2, %3}, [g];\n}\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src) : "memory");
 }
 
 // The pair of elements packed in v as floats, `lo` from the lower address.
@@ -76,7 +91,6 @@ __device__ __forceinline__ int fjb_row_cta() {
 // stay among them.
 extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
 fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
-  fj_grid_dep_launch();
   const int tid = threadIdx.x;
   const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -133,6 +147,10 @@ fj_attention_bwd_pre(const __grid_constant__ fj_bwd_params p) {
 #endif
 #if FJ_PERSISTENT
   if ((blockIdx.x | blockIdx.y | blockIdx.z | tid) == 0) *fjb_tile_counter(p) = 0;
+#if FJB_DQ_IN_MAIN
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | tid) == 0) *fjb_convert_counter(p) = 0;
+  if ((blockIdx.x | tid) == 0 && h < p.sz.Hkv) *fjb_kv_head_done(p, b * p.sz.Hkv + h) = 0;
+#endif
   // The split tiles' dkv_accum blocks, 16 bytes a thread over the grid.
   const int n4 = FJB_PIECES ? p.tail_tiles * (4 * 64 * FJ_HEAD_DIM / 4) : 0;
   for (int k = fjb_row_cta() * FJB_ROW_THREADS + tid; k < n4;
@@ -188,46 +206,63 @@ __device__ __forceinline__ void fjb_post_tail(const fj_bwd_params &p, int tid) {
 // Whether query row q of head h, batch b, has dQ in dq_accum: always, but
 // where dq_accum is not zeroed (FJB_DQ_FIRST_STORE) only when a kv tile
 // added to its query tile (the tile's semaphore is not 0; a tile of rows
-// that allow nothing has none, and its dq is 0).
+// that allow nothing has none, and its dq is 0). COHERENT: read where the
+// semaphores are still being written (the main kernel's conversion, below).
+template <bool COHERENT = false>
 __device__ __forceinline__ bool fjb_row_added(const fj_bwd_params &p, int b, int h, int q) {
 #if FJB_DQ_FIRST_STORE
-  return __ldg(fjb_order_sem(p, b, h, q / FJ_BLOCK_M)) != 0;
+  const int *sem = fjb_order_sem(p, b, h, q / FJ_BLOCK_M);
+  if constexpr (COHERENT) {
+    int v;
+    asm volatile(
+        "{\n .reg .u64 g;\n cvta.to.global.u64 g, %1;\n"
+        " ld.relaxed.gpu.global.b32 %0, [g];\n}\n"
+        : "=r"(v) : "l"(sem) : "memory");
+    return v != 0;
+  } else {
+    return __ldg(sem) != 0;
+  }
 #else
   (void)p, (void)b, (void)h, (void)q;
   return true;
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
-fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
-  fj_grid_dep_wait();
-  const int tid = threadIdx.x;
-#if FJ_PERSISTENT && FJB_PIECES
-  fjb_post_tail(p, tid);
-#endif
-  const int h = blockIdx.y, b = blockIdx.z;
+#if FJB_DQ_TILED
+// dq = dq_accum for the FJB_ROW_BLOCK rows of head h, batch b, from q0
+// (a block of the tiled form, within one query tile), by thread tid of
+// THREADS: a thread takes rows r and r + 8 of 8 columns, four float4s of
+// one 64-byte run, then stores two 16-byte row pieces. COHERENT: dq_accum
+// and the semaphores were written in this kernel (the main kernel's
+// conversion, which has acquired them), so the loads bypass the
+// non-coherent caches.
+template <bool COHERENT, int THREADS>
+__device__ __forceinline__ void fjb_dq_convert_block(const fj_bwd_params &p, int b, int h,
+                                                     int q0, int tid) {
+  static_assert(FJ_BLOCK_M % FJB_ROW_BLOCK == 0, "backward: a block within one query tile");
+  const bool added = fjb_row_added<COHERENT>(p, b, h, q0);
   const fjb_seq sq = fjb_seq_of(p, b);
   const int Lq = sq.sz.Lq;
-  const int q0 = blockIdx.x * FJB_ROW_BLOCK;
-#if FJ_VARLEN
-  if (q0 >= Lq) return;
-#endif
   const float *acc = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM;
   fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh +
                (long long)(sq.q_row0 + q0) * p.dq_ss;
-#if FJB_DQ_TILED
-  // The block's tiles: a thread takes rows r and r + 8 of 8 columns, four
-  // float4s of one 64-byte run, then stores two 16-byte row pieces.
   constexpr int CHUNKS = FJ_HEAD_DIM / 8;  // 8-column chunks a row
-  for (int i = tid; i < 32 * CHUNKS; i += FJB_ROW_THREADS) {
+  // The main kernel's one warp keeps a pass's loads in its few registers.
+#pragma unroll(THREADS < FJB_ROW_THREADS ? 1 : 32 * CHUNKS / THREADS)
+  for (int i = tid; i < 32 * CHUNKS; i += THREADS) {
     const int ch = i % CHUNKS, pr = i / CHUNKS;
     const int r = 16 * (pr / 8) + pr % 8, col = 8 * ch;
     const float *t = acc + (col / FJB_DQ_TILE_COLS) * (FJB_SEQ_PAD * FJB_DQ_TILE_COLS) +
                      4 * fjb_dq_tiled_f4(r, col % FJB_DQ_TILE_COLS);
     unsigned v[4][4] = {};
-    if (fjb_row_added(p, b, h, q0 + r))  // rows r and r + 8: one 16-row group
+    if (added)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) fjb_ld_global_v4(v[e], t + 4 * e);
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (COHERENT)
+          fjb_ld_global_cg_v4(v[e], t + 4 * e);
+        else
+          fjb_ld_global_v4(v[e], t + 4 * e);
+      }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
       if (q0 + r + 8 * hh < Lq)
@@ -237,7 +272,31 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
                         fj_pack2(__uint_as_float(v[2][2 * hh]), __uint_as_float(v[2][2 * hh + 1])),
                         fj_pack2(__uint_as_float(v[3][2 * hh]), __uint_as_float(v[3][2 * hh + 1])));
   }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(FJB_ROW_THREADS)
+fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
+  const int tid = threadIdx.x;
+#if FJ_PERSISTENT && FJB_PIECES
+  fjb_post_tail(p, tid);
+#endif
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = blockIdx.x * FJB_ROW_BLOCK;
+#if FJB_DQ_TILED
+#if FJ_VARLEN
+  if (q0 >= fjb_seq_of(p, b).sz.Lq) return;
+#endif
+  fjb_dq_convert_block<false, FJB_ROW_THREADS>(p, b, h, q0, tid);
 #else
+  const fjb_seq sq = fjb_seq_of(p, b);
+  const int Lq = sq.sz.Lq;
+#if FJ_VARLEN
+  if (q0 >= Lq) return;
+#endif
+  const float *acc = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM;
+  fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh +
+               (long long)(sq.q_row0 + q0) * p.dq_ss;
   const int c = tid % FJB_ROW_LANES, r = tid / FJB_ROW_LANES;
 #pragma unroll
   for (int i = 0; i < FJB_ROW_BLOCK / FJB_ROW_PASS; ++i) {

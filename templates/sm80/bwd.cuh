@@ -28,10 +28,6 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
 #if FJ_VARLEN
   if (kv0 >= fjb_seq_of(p, b).sz.Lk) return;
 #endif
-  // A programmatic dependent of the pre kernel on sm_90 (common/bwd_rows.cuh):
-  // delta and the zeroed scratch are ready past the wait.
-  fj_grid_dep_launch();
-  fj_grid_dep_wait();
   const int wkv0 = kv0 + warp * 16;  // this warp's first kv row
 
   const unsigned s_base = fj_smem_u32(fjb_smem);

@@ -249,7 +249,6 @@ __device__ __forceinline__ fjhb_take fjhb_take_tile(const fj_bwd_params &p,
                                                     const fjhb_smem &sm, int k) {
   fjhb_take x{0, -1};
   if ((fj_tid() & 31) == 0) {
-    if (k == 1) fj_grid_dep_wait();  // the counter is zeroed by the pre kernel
     const int n = k == 0 ? (int)blockIdx.x : atomicAdd(fjb_tile_counter(p), 1) + (int)gridDim.x;
     if (n >= p.takes) {
       x.t = -1;
@@ -292,6 +291,46 @@ __device__ __forceinline__ fjhb_take fjhb_read_tile(const fjhb_smem &sm, int k, 
 }
 #endif
 
+#if FJB_DQ_IN_MAIN
+// The dQ writer, after a kv tile of kv head hb (b * Hkv + hk) of a launch
+// that splits no tile: once the tile's dQ additions are done in global
+// memory, counts the tile in fjb_kv_head_done.
+__device__ __forceinline__ void fjhb_kv_tile_done(const fj_bwd_params &p, int hb) {
+  if ((fj_tid() & 31) == 0) {
+    fjh_bulk_wait();
+    fjh_fence_proxy_async_global();
+    fjb_sem_add_thread(fjb_kv_head_done(p, hb), 1);
+  }
+  __syncwarp();
+}
+
+// dq from dq_accum (FJB_DQ_IN_MAIN, a launch that splits no tile), by
+// whole warps: producer warp 3 from the start, the consumers' warps once
+// they have run out of tiles (producer warps 0 to 2 do not: in their 40
+// registers the conversion spilled). A warp takes 64-row blocks of query heads
+// from a counter, kv head by kv head in the order the kernel deals their
+// tiles (fjb_tile_order: ascending), waits until every kv tile of the
+// block's kv head has done its dQ additions, and converts the block.
+__device__ __forceinline__ void fjhb_convert_dq(const fj_bwd_params &p) {
+  const int lane = fj_tid() & 31;
+  const int nblk = (p.sz.Lq + FJB_SEQ_PAD - 1) / FJB_SEQ_PAD;
+  const int per_hb = p.kv_group * nblk;
+  const int total = p.sz.B * p.sz.Hkv * per_hb;
+  const int nkv = (p.sz.Lk + FJ_BLOCK_N - 1) / FJ_BLOCK_N;
+  for (;;) {
+    int c = 0;
+    if (lane == 0) c = atomicAdd(fjb_convert_counter(p), 1);
+    c = __shfl_sync(0xffffffffu, c, 0);
+    if (c >= total) break;
+    const int hb = c / per_hb, r = c - hb * per_hb;
+    if (lane == 0) fjb_sem_wait_thread<1024>(fjb_kv_head_done(p, hb), nkv);
+    __syncwarp();
+    fjb_dq_convert_block<true, 32>(p, hb / p.sz.Hkv, (hb % p.sz.Hkv) * p.kv_group + r / nblk,
+                                   (r % nblk) * FJB_SEQ_PAD, lane);
+  }
+}
+#endif
+
 // The producer warpgroup's warp `warp` (0, 1 or 2) on a tile: its role.
 __device__ __forceinline__ void fjhb_producer_tile(const fj_bwd_params &p,
                                                    const fj_bwd_maps &maps,
@@ -301,15 +340,18 @@ __device__ __forceinline__ void fjhb_producer_tile(const fj_bwd_params &p,
     fjhb_produce(p, maps, sm, w, hk, k, n);
   else if (warp == 1)
     fjhb_produce_rows(p, sm, w, n);
-  else
+  else {
     fjhb_write_dq(p, sm, w, n);
+#if FJB_DQ_IN_MAIN
+    if (p.tail_tiles == 0) fjhb_kv_tile_done(p, w.b * p.sz.Hkv + hk);
+#endif
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(FJHB_THREADS, 1)
 fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
                  const __grid_constant__ fj_bwd_maps maps) {
   extern __shared__ __align__(1024) unsigned char fjhb_smem_raw[];
-  fj_grid_dep_launch();  // the post kernel waits for this grid's end
   fjhb_smem sm;
   sm.base = (fj_smem_u32(fjhb_smem_raw) + 1023u) & ~1023u;  // swizzle atoms
 #if !FJ_PERSISTENT
@@ -359,13 +401,12 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
     fjh_setmaxnreg_dec<FJHB_PRODUCER_REGS>();
     int n = 0;
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
-    if (warp > 2) return;
-    // The kernel is a programmatic dependent of the pre kernel on sm_90
-    // (common/bwd_rows.cuh): warp 0 loads K, V, Q and dO, which that kernel
-    // does not write, before it waits (fjhb_take_tile, before the tile
-    // counter); the other roles read delta or the zeroed semaphores, or add
-    // to the zeroed dkv_accum, past their wait.
-    if (warp != 0) fj_grid_dep_wait();
+    if (warp > 2) {
+#if FJB_DQ_IN_MAIN
+      if (p.tail_tiles == 0) fjhb_convert_dq(p);
+#endif
+      return;
+    }
 #if FJ_PERSISTENT
     for (int k = 0;; ++k) {
       const fjhb_take x = warp == 0 ? fjhb_take_tile(p, sm, k) : fjhb_read_tile(sm, k, true);
@@ -379,7 +420,6 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
 #endif
   } else {
     fjh_setmaxnreg_inc<FJHB_CONSUMER_REGS>();
-    fj_grid_dep_wait();
     int n = 0;
 #if FJ_PERSISTENT
     for (int k = 0;; ++k) {
@@ -394,6 +434,9 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
       const fjb_walk w = fjhb_tile_walk(p, st, x, &hk);
       fjhb_consume(p, maps, st, wg - 1, w, hk, k, n);
     }
+#if FJB_DQ_IN_MAIN
+    if (p.tail_tiles == 0) fjhb_convert_dq(p);
+#endif
 #else
     fjhb_consume(p, maps, sm, wg - 1, w, hk, 0, n);
 #endif

@@ -104,6 +104,13 @@
 // A query tile's first dQ addition is a store, so dq_accum is not zeroed
 // (common/bwd_order.cuh; the dQ writer, sm90/bwd.cuh).
 #define FJB_DQ_FIRST_STORE 1
+// The persistent kernel (never deterministic) converts dq_accum into dq
+// itself, in warps that have no tile to work on (sm90/bwd.cuh,
+// fjhb_convert_dq), where it splits no tile; runtime/backward.c then
+// launches no post kernel.
+#if FJ_PERSISTENT
+#define FJB_DQ_IN_MAIN 1
+#endif
 #ifdef FJB_ROW_KERNELS
 #error "sm90 backward: its configuration must precede common/bwd_rows.cuh"
 #endif

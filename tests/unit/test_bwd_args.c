@@ -273,10 +273,11 @@ static void test_public_entry_checks(void **state) {
   assert_non_null(strstr(fj_context_last_error(ctx), "cu_seqlens_q: 1 entries"));
 
   /* The scratch of this batch: delta and dq_accum over 8 x (300 + 3 x 64)
-   * rows, semaphores for 3 x 8 x ceil(150 / 16) tiles, each 256-aligned. */
+   * rows, semaphores for 3 x 8 x ceil(150 / 16) tiles and the counters
+   * (2 + 3 x 8 ints), each 256-aligned. */
   const size_t rows = 8 * (300 + 3 * 64);
   const size_t need = (rows * 4 + 255) / 256 * 256 + (rows * 128 * 4 + 255) / 256 * 256 +
-                      (3 * 8 * 10 * 4 + 255) / 256 * 256;
+                      ((2 + 3 * 8 * 11) * 4 + 255) / 256 * 256;
   packed(&t);
   t.a.workspace = (void *)0x1000000;
   t.a.workspace_bytes = need - 1;

@@ -16,8 +16,7 @@
  * cu_seqlens_q (the parameter's bytes at 464) where no other unit does; and
  * the sm90 kernel's query tiles: 128 rows at head dim 64, 64 for a packed
  * batch or a block mask of 64-row blocks (fjg_config_backward_variant),
- * each compiled; on sm_90a, the programmatic dependent launch's waits and
- * triggers in the three kernels.
+ * each compiled; the persistent sm90 kernel's own conversion of dq.
  * Set FJ_TEST_NVRTC_DUMP=DIR to write the translation units and logs.
  */
 #include <setjmp.h>
@@ -230,17 +229,16 @@ static void compile_one_as(const char *arch, const char *tmpl, int head_dim, fj_
     assert_non_null(strstr(ptx, ".global.add")); /* dq_accum's atomics */
     if (strcmp(arch, "sm_90a") == 0) assert_non_null(strstr(ptx, "red.global.add.v2.f32"));
   }
-  /* Programmatic dependent launch (runtime/backward.c launches the main
-   * and post kernels so on sm_90 and newer): the pre and main kernels let
-   * their dependent start, the main and post kernels wait for their
-   * predecessor; the instructions exist from sm_90 on. */
-  const int pdl = strcmp(arch, "sm_90a") == 0;
-  assert_int_equal(entry_has(ptx, "fj_attention_bwd_pre", "griddepcontrol.launch_dependents"),
-                   pdl);
-  assert_int_equal(entry_has(ptx, "fj_attention_bwd", "griddepcontrol.launch_dependents"), pdl);
-  assert_int_equal(entry_has(ptx, "fj_attention_bwd", "griddepcontrol.wait"), pdl);
-  assert_int_equal(entry_has(ptx, "fj_attention_bwd_post", "griddepcontrol.wait"), pdl);
-  assert_false(entry_has(ptx, "fj_attention_bwd_pre", "griddepcontrol.wait"));
+  /* The persistent kernel converts dq itself (sm90/bwd.cuh,
+   * fjhb_convert_dq): each kv tile's dQ writer counts the tile done, and
+   * the converting warps read dq_accum through L2; no other kernel does.
+   * The three kernels are launched plainly: no programmatic dependence. */
+  const int converts = sm90 && c.persistent;
+  assert_int_equal(entry_has(ptx, "fj_attention_bwd", "red.relaxed.gpu.global.add.s32"),
+                   converts);
+  assert_int_equal(entry_has(ptx, "fj_attention_bwd", "ld.global.cg.v4.b32"), converts);
+  assert_false(entry_has(ptx, "fj_attention_bwd_post", "ld.global.cg.v4.b32"));
+  assert_false(strstr(ptx, "griddepcontrol"));
   /* cu_seqlens_q (fj_bwd_params at byte 472) is read by the packed-batch
    * variant's kernels and by no kernel of the others. */
   if (varlen) {

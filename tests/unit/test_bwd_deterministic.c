@@ -34,17 +34,17 @@ static size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 static void test_workspace_size(void **state) {
   (void)state;
   /* delta 2*3*128 floats (a head's rows rounded up to 64), dq_accum times
-   * D=64, the persistent kernel's tile counter and 2*3*ceil(100/16) = 42
-   * semaphores (ints), and room for the persistent kernel's
+   * D=64, the persistent kernel's tile counter, 2*3*ceil(100/16) = 42
+   * semaphores and 1 + 2*3 conversion counters (ints), and room for the persistent kernel's
    * split tiles: 32 of dK and dV blocks of two consumers' 64 x D floats. */
   const size_t tail64 = 32 * 4 * 64 * 64 * 4, tail128 = 32 * 4 * 64 * 128 * 4;
   assert_int_equal(fj_backward_workspace_size(2, 3, 100, 64),
-                   round256(768 * 4) + round256(768 * 64 * 4) + round256(43 * 4) + tail64);
+                   round256(768 * 4) + round256(768 * 64 * 4) + round256(50 * 4) + tail64);
   /* The semaphores' part grows with the query tiles: 16 rows each. */
   const int64_t B = 4, H = 32, D = 128;
   for (int64_t L = 1; L <= 4096; L = L * 3 + 1) {
     const size_t rows = (size_t)(B * H * ((L + 63) / 64 * 64));
-    const size_t sems = 1 + (size_t)(B * H * ((L + 15) / 16));
+    const size_t sems = 2 + (size_t)(B * H * ((L + 15) / 16 + 1));
     assert_int_equal(fj_backward_workspace_size(B, H, L, D),
                      round256(rows * 4) + round256(rows * D * 4) + round256(sems * 4) +
                          tail128);
