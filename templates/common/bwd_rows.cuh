@@ -230,18 +230,18 @@ __device__ __forceinline__ bool fjb_row_added(const fj_bwd_params &p, int b, int
 
 #if FJB_DQ_TILED
 // dq = dq_accum for the FJB_ROW_BLOCK rows of head h, batch b, from q0
-// (a block of the tiled form, within one query tile), by thread tid of
+// (a block of the tiled form, within one query tile; sq: batch b's
+// sequence, fjb_seq_of), by thread tid of
 // THREADS: a thread takes rows r and r + 8 of 8 columns, four float4s of
 // one 64-byte run, then stores two 16-byte row pieces. COHERENT: dq_accum
 // and the semaphores were written in this kernel (the main kernel's
 // conversion, which has acquired them), so the loads bypass the
 // non-coherent caches.
 template <bool COHERENT, int THREADS>
-__device__ __forceinline__ void fjb_dq_convert_block(const fj_bwd_params &p, int b, int h,
-                                                     int q0, int tid) {
+__device__ __forceinline__ void fjb_dq_convert_block(const fj_bwd_params &p, const fjb_seq &sq,
+                                                     int b, int h, int q0, int tid) {
   static_assert(FJ_BLOCK_M % FJB_ROW_BLOCK == 0, "backward: a block within one query tile");
   const bool added = fjb_row_added<COHERENT>(p, b, h, q0);
-  const fjb_seq sq = fjb_seq_of(p, b);
   const int Lq = sq.sz.Lq;
   const float *acc = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM;
   fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh +
@@ -283,17 +283,14 @@ fj_attention_bwd_post(const __grid_constant__ fj_bwd_params p) {
 #endif
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = blockIdx.x * FJB_ROW_BLOCK;
-#if FJB_DQ_TILED
-#if FJ_VARLEN
-  if (q0 >= fjb_seq_of(p, b).sz.Lq) return;
-#endif
-  fjb_dq_convert_block<false, FJB_ROW_THREADS>(p, b, h, q0, tid);
-#else
   const fjb_seq sq = fjb_seq_of(p, b);
-  const int Lq = sq.sz.Lq;
 #if FJ_VARLEN
-  if (q0 >= Lq) return;
+  if (q0 >= sq.sz.Lq) return;
 #endif
+#if FJB_DQ_TILED
+  fjb_dq_convert_block<false, FJB_ROW_THREADS>(p, sq, b, h, q0, tid);
+#else
+  const int Lq = sq.sz.Lq;
   const float *acc = p.dq_accum + (fjb_acc_row(p, sq, h) + q0) * FJ_HEAD_DIM;
   fj_u16 *gq = (fj_u16 *)p.dq + b * p.dq_sb + h * p.dq_sh +
                (long long)(sq.q_row0 + q0) * p.dq_ss;

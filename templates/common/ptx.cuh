@@ -52,7 +52,7 @@ __device__ __forceinline__ float fj_neg_inf() { return __int_as_float(0xff800000
 
 // Programmatic dependent launch (sm_90 and newer; nothing below). A kernel
 // the runtime launches as a programmatic dependent of the kernel before it
-// on the stream (runtime/backward.c, runtime/decode.c) may start while that
+// on the stream (runtime/decode.c: the decode's merge) may start while that
 // kernel finishes: each of its threads calls fj_grid_dep_wait before it
 // touches what that kernel writes (a plain launch passes at once).
 // fj_grid_dep_launch lets this kernel's own dependent start early.

@@ -1,7 +1,8 @@
 // templates/sm90/bwd.cuh: the sm90 backward's main kernel (contract and
-// scheme: sm90/bwd_config.cuh): the producer warpgroup's three warps (Q and
-// dO loads, LSE and delta rows, the dQ writer), the persistent kernel's
-// ring of kv tiles, and the entry point that splits the CTA into its roles.
+// scheme: sm90/bwd_config.cuh): the producer warpgroup's warps (Q and dO
+// loads, LSE and delta rows, the dQ writer, and in the persistent kernel the
+// conversion of dq), the persistent kernel's ring of kv tiles, and the entry
+// point that splits the CTA into its roles.
 //
 // Each role's function does one kv tile (the walk w), the CTA's k-th
 // (kv_full's and kv_empty's phases follow it), and takes by reference n,
@@ -291,9 +292,15 @@ __device__ __forceinline__ fjhb_take fjhb_read_tile(const fjhb_smem &sm, int k, 
 }
 #endif
 
-#if FJB_DQ_IN_MAIN
-// The dQ writer, after a kv tile of kv head hb (b * Hkv + hk) of a launch
-// that splits no tile: once the tile's dQ additions are done in global
+// Whether this launch's main kernel converts dq itself (FJB_DQ_IN_MAIN: the
+// persistent kernel, where it splits no tile; runtime/backward.c's
+// post_needed is the host's side of the same rule).
+__device__ __forceinline__ bool fjhb_dq_in_main(const fj_bwd_params &p) {
+  return FJB_DQ_IN_MAIN && p.tail_tiles == 0;
+}
+
+// The dQ writer, after a kv tile of kv head hb (b * Hkv + hk) where
+// fjhb_dq_in_main: once the tile's dQ additions are done in global
 // memory, counts the tile in fjb_kv_head_done.
 __device__ __forceinline__ void fjhb_kv_tile_done(const fj_bwd_params &p, int hb) {
   if ((fj_tid() & 31) == 0) {
@@ -304,7 +311,7 @@ __device__ __forceinline__ void fjhb_kv_tile_done(const fj_bwd_params &p, int hb
   __syncwarp();
 }
 
-// dq from dq_accum (FJB_DQ_IN_MAIN, a launch that splits no tile), by
+// dq from dq_accum (fjhb_dq_in_main), by
 // whole warps: producer warp 3 from the start, the consumers' warps once
 // they have run out of tiles (producer warps 0 to 2 do not: in their 40
 // registers the conversion spilled). A warp takes 64-row blocks of query heads
@@ -325,11 +332,12 @@ __device__ __forceinline__ void fjhb_convert_dq(const fj_bwd_params &p) {
     const int hb = c / per_hb, r = c - hb * per_hb;
     if (lane == 0) fjb_sem_wait_thread<1024>(fjb_kv_head_done(p, hb), nkv);
     __syncwarp();
-    fjb_dq_convert_block<true, 32>(p, hb / p.sz.Hkv, (hb % p.sz.Hkv) * p.kv_group + r / nblk,
+    const int b = hb / p.sz.Hkv;
+    fjb_dq_convert_block<true, 32>(p, fjb_seq_of(p, b), b,
+                                   (hb % p.sz.Hkv) * p.kv_group + r / nblk,
                                    (r % nblk) * FJB_SEQ_PAD, lane);
   }
 }
-#endif
 
 // The producer warpgroup's warp `warp` (0, 1 or 2) on a tile: its role.
 __device__ __forceinline__ void fjhb_producer_tile(const fj_bwd_params &p,
@@ -342,9 +350,7 @@ __device__ __forceinline__ void fjhb_producer_tile(const fj_bwd_params &p,
     fjhb_produce_rows(p, sm, w, n);
   else {
     fjhb_write_dq(p, sm, w, n);
-#if FJB_DQ_IN_MAIN
-    if (p.tail_tiles == 0) fjhb_kv_tile_done(p, w.b * p.sz.Hkv + hk);
-#endif
+    if (fjhb_dq_in_main(p)) fjhb_kv_tile_done(p, w.b * p.sz.Hkv + hk);
   }
 }
 
@@ -402,9 +408,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
     int n = 0;
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
     if (warp > 2) {
-#if FJB_DQ_IN_MAIN
-      if (p.tail_tiles == 0) fjhb_convert_dq(p);
-#endif
+      if (fjhb_dq_in_main(p)) fjhb_convert_dq(p);
       return;
     }
 #if FJ_PERSISTENT
@@ -434,9 +438,7 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
       const fjb_walk w = fjhb_tile_walk(p, st, x, &hk);
       fjhb_consume(p, maps, st, wg - 1, w, hk, k, n);
     }
-#if FJB_DQ_IN_MAIN
-    if (p.tail_tiles == 0) fjhb_convert_dq(p);
-#endif
+    if (fjhb_dq_in_main(p)) fjhb_convert_dq(p);
 #else
     fjhb_consume(p, maps, sm, wg - 1, w, hk, 0, n);
 #endif

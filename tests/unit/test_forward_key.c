@@ -27,7 +27,7 @@
 #include "runtime/nvrtc.h"
 
 /* Source key of kPinnedSpec, sm_80, D=64, bf16, sm80 template. */
-#define PINNED_SOURCE_KEY "cf87045a451cfc914e1379bac88fef1f"
+#define PINNED_SOURCE_KEY "4e4df9bcbd74730b96300b3bc53a246d"
 
 static const char kPinnedSpec[] =
     "return { name = 'pinned', mask_mod = causal() }\n";
