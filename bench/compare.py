@@ -49,7 +49,6 @@ FLOPs: 2.5x the forward's for the backward, 3.5x for forward+backward.
                                              # serving cases: compare_serving.py
 """
 import argparse
-import ctypes
 import functools
 import json
 import math
@@ -489,19 +488,13 @@ def flexjit_package(binary):
     """The flexjit Python package for the in-process column, or the reason
     it cannot be imported: the installed one, else this checkout's python/
     with the libflexjit.so built beside --flexjit's binary (binary's
-    directory or its lib/), unless FLEXJIT_LIBRARY names one. A carried
-    build's lib/ holds the shared Lua that libflexjit.so needs and the
-    device machine lacks; it is loaded from there first, so that the
-    package loads without LD_LIBRARY_PATH."""
+    directory or its lib/), unless FLEXJIT_LIBRARY names one."""
     if not os.environ.get("FLEXJIT_LIBRARY"):
         here = os.path.dirname(os.path.abspath(binary))
         for lib in (os.path.join(here, "libflexjit.so"),
                     os.path.join(here, "lib", "libflexjit.so")):
             if os.path.isfile(lib):
                 os.environ["FLEXJIT_LIBRARY"] = lib
-                lua = os.path.join(os.path.dirname(lib), "liblua5.4.so.0")
-                if os.path.isfile(lua):
-                    ctypes.CDLL(lua, mode=ctypes.RTLD_GLOBAL)
                 break
     try:
         import flexjit
