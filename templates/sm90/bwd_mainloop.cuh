@@ -485,20 +485,46 @@ __device__ __forceinline__ void fjhb_add_rows(const fj_bwd_params &p, const fjhb
   }
 }
 
+// How consumer c computes item it on its kv rows wkv0 .. wkv1, as bits
+// (one register across the item loop): FJHB_RUN, they hold an allowed pair
+// (a PARTIAL pair of tiles is reclassified on them); FJHB_NEED_MASK,
+// fj_mask is evaluated per element; FJHB_EDGE, rows or columns reach past
+// Lq or Lk. Found a whole item ahead (fjhb_consume), off the path from
+// one item's last product to the next one's first.
+enum { FJHB_RUN = 1, FJHB_NEED_MASK = 2, FJHB_EDGE = 4 };
+__device__ __forceinline__ unsigned fjhb_classify(const fj_bwd_params &p, const fjb_walk &w,
+                                                  const fjb_item &it, int wkv0, int wkv1) {
+  const fj_sizes z = w.sizes(p);
+  const int q0 = it.i * FJ_BLOCK_M;
+  unsigned how = wkv0 < z.Lk ? FJHB_RUN : 0u;
+#if FJ_HAS_MASK
+  if (how && it.cls == FJ_TILE_PARTIAL) {
+    const int wc = fj_tile_class(p.user, z, w.b, it.h, q0, min(q0 + FJ_BLOCK_M, z.Lq) - 1,
+                                 wkv0, wkv1);
+    how = wc == FJ_TILE_EMPTY ? 0u : wc == FJ_TILE_PARTIAL ? FJHB_RUN | FJHB_NEED_MASK : FJHB_RUN;
+  }
+#else
+  (void)wkv1;
+#endif
+  if (q0 + FJ_BLOCK_M > z.Lq || wkv0 + FJHB_WG_KV > z.Lk) how |= FJHB_EDGE;
+  return how;
+}
+
 // Consumer c's part of a kv tile (the walk w, kv head hk): its items, then
 // dK and dV; k and n as bwd.cuh's roles take them. Its dQ goes to dq_accum
 // through the writer warp (bwd.cuh, fjhb_write_dq). The sequence's sizes
 // are read from the walk's record where they are used (held across the
 // loop they cost the masked D=128 kernel a spill).
 //
-// Two latencies are hidden behind the tensor cores: item n's dQ is stored
-// in its buffer while item n + 1's S^T is computed (and handed to the
-// writer after item n + 1's dS^T stores, under the proxy fence that covers
-// both), and item n + 1 is read from stage n's record (producer warp 1
-// walked to it: fjhb_get_item) while item n's dQ product runs.
-// Every product is issued and waited for in the same item (a product in
-// flight from one item to the next, through the branches on `run`, made
-// ptxas serialize every wgmma: C7518).
+// Three latencies are hidden behind the tensor cores: item n's dQ is
+// stored in its buffer while item n + 1's S^T is computed (and handed to
+// the writer after item n + 1's dS^T stores, under the proxy fence that
+// covers both); item n + 1 is read from stage n's record (producer warp 1
+// walked to it: fjhb_get_item) and classified (fjhb_classify) while item
+// n's dQ product runs, so that the next S^T follows the dQ product's wait
+// with little in between. Every product is issued and waited for in the
+// same item: with one in flight across the loop's back edge and waited for
+// beside a later one, ptxas serialized every wgmma (C7514, C7518).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, int c, const fjb_walk &w,
                                              int hk, int k, int &n) {
@@ -524,6 +550,9 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 
   fj_grad_cache gc;  // trainable buffers' gradients, flushed at the end
   fjb_item it = w.first(p);
+  // The item's classification; the next one's is found while the item's
+  // dQ product runs.
+  unsigned how = fjhb_classify(p, w, it, wkv0, wkv1);
   fjh_mbar_wait_warp(sm.kv_full(), (unsigned)k & 1u);
   float dq[FJHB_DQ_REGS];  // the item before's dQ (times scale) until it is put
   bool put = false;  // dq holds the item before's dQ, not yet stored
@@ -531,24 +560,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
-    // A PARTIAL pair of tiles is reclassified on this consumer's kv rows.
-    bool run = wkv0 < w.sizes(p).Lk;
-    bool need_mask = false;
-    bool edge;
-    {
-      const fj_sizes z = w.sizes(p);
-#if FJ_HAS_MASK
-      if (run && it.cls == FJ_TILE_PARTIAL) {
-        const int wc = fj_tile_class(p.user, z, b, it.h, q0, min(q0 + FJ_BLOCK_M, z.Lq) - 1,
-                                     wkv0, wkv1);
-        run = wc != FJ_TILE_EMPTY;
-        need_mask = wc == FJ_TILE_PARTIAL;
-      }
-#else
-      (void)wkv1;
-#endif
-      edge = q0 + FJ_BLOCK_M > z.Lq || wkv0 + FJHB_WG_KV > z.Lk;
-    }
+    const bool run = how & FJHB_RUN, need_mask = how & FJHB_NEED_MASK, edge = how & FJHB_EDGE;
     // P^T and dS^T as A fragments: read by the in-flight dV and dK products
     // until the wait below, so they live across it.
     unsigned pa[FJHB_PK][4], dsa[FJHB_PK][4];
@@ -649,8 +661,15 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_wgmma_fence();
     fjhb_issue_dq(dq, ds_lo + bi * (FJHB_DS_BYTES >> 4), kq_lo);
     fjh_wgmma_commit();
-    // Beside the products.
+    // Beside the dQ product: the next item and its classification, once
+    // dV and dK are done (their A fragments free).
     const fjb_item nxt = fjhb_get_item(sm.next_item(s));
+    fjh_wgmma_wait<1>();
+    fjh_fence_regs(dk);
+    fjh_fence_regs(dv);
+    fjh_fence_regs(pa);
+    fjh_fence_regs(dsa);
+    if (!w.done(nxt)) how = fjhb_classify(p, w, nxt, wkv0, wkv1);
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
     // Scaled here, with no product in flight: registers a wgmma wrote and
@@ -658,10 +677,6 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     // S^T) make ptxas wait for that one first (C7517).
 #pragma unroll
     for (int i = 0; i < FJHB_DQ_REGS; ++i) dq[i] *= p.scale;
-    fjh_fence_regs(dk);
-    fjh_fence_regs(dv);
-    fjh_fence_regs(pa);
-    fjh_fence_regs(dsa);
     // Q, dO, LSE and delta of stage s are read.
     fjh_mbar_arrive(sm.empty(s));
     it = nxt;
