@@ -29,6 +29,37 @@ __device__ __forceinline__ int fjb_kv_last(const fj_sizes &z, int n) {
   return min(n * FJ_BLOCK_N + FJ_BLOCK_N, z.Lk) - 1;
 }
 
+// Whether a part of a work item, query rows [q0, q0 + rows) against kv rows
+// [kv0, kv0 + cols), reaches past Lq or Lk (its elements there are masked).
+__device__ __forceinline__ bool fjb_edge(const fj_sizes &z, int q0, int rows, int kv0,
+                                         int cols) {
+  return q0 + rows > z.Lq || kv0 + cols > z.Lk;
+}
+
+// How such a part of head h's item (class cls) is computed: a warp's in the
+// sm80 kernels, a consumer warpgroup's in the sm90 ones; q0 < Lq (a part
+// wholly past Lq is the caller's to skip). As bits: FJB_RUN, the part holds
+// an allowed pair (a PARTIAL item is reclassified on the part; a part
+// wholly past Lk holds none); FJB_NEED_MASK, fj_mask is evaluated per
+// element; FJB_EDGE, fjb_edge.
+enum { FJB_RUN = 1, FJB_NEED_MASK = 2, FJB_EDGE = 4 };
+__device__ __forceinline__ unsigned fjb_classify(const fj_bwd_params &p, const fj_sizes &z,
+                                                 int b, int h, int cls, int q0, int rows,
+                                                 int kv0, int cols) {
+  unsigned how = kv0 < z.Lk ? FJB_RUN : 0u;
+#if FJ_HAS_MASK
+  if (how && cls == FJ_TILE_PARTIAL) {
+    const int wc = fj_tile_class(p.user, z, b, h, q0, min(q0 + rows, z.Lq) - 1, kv0,
+                                 min(kv0 + cols, z.Lk) - 1);
+    how = wc == FJ_TILE_EMPTY ? 0u : wc == FJ_TILE_PARTIAL ? FJB_RUN | FJB_NEED_MASK : FJB_RUN;
+  }
+#else
+  (void)p, (void)b, (void)h, (void)cls;
+#endif
+  if (fjb_edge(z, q0, rows, kv0, cols)) how |= FJB_EDGE;
+  return how;
+}
+
 #if FJ_HAS_MASK
 // The class of query tile i of head h against kv rows [kv0, kv1] (a kv
 // tile: n * FJ_BLOCK_N and fjb_kv_last): the one classification of a pair

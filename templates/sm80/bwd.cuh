@@ -89,23 +89,15 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p) {
     for (int sub = 0; sub < FJ_BLOCK_M / FJB_SUB_M; ++sub) {
       const int sq0 = q0 + sub * FJB_SUB_M;
       const fj_sizes z = fjb_seq_of(p, b).sz;
-      const int Lq = z.Lq, Lk = z.Lk;
-      // A PARTIAL pair of tiles is reclassified on this warp's kv rows and
-      // this pass's queries: the warp may skip it (EMPTY) or skip the mask
-      // (FULL).
-      bool run = wkv0 < Lk && sq0 < Lq;
-      bool need_mask = false;
-#if FJ_HAS_MASK
-      if (run && cur.cls == FJ_TILE_PARTIAL) {
-        const int wc = fj_tile_class(p.user, z, b, cur.h, sq0,
-                                     min(sq0 + FJB_SUB_M, Lq) - 1, wkv0,
-                                     min(wkv0 + 16, Lk) - 1);
-        run = wc != FJ_TILE_EMPTY;
-        need_mask = wc == FJ_TILE_PARTIAL;
-      }
-#endif
-      const bool edge = sq0 + FJB_SUB_M > Lq || wkv0 + 16 > Lk;
-      fjb_step(p, z, b, cur.h, sq0, wkv0, run, need_mask, edge, s_k, s_v,
+      // The warp's kv rows and the pass's queries (common/bwd_walk.cuh,
+      // fjb_classify): the warp may skip a PARTIAL pair (EMPTY) or its mask
+      // (FULL), and skips a pass wholly past Lq. The edge is asked apart
+      // (fjb_edge), where it is used: held as a bit beside the others, the
+      // deterministic D=128 kernel spills.
+      const unsigned how =
+          sq0 < z.Lq ? fjb_classify(p, z, b, cur.h, cur.cls, sq0, FJB_SUB_M, wkv0, 16) : 0u;
+      fjb_step(p, z, b, cur.h, sq0, wkv0, how & FJB_RUN, how & FJB_NEED_MASK,
+               fjb_edge(z, sq0, FJB_SUB_M, wkv0, 16), s_k, s_v,
                s_q + sub * FJB_SUB_M * FJK_ROW_BYTES, s_do + sub * FJB_SUB_M * FJK_ROW_BYTES,
                s_lse + sub * FJB_SUB_M * 4, s_delta + sub * FJB_SUB_M * 4,
                s_ds + sub * FJB_SUB_M * 2, dk, dv, gc);

@@ -485,29 +485,14 @@ __device__ __forceinline__ void fjhb_add_rows(const fj_bwd_params &p, const fjhb
   }
 }
 
-// How consumer c computes item it on its kv rows wkv0 .. wkv1, as bits
-// (one register across the item loop): FJHB_RUN, they hold an allowed pair
-// (a PARTIAL pair of tiles is reclassified on them); FJHB_NEED_MASK,
-// fj_mask is evaluated per element; FJHB_EDGE, rows or columns reach past
-// Lq or Lk. Found a whole item ahead (fjhb_consume), off the path from
-// one item's last product to the next one's first.
-enum { FJHB_RUN = 1, FJHB_NEED_MASK = 2, FJHB_EDGE = 4 };
+// How consumer c computes item it on its kv rows (common/bwd_walk.cuh,
+// fjb_classify: one register across the item loop), found a whole item
+// ahead (fjhb_consume), off the path from one item's last product to the
+// next one's first.
 __device__ __forceinline__ unsigned fjhb_classify(const fj_bwd_params &p, const fjb_walk &w,
-                                                  const fjb_item &it, int wkv0, int wkv1) {
-  const fj_sizes z = w.sizes(p);
-  const int q0 = it.i * FJ_BLOCK_M;
-  unsigned how = wkv0 < z.Lk ? FJHB_RUN : 0u;
-#if FJ_HAS_MASK
-  if (how && it.cls == FJ_TILE_PARTIAL) {
-    const int wc = fj_tile_class(p.user, z, w.b, it.h, q0, min(q0 + FJ_BLOCK_M, z.Lq) - 1,
-                                 wkv0, wkv1);
-    how = wc == FJ_TILE_EMPTY ? 0u : wc == FJ_TILE_PARTIAL ? FJHB_RUN | FJHB_NEED_MASK : FJHB_RUN;
-  }
-#else
-  (void)wkv1;
-#endif
-  if (q0 + FJ_BLOCK_M > z.Lq || wkv0 + FJHB_WG_KV > z.Lk) how |= FJHB_EDGE;
-  return how;
+                                                  const fjb_item &it, int wkv0) {
+  return fjb_classify(p, w.sizes(p), w.b, it.h, it.cls, it.i * FJ_BLOCK_M, FJ_BLOCK_M, wkv0,
+                      FJHB_WG_KV);
 }
 
 // Consumer c's part of a kv tile (the walk w, kv head hk): its items, then
@@ -530,7 +515,6 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
                                              int hk, int k, int &n) {
   const int b = w.b;
   const int wkv0 = w.kv0 + c * FJHB_WG_KV;
-  const int wkv1 = min(wkv0 + FJHB_WG_KV, w.sizes(p).Lk) - 1;
   const bool leader = (fj_tid() & 127) == 0;  // issues the dK, dV stores
 
   float dk[FJHB_D_REGS], dv[FJHB_D_REGS];
@@ -552,7 +536,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   fjb_item it = w.first(p);
   // The item's classification; the next one's is found while the item's
   // dQ product runs.
-  unsigned how = fjhb_classify(p, w, it, wkv0, wkv1);
+  unsigned how = fjhb_classify(p, w, it, wkv0);
   fjh_mbar_wait_warp(sm.kv_full(), (unsigned)k & 1u);
   float dq[FJHB_DQ_REGS];  // the item before's dQ (times scale) until it is put
   bool put = false;  // dq holds the item before's dQ, not yet stored
@@ -560,7 +544,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
-    const bool run = how & FJHB_RUN, need_mask = how & FJHB_NEED_MASK, edge = how & FJHB_EDGE;
+    const bool run = how & FJB_RUN, need_mask = how & FJB_NEED_MASK, edge = how & FJB_EDGE;
     // P^T and dS^T as A fragments: read by the in-flight dV and dK products
     // until the wait below, so they live across it.
     unsigned pa[FJHB_PK][4], dsa[FJHB_PK][4];
@@ -669,7 +653,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_fence_regs(dv);
     fjh_fence_regs(pa);
     fjh_fence_regs(dsa);
-    if (!w.done(nxt)) how = fjhb_classify(p, w, nxt, wkv0, wkv1);
+    if (!w.done(nxt)) how = fjhb_classify(p, w, nxt, wkv0);
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
     // Scaled here, with no product in flight: registers a wgmma wrote and
