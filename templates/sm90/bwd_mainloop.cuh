@@ -486,9 +486,17 @@ __device__ __forceinline__ void fjhb_add_rows(const fj_bwd_params &p, const fjhb
 }
 
 // How consumer c computes item it on its kv rows (common/bwd_walk.cuh,
-// fjb_classify: one register across the item loop), found a whole item
-// ahead (fjhb_consume), off the path from one item's last product to the
-// next one's first.
+// fjb_classify: one register across the item loop). FJHB_CLASSIFY_AHEAD:
+// found a whole item ahead, beside the dQ product (fjhb_consume), off the
+// path from one item's last product to the next one's first. Kernels that
+// ask a score_mod's terms once a tile (FJ_SCORE_TILE: relative-bias
+// tables, T5's buckets) classify at the item's top instead: ahead, their
+// backward was 6-8% slower (docs/backward.md).
+#if FJ_SCORE_TILE
+#define FJHB_CLASSIFY_AHEAD 0
+#else
+#define FJHB_CLASSIFY_AHEAD 1
+#endif
 __device__ __forceinline__ unsigned fjhb_classify(const fj_bwd_params &p, const fjb_walk &w,
                                                   const fjb_item &it, int wkv0) {
   return fjb_classify(p, w.sizes(p), w.b, it.h, it.cls, it.i * FJ_BLOCK_M, FJ_BLOCK_M, wkv0,
@@ -534,9 +542,11 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 
   fj_grad_cache gc;  // trainable buffers' gradients, flushed at the end
   fjb_item it = w.first(p);
+#if FJHB_CLASSIFY_AHEAD
   // The item's classification; the next one's is found while the item's
   // dQ product runs.
   unsigned how = fjhb_classify(p, w, it, wkv0);
+#endif
   fjh_mbar_wait_warp(sm.kv_full(), (unsigned)k & 1u);
   float dq[FJHB_DQ_REGS];  // the item before's dQ (times scale) until it is put
   bool put = false;  // dq holds the item before's dQ, not yet stored
@@ -544,7 +554,27 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
+#if FJHB_CLASSIFY_AHEAD
     const bool run = how & FJB_RUN, need_mask = how & FJB_NEED_MASK, edge = how & FJB_EDGE;
+#else
+    // fjb_classify's decision, as three flags: through its bits these
+    // kernels compile to other code, which has not been timed.
+    bool run = wkv0 < w.sizes(p).Lk;
+    bool need_mask = false;
+    bool edge;
+    {
+      const fj_sizes z = w.sizes(p);
+#if FJ_HAS_MASK
+      if (run && it.cls == FJ_TILE_PARTIAL) {
+        const int wc = fj_tile_class(p.user, z, b, it.h, q0, min(q0 + FJ_BLOCK_M, z.Lq) - 1,
+                                     wkv0, min(wkv0 + FJHB_WG_KV, z.Lk) - 1);
+        run = wc != FJ_TILE_EMPTY;
+        need_mask = wc == FJ_TILE_PARTIAL;
+      }
+#endif
+      edge = fjb_edge(z, q0, FJ_BLOCK_M, wkv0, FJHB_WG_KV);
+    }
+#endif
     // P^T and dS^T as A fragments: read by the in-flight dV and dK products
     // until the wait below, so they live across it.
     unsigned pa[FJHB_PK][4], dsa[FJHB_PK][4];
@@ -645,15 +675,17 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_wgmma_fence();
     fjhb_issue_dq(dq, ds_lo + bi * (FJHB_DS_BYTES >> 4), kq_lo);
     fjh_wgmma_commit();
-    // Beside the dQ product: the next item and its classification, once
-    // dV and dK are done (their A fragments free).
+    // Beside the dQ product: the next item and (FJHB_CLASSIFY_AHEAD) its
+    // classification, once dV and dK are done (their A fragments free).
     const fjb_item nxt = fjhb_get_item(sm.next_item(s));
+#if FJHB_CLASSIFY_AHEAD
     fjh_wgmma_wait<1>();
     fjh_fence_regs(dk);
     fjh_fence_regs(dv);
     fjh_fence_regs(pa);
     fjh_fence_regs(dsa);
     if (!w.done(nxt)) how = fjhb_classify(p, w, nxt, wkv0);
+#endif
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
     // Scaled here, with no product in flight: registers a wgmma wrote and
@@ -661,6 +693,12 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     // S^T) make ptxas wait for that one first (C7517).
 #pragma unroll
     for (int i = 0; i < FJHB_DQ_REGS; ++i) dq[i] *= p.scale;
+#if !FJHB_CLASSIFY_AHEAD
+    fjh_fence_regs(dk);
+    fjh_fence_regs(dv);
+    fjh_fence_regs(pa);
+    fjh_fence_regs(dsa);
+#endif
     // Q, dO, LSE and delta of stage s are read.
     fjh_mbar_arrive(sm.empty(s));
     it = nxt;
