@@ -513,9 +513,9 @@ __device__ __forceinline__ unsigned fjhb_classify(const fj_bwd_params &p, const 
 // stored in its buffer while item n + 1's S^T is computed (and handed to
 // the writer after item n + 1's dS^T stores, under the proxy fence that
 // covers both); item n + 1 is read from stage n's record (producer warp 1
-// walked to it: fjhb_get_item) and classified (fjhb_classify) while item
-// n's dQ product runs, so that the next S^T follows the dQ product's wait
-// with little in between. Every product is issued and waited for in the
+// walked to it: fjhb_get_item) and, with FJHB_CLASSIFY_AHEAD, classified
+// (fjhb_classify) while item n's dQ product runs, so that the next S^T
+// follows the dQ product's wait with little in between. Every product is issued and waited for in the
 // same item: with one in flight across the loop's back edge and waited for
 // beside a later one, ptxas serialized every wgmma (C7514, C7518).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
@@ -557,8 +557,8 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #if FJHB_CLASSIFY_AHEAD
     const bool run = how & FJB_RUN, need_mask = how & FJB_NEED_MASK, edge = how & FJB_EDGE;
 #else
-    // fjb_classify's decision, as three flags: through its bits these
-    // kernels compile to other code, which has not been timed.
+    // fjb_classify's decision as three flags: the form whose code was
+    // timed (through fjb_classify's bits these kernels compile differently).
     bool run = wkv0 < w.sizes(p).Lk;
     bool need_mask = false;
     bool edge;
