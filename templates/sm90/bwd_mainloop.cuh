@@ -503,6 +503,18 @@ __device__ __forceinline__ unsigned fjhb_classify(const fj_bwd_params &p, const 
                       FJHB_WG_KV);
 }
 
+// The registers an item's dV and dK products use (their accumulators, and
+// P^T and dS^T as A fragments), once those products are waited for.
+__device__ __forceinline__ void fjhb_fence_item(float (&dk)[FJHB_D_REGS],
+                                                float (&dv)[FJHB_D_REGS],
+                                                unsigned (&pa)[FJHB_PK][4],
+                                                unsigned (&dsa)[FJHB_PK][4]) {
+  fjh_fence_regs(dk);
+  fjh_fence_regs(dv);
+  fjh_fence_regs(pa);
+  fjh_fence_regs(dsa);
+}
+
 // Consumer c's part of a kv tile (the walk w, kv head hk): its items, then
 // dK and dV; k and n as bwd.cuh's roles take them. Its dQ goes to dq_accum
 // through the writer warp (bwd.cuh, fjhb_write_dq). The sequence's sizes
@@ -515,9 +527,10 @@ __device__ __forceinline__ unsigned fjhb_classify(const fj_bwd_params &p, const 
 // covers both); item n + 1 is read from stage n's record (producer warp 1
 // walked to it: fjhb_get_item) and, with FJHB_CLASSIFY_AHEAD, classified
 // (fjhb_classify) while item n's dQ product runs, so that the next S^T
-// follows the dQ product's wait with little in between. Every product is issued and waited for in the
-// same item: with one in flight across the loop's back edge and waited for
-// beside a later one, ptxas serialized every wgmma (C7514, C7518).
+// follows the dQ product's wait with little in between. Every product is
+// issued and waited for in the same item: with one in flight across the
+// loop's back edge and waited for beside a later one, ptxas serialized
+// every wgmma (C7514, C7518).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, int c, const fjb_walk &w,
                                              int hk, int k, int &n) {
@@ -680,10 +693,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     const fjb_item nxt = fjhb_get_item(sm.next_item(s));
 #if FJHB_CLASSIFY_AHEAD
     fjh_wgmma_wait<1>();
-    fjh_fence_regs(dk);
-    fjh_fence_regs(dv);
-    fjh_fence_regs(pa);
-    fjh_fence_regs(dsa);
+    fjhb_fence_item(dk, dv, pa, dsa);
     if (!w.done(nxt)) how = fjhb_classify(p, w, nxt, wkv0);
 #endif
     fjh_wgmma_wait<0>();
@@ -694,10 +704,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 #pragma unroll
     for (int i = 0; i < FJHB_DQ_REGS; ++i) dq[i] *= p.scale;
 #if !FJHB_CLASSIFY_AHEAD
-    fjh_fence_regs(dk);
-    fjh_fence_regs(dv);
-    fjh_fence_regs(pa);
-    fjh_fence_regs(dsa);
+    fjhb_fence_item(dk, dv, pa, dsa);
 #endif
     // Q, dO, LSE and delta of stage s are read.
     fjh_mbar_arrive(sm.empty(s));
