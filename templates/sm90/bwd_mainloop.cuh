@@ -393,10 +393,11 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
 // when these stores are done (a fence of its own here would wait for them
 // beside the S^T product, with the tensor cores short of work).
 __device__ __forceinline__ void fjhb_store_dq_buf(const fjhb_smem &sm, int c, int m,
-                                                  const float (&dq)[FJHB_DQ_REGS]) {
+                                                  const float (&dq)[FJHB_DQ_REGS],
+                                                  float mul) {
   const int bi = m % FJHB_DQ_BUFS;
   fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(m / FJHB_DQ_BUFS) & 1u) ^ 1u);
-  fjhb_store_acc(sm.dq(c, bi), dq, 1.f);
+  fjhb_store_acc(sm.dq(c, bi), dq, mul);
 }
 __device__ __forceinline__ void fjhb_publish_dq(const fjhb_smem &sm, int c, int m) {
   fjh_mbar_arrive(sm.dq_full(c, m % FJHB_DQ_BUFS));
@@ -497,10 +498,28 @@ __device__ __forceinline__ void fjhb_add_rows(const fj_bwd_params &p, const fjhb
 #else
 #define FJHB_CLASSIFY_AHEAD 1
 #endif
+// FJHB_ST_AHEAD: each item's S^T is issued ahead of it, beside the dQ
+// product of the item before, and waited for at the item's top, so that
+// no gap on the tensor cores separates an item's last product from the
+// next one's first (fjhb_consume). Not in the kernels that classify at the
+// item's top (their trained relative bias's backward took 3.7% more time
+// with it), nor in the deterministic mode's and packed batches' (with it
+// they spilled: 56 bytes at D=64, 32-92 at D=128).
+#define FJHB_ST_AHEAD (FJHB_CLASSIFY_AHEAD && !FJ_DETERMINISTIC && !FJ_VARLEN)
 __device__ __forceinline__ unsigned fjhb_classify(const fj_bwd_params &p, const fjb_walk &w,
                                                   const fjb_item &it, int wkv0) {
   return fjb_classify(p, w.sizes(p), w.b, it.h, it.cls, it.i * FJ_BLOCK_M, FJ_BLOCK_M, wkv0,
                       FJHB_WG_KV);
+}
+
+// Item m's S^T (the consumer's kv rows of K against its stage's Q), once
+// the stage is loaded (loaded false: issued past the walk's end, on what
+// the stage holds, its result unread); the caller commits it.
+__device__ __forceinline__ void fjhb_issue_st(const fjhb_smem &sm, int m, unsigned k_lo,
+                                              float (&sacc)[FJHB_S_REGS], bool loaded) {
+  if (loaded) fjh_mbar_wait_warp(sm.q_full(m & 1), (unsigned)(m >> 1) & 1u);
+  fjh_wgmma_fence();
+  fjhb_issue_rows_d(sacc, k_lo, fjh_desc_lo(sm.q(m & 1), 16));
 }
 
 // The registers an item's dV and dK products use (their accumulators, and
@@ -515,22 +534,110 @@ __device__ __forceinline__ void fjhb_fence_item(float (&dk)[FJHB_D_REGS],
   fjh_fence_regs(dsa);
 }
 
+// An item's products from dP^T on, once its S^T is issued: dP^T = V_c dO^T;
+// P^T and dS^T elementwise beside the products; dV += P^T dO and dK +=
+// dS^T Q; an additive score_mod's trainable gradients. S^T (sacc) is
+// waited for here where ST_PENDING (issued just before dP^T), else it was
+// waited for alone before. need_mask, edge: fjb_classify's flags.
+template <bool ST_PENDING>
+__device__ __forceinline__ void fjhb_item_products(
+    const fj_bwd_params &p, const fjhb_smem &sm, const fjb_walk &w, int b, const fjb_item &it,
+    int q0, int s, unsigned ph, int wkv0, unsigned v_lo, bool need_mask, bool edge,
+    float (&sacc)[FJHB_S_REGS], unsigned (&pa)[FJHB_PK][4], unsigned (&dsa)[FJHB_PK][4],
+    float (&dk)[FJHB_D_REGS], float (&dv)[FJHB_D_REGS], fj_grad_cache &gc) {
+  float dpacc[FJHB_S_REGS];
+  fjh_wgmma_fence();
+  fjhb_issue_rows_d(dpacc, v_lo, fjh_desc_lo(sm.dout(s), 16));
+  fjh_wgmma_commit();
+  fjh_mbar_wait_warp(sm.rows_full(s), ph);
+#if FJ_HAS_SCORE_MOD && !FJ_SCORE_GRAD_ONE
+  // The score_mod's derivative needs the score next to dP^T: both
+  // products first, then the elementwise step in one pass.
+  fjh_wgmma_wait<0>();
+  if constexpr (ST_PENDING) fjh_fence_regs(sacc);
+  fjh_fence_regs(dpacc);
+  // One loop for every tile (a second, unchecked copy spills at D=128).
+  // Trainable reads go element by element here (fj_grad_tile's sums
+  // spill this step with a large score_mod).
+  fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
+                         sm.delta(s), sm.rowv(s), sacc, dpacc, pa, dsa, gc);
+  fjh_wgmma_fence();
+  fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
+  fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
+  fjh_wgmma_commit();
+#else
+  if constexpr (ST_PENDING) {
+    fjh_wgmma_wait<1>();  // S^T is ready; dP^T runs on
+    fjh_fence_regs(sacc);
+  }
+  // With a score_mod (an additive one), one loop for every tile, as the
+  // one-pass step: a second, unchecked copy spills with a large one;
+  // but where its terms are one value over the tile (a relative bias
+  // away from the diagonal, FJ_SCORE_TILE) a copy whose scores are an
+  // FMA each, asked once an item (keeping the answers over the walk, as
+  // the forward does, spilled the trained relative bias's kernel). Its
+  // trainable reads' indices over the tile first (fj_grad_tile).
+#if FJ_SCORE_TILE
+  float terms;
+  const bool one_terms = fj_score_tile(p.user, w.sizes(p), p.scale, b, it.h, q0,
+                                       q0 + FJ_BLOCK_M - 1, wkv0, wkv0 + FJHB_WG_KV - 1,
+                                       terms);
+#endif
+#if FJ_HAS_SCORE_MOD
+  fj_grad_tile(p.user, w.sizes(p), b, it.h, q0, q0 + FJ_BLOCK_M - 1, wkv0,
+               wkv0 + FJHB_WG_KV - 1, gc);
+#endif
+#if FJ_SCORE_TILE
+  if (one_terms)
+    fjhb_probs<true, true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
+                           sm.rowv(s), sacc, terms);
+  else
+#endif
+  if (FJ_HAS_SCORE_MOD || need_mask || edge)
+    fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
+                     sm.rowv(s), sacc);
+  else
+    fjhb_probs<false>(p, p.sz, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.rowv(s),
+                      sacc);
+  fjhb_pack(sacc, pa);
+  fjh_wgmma_fence();
+  fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
+  fjh_wgmma_commit();
+  fjh_wgmma_wait<1>();  // dP^T is ready; dV += P^T dO runs on
+  fjh_fence_regs(dpacc);
+  // With FJHB_DS_FROM_PACKED_P this reads pa while the dV product, which
+  // reads it too, is in flight: the PTX ISA leaves any access to an
+  // in-flight wgmma's A registers undefined, but a read beside a read
+  // is what ptxas allows here (no wait inserted, no C751x) and what the
+  // GPU tests check (D=64, tests/gpu/test_backward.c).
+  fjhb_dsoft(sm.delta(s), sacc, pa, dpacc);
+  fjhb_pack(dpacc, dsa);
+  fjh_wgmma_fence();
+  fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
+  fjh_wgmma_commit();
+#if FJ_HAS_SCORE_MOD
+  fjhb_grad_bufs(p, w.sizes(p), b, it.h, q0, wkv0, dpacc, gc);
+#endif
+#endif
+}
+
 // Consumer c's part of a kv tile (the walk w, kv head hk): its items, then
 // dK and dV; k and n as bwd.cuh's roles take them. Its dQ goes to dq_accum
 // through the writer warp (bwd.cuh, fjhb_write_dq). The sequence's sizes
 // are read from the walk's record where they are used (held across the
 // loop they cost the masked D=128 kernel a spill).
 //
-// Three latencies are hidden behind the tensor cores: item n's dQ is
-// stored in its buffer while item n + 1's S^T is computed (and handed to
-// the writer after item n + 1's dS^T stores, under the proxy fence that
-// covers both); item n + 1 is read from stage n's record (producer warp 1
-// walked to it: fjhb_get_item) and, with FJHB_CLASSIFY_AHEAD, classified
-// (fjhb_classify) while item n's dQ product runs, so that the next S^T
-// follows the dQ product's wait with little in between. Every product is
-// issued and waited for in the same item: with one in flight across the
-// loop's back edge and waited for beside a later one, ptxas serialized
-// every wgmma (C7514, C7518).
+// Latencies hidden behind the tensor cores: item n + 1 is read from stage
+// n's record (producer warp 1 walked to it: fjhb_get_item) and, with
+// FJHB_CLASSIFY_AHEAD, classified (fjhb_classify) while item n's dQ product
+// runs; with FJHB_ST_AHEAD item n + 1's S^T is issued there too, in flight
+// across the loop's back edge, and item n's dQ is stored in its buffer
+// while that S^T runs; otherwise S^T is issued at the item's top and item
+// n's dQ stored beside item n + 1's S^T. Either way the buffer goes to the
+// writer after item n + 1's dS^T stores, under the proxy fence that covers
+// both. A product in flight across the back edge is waited for alone
+// (waited for beside a later one, ptxas serialized every wgmma: C7514,
+// C7518), and no product is issued under a branch in the loop (C7515).
 __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, int c, const fjb_walk &w,
                                              int hk, int k, int &n) {
@@ -561,13 +668,31 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   unsigned how = fjhb_classify(p, w, it, wkv0);
 #endif
   fjh_mbar_wait_warp(sm.kv_full(), (unsigned)k & 1u);
-  float dq[FJHB_DQ_REGS];  // the item before's dQ (times scale) until it is put
-  bool put = false;  // dq holds the item before's dQ, not yet stored
+  // FJHB_ST_AHEAD: the item's dQ, stored (times scale) once its product is
+  // done; else the item before's (times scale) until stored.
+  float dq[FJHB_DQ_REGS];
+  bool put = false;  // the item before's dQ is not yet handed to the writer
+#if FJHB_ST_AHEAD
+  float sacc[FJHB_S_REGS];  // the item's S^T, issued ahead of it
+  if (!w.done(it)) {
+    // dK and dV's zeros are set before a product is in flight.
+    fjh_fence_regs(dk);
+    fjh_fence_regs(dv);
+    fjhb_issue_st(sm, n, k_lo, sacc, true);
+    fjh_wgmma_commit();
+  }
+#endif
   while (!w.done(it)) {
     const int s = n & 1;
     const unsigned ph = (unsigned)(n >> 1) & 1u;
     const int q0 = it.i * FJ_BLOCK_M;
-#if FJHB_CLASSIFY_AHEAD
+#if FJHB_ST_AHEAD
+    // Every item issues the same products: where the consumer's rows hold
+    // none of the item (!run) its elements are all masked (past Lk, edge
+    // masks them), P^T = dS^T = 0. With the products or the elementwise
+    // steps under a branch ptxas serialized every wgmma (C7512, C7515).
+    const bool need_mask = how & FJB_NEED_MASK || !(how & FJB_RUN), edge = how & FJB_EDGE;
+#elif FJHB_CLASSIFY_AHEAD
     const bool run = how & FJB_RUN, need_mask = how & FJB_NEED_MASK, edge = how & FJB_EDGE;
 #else
     // fjb_classify's decision as three flags: the form whose code was
@@ -591,93 +716,32 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     // P^T and dS^T as A fragments: read by the in-flight dV and dK products
     // until the wait below, so they live across it.
     unsigned pa[FJHB_PK][4], dsa[FJHB_PK][4];
+#if FJHB_ST_AHEAD
+    // S^T is waited for alone: waited for beside dP^T, ptxas serialized
+    // every wgmma (C7514).
+    fjh_wgmma_wait<0>();
+    fjh_fence_regs(sacc);
+    fjhb_item_products<false>(p, sm, w, b, it, q0, s, ph, wkv0, v_lo, need_mask, edge, sacc,
+                              pa, dsa, dk, dv, gc);
+#else
     fjh_mbar_wait_warp(sm.q_full(s), ph);
     if (run) {
-      const unsigned q_lo = fjh_desc_lo(sm.q(s), 16), do_lo = fjh_desc_lo(sm.dout(s), 16);
-      float sacc[FJHB_S_REGS], dpacc[FJHB_S_REGS];
+      float sacc[FJHB_S_REGS];
       fjh_wgmma_fence();
-      fjhb_issue_rows_d(sacc, k_lo, q_lo);
+      fjhb_issue_rows_d(sacc, k_lo, fjh_desc_lo(sm.q(s), 16));
       fjh_wgmma_commit();
-      if (put) fjhb_store_dq_buf(sm, c, n - 1, dq);
-      fjh_wgmma_fence();
-      fjhb_issue_rows_d(dpacc, v_lo, do_lo);
-      fjh_wgmma_commit();
-      fjh_mbar_wait_warp(sm.rows_full(s), ph);
-#if FJ_HAS_SCORE_MOD && !FJ_SCORE_GRAD_ONE
-      // The score_mod's derivative needs the score next to dP^T: both
-      // products first, then the elementwise step in one pass.
-      fjh_wgmma_wait<0>();
-      fjh_fence_regs(sacc);
-      fjh_fence_regs(dpacc);
-      // One loop for every tile (a second, unchecked copy spills at D=128).
-      // Trainable reads go element by element here (fj_grad_tile's sums
-      // spill this step with a large score_mod).
-      fjhb_elementwise<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
-                             sm.delta(s), sm.rowv(s), sacc, dpacc, pa, dsa, gc);
-      fjh_wgmma_fence();
-      fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
-      fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
-      fjh_wgmma_commit();
-#else
-      fjh_wgmma_wait<1>();  // S^T is ready; dP^T runs on
-      fjh_fence_regs(sacc);
-      // With a score_mod (an additive one), one loop for every tile, as the
-      // one-pass step: a second, unchecked copy spills with a large one;
-      // but where its terms are one value over the tile (a relative bias
-      // away from the diagonal, FJ_SCORE_TILE) a copy whose scores are an
-      // FMA each, asked once an item (keeping the answers over the walk, as
-      // the forward does, spilled the trained relative bias's kernel). Its
-      // trainable reads' indices over the tile first (fj_grad_tile).
-#if FJ_SCORE_TILE
-      float terms;
-      const bool one_terms = fj_score_tile(p.user, w.sizes(p), p.scale, b, it.h, q0,
-                                           q0 + FJ_BLOCK_M - 1, wkv0, wkv0 + FJHB_WG_KV - 1,
-                                           terms);
-#endif
-#if FJ_HAS_SCORE_MOD
-      fj_grad_tile(p.user, w.sizes(p), b, it.h, q0, q0 + FJ_BLOCK_M - 1, wkv0,
-                   wkv0 + FJHB_WG_KV - 1, gc);
-#endif
-#if FJ_SCORE_TILE
-      if (one_terms)
-        fjhb_probs<true, true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
-                               sm.rowv(s), sacc, terms);
-      else
-#endif
-      if (FJ_HAS_SCORE_MOD || need_mask || edge)
-        fjhb_probs<true>(p, w.sizes(p), b, it.h, q0, wkv0, need_mask, edge, sm.lse(s),
-                         sm.rowv(s), sacc);
-      else
-        fjhb_probs<false>(p, p.sz, b, it.h, q0, wkv0, need_mask, edge, sm.lse(s), sm.rowv(s),
-                          sacc);
-      fjhb_pack(sacc, pa);
-      fjh_wgmma_fence();
-      fjhb_issue_rows_q(dv, pa, fjh_desc_lo(sm.dout(s), FJ_BLOCK_M * 128));
-      fjh_wgmma_commit();
-      fjh_wgmma_wait<1>();  // dP^T is ready; dV += P^T dO runs on
-      fjh_fence_regs(dpacc);
-      // With FJHB_DS_FROM_PACKED_P this reads pa while the dV product, which
-      // reads it too, is in flight: the PTX ISA leaves any access to an
-      // in-flight wgmma's A registers undefined, but a read beside a read
-      // is what ptxas allows here (no wait inserted, no C751x) and what the
-      // GPU tests check (D=64, tests/gpu/test_backward.c).
-      fjhb_dsoft(sm.delta(s), sacc, pa, dpacc);
-      fjhb_pack(dpacc, dsa);
-      fjh_wgmma_fence();
-      fjhb_issue_rows_q(dk, dsa, fjh_desc_lo(sm.q(s), FJ_BLOCK_M * 128));
-      fjh_wgmma_commit();
-#if FJ_HAS_SCORE_MOD
-      fjhb_grad_bufs(p, w.sizes(p), b, it.h, q0, wkv0, dpacc, gc);
-#endif
-#endif
+      if (put) fjhb_store_dq_buf(sm, c, n - 1, dq, 1.f);
+      fjhb_item_products<true>(p, sm, w, b, it, q0, s, ph, wkv0, v_lo, need_mask, edge, sacc,
+                               pa, dsa, dk, dv, gc);
     } else {
-      if (put) fjhb_store_dq_buf(sm, c, n - 1, dq);
+      if (put) fjhb_store_dq_buf(sm, c, n - 1, dq, 1.f);
       fjh_mbar_wait_warp(sm.rows_full(s), ph);  // the next item
 #pragma unroll
       for (int kk = 0; kk < FJHB_PK; ++kk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) pa[kk][e] = dsa[kk][e] = 0u;
     }
+#endif
     // dS^T into buffer n & 1: the other consumer finished reading it (two
     // items ago) before it arrived at the previous item's barrier below.
     const int bi = n & 1;
@@ -689,13 +753,32 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjhb_issue_dq(dq, ds_lo + bi * (FJHB_DS_BYTES >> 4), kq_lo);
     fjh_wgmma_commit();
     // Beside the dQ product: the next item and (FJHB_CLASSIFY_AHEAD) its
-    // classification, once dV and dK are done (their A fragments free).
+    // classification, once dV and dK are done (their A fragments free);
+    // with FJHB_ST_AHEAD its S^T.
     const fjb_item nxt = fjhb_get_item(sm.next_item(s));
 #if FJHB_CLASSIFY_AHEAD
     fjh_wgmma_wait<1>();
     fjhb_fence_item(dk, dv, pa, dsa);
     if (!w.done(nxt)) how = fjhb_classify(p, w, nxt, wkv0);
 #endif
+#if FJHB_ST_AHEAD
+    // Q, dO, LSE and delta of stage s are read.
+    fjh_mbar_arrive(sm.empty(s));
+    it = nxt;
+    ++n;
+    // Past the walk's end too: with the issue under a branch ptxas
+    // serialized every wgmma (C7515).
+    fjhb_issue_st(sm, n, k_lo, sacc, !w.done(it));
+    fjh_wgmma_commit();
+    fjh_wgmma_wait<1>();  // dQ is done; S^T runs on
+    fjh_fence_regs(dq);
+    fjhb_store_dq_buf(sm, c, n - 1, dq, p.scale);
+    put = true;
+  }
+  // The last S^T, unread, is done before K goes back to the producer.
+  fjh_wgmma_wait<0>();
+  fjh_fence_regs(sacc);
+#else
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
     // Scaled here, with no product in flight: registers a wgmma wrote and
@@ -712,11 +795,12 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     ++n;
     put = true;
   }
+#endif
   // K and V are read (the last dQ product was waited for): the producer may
   // load the next tile's while dK and dV go out.
   if (FJ_PERSISTENT) fjh_mbar_arrive(sm.kv_empty());
   if (put) {
-    fjhb_store_dq_buf(sm, c, n - 1, dq);
+    if (!FJHB_ST_AHEAD) fjhb_store_dq_buf(sm, c, n - 1, dq, 1.f);
     fjh_fence_proxy_async();
     fjhb_publish_dq(sm, c, n - 1);
   }
