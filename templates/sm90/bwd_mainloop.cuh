@@ -386,12 +386,12 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
   }
 }
 
-// Item m's dQ part into consumer c's dQ buffer m % FJHB_DQ_BUFS once the
-// writer warp has released it (its reduce-add of item m - FJHB_DQ_BUFS has
-// read it). The writer gets it from fjhb_publish_dq, after a proxy fence:
-// in the item loop the one that follows the next item's dS^T stores, by
-// when these stores are done (a fence of its own here would wait for them
-// beside the S^T product, with the tensor cores short of work).
+// Item m's dQ part, times mul, into consumer c's dQ buffer m % FJHB_DQ_BUFS
+// once the writer warp has released it (its reduce-add of item m -
+// FJHB_DQ_BUFS has read it). The writer gets it from fjhb_publish_dq, after
+// a proxy fence: in the item loop the one that follows the next item's dS^T
+// stores, by when these stores are done (a fence of its own here would wait
+// for them beside the S^T product, with the tensor cores short of work).
 __device__ __forceinline__ void fjhb_store_dq_buf(const fjhb_smem &sm, int c, int m,
                                                   const float (&dq)[FJHB_DQ_REGS],
                                                   float mul) {
@@ -773,11 +773,6 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_wgmma_wait<1>();  // dQ is done; S^T runs on
     fjh_fence_regs(dq);
     fjhb_store_dq_buf(sm, c, n - 1, dq, p.scale);
-    put = true;
-  }
-  // The last S^T, unread, is done before K goes back to the producer.
-  fjh_wgmma_wait<0>();
-  fjh_fence_regs(sacc);
 #else
     fjh_wgmma_wait<0>();
     fjh_fence_regs(dq);
@@ -793,8 +788,13 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     fjh_mbar_arrive(sm.empty(s));
     it = nxt;
     ++n;
+#endif
     put = true;
   }
+#if FJHB_ST_AHEAD
+  // The last S^T, unread, is done before K goes back to the producer.
+  fjh_wgmma_wait<0>();
+  fjh_fence_regs(sacc);
 #endif
   // K and V are read (the last dQ product was waited for): the producer may
   // load the next tile's while dK and dV go out.
