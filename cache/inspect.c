@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/errmsg.h"
 #include "cache/meta.h"
+#include "util/errmsg.h"
 
 #define PATH_CAP 4096
 /* A temp file this old belongs to a writer that died, not one at work. */
@@ -199,7 +199,7 @@ static fj_status walk_store(fjc_store *store, walk_fn fn,
   walk w;
   const char *root = fjc_store_root(store);
   if (!store) {
-    fjc_errmsg(err, errlen, "no kernel cache store to walk (NULL)");
+    fju_errmsg(err, errlen, "no kernel cache store to walk (NULL)");
     return FJ_EINVAL;
   }
   memset(&w, 0, sizeof w);
@@ -216,7 +216,7 @@ static fj_status walk_store(fjc_store *store, walk_fn fn,
   if (fd < 0) {
     if (errno == ENOENT)
       return FJ_OK;
-    fjc_errmsg(err, errlen, "cannot read cache directory %s: %s", root,
+    fju_errmsg(err, errlen, "cannot read cache directory %s: %s", root,
                strerror(errno));
     return FJ_EIO;
   }
@@ -224,10 +224,10 @@ static fj_status walk_store(fjc_store *store, walk_fn fn,
   if (!w.failures)
     return FJ_OK;
   if (w.failures > 1)
-    fjc_errmsg(err, errlen, "%s (and %d more failures)", w.first_failure,
+    fju_errmsg(err, errlen, "%s (and %d more failures)", w.first_failure,
                w.failures - 1);
   else
-    fjc_errmsg(err, errlen, "%s", w.first_failure);
+    fju_errmsg(err, errlen, "%s", w.first_failure);
   return FJ_EIO;
 }
 
@@ -336,7 +336,7 @@ static int list_alias(walk *w, const walk_file *f, const fjc_alias_info *a) {
 static fj_status list_walk(fjc_store *store, list_state *ls, const char *who,
                            char *err, size_t errlen) {
   if (!ls->entry_fn && !ls->alias_fn) {
-    fjc_errmsg(err, errlen, "%s: NULL callback", who);
+    fju_errmsg(err, errlen, "%s: NULL callback", who);
     return FJ_EINVAL;
   }
   if (ls->alias_fn)
@@ -497,7 +497,7 @@ int fjc_entry_evict(fjc_store *store, const char *libver, const char *arch,
   int dir, lock, rc = 1;
   if (!store || !fjc_store_enabled(store) || !key || !libver || !arch ||
       strchr(libver, '/') || !fjc_arch_is_valid(arch)) {
-    fjc_errmsg(err, errlen,
+    fju_errmsg(err, errlen,
                "fjc_entry_evict: invalid argument (release '%s', arch '%s')",
                libver ? libver : "(null)", arch ? arch : "(null)");
     return -1;
@@ -506,7 +506,7 @@ int fjc_entry_evict(fjc_store *store, const char *libver, const char *arch,
   if (dir < 0) {
     if (errno == ENOENT)
       return 0;
-    fjc_errmsg(err, errlen, "cannot open %s/%s/%s/%.2s: %s",
+    fju_errmsg(err, errlen, "cannot open %s/%s/%s/%.2s: %s",
                fjc_store_root(store), libver, arch, key->hex, strerror(errno));
     return -1;
   }
@@ -515,7 +515,7 @@ int fjc_entry_evict(fjc_store *store, const char *libver, const char *arch,
   if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) != 0) {
     rc = 0; /* another process is compiling it */
   } else if (remove_entry_at(dir, key->hex) != 0) {
-    fjc_errmsg(err, errlen, "cannot remove %s/%s/%s/%.2s/%s.cubin: %s",
+    fju_errmsg(err, errlen, "cannot remove %s/%s/%s/%.2s/%s.cubin: %s",
                fjc_store_root(store), libver, arch, key->hex, key->hex,
                strerror(errno));
     rc = -1;

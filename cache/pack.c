@@ -15,9 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/errmsg.h"
 #include "cache/fileio.h"
 #include "cache/store.h"
+#include "util/errmsg.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -71,7 +71,7 @@ fj_status fjc_pack_writer_open(const char *path, fjc_pack_writer **out,
   fjc_pack_writer *w = NULL;
   fj_status st = FJ_ENOMEM;
   if (!path || !out) {
-    fjc_errmsg(err, errlen, "fjc_pack_writer_open: NULL argument");
+    fju_errmsg(err, errlen, "fjc_pack_writer_open: NULL argument");
     return FJ_EINVAL;
   }
   *out = NULL;
@@ -82,13 +82,13 @@ fj_status fjc_pack_writer_open(const char *path, fjc_pack_writer **out,
       asprintf(&w->tmp, "%s.tmp.XXXXXX", path) < 0) {
     if (w)
       w->tmp = NULL;
-    fjc_errmsg(err, errlen, "out of memory starting pack %s", path);
+    fju_errmsg(err, errlen, "out of memory starting pack %s", path);
     goto fail;
   }
   w->fd = mkstemp(w->tmp);
   if (w->fd < 0) {
     st = FJ_EIO;
-    fjc_errmsg(err, errlen, "cannot create pack %s: %s", path, strerror(errno));
+    fju_errmsg(err, errlen, "cannot create pack %s: %s", path, strerror(errno));
     free(w->tmp);
     w->tmp = NULL;
     goto fail;
@@ -97,7 +97,7 @@ fj_status fjc_pack_writer_open(const char *path, fjc_pack_writer **out,
   /* The header is written last, once the index is known. */
   if (fjc_write_all(w->fd, zero, sizeof zero)) {
     st = FJ_EIO;
-    fjc_errmsg(err, errlen, "cannot write %s: %s", w->tmp, strerror(errno));
+    fju_errmsg(err, errlen, "cannot write %s: %s", w->tmp, strerror(errno));
     goto fail;
   }
   w->offset = PACK_HEADER_SIZE;
@@ -135,16 +135,16 @@ static int put_text(unsigned char *dst, size_t cap, const char *text) {
 static fj_status check_entry(const fjc_pack_entry *e, char *err,
                              size_t errlen) {
   if (!e->data || e->size == 0) {
-    fjc_errmsg(err, errlen, "pack entry %s has no cubin", e->name);
+    fju_errmsg(err, errlen, "pack entry %s has no cubin", e->name);
     return FJ_EINVAL;
   }
   if (!fjc_arch_is_valid(e->arch)) {
-    fjc_errmsg(err, errlen, "pack entry %s: bad arch '%s'", e->name, e->arch);
+    fju_errmsg(err, errlen, "pack entry %s: bad arch '%s'", e->name, e->arch);
     return FJ_EINVAL;
   }
   if (strnlen(e->name, sizeof e->name) >= sizeof e->name ||
       strnlen(e->nvrtc, sizeof e->nvrtc) >= sizeof e->nvrtc) {
-    fjc_errmsg(err, errlen, "pack entry: name or NVRTC version too long");
+    fju_errmsg(err, errlen, "pack entry: name or NVRTC version too long");
     return FJ_EINVAL;
   }
   return FJ_OK;
@@ -180,7 +180,7 @@ fj_status fjc_pack_writer_add(fjc_pack_writer *w, const fjc_pack_entry *e,
   unsigned char *r;
   fj_status st;
   if (!w || !e) {
-    fjc_errmsg(err, errlen, "fjc_pack_writer_add: NULL argument");
+    fju_errmsg(err, errlen, "fjc_pack_writer_add: NULL argument");
     return FJ_EINVAL;
   }
   if ((st = check_entry(e, err, errlen)) != FJ_OK)
@@ -188,16 +188,16 @@ fj_status fjc_pack_writer_add(fjc_pack_writer *w, const fjc_pack_entry *e,
   if (has_entry(w, e))
     return FJ_OK;
   if (w->count >= (int)PACK_MAX_ENTRIES) {
-    fjc_errmsg(err, errlen, "a pack holds at most %u entries",
+    fju_errmsg(err, errlen, "a pack holds at most %u entries",
                PACK_MAX_ENTRIES);
     return FJ_EINVAL;
   }
   if (!(r = new_record(w))) {
-    fjc_errmsg(err, errlen, "out of memory adding to pack %s", w->path);
+    fju_errmsg(err, errlen, "out of memory adding to pack %s", w->path);
     return FJ_ENOMEM;
   }
   if (align_blob(w) || fjc_write_all(w->fd, e->data, e->size)) {
-    fjc_errmsg(err, errlen, "cannot write %s: %s", w->tmp, strerror(errno));
+    fju_errmsg(err, errlen, "cannot write %s: %s", w->tmp, strerror(errno));
     return FJ_EIO;
   }
   memcpy(r + REC_SOURCE_KEY, e->source_key.bytes, 16);
@@ -246,7 +246,7 @@ fj_status fjc_pack_writer_finish(fjc_pack_writer *w, char *err,
   const char *what = "write";
   fj_status st = FJ_EIO;
   if (!w) {
-    fjc_errmsg(err, errlen, "fjc_pack_writer_finish: NULL writer");
+    fju_errmsg(err, errlen, "fjc_pack_writer_finish: NULL writer");
     return FJ_EINVAL;
   }
   index_size = (size_t)w->count * PACK_RECORD_SIZE;
@@ -274,7 +274,7 @@ fj_status fjc_pack_writer_finish(fjc_pack_writer *w, char *err,
   fjc_pack_writer_abort(w);
   return st;
 fail:
-  fjc_errmsg(err, errlen, "cannot %s pack %s: %s", what, w->path,
+  fju_errmsg(err, errlen, "cannot %s pack %s: %s", what, w->path,
              strerror(errno));
   fjc_pack_writer_abort(w);
   return st;
@@ -380,7 +380,7 @@ fj_status fjc_pack_open(const char *path, fjc_pack **out, char *err,
   const char *why;
   fj_status status = FJ_EIO;
   if (!path || !out) {
-    fjc_errmsg(err, errlen, "fjc_pack_open: NULL argument");
+    fju_errmsg(err, errlen, "fjc_pack_open: NULL argument");
     return FJ_EINVAL;
   }
   *out = NULL;
@@ -388,33 +388,33 @@ fj_status fjc_pack_open(const char *path, fjc_pack **out, char *err,
     p->fd = -1;
   if (!p || !(p->path = strdup(path))) {
     status = FJ_ENOMEM;
-    fjc_errmsg(err, errlen, "out of memory opening pack %s", path);
+    fju_errmsg(err, errlen, "out of memory opening pack %s", path);
     goto fail;
   }
   p->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (p->fd < 0 || fstat(p->fd, &st) != 0) {
-    fjc_errmsg(err, errlen, "cannot open pack %s: %s", path, strerror(errno));
+    fju_errmsg(err, errlen, "cannot open pack %s: %s", path, strerror(errno));
     goto fail;
   }
   status = FJ_ECACHE;
   p->file_size = (uint64_t)st.st_size;
   if (!S_ISREG(st.st_mode)) {
-    fjc_errmsg(err, errlen, "pack %s is not a regular file", path);
+    fju_errmsg(err, errlen, "pack %s is not a regular file", path);
     goto fail;
   }
   if (p->file_size < PACK_HEADER_SIZE ||
       fjc_pread_all(p->fd, p->header, PACK_HEADER_SIZE, 0) != 0) {
-    fjc_errmsg(err, errlen,
+    fju_errmsg(err, errlen,
                "pack %s is corrupt: file too short for a pack header", path);
     goto fail;
   }
   if ((why = check_header(p)) != NULL || (why = read_index(p)) != NULL) {
-    fjc_errmsg(err, errlen, "pack %s is corrupt: %s", path, why);
+    fju_errmsg(err, errlen, "pack %s is corrupt: %s", path, why);
     goto fail;
   }
   for (int i = 0; i < p->count; i++)
     if ((why = check_record(p, i)) != NULL) {
-      fjc_errmsg(err, errlen, "pack %s is corrupt: entry %d: %s", path, i, why);
+      fju_errmsg(err, errlen, "pack %s is corrupt: entry %d: %s", path, i, why);
       goto fail;
     }
   *out = p;

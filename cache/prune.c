@@ -10,8 +10,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "cache/errmsg.h"
 #include "cache/inspect.h"
+#include "util/errmsg.h"
 
 /* What prune keeps of an entry while it decides. */
 typedef struct candidate {
@@ -89,14 +89,14 @@ fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
   fj_status st;
   memset(rep, 0, sizeof *rep);
   if (!store || n_in_use < 0 || (n_in_use > 0 && !in_use_keys)) {
-    fjc_errmsg(err, errlen, "fjc_store_prune: invalid argument");
+    fju_errmsg(err, errlen, "fjc_store_prune: invalid argument");
     return FJ_EINVAL;
   }
   st = fjc_store_list(store, collect, &c, err, errlen);
   if (st != FJ_OK)
     goto done;
   if (c.failed) {
-    fjc_errmsg(err, errlen, "out of memory listing the kernel cache %s",
+    fju_errmsg(err, errlen, "out of memory listing the kernel cache %s",
                fjc_store_root(store));
     st = FJ_ENOMEM;
     goto done;
@@ -126,7 +126,7 @@ fj_status fjc_store_prune(fjc_store *store, uint64_t max_bytes,
     st = fjc_store_remove_dangling_aliases(store, &rep->aliases_removed, err,
                                            errlen);
   if (failures) {
-    fjc_errmsg(err, errlen, "%s%s", first_failure,
+    fju_errmsg(err, errlen, "%s%s", first_failure,
                failures > 1 ? " (and more entries could not be removed)" : "");
     st = FJ_EIO;
   }

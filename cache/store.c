@@ -5,8 +5,8 @@
 #include "cache/le.h"
 #include "cache/store.h"
 
-#include "cache/errmsg.h"
 #include "cache/fileio.h"
+#include "util/errmsg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -200,13 +200,13 @@ fj_status fjc_store_open(const char *root, uint64_t max_bytes, fj_log_fn log,
   if (out)
     *out = NULL;
   if (!out || !root) {
-    fjc_errmsg(err, errlen, "fjc_store_open: %s is NULL", out ? "root" : "out");
+    fju_errmsg(err, errlen, "fjc_store_open: %s is NULL", out ? "root" : "out");
     return FJ_EINVAL;
   }
   /* Room for "/<libver>/<arch>/<aa>/<key>.cubin" and a temp suffix. */
   if (strlen(root) >= STORE_PATH_MAX - 128) {
     st = FJ_EINVAL;
-    fjc_errmsg(err, errlen,
+    fju_errmsg(err, errlen,
                "cache directory path is too long (%zu bytes, at most %d): "
                "%.64s...",
                strlen(root), STORE_PATH_MAX - 129, root);
@@ -214,7 +214,7 @@ fj_status fjc_store_open(const char *root, uint64_t max_bytes, fj_log_fn log,
   }
   s = calloc(1, sizeof *s);
   if (!s || (root[0] && !(s->root = strdup(root)))) {
-    fjc_errmsg(err, errlen, "out of memory opening the kernel cache %s", root);
+    fju_errmsg(err, errlen, "out of memory opening the kernel cache %s", root);
     goto fail;
   }
   /* "dir/" and "dir" name one store; keep printed paths clean. */
@@ -347,18 +347,18 @@ static fj_status lookup_file(const char *who, const fjc_store *store,
                              const char *ext, void **data, size_t *size,
                              char *path, size_t n, char *err, size_t errlen) {
   if (!store || !key || !data || !size || !fjc_arch_is_valid(arch)) {
-    fjc_errmsg(err, errlen, "%s: invalid argument (arch '%s')", who,
+    fju_errmsg(err, errlen, "%s: invalid argument (arch '%s')", who,
                arch ? arch : "(null)");
     return FJ_EINVAL;
   }
   *data = NULL;
   *size = 0;
   if (!store->root) {
-    fjc_errmsg(err, errlen, "the kernel cache is disabled");
+    fju_errmsg(err, errlen, "the kernel cache is disabled");
     return FJ_ENOTFOUND;
   }
   if (entry_file(store, arch, key, ext, path, n)) {
-    fjc_errmsg(err, errlen, "cache path too long under %s", store->root);
+    fju_errmsg(err, errlen, "cache path too long under %s", store->root);
     return FJ_ENOTFOUND;
   }
   return FJ_OK;
@@ -382,7 +382,7 @@ fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
   if (fd < 0) {
     int e = errno;
     /* A missing entry is the normal miss; anything else is worth a note. */
-    fjc_errmsg(err, errlen, "%s: %s", path, strerror(e));
+    fju_errmsg(err, errlen, "%s: %s", path, strerror(e));
     if (e != ENOENT && e != ENOTDIR)
       fjc_store_log(store, FJ_LOG_WARN, "cannot read cache entry %s: %s", path,
                     strerror(e));
@@ -390,7 +390,7 @@ fj_status fjc_store_get(fjc_store *store, const char *arch, const fjc_key *key,
   }
   why = read_entry(fd, key, data, size);
   if (why) {
-    fjc_errmsg(err, errlen, "cache entry %s is corrupt (%s)", path, why);
+    fju_errmsg(err, errlen, "cache entry %s is corrupt (%s)", path, why);
     fjc_store_log(store, FJ_LOG_WARN,
               "ignoring corrupt cache entry %s (%s); it will be recompiled",
               path, why);
@@ -480,13 +480,13 @@ fj_status fjc_store_get_by_source(fjc_store *store, const char *arch,
     return st;
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    fjc_errmsg(err, errlen, "%s: %s", path, strerror(errno));
+    fju_errmsg(err, errlen, "%s: %s", path, strerror(errno));
     return FJ_ENOTFOUND;
   }
   bad = fjc_alias_read_fd(fd, &key);
   close(fd);
   if (bad) {
-    fjc_errmsg(err, errlen, "source-key alias %s is corrupt", path);
+    fju_errmsg(err, errlen, "source-key alias %s is corrupt", path);
     fjc_store_log(store, FJ_LOG_WARN, "ignoring corrupt source-key alias %s",
                   path);
     return FJ_ENOTFOUND;
@@ -565,7 +565,7 @@ static fj_status write_failed(fjc_store *s, const char *what, const char *path,
                               int errnum, char *err, size_t errlen) {
   char msg[STORE_PATH_MAX + 256];
   snprintf(msg, sizeof msg, "cannot %s %s: %s", what, path, strerror(errnum));
-  fjc_errmsg(err, errlen, "%s", msg);
+  fju_errmsg(err, errlen, "%s", msg);
   fjc_store_log(s, s->write_warned ? FJ_LOG_DEBUG : FJ_LOG_WARN,
                 "kernel cache: %s; kernels are kept in memory only", msg);
   s->write_warned = 1;
@@ -628,7 +628,7 @@ fj_status fjc_store_put(fjc_store *store, const char *arch, const fjc_key *key,
   put_path(path_out, path_len, "");
   if (!store || !key || !data || size == 0 || size > ENTRY_MAX_PAYLOAD ||
       !fjc_arch_is_valid(arch)) {
-    fjc_errmsg(err, errlen,
+    fju_errmsg(err, errlen,
                "fjc_store_put: invalid argument (arch '%s', %zu bytes)",
                arch ? arch : "(null)", size);
     return FJ_EINVAL;
@@ -675,7 +675,7 @@ fj_status fjc_store_lock(fjc_store *store, const char *arch, const fjc_key *key,
   if (lock_fd)
     *lock_fd = -1;
   if (!lock_fd || !store || !key || !fjc_arch_is_valid(arch)) {
-    fjc_errmsg(err, errlen, "fjc_store_lock: invalid argument (arch '%s')",
+    fju_errmsg(err, errlen, "fjc_store_lock: invalid argument (arch '%s')",
                arch ? arch : "(null)");
     return FJ_EINVAL;
   }

@@ -13,19 +13,9 @@
  */
 #include "gen/config.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
-static fj_status fail(char *err, size_t errlen, fj_status st, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return st;
-}
+#include "util/errmsg.h"
 
 /* "sm_" two or three digits, then "a" (architecture-specific features,
  * sm_90 and newer) or "f" (family, sm_100 and newer) or nothing; returns the
@@ -44,17 +34,17 @@ static int parse_arch(const char *arch) {
 }
 
 fj_status fjg_arch_check(const char *arch, int *sm_out, char *err, size_t errlen) {
-  if (!arch) return fail(err, errlen, FJ_EINVAL, "no target architecture given");
+  if (!arch) return fju_fail(err, errlen, FJ_EINVAL, "no target architecture given");
   int sm = parse_arch(arch);
   if (sm < 0 || strlen(arch) >= sizeof(((fjg_config *)0)->arch))
-    return fail(err, errlen, FJ_EINVAL,
-                "invalid architecture '%s' (expected sm_XY, e.g. sm_80 or sm_90a; "
-                "the suffix a from sm_90, f from sm_100)",
-                arch);
+    return fju_fail(err, errlen, FJ_EINVAL,
+                    "invalid architecture '%s' (expected sm_XY, e.g. sm_80 or sm_90a; "
+                    "the suffix a from sm_90, f from sm_100)",
+                    arch);
   if (sm < 80)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "architecture %s is not supported: flexjit needs sm_80 or newer "
-                "(bf16 mma.sync, cp.async)", arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "architecture %s is not supported: flexjit needs sm_80 or newer "
+                    "(bf16 mma.sync, cp.async)", arch);
   if (sm_out) *sm_out = sm;
   return FJ_OK;
 }
@@ -98,9 +88,9 @@ static int smem_per_sm(int sm) {
 static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
   const int sm = out->sm, head_dim = out->head_dim;
   if (head_dim == 256)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "head dim 256 needs the sm90 template (target sm_90a); the sm80 "
-                "template (%s) has 64 and 128", out->arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "head dim 256 needs the sm90 template (target sm_90a); the sm80 "
+                    "template (%s) has 64 and 128", out->arch);
   out->template_name = "sm80";
   out->num_warps = 4;
   out->num_stages = 2;
@@ -116,9 +106,9 @@ static fj_status choose_sm80(fjg_config *out, char *err, size_t errlen) {
   out->smem_bytes =
       (out->block_m + 2 * out->num_stages * out->block_n) * head_dim * 2;
   if (out->smem_bytes > max_smem_per_block(sm))
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "configuration needs %d bytes of shared memory, more than %s allows",
-                out->smem_bytes, out->arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "configuration needs %d bytes of shared memory, more than %s allows",
+                    out->smem_bytes, out->arch);
   return FJ_OK;
 }
 
@@ -172,8 +162,8 @@ int fjg_sm90_block_m_for(int block_m, int block_q) {
 static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
   const char *a = out->arch;
   if (out->sm != 90 || a[strlen(a) - 1] != 'a')
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "template sm90 needs target sm_90a (wgmma, setmaxnreg), not %s", a);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "template sm90 needs target sm_90a (wgmma, setmaxnreg), not %s", a);
   out->template_name = "sm90";
   out->uses_tma = 1;
   fjg_sm90_tile(out->head_dim, &out->block_m, &out->block_n);
@@ -190,9 +180,9 @@ static fj_status choose_sm90(fjg_config *out, char *err, size_t errlen) {
    * there, not measured faster). */
   if (out->head_dim == 128) fjg_config_set_persistent(out, 1);
   if (out->smem_bytes + SM90_STATIC_SMEM(out) > max_smem_per_block(out->sm))
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "configuration needs %d bytes of shared memory, more than %s allows",
-                out->smem_bytes, a);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "configuration needs %d bytes of shared memory, more than %s allows",
+                    out->smem_bytes, a);
   return FJ_OK;
 }
 
@@ -261,15 +251,15 @@ fj_status fjg_config_choose(int head_dim, fj_dtype dtype, const char *arch,
 static fj_status config_start(int head_dim, fj_dtype dtype, const char *arch,
                               fjg_config *out, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
-  if (!out) return fail(err, errlen, FJ_EINVAL, "no output configuration");
+  if (!out) return fju_fail(err, errlen, FJ_EINVAL, "no output configuration");
   memset(out, 0, sizeof *out);
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "head dim %d is not supported (supported: 64, 128, and 256 on sm_90a)",
-                head_dim);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "head dim %d is not supported (supported: 64, 128, and 256 on sm_90a)",
+                    head_dim);
   if (dtype != FJ_DTYPE_BF16 && dtype != FJ_DTYPE_F16)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "dtype %d is not supported (supported: bf16, f16)", (int)dtype);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "dtype %d is not supported (supported: bf16, f16)", (int)dtype);
   int sm = 0;
   fj_status ast = fjg_arch_check(arch, &sm, err, errlen);
   if (ast != FJ_OK) return ast;
@@ -291,8 +281,8 @@ fj_status fjg_config_choose_template(int head_dim, fj_dtype dtype,
   if (!template_name || strcmp(template_name, "sm80") == 0)
     return choose_sm80(out, err, errlen);
   if (strcmp(template_name, "sm90") == 0) return choose_sm90(out, err, errlen);
-  return fail(err, errlen, FJ_EINVAL,
-              "unknown template '%s' (known: sm80, sm90)", template_name);
+  return fju_fail(err, errlen, FJ_EINVAL,
+                  "unknown template '%s' (known: sm80, sm90)", template_name);
 }
 
 /* Must equal templates/sm80/bwd_config.cuh's FJB_SMEM_BYTES: K and V, two
@@ -312,8 +302,8 @@ static int sm80_bwd_smem_bytes(const fjg_config *c) {
  * Untuned. */
 static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen) {
   if (out->head_dim == 256)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "the backward pass has head dims 64 and 128, not 256 (%s)", out->arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "the backward pass has head dims 64 and 128, not 256 (%s)", out->arch);
   out->template_name = "sm80";
   out->num_stages = 2;
   const int small = small_smem(out->sm) && out->head_dim == 128;
@@ -323,9 +313,9 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
   out->threads = out->num_warps * 32;
   out->smem_bytes = sm80_bwd_smem_bytes(out);
   if (out->smem_bytes > max_smem_per_block(out->sm))
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "backward configuration needs %d bytes of shared memory, more than %s "
-                "allows", out->smem_bytes, out->arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "backward configuration needs %d bytes of shared memory, more than %s "
+                    "allows", out->smem_bytes, out->arch);
   return FJ_OK;
 }
 
@@ -362,11 +352,11 @@ int fjg_sm90_bwd_block_m(int head_dim) { return head_dim == 64 ? 128 : 64; }
 static fj_status choose_sm90_backward(fjg_config *out, char *err, size_t errlen) {
   const char *a = out->arch;
   if (out->sm != 90 || a[strlen(a) - 1] != 'a')
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "template sm90 needs target sm_90a (wgmma, setmaxnreg), not %s", a);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "template sm90 needs target sm_90a (wgmma, setmaxnreg), not %s", a);
   if (out->head_dim == 256)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "the backward pass has head dims 64 and 128, not 256 (%s)", out->arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "the backward pass has head dims 64 and 128, not 256 (%s)", out->arch);
   out->template_name = "sm90";
   out->uses_tma = 1;
   out->num_stages = 2;
@@ -377,9 +367,9 @@ static fj_status choose_sm90_backward(fjg_config *out, char *err, size_t errlen)
   out->persistent = 1;
   out->smem_bytes = sm90_bwd_smem_bytes(out);
   if (out->smem_bytes > max_smem_per_block(out->sm))
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "backward configuration needs %d bytes of shared memory, more than %s "
-                "allows", out->smem_bytes, out->arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "backward configuration needs %d bytes of shared memory, more than %s "
+                    "allows", out->smem_bytes, out->arch);
   return FJ_OK;
 }
 
@@ -410,8 +400,8 @@ fj_status fjg_config_choose_backward(int head_dim, fj_dtype dtype, const char *a
   if (!template_name || strcmp(template_name, "sm80") == 0)
     return choose_sm80_backward(out, err, errlen);
   if (strcmp(template_name, "sm90") == 0) return choose_sm90_backward(out, err, errlen);
-  return fail(err, errlen, FJ_EINVAL,
-              "unknown template '%s' (known: sm80, sm90)", template_name);
+  return fju_fail(err, errlen, FJ_EINVAL,
+                  "unknown template '%s' (known: sm80, sm90)", template_name);
 }
 
 /* Must equal templates/sm80/decode_config.cuh's FJD_SMEM_BYTES: the Q rows
@@ -426,11 +416,11 @@ fj_status fjg_config_choose_decode(int head_dim, fj_dtype dtype, const char *arc
   fj_status st = config_start(head_dim, dtype, arch, out, err, errlen);
   if (st != FJ_OK) return st;
   if (head_dim == 256)
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "the decode kernel has head dims 64 and 128, not 256 (%s)", out->arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "the decode kernel has head dims 64 and 128, not 256 (%s)", out->arch);
   if (warps != 0 && warps != 4 && warps != 8)
-    return fail(err, errlen, FJ_EUNSUPPORTED, "the decode kernel has 4 or 8 warps, not %d",
-                warps);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED, "the decode kernel has 4 or 8 warps, not %d",
+                    warps);
   out->template_name = "sm80";
   out->num_warps = warps ? warps : 4;
   out->block_n = 16 * out->num_warps;
@@ -451,13 +441,13 @@ fj_status fjg_config_choose_decode(int head_dim, fj_dtype dtype, const char *arc
     out->num_stages = fit < 2 ? 2 : fit > 4 ? 4 : fit;
   }
   if (out->num_stages < 2)
-    return fail(err, errlen, FJ_EUNSUPPORTED, "the decode kernel needs 2 or more stages");
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED, "the decode kernel needs 2 or more stages");
   out->threads = out->num_warps * 32;
   out->smem_bytes = decode_smem_bytes(out);
   if (out->smem_bytes > max_smem_per_block(out->sm))
-    return fail(err, errlen, FJ_EUNSUPPORTED,
-                "decode configuration needs %d bytes of shared memory, more than %s "
-                "allows", out->smem_bytes, out->arch);
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                    "decode configuration needs %d bytes of shared memory, more than %s "
+                    "allows", out->smem_bytes, out->arch);
   return FJ_OK;
 }
 

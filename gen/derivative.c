@@ -9,10 +9,10 @@
  */
 #include "gen/derivative.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "util/errmsg.h"
 
 typedef struct deriv {
   fjg_graph *g;
@@ -130,34 +130,24 @@ static void chain(deriv *d, int id, int g) {
   }
 }
 
-static fj_status fail(char *err, size_t errlen, fj_status st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static fj_status fail(char *err, size_t errlen, fj_status st, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return st;
-}
-
 fj_status fjg_derive_score(fjg_graph *g, uint64_t trainable, fjg_derivative *out,
                            char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   for (int i = 0; i < fjg_num_args(g) && i < 64; i++) {
     const fjg_arg *arg = fjg_arg_at(g, i);
     if ((trainable >> i & 1) && (arg->kind != FJ_ARG_BUFFER || arg->type != FJG_F32))
-      return fail(err, errlen, FJ_EINVAL,
-                  "'%s' is trainable but not an f32 buffer: only f32 buffers have "
-                  "gradients", arg->name);
+      return fju_fail(err, errlen, FJ_EINVAL,
+                      "'%s' is trainable but not an f32 buffer: only f32 buffers have "
+                      "gradients", arg->name);
   }
   const int root = fjg_score_root(g);
   if (root < 0) {
     out->dscore = fjg_const_f32(g, 1.0f);
-    return out->dscore < 0 ? fail(err, errlen, FJ_ESPEC, "%s", fjg_graph_error(g))
+    return out->dscore < 0 ? fju_fail(err, errlen, FJ_ESPEC, "%s", fjg_graph_error(g))
                            : FJ_OK;
   }
   deriv d = {g, malloc(sizeof(int32_t) * (size_t)(root + 1)), 0};
-  if (!d.adj) return fail(err, errlen, FJ_ENOMEM, "out of memory");
+  if (!d.adj) return fju_fail(err, errlen, FJ_ENOMEM, "out of memory");
   for (int i = 0; i <= root; i++) d.adj[i] = -1;
   d.adj[root] = cst(&d, 1.0f);
   out->dscore = -1;
@@ -170,9 +160,9 @@ fj_status fjg_derive_score(fjg_graph *g, uint64_t trainable, fjg_derivative *out
       out->dscore = adj;
     } else if (n->op == FJG_OP_LOAD && (trainable >> n->arg & 1)) {
       if (out->num_buffer_grads == FJG_MAX_BUFFER_GRADS) {
-        st = fail(err, errlen, FJ_EUNSUPPORTED,
-                  "score_mod reads trainable buffers at more than %d places",
-                  FJG_MAX_BUFFER_GRADS);
+        st = fju_fail(err, errlen, FJ_EUNSUPPORTED,
+                      "score_mod reads trainable buffers at more than %d places",
+                      FJG_MAX_BUFFER_GRADS);
         break;
       }
       out->buffer_grads[out->num_buffer_grads++] = (fjg_buffer_grad){n->arg, n->a, adj};
@@ -182,7 +172,7 @@ fj_status fjg_derive_score(fjg_graph *g, uint64_t trainable, fjg_derivative *out
   }
   if (st == FJ_OK && !d.failed && out->dscore < 0) out->dscore = cst(&d, 0.0f);
   if (st == FJ_OK && d.failed)
-    st = fail(err, errlen, FJ_ESPEC, "%s", fjg_graph_error(g));
+    st = fju_fail(err, errlen, FJ_ESPEC, "%s", fjg_graph_error(g));
   free(d.adj);
   return st;
 }

@@ -3,21 +3,10 @@
  */
 #include "runtime/tma.h"
 
-#include <stdarg.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 
-static fj_status tma_fail(char *err, size_t errlen, fj_status st,
-                          const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return st;
-}
+#include "util/errmsg.h"
 
 /* One tensor as the template sees it: (D, L, H, B) innermost first. */
 typedef struct tma_tensor {
@@ -44,13 +33,13 @@ static fj_status encode_one(const fjr_driver *drv, const fjg_config *cfg,
                             size_t errlen) {
   const int64_t esize = 2; /* bf16 and fp16 */
   if (t->ptr % 16 != 0)
-    return tma_fail(err, errlen, FJ_EINVAL,
+    return fju_fail(err, errlen, FJ_EINVAL,
                     "%s: TMA needs a 16-byte aligned address", t->what);
   normalize_unit_strides(t);
   cuuint64_t dims[4], strides[3];
   for (int i = 0; i < 4; i++) {
     if (t->dims[i] <= 0 || t->dims[i] > ((int64_t)1 << 32))
-      return tma_fail(err, errlen, FJ_EINVAL,
+      return fju_fail(err, errlen, FJ_EINVAL,
                       "%s: dimension %d has extent %lld, TMA allows 1 to 2^32",
                       t->what, i, (long long)t->dims[i]);
     dims[i] = (cuuint64_t)t->dims[i];
@@ -58,7 +47,7 @@ static fj_status encode_one(const fjr_driver *drv, const fjg_config *cfg,
   for (int i = 0; i < 3; i++) {
     int64_t bytes = t->strides[i] * esize;
     if (bytes <= 0 || bytes % 16 != 0 || bytes >= ((int64_t)1 << 40))
-      return tma_fail(err, errlen, FJ_EINVAL,
+      return fju_fail(err, errlen, FJ_EINVAL,
                       "%s: stride %lld elements of dimension %d: TMA needs a "
                       "positive multiple of 16 bytes below 2^40",
                       t->what, (long long)t->strides[i], i + 1);
@@ -78,7 +67,7 @@ static fj_status encode_one(const fjr_driver *drv, const fjg_config *cfg,
   if (r != CUDA_SUCCESS) {
     char text[256];
     fjr_driver_error_text(drv, r, text, sizeof text);
-    return tma_fail(err, errlen, FJ_ECUDA,
+    return fju_fail(err, errlen, FJ_ECUDA,
                     "%s: cuTensorMapEncodeTiled(dims %llu x %llu x %llu x %llu, "
                     "strides %llu, %llu, %llu bytes) failed: %s",
                     t->what, (unsigned long long)dims[0],
@@ -95,12 +84,12 @@ static fj_status encode_one(const fjr_driver *drv, const fjg_config *cfg,
 static fj_status maps_start(const fjr_driver *drv, const fjg_config *cfg, int args_ok,
                             const char *who, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
-  if (!drv || !cfg || !args_ok) return tma_fail(err, errlen, FJ_EINVAL, "%s: NULL argument", who);
+  if (!drv || !cfg || !args_ok) return fju_fail(err, errlen, FJ_EINVAL, "%s: NULL argument", who);
   if (!cfg->uses_tma)
-    return tma_fail(err, errlen, FJ_EINVAL, "template %s takes no tensor maps",
+    return fju_fail(err, errlen, FJ_EINVAL, "template %s takes no tensor maps",
                     cfg->template_name);
   if (!drv->cuTensorMapEncodeTiled)
-    return tma_fail(err, errlen, FJ_EUNSUPPORTED, "the driver has no cuTensorMapEncodeTiled");
+    return fju_fail(err, errlen, FJ_EUNSUPPORTED, "the driver has no cuTensorMapEncodeTiled");
   return FJ_OK;
 }
 
@@ -112,7 +101,7 @@ fj_status fjr_tma_bwd_maps_build(const fjr_driver *drv, const fjg_config *cfg,
   const fjr_tma_rows none = {0, 0};
   if (!rows) rows = &none;
   if ((p->cu_seqlens_q && rows->q_rows <= 0) || (p->cu_seqlens_k && rows->kv_rows <= 0))
-    return tma_fail(err, errlen, FJ_EINVAL,
+    return fju_fail(err, errlen, FJ_EINVAL,
                     "fjr_tma_bwd_maps_build: a packed tensor without its rows");
   memset(out, 0, sizeof *out);
   const int64_t D = cfg->head_dim;
@@ -157,7 +146,7 @@ fj_status fjr_tma_maps_build(const fjr_driver *drv, const fjg_config *cfg,
   const int q_packed = p->cu_seqlens_q != 0;
   const int kv_packed = p->cu_seqlens_k != 0, kv_paged = p->block_table != 0;
   if ((q_packed && rows->q_rows <= 0) || ((kv_packed || kv_paged) && rows->kv_rows <= 0))
-    return tma_fail(err, errlen, FJ_EINVAL,
+    return fju_fail(err, errlen, FJ_EINVAL,
                     "fjr_tma_maps_build: a packed or paged tensor without its rows");
   /* Packed q, k, v: one batch of total rows (a sequence's rows start at its
    * cu_seqlens offset: the kernel's coordinate). */
