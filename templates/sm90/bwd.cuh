@@ -116,9 +116,10 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // (rows past Lq fall in the head's or sequence's own padding rows, which
 // the post kernel does not read; a part wholly past Lq is not added), and
 // released once the reduce-add has read them: with two buffers a consumer,
-// the item after, so that a buffer is read while the consumer fills the
-// other; with one, at once (the consumer fills it again only after its next
-// S^T product). The tile's last buffers are released at its end: the
+// at the next item's start, before its claim's round trip and any wait for
+// another CTA's store (a buffer is read while the consumer fills the other);
+// with one, at once (the consumer fills it again only after its next S^T
+// product). The tile's last buffers are released at its end: the
 // consumers stage dK and dV in them. Lane 0 issues; every lane walks.
 // dq_accum is not zeroed (FJB_DQ_FIRST_STORE): a query tile's first
 // addition is a bulk copy (common/bwd_order.cuh). By default the writer
@@ -148,6 +149,15 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
       const bool first = rank == 0;
       fjb_sem_wait_thread(sem, rank);
 #else
+      // The item before's buffers go back once its adds have read them,
+      // ahead of this item's claim (an acquire: nothing after it is done
+      // before its round trip) and of any wait for another CTA's store:
+      // released after them, they kept the consumers waiting.
+      if (FJHB_DQ_BUFS == 2 && n > n0) {
+        fjh_bulk_wait_read_n<0>();
+        fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
+        fjh_mbar_arrive(sm.dq_empty(1, bi ^ 1));
+      }
       const int claim = fjb_claim_thread(sem);
       const bool first = claim == 0;
 #endif
@@ -190,13 +200,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
       fjh_fence_proxy_async_global();
       fjb_sem_release_thread(sem, rank + 1);
 #else
-      if (FJHB_DQ_BUFS == 2 && n > n0) {
-        fjh_bulk_wait_read_n<2>();  // the previous item's two groups
-        fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
-        fjh_mbar_arrive(sm.dq_empty(1, bi ^ 1));
-      }
-      // A first claimant's store, flagged once its writes are done, after
-      // the previous item's buffers went back to the consumers.
+      // A first claimant's store, flagged once its writes are done.
       if (first) {
         fjh_bulk_wait();
         fjh_fence_proxy_async_global();
