@@ -154,7 +154,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
       // before its round trip) and of any wait for another CTA's store:
       // released after them, they kept the consumers waiting.
       if (FJHB_DQ_BUFS == 2 && n > n0) {
-        fjh_bulk_wait_read_n<0>();
+        fjh_bulk_wait_read();
         fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
         fjh_mbar_arrive(sm.dq_empty(1, bi ^ 1));
       }
@@ -187,13 +187,13 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
         }
         fjh_bulk_commit();
         if constexpr (FJHB_DQ_BUFS == 1 && !FJ_DETERMINISTIC) {
-          fjh_bulk_wait_read_n<0>();
+          fjh_bulk_wait_read();
           fjh_mbar_arrive(sm.dq_empty(c, 0));
         }
       }
 #if FJ_DETERMINISTIC
       // The buffers go back once read, the turn once the adds are done.
-      fjh_bulk_wait_read_n<0>();
+      fjh_bulk_wait_read();
       fjh_mbar_arrive(sm.dq_empty(0, bi));
       fjh_mbar_arrive(sm.dq_empty(1, bi));
       fjh_bulk_wait();
@@ -212,7 +212,7 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
     it = w.next(p, it);
   }
   if (FJHB_DQ_BUFS == 2 && !FJ_DETERMINISTIC && lane == 0 && n > n0) {
-    fjh_bulk_wait_read_n<0>();
+    fjh_bulk_wait_read();
     fjh_mbar_arrive(sm.dq_empty(0, (n - 1) & 1));
     fjh_mbar_arrive(sm.dq_empty(1, (n - 1) & 1));
   }

@@ -85,11 +85,6 @@ __device__ __forceinline__ void fjh_bulk_commit() {
 __device__ __forceinline__ void fjh_bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
-// The thread's bulk groups but the newest N have read their shared memory.
-template <int N>
-__device__ __forceinline__ void fjh_bulk_wait_read_n() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
-}
 // The thread's bulk groups are complete: their writes to global memory
 // are done.
 __device__ __forceinline__ void fjh_bulk_wait() {
