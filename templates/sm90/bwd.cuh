@@ -151,8 +151,8 @@ __device__ __forceinline__ void fjhb_write_dq(const fj_bwd_params &p,
 #else
       // The item before's buffers go back once its adds have read them,
       // ahead of this item's claim (an acquire: nothing after it is done
-      // before its round trip) and of any wait for another CTA's store:
-      // released after them, they kept the consumers waiting.
+      // before its round trip) and of any wait for another CTA's store,
+      // so that neither holds the consumers, who fill them next.
       if (FJHB_DQ_BUFS == 2 && n > n0) {
         fjh_bulk_wait_read();
         fjh_mbar_arrive(sm.dq_empty(0, bi ^ 1));
