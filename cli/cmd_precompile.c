@@ -393,18 +393,26 @@ static void run_all(run_state *rs, int threads) {
 
 /* ---- output ------------------------------------------------------------- */
 
+/* Kernel i of a job's result: its own (0), then the others it compiled
+ * (the decode pass's), 1 + n_more in all. */
+static const fj_kernel_info *job_kernel(const job_result *r, int i) {
+  return i == 0 ? &r->info : &r->more[i - 1];
+}
+
 static void print_kernel_lines(const run_state *rs) {
   for (int i = 0; i < rs->n_jobs; i++) {
     const job_result *r = &rs->results[i];
     if (r->status != FJ_OK)
       continue;
-    char when[32];
-    if (r->info.from_cache)
-      snprintf(when, sizeof when, "cached");
-    else
-      snprintf(when, sizeof when, "%.0f ms", r->info.compile_ms);
-    printf("%-44s %s %8s  %s\n", r->info.name, r->info.key, when,
-           r->info.cubin_path);
+    for (int j = 0; j <= r->n_more; j++) {
+      const fj_kernel_info *k = job_kernel(r, j);
+      char when[32];
+      if (k->from_cache)
+        snprintf(when, sizeof when, "cached");
+      else
+        snprintf(when, sizeof when, "%.0f ms", k->compile_ms);
+      printf("%-44s %s %8s  %s\n", k->name, k->key, when, k->cubin_path);
+    }
   }
 }
 
@@ -416,19 +424,22 @@ static void print_summary(const run_state *rs, double seconds, int jobs) {
     const job_result *r = &rs->results[i];
     if (r->status != FJ_OK)
       continue;
-    if (r->info.from_cache) {
-      cached++;
-      continue;
-    }
-    compiled++;
-    total_ms += r->info.compile_ms;
-    if (r->info.compile_ms > slowest) {
-      slowest = r->info.compile_ms;
-      slowest_name = r->info.name;
+    for (int j = 0; j <= r->n_more; j++) {
+      const fj_kernel_info *k = job_kernel(r, j);
+      if (k->from_cache) {
+        cached++;
+        continue;
+      }
+      compiled++;
+      total_ms += k->compile_ms;
+      if (k->compile_ms > slowest) {
+        slowest = k->compile_ms;
+        slowest_name = k->name;
+      }
     }
   }
-  printf("compiled %d kernels (%d from cache) in %.1f s, -j %d",
-         compiled + cached, cached, seconds, jobs);
+  printf("compiled %d kernel%s (%d from cache) in %.1f s, -j %d", compiled + cached,
+         compiled + cached == 1 ? "" : "s", cached, seconds, jobs);
   if (rs->failed)
     printf(", %d FAILED", rs->failed);
   if (compiled)
@@ -492,9 +503,9 @@ static int write_pack(const run_state *rs, fjc_pack_writer *w,
   }
   for (int i = 0; i < rs->n_jobs; i++) {
     const job_result *r = &rs->results[i];
-    int bad = add_to_pack(w, store, &r->info, &warned) != 0;
-    for (int j = 0; j < r->n_more && !bad; j++)
-      bad = add_to_pack(w, store, &r->more[j], &warned) != 0;
+    int bad = 0;
+    for (int j = 0; j <= r->n_more && !bad; j++)
+      bad = add_to_pack(w, store, job_kernel(r, j), &warned) != 0;
     if (bad) {
       fjc_pack_writer_abort(w);
       fjc_store_close(store);

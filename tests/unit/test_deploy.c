@@ -12,6 +12,8 @@
  *    naming it.
  * 3. The .json sidecar beside a stored cubin is valid JSON (UTF-8) whatever
  *    bytes the spec's source holds.
+ * 4. precompile's summary and -v lines count every kernel it wrote (the
+ *    decode pass writes five cubins a job).
  *
  * Needs NVRTC to precompile; skips without it. No GPU.
  */
@@ -23,6 +25,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +135,35 @@ static void test_cache_directory_without_nvrtc(void **state) {
   assert_int_equal(fj_compile_decode(ctx, spec, &ko, &info), FJ_ENONVRTC);
   fj_spec_destroy(spec);
   fj_context_destroy(ctx);
+}
+
+static int cubins_seen;
+static int count_cubin(const char *path, const struct stat *st, int type, struct FTW *f) {
+  (void)st;
+  (void)f;
+  const size_t n = strlen(path);
+  if (type == FTW_F && n > 6 && strcmp(path + n - 6, ".cubin") == 0) cubins_seen++;
+  return 0;
+}
+
+static void test_precompile_counts_every_kernel(void **state) {
+  (void)state;
+  skip_without_nvrtc();
+  char cache[400];
+  snprintf(cache, sizeof cache, "%s", fjt_path("counted"));
+  assert_int_equal(fjt_flexjit(NULL, "precompile '%s' --out '%s' -v -j 1",
+                               fjt_path("manifest.lua"), cache),
+                   0);
+  cubins_seen = 0;
+  assert_int_equal(nftw(cache, count_cubin, 16, FTW_PHYS), 0);
+  /* forward, blockmask and backward one each; decode its four kernels and
+   * the merge's. */
+  assert_int_equal(cubins_seen, 8);
+  fjt_expect_in(fjt_out, "compiled 8 kernels (0 from cache)");
+  int lines = 0;
+  for (const char *l = fjt_out; (l = strstr(l, ".cubin\n")) != NULL; l++) lines++;
+  assert_int_equal(lines, 8);
+  fjt_expect_in(fjt_out, "fj_util_sm_80");
 }
 
 static void test_packs_from_the_environment(void **state) {
@@ -280,6 +312,7 @@ static void test_sidecar_is_json_whatever_the_source(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cache_directory_without_nvrtc),
+      cmocka_unit_test(test_precompile_counts_every_kernel),
       cmocka_unit_test(test_packs_from_the_environment),
       cmocka_unit_test(test_target_this_nvrtc_lacks),
       cmocka_unit_test(test_sidecar_is_json_whatever_the_source),
