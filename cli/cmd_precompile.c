@@ -81,11 +81,11 @@ typedef struct pc_opts {
 
 typedef struct job_result {
   fj_status status;
-  fj_kernel_info info;
-  /* Other kernels of the job, in separate cubins (the decode pass's other
-   * decode kernels and util kernels), packed with it. */
-  fj_kernel_info more[FJR_DECODE_KERNELS - 1];
-  int n_more;
+  /* The job's kernels, a cubin each: one, or the decode pass's (its decode
+   * kernels and the util kernels: runtime/decode.h). The first names the
+   * job. */
+  fj_kernel_info kernels[FJR_DECODE_KERNELS];
+  int n_kernels;
   char *error; /* malloc'd, when status != FJ_OK */
 } job_result;
 
@@ -226,26 +226,11 @@ static char *job_error(const job *j, const char *fmt, ...) {
   return out;
 }
 
-/* The decode pass: its kernels (runtime/decode.h), the 32-row 4-warp one
- * as the job's. */
-static fj_status compile_decode(fj_context *ctx, const fj_spec *spec,
-                                const fj_kernel_options *ko, job_result *r) {
-  fj_kernel_info all[FJR_DECODE_KERNELS];
-  int n = 0;
-  fj_status st = fjr_compile_decode_all(ctx, spec, ko, all, &n);
-  if (st != FJ_OK) return st;
-  r->info = all[2];
-  r->n_more = 0;
-  for (int i = 0; i < n; i++)
-    if (i != 2) r->more[r->n_more++] = all[i];
-  return FJ_OK;
-}
-
-/* Every kernel of the job has its cubin on disk. */
-static int all_stored(const job_result *r) {
-  for (int i = 0; i < r->n_more; i++)
-    if (!r->more[i].cubin_path[0]) return 0;
-  return 1;
+/* The first kernel of the job whose cubin is not on disk, or NULL. */
+static const fj_kernel_info *first_unstored(const job_result *r) {
+  for (int i = 0; i < r->n_kernels; i++)
+    if (!r->kernels[i].cubin_path[0]) return &r->kernels[i];
+  return NULL;
 }
 
 static void run_job(fj_context *ctx, const cli_manifest *m, int index,
@@ -281,21 +266,22 @@ static void run_job(fj_context *ctx, const cli_manifest *m, int index,
     return;
   }
   r->status = fj_spec_load_file(ctx, j.spec, &spec);
+  r->n_kernels = 1;
   /* The builder does not depend on the head dim or dtype: every job of
    * one (spec, arch) but the first finds it in the cache. */
   if (r->status == FJ_OK)
-    r->status = builder    ? fj_compile_block_mask(ctx, spec, j.arch, &r->info)
-                : backward ? fj_compile_backward(ctx, spec, &ko, &r->info)
-                : decode   ? compile_decode(ctx, spec, &ko, r)
-                           : fj_compile_forward(ctx, spec, &ko, &r->info);
+    r->status = builder    ? fj_compile_block_mask(ctx, spec, j.arch, &r->kernels[0])
+                : backward ? fj_compile_backward(ctx, spec, &ko, &r->kernels[0])
+                : decode   ? fjr_compile_decode_all(ctx, spec, &ko, r->kernels, &r->n_kernels)
+                           : fj_compile_forward(ctx, spec, &ko, &r->kernels[0]);
+  const fj_kernel_info *unstored = r->status == FJ_OK ? first_unstored(r) : NULL;
   if (r->status != FJ_OK)
     r->error = job_error(&j, "%s", fj_context_last_error(ctx));
-  else if (!r->info.cubin_path[0] || !all_stored(r)) {
+  else if (unstored) {
     /* Kept in memory only: the cache directory could not be written (the
      * store's warning was printed). */
     r->status = FJ_ECACHE;
-    r->error = job_error(&j, "%s was compiled but could not be stored",
-                         r->info.name);
+    r->error = job_error(&j, "%s was compiled but could not be stored", unstored->name);
   }
   fj_spec_destroy(spec);
 }
@@ -347,7 +333,7 @@ static void finish_job(run_state *rs, int index) {
     pc_error("%s", r->error ? r->error : "out of memory");
   }
   if (rs->tty)
-    draw_bar(rs, r->status == FJ_OK ? r->info.name : NULL);
+    draw_bar(rs, r->status == FJ_OK ? r->kernels[0].name : NULL);
   pthread_mutex_unlock(&rs->mu);
 }
 
@@ -393,19 +379,13 @@ static void run_all(run_state *rs, int threads) {
 
 /* ---- output ------------------------------------------------------------- */
 
-/* Kernel i of a job's result: its own (0), then the others it compiled
- * (the decode pass's), 1 + n_more in all. */
-static const fj_kernel_info *job_kernel(const job_result *r, int i) {
-  return i == 0 ? &r->info : &r->more[i - 1];
-}
-
 static void print_kernel_lines(const run_state *rs) {
   for (int i = 0; i < rs->n_jobs; i++) {
     const job_result *r = &rs->results[i];
     if (r->status != FJ_OK)
       continue;
-    for (int j = 0; j <= r->n_more; j++) {
-      const fj_kernel_info *k = job_kernel(r, j);
+    for (int j = 0; j < r->n_kernels; j++) {
+      const fj_kernel_info *k = &r->kernels[j];
       char when[32];
       if (k->from_cache)
         snprintf(when, sizeof when, "cached");
@@ -424,8 +404,8 @@ static void print_summary(const run_state *rs, double seconds, int jobs) {
     const job_result *r = &rs->results[i];
     if (r->status != FJ_OK)
       continue;
-    for (int j = 0; j <= r->n_more; j++) {
-      const fj_kernel_info *k = job_kernel(r, j);
+    for (int j = 0; j < r->n_kernels; j++) {
+      const fj_kernel_info *k = &r->kernels[j];
       if (k->from_cache) {
         cached++;
         continue;
@@ -504,8 +484,8 @@ static int write_pack(const run_state *rs, fjc_pack_writer *w,
   for (int i = 0; i < rs->n_jobs; i++) {
     const job_result *r = &rs->results[i];
     int bad = 0;
-    for (int j = 0; j <= r->n_more && !bad; j++)
-      bad = add_to_pack(w, store, job_kernel(r, j), &warned) != 0;
+    for (int j = 0; j < r->n_kernels && !bad; j++)
+      bad = add_to_pack(w, store, &r->kernels[j], &warned) != 0;
     if (bad) {
       fjc_pack_writer_abort(w);
       fjc_store_close(store);
