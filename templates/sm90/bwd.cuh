@@ -119,8 +119,8 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // at the next item's start, before its claim's round trip and any wait for
 // another CTA's store (a buffer is read while the consumer fills the other);
 // with one, at once (the consumer fills it again only after its next S^T
-// product). The tile's last buffers are released at its end: the
-// consumers stage dK and dV in them. Lane 0 issues; every lane walks.
+// product). The tile's last buffers are released at its end (a tail
+// piece's dK and dV are added through them: fjhb_add_rows). Lane 0 issues; every lane walks.
 // dq_accum is not zeroed (FJB_DQ_FIRST_STORE): a query tile's first
 // addition is a bulk copy (common/bwd_order.cuh). By default the writer
 // claims each item's query tile; the first claimant stores, and marks the

@@ -162,9 +162,10 @@ __device__ __forceinline__ int fjhb_dq_col0(int c) {
 // of 2-byte elements are stored as blocks of (rows x 64 elements), 128-byte
 // swizzled (TMA's layout); a dS^T buffer is
 // FJ_BLOCK_M / 64 such blocks of FJ_BLOCK_N rows; a dQ buffer is a tile of
-// dq_accum's tiled form (64 x FJHB_DQ_COLS floats). At the
-// end a consumer's dQ buffers hold its dK and then its dV tile
-// (FJHB_ROWS_BYTES each).
+// dq_accum's tiled form (64 x FJHB_DQ_COLS floats). At a tile's end
+// consumer c stages its dK tile (FJHB_ROWS_BYTES) in dS^T buffer c and its
+// dV tile after it where both fit (FJHB_ROWS_IN_DS), else in the dQ buffer
+// its tile's last item did not use (fjhb_smem::dv_out).
 constexpr int FJHB_OFF_K = 0;
 constexpr int FJHB_OFF_V = FJHB_OFF_K + FJHB_KV_BYTES;
 constexpr int FJHB_OFF_Q = FJHB_OFF_V + FJHB_KV_BYTES;
@@ -178,6 +179,9 @@ constexpr int FJHB_OFF_BAR = FJHB_OFF_ITEM + FJ_NUM_STAGES * 16;
 constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS + 5;
 constexpr int FJHB_OFF_SEQ = FJHB_OFF_BAR + 8 * FJHB_BARS;
 constexpr int FJHB_OFF_RING = FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
+// Whether a consumer's dK and dV tiles both fit in its dS^T buffer (not
+// at D=128 with 64-query items: dV goes to a dQ buffer).
+constexpr bool FJHB_ROWS_IN_DS = 2 * FJHB_ROWS_BYTES <= FJHB_DS_BYTES;
 // FJHB_ROWV: where the mask has one row value (FJ_MASK_ROWS, the generator's
 // fj_mask_rows: a query row's document id), producer warp 1 stores each
 // stage's rows' values after the ring, beside their LSE and delta, and the
@@ -214,8 +218,10 @@ static_assert(FJ_NUM_STAGES == 2, "sm90 backward: two Q / dO stages");
 static_assert(!(FJ_PERSISTENT && FJ_VARLEN), "sm90 backward: the persistent kernel is not packed");
 static_assert(!(FJ_PERSISTENT && FJ_DETERMINISTIC),
               "sm90 backward: the deterministic order needs the one-tile grid");
-static_assert(FJHB_DQ_BUFS * FJHB_DQ_BYTES >= 2 * FJHB_ROWS_BYTES,
-              "sm90 backward: a consumer's dQ buffers hold its dK and dV tiles");
+static_assert(FJHB_DS_BYTES >= FJHB_ROWS_BYTES &&
+                  (FJHB_ROWS_IN_DS || (FJHB_DQ_BUFS == 2 && FJHB_DQ_BYTES >= FJHB_ROWS_BYTES)),
+              "sm90 backward: a consumer's dS^T buffer holds its dK tile, and its dV tile "
+              "or a dQ buffer the last item did not use does");
 static_assert(FJHB_SMEM_BYTES <= 227 * 1024, "sm90 backward: shared memory over 227 KiB");
 static_assert(FJHB_DQ_ROWS == FJB_SEQ_PAD && FJHB_DQ_REGS / 4 * 128 * 16 == FJHB_DQ_BYTES,
               "sm90 backward: a consumer's dQ part is a tile of dq_accum");
@@ -239,13 +245,18 @@ struct fjhb_smem {
   __device__ unsigned q(int s) const { return base + FJHB_OFF_Q + s * FJHB_Q_BYTES; }
   __device__ unsigned dout(int s) const { return base + FJHB_OFF_DO + s * FJHB_Q_BYTES; }
   __device__ unsigned ds(int i) const { return base + FJHB_OFF_DS + i * FJHB_DS_BYTES; }
-  // Consumer c's dQ buffer i (below FJHB_DQ_BUFS); at the end its dK and
-  // dV tiles.
+  // Consumer c's dQ buffer i (below FJHB_DQ_BUFS).
   __device__ unsigned dq(int c, int i) const {
     return base + FJHB_OFF_DQ + (FJHB_DQ_BUFS * c + i) * FJHB_DQ_BYTES;
   }
-  __device__ unsigned dk_out(int c) const { return dq(c, 0); }
-  __device__ unsigned dv_out(int c) const { return dq(c, 0) + FJHB_ROWS_BYTES; }
+  // Where consumer c stages its dK and dV tiles at the end of a tile of n
+  // items in all (the count run on across tiles): dS^T buffer c, which
+  // both consumers' last dQ products have read by then; dV after dK where
+  // it fits, else dQ buffer n % FJHB_DQ_BUFS, which item n - 1 did not use.
+  __device__ unsigned dk_out(int c) const { return ds(c); }
+  __device__ unsigned dv_out(int c, int n) const {
+    return FJHB_ROWS_IN_DS ? ds(c) + FJHB_ROWS_BYTES : dq(c, n % FJHB_DQ_BUFS);
+  }
   __device__ unsigned lse(int s) const { return base + FJHB_OFF_LSE + s * FJ_BLOCK_M * 4; }
   __device__ unsigned delta(int s) const { return base + FJHB_OFF_DELTA + s * FJ_BLOCK_M * 4; }
   // Stage s's next item: four int32 (h, t, i, cls of fjb_item).

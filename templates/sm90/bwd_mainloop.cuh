@@ -403,12 +403,13 @@ __device__ __forceinline__ void fjhb_publish_dq(const fjhb_smem &sm, int c, int 
   fjh_mbar_arrive(sm.dq_full(c, m % FJHB_DQ_BUFS));
 }
 
-// dK and dV, staged in the consumer's dQ buffers as the element type
-// (fjhb_store_rows), to dk and dv: by TMA, or by the threads where a
-// packed sequence ends inside the consumer's rows.
+// dK and dV, staged as the element type (fjhb_store_rows) where
+// fjhb_smem's dk_out and dv_out put them after the tile's n items, to dk
+// and dv: by TMA, or by the threads where a packed sequence ends inside
+// the consumer's rows.
 __device__ __forceinline__ void fjhb_write_rows(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                                 const fjhb_smem &sm, int c, const fjb_walk &w,
-                                                int hk, bool leader) {
+                                                int hk, int n, bool leader) {
   const int b = w.b;
   const int wkv0 = w.kv0 + c * FJHB_WG_KV;
   fjh_fence_proxy_async();
@@ -424,7 +425,7 @@ __device__ __forceinline__ void fjhb_write_rows(const fj_bwd_params &p, const fj
 #pragma unroll
     for (int x = 0; x < FJHB_CHUNKS64; ++x) {
       fjh_tma_store_4d(&maps.dk, sm.dk_out(c) + x * (64 * 128), 64 * x, kr, hk, kb);
-      fjh_tma_store_4d(&maps.dv, sm.dv_out(c) + x * (64 * 128), 64 * x, kr, hk, kb);
+      fjh_tma_store_4d(&maps.dv, sm.dv_out(c, n) + x * (64 * 128), 64 * x, kr, hk, kb);
     }
     fjh_bulk_commit();
     fjh_bulk_wait_read();
@@ -447,7 +448,7 @@ __device__ __forceinline__ void fjhb_write_rows(const fj_bwd_params &p, const fj
                    : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dk_out(c) + off));
       fj_st_global_v4(gdk + r * p.dk_ss + x * 8, v0, v1, v2, v3);
       asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dv_out(c) + off));
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sm.dv_out(c, n) + off));
       fj_st_global_v4(gdv + r * p.dv_ss + x * 8, v0, v1, v2, v3);
     }
   }
@@ -807,13 +808,6 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
 
   fj_grad_flush(p.grads, gc);
 
-  // ---- dK (times scale) and dV through the consumer's dQ buffers, once
-  // the writer has released them: buffer i's last use is its u-th, u =
-  // (n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS.
-#pragma unroll
-  for (int i = 0; i < FJHB_DQ_BUFS; ++i)
-    fjh_mbar_wait_warp(sm.dq_empty(c, i),
-                       ((unsigned)((n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS) & 1u) ^ 1u);
   // The tile's piece (bwd.cuh, fjhb_take), from its ring slot, which the
   // warp has held since it read the tile there, and now releases.
   int piece = -1;
@@ -823,13 +817,33 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     __syncwarp();
     if ((fj_tid() & 31) == 0) fjh_mbar_arrive(sm.ring_empty(k & 1));
   }
+  // Buffer i of the consumer's dQ buffers is free once the writer has
+  // released its last use, its u-th, u = (n + FJHB_DQ_BUFS - 1 - i) /
+  // FJHB_DQ_BUFS.
   if (piece >= 0) {
+    // A piece's dK and dV are added through all of them (fjhb_add_rows).
+#pragma unroll
+    for (int i = 0; i < FJHB_DQ_BUFS; ++i)
+      fjh_mbar_wait_warp(sm.dq_empty(c, i),
+                         ((unsigned)((n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS) & 1u) ^ 1u);
     if (put) fjhb_add_rows(p, sm, c, piece, dk, dv, leader);
   } else {
+    // dK (times scale) and dV where dk_out and dv_out put them: in the
+    // consumer's dS^T buffer once both consumers' last dQ products, which
+    // read both buffers, are done (the barrier), and in the dQ buffer the
+    // last item did not use where dV does not fit beside dK. So the tile's
+    // end waits for none of its last item's reduce-adds.
+    if (!FJHB_ROWS_IN_DS) {
+      const int i = n % FJHB_DQ_BUFS;
+      fjh_mbar_wait_warp(sm.dq_empty(c, i),
+                         ((unsigned)((n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS) & 1u) ^ 1u);
+    }
+    fjh_bar_sync(FJHB_BAR_DS_FULL, 256);
     fjhb_store_rows(sm.dk_out(c), dk, p.scale);
-    fjhb_store_rows(sm.dv_out(c), dv, 1.f);
-    fjhb_write_rows(p, maps, sm, c, w, hk, leader);
+    fjhb_store_rows(sm.dv_out(c, n), dv, 1.f);
+    fjhb_write_rows(p, maps, sm, c, w, hk, n, leader);
   }
-  // The buffers take the next tile's dQ once the store has read them.
-  if (FJ_PERSISTENT) fjh_bar_sync(FJHB_BAR_WG + c, 128);
+  // The next tile's dS^T and dQ go to the buffers once both consumers'
+  // stores have read them (each consumer's dS^T goes to both dS^T buffers).
+  if (FJ_PERSISTENT) fjh_bar_sync(FJHB_BAR_DS_FULL, 256);
 }
