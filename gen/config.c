@@ -325,7 +325,7 @@ static fj_status choose_sm80_backward(fjg_config *out, char *err, size_t errlen)
  * block_m 64, one of 64 x head_dim at 128 (dQ split by columns or by rows);
  * two stages of LSE and delta; each stage's next item (four int32);
  * 1 + 3 * stages + 4 * (dQ buffers a consumer)
- * + 5 mbarriers (5: the persistent kernel's); the sequence's record (6
+ * + 6 mbarriers (6: the persistent kernel's); the sequence's record (6
  * int32: its sizes and rows in a packed batch); the persistent kernel's
  * ring of two slots of two int32 (a tile and its piece); two stages of the
  * mask's row values (FJHB_ROWV: one int32 a row), whether the spec has them
@@ -336,7 +336,7 @@ static int sm90_bwd_smem_bytes(const fjg_config *c) {
   return 1024 + (2 * c->block_n + 2 * c->num_stages * c->block_m) * c->head_dim * 2 +
          2 * c->block_n * c->block_m * 2 + 2 * dq_bufs * 64 * dq_cols * 4 +
          2 * c->num_stages * c->block_m * 4 + 16 * c->num_stages +
-         8 * (1 + 3 * c->num_stages + 4 * dq_bufs + 5) +
+         8 * (1 + 3 * c->num_stages + 4 * dq_bufs + 6) +
          4 * 6 + 8 * 2 + c->num_stages * c->block_m * 4;
 }
 

@@ -5,15 +5,15 @@
 // point that splits the CTA into its roles.
 //
 // Each role's function does one kv tile (the walk w), the CTA's k-th
-// (kv_full's and kv_empty's phases follow it), and takes by reference n,
+// (kv_full's, k_empty's and v_empty's phases follow it), and takes by reference n,
 // the items so far, which runs on from tile to tile (the stages, the dS^T
 // and dQ buffers and their phases follow it).
 #pragma once
 
-// Producer warp 0: K and V of the tile (in the persistent kernel once the
-// consumers are done with the tile before's; a tile without an item loads
-// none, a CTA must not exit with loads in flight, and completes kv_full's
-// phase by a bare arrival), then each item's Q and dO into its stage once
+// Producer warp 0: K and V of the tile (in the persistent kernel each once
+// the consumers are done with the tile before's: V first, v_empty; a tile
+// without an item loads none, a CTA must not exit with loads in flight, and
+// completes kv_full's phase by a bare arrival), then each item's Q and dO into its stage once
 // the consumers have released it. Lane 0 issues; every lane walks (the
 // walk's scan votes across the warp).
 __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bwd_maps &maps,
@@ -25,20 +25,27 @@ __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bw
   const int qb = FJ_VARLEN && p.cu_seqlens_q != nullptr ? 0 : w.b;
   const int kb = FJ_VARLEN && p.cu_seqlens_k != nullptr ? 0 : w.b;
   fjb_item it = w.first(p);
-  if (lane == 0 && FJ_PERSISTENT) fjh_mbar_wait(sm.kv_empty(), ((unsigned)k & 1u) ^ 1u);
-  if (lane == 0 && w.done(it)) fjh_mbar_arrive(sm.kv_full());
+  const unsigned kph = ((unsigned)k & 1u) ^ 1u;  // the tile before's
+  if (lane == 0 && w.done(it)) {
+    if (FJ_PERSISTENT) fjh_mbar_wait(sm.v_empty(), kph);
+    if (FJ_PERSISTENT) fjh_mbar_wait(sm.k_empty(), kph);
+    fjh_mbar_arrive(sm.kv_full());
+  }
   if (!w.done(it) && lane == 0) {
     fjh_tma_prefetch_desc(&maps.q);
     fjh_tma_prefetch_desc(&maps.dout);
-    fjh_mbar_arrive_expect_tx(sm.kv_full(), 2 * FJHB_KV_BYTES);
     const int kr = w.seq(p).k_row0 + w.kv0;
+    if (FJ_PERSISTENT) fjh_mbar_wait(sm.v_empty(), kph);
+    fjh_mbar_arrive_expect_tx(sm.kv_full(), 2 * FJHB_KV_BYTES);
 #pragma unroll
-    for (int x = 0; x < FJHB_CHUNKS64; ++x) {
-      fjh_tma_load_4d(sm.k() + x * (FJ_BLOCK_N * 128), &maps.k, 64 * x, kr, hk, kb,
-                      sm.kv_full());
+    for (int x = 0; x < FJHB_CHUNKS64; ++x)
       fjh_tma_load_4d(sm.v() + x * (FJ_BLOCK_N * 128), &maps.v, 64 * x, kr, hk, kb,
                       sm.kv_full());
-    }
+    if (FJ_PERSISTENT) fjh_mbar_wait(sm.k_empty(), kph);
+#pragma unroll
+    for (int x = 0; x < FJHB_CHUNKS64; ++x)
+      fjh_tma_load_4d(sm.k() + x * (FJ_BLOCK_N * 128), &maps.k, 64 * x, kr, hk, kb,
+                      sm.kv_full());
   }
   for (; !w.done(it); ++n) {
     const int s = n & 1;
@@ -394,7 +401,8 @@ fj_attention_bwd(const __grid_constant__ fj_bwd_params p,
         fjh_mbar_init(sm.dq_empty(c, i), 1);   // the writer
       }
 #if FJ_PERSISTENT
-    fjh_mbar_init(sm.kv_empty(), 256);  // every consumer thread
+    fjh_mbar_init(sm.k_empty(), 256);  // every consumer thread
+    fjh_mbar_init(sm.v_empty(), 256);
     for (int s = 0; s < 2; ++s) {
       fjh_mbar_init(sm.ring_full(s), 1);
       fjh_mbar_init(sm.ring_empty(s), FJHB_RING_READERS);

@@ -78,9 +78,11 @@
 // within a group, so that a causal mask's long tiles are dealt before its
 // short ones). Producer warp 0 takes them and hands each to
 // the other roles through a ring of two slots in shared memory. The stage,
-// dS^T and dQ buffer counts run on from tile to tile; K and V of the next
-// tile load once both consumers have waited for their last product of the
-// tile (kv_empty), while they store dK and dV. So part of a tile's fixed
+// dS^T and dQ buffer counts run on from tile to tile; V of the next tile
+// loads once both consumers have their tile's last dP^T product (v_empty),
+// while the last item's other products run, and K once they have waited for
+// their last product (k_empty), while they store dK and dV. So part of a
+// tile's fixed
 // cost (K and V in flight, the first items' loads), which the one-tile
 // kernel pays with the SM idle (about two items' time a CTA at D=128),
 // overlaps the tile before. Where the tiles are one round and a few more
@@ -153,9 +155,9 @@ __device__ __forceinline__ int fjhb_dq_col0(int c) {
 // mbarriers: K/V full; per stage Q/dO
 // full, LSE/delta full, stage empty; per consumer and dQ buffer full (the
 // consumer's 128 threads have written it) and empty (the writer's
-// reduce-add has read it); the persistent kernel's K/V empty (both
-// consumers are done with the tile's K and V) and per ring slot full and
-// empty; then the sequence's record (common/fj_bwd.cuh's fjb_seq_sts:
+// reduce-add has read it); the persistent kernel's K empty and V empty
+// (both consumers are done with the tile's K, its V) and per ring slot full
+// and empty; then the sequence's record (common/fj_bwd.cuh's fjb_seq_sts:
 // FJB_SEQ_WORDS words), which the roles read where they use it, and the
 // ring's two slots of two words (a kv tile's position in the one-tile
 // grid's order, -1: no more; its piece, -1: the whole tile). Tiles
@@ -176,7 +178,7 @@ constexpr int FJHB_OFF_LSE = FJHB_OFF_DQ + 2 * FJHB_DQ_BUFS * FJHB_DQ_BYTES;
 constexpr int FJHB_OFF_DELTA = FJHB_OFF_LSE + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 constexpr int FJHB_OFF_ITEM = FJHB_OFF_DELTA + FJ_NUM_STAGES * FJ_BLOCK_M * 4;
 constexpr int FJHB_OFF_BAR = FJHB_OFF_ITEM + FJ_NUM_STAGES * 16;
-constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS + 5;
+constexpr int FJHB_BARS = 1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS + 6;
 constexpr int FJHB_OFF_SEQ = FJHB_OFF_BAR + 8 * FJHB_BARS;
 constexpr int FJHB_OFF_RING = FJHB_OFF_SEQ + 4 * FJB_SEQ_WORDS;
 // Whether a consumer's dK and dV tiles both fit in its dS^T buffer (not
@@ -276,11 +278,14 @@ struct fjhb_smem {
     return base + FJHB_OFF_BAR +
            8 * (1 + 3 * FJ_NUM_STAGES + 2 * FJHB_DQ_BUFS + FJHB_DQ_BUFS * c + i);
   }
-  __device__ unsigned kv_empty() const {
+  // The persistent kernel's: both consumers are done with the tile's K
+  // (k_empty) and with its V (v_empty); the ring's slots.
+  __device__ unsigned k_empty() const {
     return base + FJHB_OFF_BAR + 8 * (1 + 3 * FJ_NUM_STAGES + 4 * FJHB_DQ_BUFS);
   }
-  __device__ unsigned ring_full(int s) const { return kv_empty() + 8 * (1 + s); }
-  __device__ unsigned ring_empty(int s) const { return kv_empty() + 8 * (3 + s); }
+  __device__ unsigned v_empty() const { return k_empty() + 8; }
+  __device__ unsigned ring_full(int s) const { return k_empty() + 8 * (2 + s); }
+  __device__ unsigned ring_empty(int s) const { return k_empty() + 8 * (4 + s); }
   __device__ unsigned seq() const { return base + FJHB_OFF_SEQ; }
   // Ring slot s: the take's tile, then its piece (ring_piece).
   __device__ unsigned ring(int s) const { return base + FJHB_OFF_RING + 8 * s; }

@@ -743,6 +743,9 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
         for (int e = 0; e < 4; ++e) pa[kk][e] = dsa[kk][e] = 0u;
     }
 #endif
+    // The tile's last dP^T product is done: the producer may load the next
+    // tile's V while the last item's other products run.
+    if (FJ_PERSISTENT && w.done(fjhb_get_item(sm.next_item(s)))) fjh_mbar_arrive(sm.v_empty());
     // dS^T into buffer n & 1: the other consumer finished reading it (two
     // items ago) before it arrived at the previous item's barrier below.
     const int bi = n & 1;
@@ -797,9 +800,12 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
   fjh_wgmma_wait<0>();
   fjh_fence_regs(sacc);
 #endif
-  // K and V are read (the last dQ product was waited for): the producer may
-  // load the next tile's while dK and dV go out.
-  if (FJ_PERSISTENT) fjh_mbar_arrive(sm.kv_empty());
+  // K is read (the last dQ product was waited for): the producer may load
+  // the next tile's while dK and dV go out; and V, where the tile had no item.
+  if (FJ_PERSISTENT) {
+    if (!put) fjh_mbar_arrive(sm.v_empty());
+    fjh_mbar_arrive(sm.k_empty());
+  }
   if (put) {
     if (!FJHB_ST_AHEAD) fjhb_store_dq_buf(sm, c, n - 1, dq, 1.f);
     fjh_fence_proxy_async();
