@@ -5,17 +5,17 @@
 // point that splits the CTA into its roles.
 //
 // Each role's function does one kv tile (the walk w), the CTA's k-th
-// (kv_full's, k_empty's and v_empty's phases follow it), and takes by reference n,
-// the items so far, which runs on from tile to tile (the stages, the dS^T
-// and dQ buffers and their phases follow it).
+// (kv_full's, k_empty's and v_empty's phases follow it), and takes by
+// reference n, the items so far, which runs on from tile to tile (the
+// stages, the dS^T and dQ buffers and their phases follow it).
 #pragma once
 
 // Producer warp 0: K and V of the tile (in the persistent kernel each once
 // the consumers are done with the tile before's: V first, v_empty; a tile
 // without an item loads none, a CTA must not exit with loads in flight, and
-// completes kv_full's phase by a bare arrival), then each item's Q and dO into its stage once
-// the consumers have released it. Lane 0 issues; every lane walks (the
-// walk's scan votes across the warp).
+// completes kv_full's phase by a bare arrival), then each item's Q and dO
+// into its stage once the consumers have released it. Lane 0 issues; every
+// lane walks (the walk's scan votes across the warp).
 __device__ __forceinline__ void fjhb_produce(const fj_bwd_params &p, const fj_bwd_maps &maps,
                                              const fjhb_smem &sm, const fjb_walk &w, int hk,
                                              int k, int &n) {
@@ -127,7 +127,8 @@ __device__ __forceinline__ void fjhb_produce_rows(const fj_bwd_params &p, const 
 // another CTA's store (a buffer is read while the consumer fills the other);
 // with one, at once (the consumer fills it again only after its next S^T
 // product). The tile's last buffers are released at its end (a tail
-// piece's dK and dV are added through them: fjhb_add_rows). Lane 0 issues; every lane walks.
+// piece's dK and dV are added through them: fjhb_add_rows). Lane 0
+// issues; every lane walks.
 // dq_accum is not zeroed (FJB_DQ_FIRST_STORE): a query tile's first
 // addition is a bulk copy (common/bwd_order.cuh). By default the writer
 // claims each item's query tile; the first claimant stores, and marks the

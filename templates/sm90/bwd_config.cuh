@@ -82,8 +82,7 @@
 // loads once both consumers have their tile's last dP^T product (v_empty),
 // while the last item's other products run, and K once they have waited for
 // their last product (k_empty), while they store dK and dV. So part of a
-// tile's fixed
-// cost (K and V in flight, the first items' loads), which the one-tile
+// tile's fixed cost (K and V in flight, the first items' loads), which the one-tile
 // kernel pays with the SM idle (about two items' time a CTA at D=128),
 // overlaps the tile before. Where the tiles are one round and a few more
 // (runtime/backward.c, tail_split), the last round's few tiles would each
