@@ -19,6 +19,7 @@
 
 #include "cli/bench.h"
 #include "cli/cli.h"
+#include "cli/random.h"
 #include "cli/run_serving.h"
 #include "gen/config.h"
 #include "gen/interval.h"
@@ -160,7 +161,10 @@ static int bind_buffer(run_state *s, int a, const fjg_arg *decl,
   return -1;
 }
 
-static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt);
+/* Standard normal values rounded to dt, from the next seed of *st. */
+static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt) {
+  cli_fill_normal(x, n, cli_splitmix64(st), dt, 0);
+}
 
 /* A buffer the command line does not give is generated, so that every
  * example runs as it is: max(Lq + q offset, Lk + kv offset) values (one a
@@ -248,19 +252,6 @@ static int bind_values(run_state *s) {
 }
 
 /* ---- host inputs ---- */
-
-/* Standard normal values (Box-Muller), rounded to the kernel's dtype. */
-static void fill_normal(float *x, size_t n, uint64_t *st, fj_dtype dt) {
-  for (size_t i = 0; i < n; i += 2) {
-    double u = ((cli_splitmix64(st) >> 11) + 0.5) * 0x1p-53;
-    double v = ((cli_splitmix64(st) >> 11) + 0.5) * 0x1p-53;
-    double r = sqrt(-2.0 * log(u));
-    x[i] = fjg_round_to_dtype((float)(r * cos(6.283185307179586 * v)), dt);
-    if (i + 1 < n)
-      x[i + 1] = fjg_round_to_dtype((float)(r * sin(6.283185307179586 * v)),
-                                    dt);
-  }
-}
 
 /* The shape of the host q (is_q) or k and v: [B, H, L, D], or with
  * --varlen the packed [total, H, D]. Returns the dimension count. */

@@ -9,15 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/random.h"
 #include "gen/eval.h"
 #include "gen/reference.h"
-
-uint64_t cli_splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 int cli_seqs_wanted(const run_config *c) {
   return c->page_size || c->seqlens_k || c->varlen_n;

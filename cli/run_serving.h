@@ -126,7 +126,4 @@ int64_t cli_seqs_pairs(const cli_seqs *L, const run_config *c,
 int64_t cli_seqs_kv_read(const cli_seqs *L, const run_config *c,
                          const fjg_graph *g, const fjg_env *env);
 
-/* The random generator of `run` (splitmix64). */
-uint64_t cli_splitmix64(uint64_t *state);
-
 #endif /* FJ_CLI_RUN_SERVING_H */

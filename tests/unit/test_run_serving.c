@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "cli/random.c"
 #include "cli/run_serving.c"
 #include "lua/spec.h"
 
