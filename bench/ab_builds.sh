@@ -13,7 +13,9 @@
 #   CASES_FILE (a file, where builds are folders): one case a line, `SPEC B
 #   H L D [flexjit run options...]` (SPEC names examples/SPEC.lua); without
 #   it the cases below. ROUNDS (default 2), AB_OPTIONS (default "--backward
-#   --warmup-ms 30 --rep-ms 150") from the environment.
+#   --warmup-ms 30 --rep-ms 150") and AB_RUN_TIMEOUT (seconds a run may
+#   take, default 120: a build that hangs costs one run, not the call) from
+#   the environment.
 # AB_PRECOMPILE=1, on the CPU machine: no timing; each build compiles the
 # cases' kernels (bf16, sm_90a: forward, its long-row variant and backward,
 # for every spec and head dim of the cases) into its cache folder, which,
@@ -25,7 +27,7 @@ builds=() cases=
 for arg in "$@"; do
   if [ -f "$arg" ] && [ "$arg" = "${!#}" ]; then cases=$arg; else builds+=("$arg"); fi
 done
-[ ${#builds[@]} -ge 2 ] || { sed -n '2,21p' "$0"; exit 2; }
+[ ${#builds[@]} -ge 2 ] || { sed -n '2,23p' "$0"; exit 2; }
 for b in "${builds[@]}"; do
   [ -x "${b%%:*}/flexjit" ] || { echo "ab_builds: no ${b%%:*}/flexjit" >&2; exit 2; }
 done
@@ -52,7 +54,7 @@ run() {
   local dir=${build%%:*} defs=${FLEXJIT_KERNEL_DEFINES:-}
   [ "$build" = "$dir" ] || defs="${defs:+$defs }${build#"$dir:"}"
   LD_LIBRARY_PATH="$dir/lib" FLEXJIT_CACHE_DIR="$cache/$(name "$build" | tr ':,=' '_._')" \
-    FLEXJIT_KERNEL_DEFINES="${defs//,/ }" \
+    FLEXJIT_KERNEL_DEFINES="${defs//,/ }" timeout "${AB_RUN_TIMEOUT:-120}" \
     "$dir/flexjit" run "examples/$spec.lua" --batch "$bsz" --heads "$heads" \
     --q-len "$len" --head-dim "$dim" --bench "${opts[@]}" "$@" < /dev/null 2>&1 |
     grep -E "median|rror" | tr '\n' ' '
