@@ -22,12 +22,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/inspect.h"
 #include "cache/pack.h"
-#include "cache/store.h"
 #include "cli/commands.h"
 #include "cli/manifest.h"
 #include "runtime/nvrtc.h"
+#include "tests/unit/store_count.h"
 
 #include "cli/args.c"
 #include "cli/cmd_precompile.c"
@@ -200,12 +199,6 @@ static int precompile(const fixture *f, const char *out) {
   return fj_cli_precompile(7, argv);
 }
 
-static int count_entry(void *user, const fjc_entry_info *e) {
-  (void)e;
-  ++*(int *)user;
-  return 0;
-}
-
 /* Compiles spec_text in a context on cache_dir; returns its info. */
 static void compile_spec(const char *cache_dir, const char *spec_text,
                          fj_kernel_info *info) {
@@ -236,14 +229,7 @@ static void test_precompile_to_directory(void **state) {
   assert_int_equal(precompile(f, out), 0);
   printf("cold precompile of 2 kernels, -j 2: %.2f s\n", now_s() - t0);
 
-  fjc_store *s = NULL;
-  char err[256];
-  int n = 0;
-  assert_int_equal(fjc_store_open(out, 0, NULL, NULL, &s, err, sizeof err),
-                   FJ_OK);
-  assert_int_equal(fjc_store_list(s, count_entry, &n, NULL, 0), FJ_OK);
-  assert_int_equal(n, 2);
-  fjc_store_close(s);
+  assert_int_equal(fjt_store_count(out), 2);
 
   /* A host program pointed at the directory finds both without NVRTC. */
   fj_kernel_info info;
@@ -409,13 +395,7 @@ static int precompile_count(fixture *f, const char *fields) {
   snprintf(out, sizeof out, "%s/cache", f->dir);
   char *argv[] = {"precompile", manifest, "--out", out, "-j", "4", NULL};
   assert_int_equal(fj_cli_precompile(6, argv), 0);
-  fjc_store *s = NULL;
-  char err[256];
-  int n = 0;
-  assert_int_equal(fjc_store_open(out, 0, NULL, NULL, &s, err, sizeof err), FJ_OK);
-  assert_int_equal(fjc_store_list(s, count_entry, &n, NULL, 0), FJ_OK);
-  fjc_store_close(s);
-  return n;
+  return fjt_store_count(out);
 }
 
 /* forward_blockmask: at D=64 on sm_90a the 128-row kernel, a second entry

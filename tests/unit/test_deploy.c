@@ -29,14 +29,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/inspect.h"
 #include "cache/key.h"
 #include "cache/meta.h"
 #include "cache/pack.h"
-#include "cache/store.h"
 #include "flexjit.h"
 #include "runtime/nvrtc.h"
 #include "tests/unit/cli_run.h"
+#include "tests/unit/store_count.h"
 
 static const char kCausal[] = "return { name = 'deploy', mask_mod = causal() }\n";
 
@@ -138,12 +137,6 @@ static void test_cache_directory_without_nvrtc(void **state) {
   fj_context_destroy(ctx);
 }
 
-static int count_entry(void *user, const fjc_entry_info *e) {
-  (void)e;
-  ++*(int *)user;
-  return 0;
-}
-
 static void test_precompile_counts_every_kernel(void **state) {
   (void)state;
   skip_without_nvrtc();
@@ -152,12 +145,7 @@ static void test_precompile_counts_every_kernel(void **state) {
   assert_int_equal(fjt_flexjit(NULL, "precompile '%s' --out '%s' -v -j 1",
                                fjt_path("manifest.lua"), cache),
                    0);
-  fjc_store *store = NULL;
-  char err[256];
-  int stored = 0;
-  assert_int_equal(fjc_store_open(cache, 0, NULL, NULL, &store, err, sizeof err), FJ_OK);
-  assert_int_equal(fjc_store_list(store, count_entry, &stored, NULL, 0), FJ_OK);
-  fjc_store_close(store);
+  const int stored = fjt_store_count(cache);
   /* forward, blockmask and backward one each; decode its four kernels and
    * the util kernels (the LSE merge, the CSR conversion). */
   assert_int_equal(stored, 8);
