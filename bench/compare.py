@@ -21,9 +21,11 @@ case, so a run cut short keeps what it measured).
 
 flexjit is also timed in-process (the fjpy columns, "flexjit in-process"):
 flexjit.attention from the Python package, on the same tensors, by the same
-do_bench call as the baselines, right after them; the ratios use it where it
-ran (--no-in-process skips it; bench/README.md says where the package and its
-library are found).
+do_bench call as the baselines, in rounds with them (--rounds, 2 by
+default: every other round in reverse order, each column's median, so that
+the GPU's drift in clock as it heats falls on every column alike); the
+ratios use it where it ran (--no-in-process skips it; bench/README.md says
+where the package and its library are found).
 
 FLOPs count only allowed (q, kv) pairs: 4 * B * H * D * pairs, for every
 implementation alike (the convention of ../shared/anchors).
@@ -49,6 +51,7 @@ FLOPs: 2.5x the forward's for the backward, 3.5x for forward+backward.
                                              # serving cases: compare_serving.py
 """
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -56,6 +59,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -507,6 +511,14 @@ def flexjit_package(binary):
     return flexjit, None
 
 
+def add_rounds_option(ap):
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="time the in-process columns (the baselines and "
+                    "flexjit's package) this many times, in turn forward "
+                    "and in reverse order, and report each one's median "
+                    "(default 2; 1: once, baselines first)")
+
+
 def add_flexjit_option(ap):
     """--flexjit, for the scripts that load the package as flexjit_package
     does (kernel_times.py, spread.py)."""
@@ -556,9 +568,55 @@ def in_process(args, res, spec_path, extra, S, doc):
     return lambda table: flexjit_call(fj, spec_path, extra, S, doc, table)
 
 
-def fjpy_column(res, q, k, v, make_fj, bench):
-    """fjpy_ms: flexjit in this process (make_fj: in_process's; None: no
-    such column), by the baselines' own do_bench call (bench)."""
+class Rounds:
+    """The in-process columns of a case, timed by one do_bench call in
+    rounds. A column is added once it has run (compiled, synchronized);
+    run() then times every column `rounds` times, in the order added in
+    even rounds and in the reverse order in odd ones. The GPU heats and its
+    clock falls under sustained work at its power limit, so a column timed
+    last in every round would take the drift alone; alternating the order
+    spreads it over every column alike (docs/benchmarking.md). A column's
+    figure res[key + "_ms"] is the median of its rounds, all of them in
+    res[key + "_ms_rounds"]; one that fails sets res[key + "_err"] and is
+    not timed again. A column added with `within` (a context manager's
+    factory, e.g. SDPA's backend choice) is timed inside it. bench(fn) times
+    a call (default: do_bench with the budgets)."""
+
+    def __init__(self, budgets, rounds, bench=None):
+        self.budgets, self.rounds, self.entries = budgets, rounds, []
+        self.bench = bench or self.do_bench
+
+    def do_bench(self, fn):
+        import triton
+
+        return triton.testing.do_bench(fn, warmup=self.budgets[0],
+                                       rep=self.budgets[1],
+                                       return_mode="median")
+
+    def add(self, key, fn, within=contextlib.nullcontext):
+        self.entries.append((key, fn, within))
+
+    def run(self, res):
+        times = {key: [] for key, _, _ in self.entries}
+        for r in range(self.rounds):
+            for key, fn, within in (self.entries if r % 2 == 0
+                                    else self.entries[::-1]):
+                if key + "_err" in res:
+                    continue
+                try:
+                    with within():
+                        times[key].append(self.bench(fn))
+                except Exception as e:  # report, keep going
+                    res[key + "_err"] = short_error(e)
+        for key, t in times.items():
+            if t and key + "_err" not in res:
+                res[key + "_ms"] = statistics.median(t)
+                res[key + "_ms_rounds"] = t
+
+
+def fjpy_column(res, q, k, v, make_fj, timer):
+    """The fjpy column: flexjit in this process (make_fj: in_process's;
+    None: no such column), added to the baselines' timer."""
     import torch
 
     if make_fj is None:
@@ -567,17 +625,16 @@ def fjpy_column(res, q, k, v, make_fj, bench):
         fj = make_fj(None)
         fj(q, k, v)
         torch.cuda.synchronize()
-        res["fjpy_ms"] = bench(lambda: fj(q, k, v))
+        timer.add("fjpy", lambda: fj(q, k, v))
     except Exception as e:
         res["fjpy_err"] = short_error(e)
 
 
-def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms, make_fj=None):
-    """FlexAttention and SDPA on q, k, v, each by do_bench (median), and
-    flexjit in this process (make_fj: in_process's; None: no such column)
-    by the same call."""
+def time_torch(q, k, v, desc, doc, budgets, rounds, make_fj=None):
+    """FlexAttention and SDPA on q, k, v, and flexjit in this process
+    (make_fj: in_process's; None: no such column), each by do_bench
+    (median), in `rounds` rounds (Rounds)."""
     import torch
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
     import torch.nn.functional as F
@@ -585,15 +642,15 @@ def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms, make_fj=None):
     res = {}
     H, S = q.shape[1], q.shape[2]
     mask_fn, score_mod = torch_mods(desc, H, doc)
-    bench = lambda f: triton.testing.do_bench(f, warmup=warmup_ms, rep=rep_ms,
-                                              return_mode="median")
+    timer = Rounds(budgets, rounds)
     flex = compiled_flex()
     bm = (create_block_mask(mask_fn, None, None, S, S, device="cuda")
           if mask_fn else None)
     try:
-        flex(q, k, v, score_mod=score_mod, block_mask=bm)
-        res["flex_ms"] = bench(lambda: flex(q, k, v, score_mod=score_mod,
-                                            block_mask=bm))
+        f = lambda: flex(q, k, v, score_mod=score_mod, block_mask=bm)
+        f()
+        torch.cuda.synchronize()
+        timer.add("flex", f)
     except Exception as e:  # report, keep going
         res["flex_err"] = str(e)[:200]
     kind = desc.get("sdpa")
@@ -601,15 +658,17 @@ def time_torch(q, k, v, desc, doc, warmup_ms, rep_ms, make_fj=None):
         for key, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                              ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
-                with sdpa_kernel([backend]):
-                    f = lambda: F.scaled_dot_product_attention(
-                        q, k, v, is_causal=(kind == "causal"))
+                within = functools.partial(sdpa_kernel, [backend])
+                f = lambda: F.scaled_dot_product_attention(
+                    q, k, v, is_causal=(kind == "causal"))
+                with within():
                     f()
-                    torch.cuda.synchronize()
-                    res[key + "_ms"] = bench(f)
+                torch.cuda.synchronize()
+                timer.add(key, f, within)
             except Exception as e:
                 res[key + "_err"] = str(e)[:200]
-    fjpy_column(res, q, k, v, make_fj, bench)
+    fjpy_column(res, q, k, v, make_fj, timer)
+    timer.run(res)
     return res
 
 
@@ -623,21 +682,20 @@ def short_error(e):
     return "%s: %s" % (type(e).__name__, text)
 
 
-def time_torch_backward(q, k, v, desc, doc, bias, warmup_ms, rep_ms,
+def time_torch_backward(q, k, v, desc, doc, bias, budgets, rounds,
                         make_fj=None):
-    """Forward+backward of FlexAttention and SDPA, each by do_bench (median):
-    <col>_fb_ms times one call of out = f(q, k, v); torch.autograd.grad(out,
-    leaves, dout), leaves being q, k, v (and the bias table when the case
-    trains it); autograd.grad returns fresh gradients, so nothing
-    accumulates into .grad and nothing needs zeroing between calls, as
-    flexjit writes dq, dk, dv afresh. <col>_fwd_ms times the forward alone
-    with the leaves requiring grad (as in training: the forward saves what
-    the backward needs, e.g. the LSE). A failure (FlexAttention's backward
-    that does not compile, say) is recorded as <col>_fb_err / <col>_fwd_err
-    and the case goes on. make_fj: flexjit in this process too (the
-    fjpy_ columns), timed by the same measure()."""
+    """Forward+backward of FlexAttention and SDPA, each by do_bench (median),
+    in `rounds` rounds (Rounds): <col>_fb_ms times one call of out = f(q, k,
+    v); torch.autograd.grad(out, leaves, dout), leaves being q, k, v (and
+    the bias table when the case trains it); autograd.grad returns fresh
+    gradients, so nothing accumulates into .grad and nothing needs zeroing
+    between calls, as flexjit writes dq, dk, dv afresh. <col>_fwd_ms times
+    the forward alone with the leaves requiring grad (as in training: the
+    forward saves what the backward needs, e.g. the LSE). A failure
+    (FlexAttention's backward that does not compile, say) is recorded as
+    <col>_fb_err / <col>_fwd_err and the case goes on. make_fj: flexjit in
+    this process too (the fjpy_ columns), timed by the same rounds."""
     import torch
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
     import torch.nn.functional as F
@@ -657,33 +715,34 @@ def time_torch_backward(q, k, v, desc, doc, bias, warmup_ms, rep_ms,
     gen = torch.Generator(device="cuda").manual_seed(3)
     dout = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=gen)
     mask_fn, score_mod = torch_mods(desc, H, doc, table)
-    bench = lambda f: triton.testing.do_bench(f, warmup=warmup_ms, rep=rep_ms,
-                                              return_mode="median")
+    timer = Rounds(budgets, rounds)
 
-    def measure(col, fwd):
+    def add(col, fwd, within=contextlib.nullcontext):
         # dO in the output's own layout (SDPA's is [B, S, H, D] in memory),
         # as the layer after attention would hand it back, so no backend
         # pays for a copy; flexjit's dO is laid out as its O.
         try:
-            out = fwd()  # compiles FlexAttention's forward and backward
+            with within():
+                out = fwd()  # compiles FlexAttention's forward and backward
             grad = torch.empty_strided(out.size(), out.stride(),
                                        dtype=out.dtype, device="cuda")
             grad.copy_(dout)
             res[col + "_out_stride"] = list(out.stride())
             del out
             torch.cuda.synchronize()
-            res[col + "_fwd_ms"] = bench(fwd)
         except Exception as e:  # report, keep going
             res[col + "_fwd_err"] = short_error(e)
             res[col + "_fb_err"] = "not timed: the forward failed"
             return
+        timer.add(col + "_fwd", fwd, within)
 
         def fwd_bwd():
             torch.autograd.grad(fwd(), leaves, grad)
         try:
-            fwd_bwd()
+            with within():
+                fwd_bwd()
             torch.cuda.synchronize()
-            res[col + "_fb_ms"] = bench(fwd_bwd)
+            timer.add(col + "_fb", fwd_bwd, within)
         except Exception as e:
             res[col + "_fb_err"] = short_error(e)
 
@@ -691,24 +750,24 @@ def time_torch_backward(q, k, v, desc, doc, bias, warmup_ms, rep_ms,
     try:
         bm = (create_block_mask(mask_fn, None, None, S, S, device="cuda")
               if mask_fn else None)
-        measure("flex", lambda: flex(q, k, v, score_mod=score_mod,
-                                     block_mask=bm))
+        add("flex", lambda: flex(q, k, v, score_mod=score_mod, block_mask=bm))
     except Exception as e:
         res["flex_fb_err"] = short_error(e)
     kind = desc.get("sdpa")
     for col in torch_columns(desc)[1:]:
         backend = {"flash": SDPBackend.FLASH_ATTENTION,
                    "cudnn": SDPBackend.CUDNN_ATTENTION}[col]
-        with sdpa_kernel([backend]):
-            measure(col, lambda: F.scaled_dot_product_attention(
-                q, k, v, is_causal=(kind == "causal")))
+        add(col, lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=(kind == "causal")),
+            functools.partial(sdpa_kernel, [backend]))
     if make_fj is not None:
         try:
             fj = make_fj(table)
         except Exception as e:
             res["fjpy_fwd_err"] = res["fjpy_fb_err"] = short_error(e)
         else:
-            measure("fjpy", lambda: fj(q, k, v))
+            add("fjpy", lambda: fj(q, k, v))
+    timer.run(res)
     return res
 
 
@@ -1049,6 +1108,31 @@ def self_test():
          "flexjit_tflops": 600.0}
     assert headline(r, "fb") == 510.0 and headline(r, None) == 600.0
     assert ("fjpy", "flexjit in-process") in COLUMNS
+    # Rounds: every other round in reverse order; the median of a key's
+    # rounds; a key that fails is not timed again.
+    order = []
+
+    def fake_bench(fn):
+        return fn()
+
+    def call(key, value):
+        def f():
+            order.append(key)
+            if value is None:
+                raise RuntimeError("no kernel")
+            return value
+        return f
+    timer = Rounds((1, 1), 3, fake_bench)
+    values = iter([1.0, 3.0, 2.0])
+    timer.add("a", lambda: order.append("a") or next(values))
+    timer.add("b", call("b", 5.0))
+    timer.add("c", call("c", None))
+    res = {}
+    timer.run(res)
+    assert order == ["a", "b", "c", "b", "a", "a", "b"], order
+    assert res["a_ms"] == 2.0 and res["a_ms_rounds"] == [1.0, 3.0, 2.0], res
+    assert res["b_ms"] == 5.0 and "c_ms" not in res, res
+    assert res["c_err"] == "RuntimeError: no kernel", res
     print("compare self-test: ok")
     return 0
 
@@ -1087,6 +1171,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2,
                     help="flexjit processes per case; the median (the slower "
                     "of two) is reported, with the range")
+    add_rounds_option(ap)
     ap.add_argument("--quick", action="store_true",
                     help="2x2048, three cases (with --backward: causal, "
                     "document and the two rel-bias cases)")
@@ -1119,6 +1204,8 @@ def main():
         ap.error("--warmup-ms and --rep-ms must be positive")
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     budgets = (args.warmup_ms, args.rep_ms)
 
     shapes = None
@@ -1234,7 +1321,9 @@ def compare(args, cases, budgets, out_dir, work):
           "(warmup %g ms, rep %g ms, 256 MiB L2 flush before each timed "
           "launch, median); flexjit by `flexjit run --bench`, the same rules "
           "in C, and in-process (the Python package) by the same do_bench "
-          "call as the baselines; docs/benchmarking.md" % budgets, flush=True)
+          "call as the baselines; the in-process columns in %d round(s), "
+          "every other one in reverse order, each column's median; "
+          "docs/benchmarking.md" % (budgets + (args.rounds,)), flush=True)
     if args.backward:
         print("backward: PyTorch times out = f(q, k, v); "
               "torch.autograd.grad(out, (q, k, v[, bias]), dO) a call and "
@@ -1268,10 +1357,11 @@ def compare(args, cases, budgets, out_dir, work):
                 mon = GpuMonitor()
                 if args.backward:
                     res.update(time_torch_backward(q, k, v, desc, doc, bias,
-                                                   *budgets, make_fj))
+                                                   budgets, args.rounds,
+                                                   make_fj))
                 else:
-                    res.update(time_torch(q, k, v, desc, doc, *budgets,
-                                          make_fj))
+                    res.update(time_torch(q, k, v, desc, doc, budgets,
+                                          args.rounds, make_fj))
                 res["gpu_torch"] = mon.stop()
             del q, k, v
             torch.cuda.empty_cache()

@@ -9,7 +9,8 @@ column by triton.testing.do_bench (warmup 25 ms, rep 100 ms, median, a
 which follows the same rules in C, --repeat processes a variant (the median
 process, the slower of two, and the range). Decode and chunked prefill are
 also timed in-process (compare.py's fjpy column: flexjit.attention by the
-baselines' own do_bench call), which the ratios to PyTorch use where it ran;
+baselines' own do_bench call, in compare.py's rounds), which the ratios to
+PyTorch use where it ran;
 paged / contiguous compares CLI runs. bf16, D=128, GQA 32/8.
 
 Groups (--cases, comma-separated; default all):
@@ -59,6 +60,8 @@ Writes $OUT/compare_serving.json after every case.
     python3 bench/compare.py --serving --list     # the plan; no GPU, no torch
 """
 import argparse
+import contextlib
+import functools
 import inspect
 import json
 import os
@@ -218,14 +221,6 @@ def list_plan(args, cases, budgets):
 # ---- torch side ----------------------------------------------------------
 
 
-def bench_fn(budgets):
-    import triton
-
-    return lambda f: triton.testing.do_bench(f, warmup=budgets[0],
-                                             rep=budgets[1],
-                                             return_mode="median")
-
-
 def varlen_attn_fn():
     """torch.nn.attention.varlen.varlen_attn and its parameter names, or
     (None, reason)."""
@@ -255,73 +250,80 @@ def call_varlen(fn, params, q, k, v, cu_q, cu_k, max_q, max_k, causal,
     return lambda: fn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
 
 
-def sdpa_columns(res, q, k, v, mask, bench):
+def added(timer, key, f, within=contextlib.nullcontext):
+    """f, run once (compiled) inside `within` and synchronized, then added to
+    the timer (compare.Rounds)."""
+    import torch
+
+    with within():
+        f()
+    torch.cuda.synchronize()
+    timer.add(key, f, within)
+
+
+def sdpa_columns(res, q, k, v, mask, timer):
     """SDPA flash and cuDNN on [B, H, L, D] tensors: enable_gqa=True, or
     where a backend refuses it, K and V repeated to Hq heads before timing
     (res[<col>_gqa] says which)."""
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     rep = None
     for col, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                          ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        with sdpa_kernel([backend]):
-            try:
-                f = lambda: F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, enable_gqa=True)
-                f()
-                torch.cuda.synchronize()
-                res[col + "_ms"] = bench(f)
-                res[col + "_gqa"] = "enable_gqa"
-                continue
-            except Exception as e:
-                first = C.short_error(e)
-            try:
-                if rep is None:
-                    g = q.shape[1] // k.shape[1]
-                    rep = (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
-                f = lambda: F.scaled_dot_product_attention(
-                    q, rep[0], rep[1], attn_mask=mask)
-                f()
-                torch.cuda.synchronize()
-                res[col + "_ms"] = bench(f)
-                res[col + "_gqa"] = "K, V repeated (enable_gqa: %s)" % first
-            except Exception as e:
-                res[col + "_err"] = "enable_gqa: %s; repeated: %s" % (
-                    first, C.short_error(e))
+        within = functools.partial(sdpa_kernel, [backend])
+        try:
+            added(timer, col, lambda: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=True), within)
+            res[col + "_gqa"] = "enable_gqa"
+            continue
+        except Exception as e:
+            first = C.short_error(e)
+        try:
+            if rep is None:
+                g = q.shape[1] // k.shape[1]
+                rep = (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
+            added(timer, col, lambda: F.scaled_dot_product_attention(
+                q, rep[0], rep[1], attn_mask=mask), within)
+            res[col + "_gqa"] = "K, V repeated (enable_gqa: %s)" % first
+        except Exception as e:
+            res[col + "_err"] = "enable_gqa: %s; repeated: %s" % (
+                first, C.short_error(e))
 
 
-def flex_column(res, q, k, v, mask_fn, Lq, Lk, bench, key="flex"):
-    import torch
+def flex_column(res, q, k, v, mask_fn, Lq, Lk, timer, key="flex"):
     from torch.nn.attention.flex_attention import create_block_mask
 
     flex = C.compiled_flex()
     try:
         bm = (create_block_mask(mask_fn, None, None, Lq, Lk, device="cuda")
               if mask_fn else None)
-        f = lambda: flex(q, k, v, block_mask=bm, enable_gqa=True)
-        f()
-        torch.cuda.synchronize()
-        res[key + "_ms"] = bench(f)
+        added(timer, key, lambda: flex(q, k, v, block_mask=bm,
+                                       enable_gqa=True))
     except Exception as e:
         res[key + "_err"] = C.short_error(e)
 
 
-def torch_decode(res, case, q, k, v, budgets, make_fj=None):
+def torch_decode(res, case, q, k, v, budgets, rounds, make_fj=None):
     """Contiguous decode (and chunked prefill): SDPA, Flex, varlen_attn, and
-    flexjit in-process (make_fj: compare.in_process's)."""
+    flexjit in-process (make_fj: compare.in_process's), timed in rounds
+    (compare.Rounds)."""
+    timer = C.Rounds(budgets, rounds)
+    torch_decode_columns(res, case, q, k, v, timer, make_fj)
+    timer.run(res)
+
+
+def torch_decode_columns(res, case, q, k, v, timer, make_fj):
     import torch
     from torch.nn.attention.bias import causal_lower_right
 
-    bench = bench_fn(budgets)
     B, Lq, Lk = case["B"], case["Lq"], case["Lk"]
     mask = None if Lq == 1 else causal_lower_right(Lq, Lk)
-    sdpa_columns(res, q, k, v, mask, bench)
+    sdpa_columns(res, q, k, v, mask, timer)
     shift = Lk - Lq
     mask_fn = None if Lq == 1 else (lambda b, h, qi, kv: kv <= qi + shift)
-    flex_column(res, q, k, v, mask_fn, Lq, Lk, bench)
-    C.fjpy_column(res, q, k, v, make_fj, bench)
+    flex_column(res, q, k, v, mask_fn, Lq, Lk, timer)
+    C.fjpy_column(res, q, k, v, make_fj, timer)
     fn, params = varlen_attn_fn()
     if fn is None:
         res["varlen_err"] = params
@@ -333,10 +335,8 @@ def torch_decode(res, case, q, k, v, budgets, make_fj=None):
     cu_q = torch.arange(0, B + 1, **i32) * Lq
     cu_k = torch.arange(0, B + 1, **i32) * Lk
     try:
-        f = call_varlen(fn, params, qp, kp, vp, cu_q, cu_k, Lq, Lk, Lq > 1)
-        f()
-        torch.cuda.synchronize()
-        res["varlen_ms"] = bench(f)
+        added(timer, "varlen", call_varlen(fn, params, qp, kp, vp, cu_q, cu_k,
+                                           Lq, Lk, Lq > 1))
     except Exception as e:
         res["varlen_err"] = C.short_error(e)
     if "paged" not in [lbl.split()[0] for lbl, _ in case["variants"]]:
@@ -354,39 +354,37 @@ def torch_decode(res, case, q, k, v, budgets, make_fj=None):
             pool_k[perm] = kp.view(B * pages, p, HKV, D)
             pool_v[perm] = vp.view(B * pages, p, HKV, D)
             used = torch.full((B,), Lk, **i32)
-            f = call_varlen(fn, params, qp, pool_k, pool_v, cu_q, None, Lq,
-                            Lk, False, seqused_k=used, block_table=table)
-            f()
-            torch.cuda.synchronize()
-            res[key + "_ms"] = bench(f)
+            added(timer, key, call_varlen(fn, params, qp, pool_k, pool_v,
+                                          cu_q, None, Lq, Lk, False,
+                                          seqused_k=used, block_table=table))
         except Exception as e:
             res[key + "_err"] = C.short_error(e)
 
 
-def torch_varlen(res, q, k, v, lens, doc, budgets):
-    """Flex's document mask over [1, H, T, D], and varlen_attn packed."""
+def torch_varlen(res, q, k, v, lens, doc, budgets, rounds):
+    """Flex's document mask over [1, H, T, D], and varlen_attn packed,
+    timed in rounds (compare.Rounds)."""
     import torch
 
-    bench = bench_fn(budgets)
+    timer = C.Rounds(budgets, rounds)
     T = q.shape[2]
     flex_column(res, q, k, v,
                 lambda b, h, qi, kv: (doc[qi] == doc[kv]) & (qi >= kv),
-                T, T, bench)
+                T, T, timer)
     fn, params = varlen_attn_fn()
     if fn is None:
         res["varlen_err"] = params
-        return
-    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
-    try:
-        f = call_varlen(fn, params, q[0].transpose(0, 1).contiguous(),
-                        k[0].transpose(0, 1).contiguous(),
-                        v[0].transpose(0, 1).contiguous(), cu, cu,
-                        max(lens), max(lens), True)
-        f()
-        torch.cuda.synchronize()
-        res["varlen_ms"] = bench(f)
-    except Exception as e:
-        res["varlen_err"] = C.short_error(e)
+    else:
+        cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+        try:
+            added(timer, "varlen", call_varlen(
+                fn, params, q[0].transpose(0, 1).contiguous(),
+                k[0].transpose(0, 1).contiguous(),
+                v[0].transpose(0, 1).contiguous(), cu, cu, max(lens),
+                max(lens), True))
+        except Exception as e:
+            res["varlen_err"] = C.short_error(e)
+    timer.run(res)
 
 
 # ---- one case ------------------------------------------------------------
@@ -453,11 +451,13 @@ def run_case(args, case, budgets, work):
     if args.only != "flexjit" and case["group"] != "skip":
         mon = C.GpuMonitor()
         if case["group"] == "varlen":
-            torch_varlen(res, q, k, v, lens, ids.to("cuda"), budgets)
+            torch_varlen(res, q, k, v, lens, ids.to("cuda"), budgets,
+                         args.rounds)
         else:
-            torch_decode(res, case, q, k, v, budgets, C.in_process(
-                args, res, variant_spec(args, case, "contiguous"), [], Lk,
-                None))
+            torch_decode(res, case, q, k, v, budgets, args.rounds,
+                         C.in_process(args, res,
+                                      variant_spec(args, case, "contiguous"),
+                                      [], Lk, None))
         res["gpu_torch"] = mon.stop()
     del q, k, v
     torch.cuda.empty_cache()
@@ -682,6 +682,7 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=float, default=100)
     ap.add_argument("--repeat", type=int, default=2,
                     help="flexjit processes a variant (skip: 1)")
+    C.add_rounds_option(ap)
     ap.add_argument("--only", choices=["all", "flexjit"], default="all")
     ap.add_argument("--no-in-process", dest="in_process", action="store_false",
                     help="skip the in-process flexjit column (decode and "
@@ -704,8 +705,10 @@ def main(argv=None):
     if any(not 0 < t < 1 for t in thresholds):
         ap.error("--skip-thresholds %r: numbers in (0, 1)" %
                  args.skip_thresholds)
-    if args.repeat < 1 or args.warmup_ms <= 0 or args.rep_ms <= 0:
-        ap.error("--repeat, --warmup-ms and --rep-ms must be positive")
+    if (args.repeat < 1 or args.rounds < 1 or args.warmup_ms <= 0
+            or args.rep_ms <= 0):
+        ap.error("--repeat, --rounds, --warmup-ms and --rep-ms must be "
+                 "positive")
     shapes = None
     if args.decode_shapes:
         try:
@@ -725,8 +728,9 @@ def main(argv=None):
     print("torch", torch.__version__, torch.cuda.get_device_name(),
           flush=True)
     print("method: do_bench rules (warmup %g ms, rep %g ms, L2 flush, "
-          "median) on every column; docs/benchmarking.md" % budgets,
-          flush=True)
+          "median) on every column; the in-process columns in %d round(s), "
+          "every other one in reverse order, each column's median; "
+          "docs/benchmarking.md" % (budgets + (args.rounds,)), flush=True)
     out_dir = os.environ.get("OUT", ".")
     work = tempfile.mkdtemp(prefix="flexjit-serving-")
     rows, start = [], time.time()
