@@ -386,18 +386,21 @@ __device__ __forceinline__ void fjhb_store_rows(unsigned buf, const float (&acc)
   }
 }
 
-// Item m's dQ part, times mul, into consumer c's dQ buffer m % FJHB_DQ_BUFS
-// once the writer warp has released it (its reduce-add of item m -
-// FJHB_DQ_BUFS has read it). The writer gets it from fjhb_publish_dq, after
+// fjhb_wait_dq_buf: consumer c's dQ buffer for item m (m % FJHB_DQ_BUFS)
+// is free, the writer warp having released it (its reduce-add of item m -
+// FJHB_DQ_BUFS has read it). fjhb_store_dq_buf: item m's dQ part, times
+// mul, into that buffer once it is free. The writer gets it from fjhb_publish_dq, after
 // a proxy fence: in the item loop the one that follows the next item's dS^T
 // stores, by when these stores are done (a fence of its own here would wait
 // for them beside the S^T product, with the tensor cores short of work).
+__device__ __forceinline__ void fjhb_wait_dq_buf(const fjhb_smem &sm, int c, int m) {
+  fjh_mbar_wait_warp(sm.dq_empty(c, m % FJHB_DQ_BUFS), ((unsigned)(m / FJHB_DQ_BUFS) & 1u) ^ 1u);
+}
 __device__ __forceinline__ void fjhb_store_dq_buf(const fjhb_smem &sm, int c, int m,
                                                   const float (&dq)[FJHB_DQ_REGS],
                                                   float mul) {
-  const int bi = m % FJHB_DQ_BUFS;
-  fjh_mbar_wait_warp(sm.dq_empty(c, bi), ((unsigned)(m / FJHB_DQ_BUFS) & 1u) ^ 1u);
-  fjhb_store_acc(sm.dq(c, bi), dq, mul);
+  fjhb_wait_dq_buf(sm, c, m);
+  fjhb_store_acc(sm.dq(c, m % FJHB_DQ_BUFS), dq, mul);
 }
 __device__ __forceinline__ void fjhb_publish_dq(const fjhb_smem &sm, int c, int m) {
   fjh_mbar_arrive(sm.dq_full(c, m % FJHB_DQ_BUFS));
@@ -823,15 +826,12 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     __syncwarp();
     if ((fj_tid() & 31) == 0) fjh_mbar_arrive(sm.ring_empty(k & 1));
   }
-  // Buffer i of the consumer's dQ buffers is free once the writer has
-  // released its last use, its u-th, u = (n + FJHB_DQ_BUFS - 1 - i) /
-  // FJHB_DQ_BUFS.
+  // The consumer's dQ buffers are free as items n, n + 1, ... would take
+  // them (fjhb_wait_dq_buf).
   if (piece >= 0) {
     // A piece's dK and dV are added through all of them (fjhb_add_rows).
 #pragma unroll
-    for (int i = 0; i < FJHB_DQ_BUFS; ++i)
-      fjh_mbar_wait_warp(sm.dq_empty(c, i),
-                         ((unsigned)((n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS) & 1u) ^ 1u);
+    for (int i = 0; i < FJHB_DQ_BUFS; ++i) fjhb_wait_dq_buf(sm, c, n + i);
     if (put) fjhb_add_rows(p, sm, c, piece, dk, dv, leader);
   } else {
     // dK (times scale) and dV where dk_out and dv_out put them: in the
@@ -839,11 +839,7 @@ __device__ __forceinline__ void fjhb_consume(const fj_bwd_params &p, const fj_bw
     // read both buffers, are done (the barrier), and in the dQ buffer the
     // last item did not use where dV does not fit beside dK. So the tile's
     // end waits for none of its last item's reduce-adds.
-    if (!FJHB_ROWS_IN_DS) {
-      const int i = n % FJHB_DQ_BUFS;
-      fjh_mbar_wait_warp(sm.dq_empty(c, i),
-                         ((unsigned)((n + FJHB_DQ_BUFS - 1 - i) / FJHB_DQ_BUFS) & 1u) ^ 1u);
-    }
+    if (!FJHB_ROWS_IN_DS) fjhb_wait_dq_buf(sm, c, n);
     fjh_bar_sync(FJHB_BAR_DS_FULL, 256);
     fjhb_store_rows(sm.dk_out(c), dk, p.scale);
     fjhb_store_rows(sm.dv_out(c, n), dv, 1.f);
