@@ -21,7 +21,7 @@ uint64_t cli_splitmix64(uint64_t *x) {
 
 typedef struct {
   float *x;
-  size_t n;
+  size_t n, blocks; /* values, and blocks of CLI_NORMAL_BLOCK of them */
   uint64_t seed;
   fj_dtype dtype;
   atomic_size_t next; /* the next block to fill */
@@ -44,18 +44,20 @@ static void fill_block(const fill_job *j, size_t i) {
 
 static void *fill_worker(void *arg) {
   fill_job *j = arg;
-  const size_t blocks = (j->n + CLI_NORMAL_BLOCK - 1) / CLI_NORMAL_BLOCK;
-  for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < blocks;) fill_block(j, i);
+  for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->blocks;) fill_block(j, i);
   return NULL;
 }
 
 void cli_fill_normal(float *x, size_t n, uint64_t seed, fj_dtype dtype, int threads) {
-  fill_job j = {.x = x, .n = n, .seed = seed, .dtype = dtype};
+  fill_job j = {.x = x,
+                .n = n,
+                .blocks = (n + CLI_NORMAL_BLOCK - 1) / CLI_NORMAL_BLOCK,
+                .seed = seed,
+                .dtype = dtype};
   atomic_init(&j.next, 0);
-  const size_t blocks = (n + CLI_NORMAL_BLOCK - 1) / CLI_NORMAL_BLOCK;
   long want = threads > 0 ? threads : sysconf(_SC_NPROCESSORS_ONLN);
   if (want > MAX_THREADS) want = MAX_THREADS;
-  if ((size_t)want > blocks) want = (long)blocks;
+  if ((size_t)want > j.blocks) want = (long)j.blocks;
   /* The calling thread fills blocks too, so a failed pthread_create only
    * costs time. */
   pthread_t tid[MAX_THREADS];
