@@ -596,6 +596,16 @@ class Rounds:
     def add(self, key, fn, within=contextlib.nullcontext):
         self.entries.append((key, fn, within))
 
+    def add_after_run(self, key, fn, within=contextlib.nullcontext):
+        """add, once one call of fn inside `within` (it compiles) has run
+        and the GPU is synchronized; that call's exception propagates."""
+        import torch
+
+        with within():
+            fn()
+        torch.cuda.synchronize()
+        self.add(key, fn, within)
+
     def run(self, res):
         times = {key: [] for key, _, _ in self.entries}
         for r in range(self.rounds):
@@ -617,15 +627,11 @@ class Rounds:
 def fjpy_column(res, q, k, v, make_fj, timer):
     """The fjpy column: flexjit in this process (make_fj: in_process's;
     None: no such column), added to the baselines' timer."""
-    import torch
-
     if make_fj is None:
         return
     try:
         fj = make_fj(None)
-        fj(q, k, v)
-        torch.cuda.synchronize()
-        timer.add("fjpy", lambda: fj(q, k, v))
+        timer.add_after_run("fjpy", lambda: fj(q, k, v))
     except Exception as e:
         res["fjpy_err"] = short_error(e)
 
@@ -634,7 +640,6 @@ def time_torch(q, k, v, desc, doc, budgets, rounds, make_fj=None):
     """FlexAttention and SDPA on q, k, v, and flexjit in this process
     (make_fj: in_process's; None: no such column), each by do_bench
     (median), in `rounds` rounds (Rounds)."""
-    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
     import torch.nn.functional as F
@@ -647,10 +652,8 @@ def time_torch(q, k, v, desc, doc, budgets, rounds, make_fj=None):
     bm = (create_block_mask(mask_fn, None, None, S, S, device="cuda")
           if mask_fn else None)
     try:
-        f = lambda: flex(q, k, v, score_mod=score_mod, block_mask=bm)
-        f()
-        torch.cuda.synchronize()
-        timer.add("flex", f)
+        timer.add_after_run("flex", lambda: flex(q, k, v, score_mod=score_mod,
+                                                 block_mask=bm))
     except Exception as e:  # report, keep going
         res["flex_err"] = str(e)[:200]
     kind = desc.get("sdpa")
@@ -658,13 +661,10 @@ def time_torch(q, k, v, desc, doc, budgets, rounds, make_fj=None):
         for key, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                              ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
-                within = functools.partial(sdpa_kernel, [backend])
-                f = lambda: F.scaled_dot_product_attention(
-                    q, k, v, is_causal=(kind == "causal"))
-                with within():
-                    f()
-                torch.cuda.synchronize()
-                timer.add(key, f, within)
+                timer.add_after_run(
+                    key, lambda: F.scaled_dot_product_attention(
+                        q, k, v, is_causal=(kind == "causal")),
+                    functools.partial(sdpa_kernel, [backend]))
             except Exception as e:
                 res[key + "_err"] = str(e)[:200]
     fjpy_column(res, q, k, v, make_fj, timer)
@@ -739,10 +739,7 @@ def time_torch_backward(q, k, v, desc, doc, bias, budgets, rounds,
         def fwd_bwd():
             torch.autograd.grad(fwd(), leaves, grad)
         try:
-            with within():
-                fwd_bwd()
-            torch.cuda.synchronize()
-            timer.add(col + "_fb", fwd_bwd, within)
+            timer.add_after_run(col + "_fb", fwd_bwd, within)
         except Exception as e:
             res[col + "_fb_err"] = short_error(e)
 

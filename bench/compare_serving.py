@@ -60,7 +60,6 @@ Writes $OUT/compare_serving.json after every case.
     python3 bench/compare.py --serving --list     # the plan; no GPU, no torch
 """
 import argparse
-import contextlib
 import functools
 import inspect
 import json
@@ -250,17 +249,6 @@ def call_varlen(fn, params, q, k, v, cu_q, cu_k, max_q, max_k, causal,
     return lambda: fn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
 
 
-def added(timer, key, f, within=contextlib.nullcontext):
-    """f, run once (compiled) inside `within` and synchronized, then added to
-    the timer (compare.Rounds)."""
-    import torch
-
-    with within():
-        f()
-    torch.cuda.synchronize()
-    timer.add(key, f, within)
-
-
 def sdpa_columns(res, q, k, v, mask, timer):
     """SDPA flash and cuDNN on [B, H, L, D] tensors: enable_gqa=True, or
     where a backend refuses it, K and V repeated to Hq heads before timing
@@ -273,7 +261,7 @@ def sdpa_columns(res, q, k, v, mask, timer):
                          ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         within = functools.partial(sdpa_kernel, [backend])
         try:
-            added(timer, col, lambda: F.scaled_dot_product_attention(
+            timer.add_after_run(col, lambda: F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, enable_gqa=True), within)
             res[col + "_gqa"] = "enable_gqa"
             continue
@@ -283,7 +271,7 @@ def sdpa_columns(res, q, k, v, mask, timer):
             if rep is None:
                 g = q.shape[1] // k.shape[1]
                 rep = (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
-            added(timer, col, lambda: F.scaled_dot_product_attention(
+            timer.add_after_run(col, lambda: F.scaled_dot_product_attention(
                 q, rep[0], rep[1], attn_mask=mask), within)
             res[col + "_gqa"] = "K, V repeated (enable_gqa: %s)" % first
         except Exception as e:
@@ -298,8 +286,8 @@ def flex_column(res, q, k, v, mask_fn, Lq, Lk, timer, key="flex"):
     try:
         bm = (create_block_mask(mask_fn, None, None, Lq, Lk, device="cuda")
               if mask_fn else None)
-        added(timer, key, lambda: flex(q, k, v, block_mask=bm,
-                                       enable_gqa=True))
+        timer.add_after_run(key, lambda: flex(q, k, v, block_mask=bm,
+                                              enable_gqa=True))
     except Exception as e:
         res[key + "_err"] = C.short_error(e)
 
@@ -335,8 +323,8 @@ def torch_decode_columns(res, case, q, k, v, timer, make_fj):
     cu_q = torch.arange(0, B + 1, **i32) * Lq
     cu_k = torch.arange(0, B + 1, **i32) * Lk
     try:
-        added(timer, "varlen", call_varlen(fn, params, qp, kp, vp, cu_q, cu_k,
-                                           Lq, Lk, Lq > 1))
+        timer.add_after_run("varlen", call_varlen(fn, params, qp, kp, vp, cu_q,
+                                                  cu_k, Lq, Lk, Lq > 1))
     except Exception as e:
         res["varlen_err"] = C.short_error(e)
     if "paged" not in [lbl.split()[0] for lbl, _ in case["variants"]]:
@@ -354,9 +342,9 @@ def torch_decode_columns(res, case, q, k, v, timer, make_fj):
             pool_k[perm] = kp.view(B * pages, p, HKV, D)
             pool_v[perm] = vp.view(B * pages, p, HKV, D)
             used = torch.full((B,), Lk, **i32)
-            added(timer, key, call_varlen(fn, params, qp, pool_k, pool_v,
-                                          cu_q, None, Lq, Lk, False,
-                                          seqused_k=used, block_table=table))
+            timer.add_after_run(key, call_varlen(
+                fn, params, qp, pool_k, pool_v, cu_q, None, Lq, Lk, False,
+                seqused_k=used, block_table=table))
         except Exception as e:
             res[key + "_err"] = C.short_error(e)
 
@@ -377,7 +365,7 @@ def torch_varlen(res, q, k, v, lens, doc, budgets, rounds):
     else:
         cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
         try:
-            added(timer, "varlen", call_varlen(
+            timer.add_after_run("varlen", call_varlen(
                 fn, params, q[0].transpose(0, 1).contiguous(),
                 k[0].transpose(0, 1).contiguous(),
                 v[0].transpose(0, 1).contiguous(), cu, cu, max(lens),
